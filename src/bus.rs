@@ -1,0 +1,169 @@
+//! The message bus: bounded queues between channels and the agent.
+//!
+//! Channels (Telegram, MQTT, the CLI) never call the agent directly: they
+//! publish an [`InboundMessage`] and the agent publishes an [`OutboundMessage`]
+//! addressed to a delivery [`Target`]. Adding a channel touches neither the
+//! agent nor the scheduler, as in nanobot. The queues are bounded: a flood of
+//! inbound messages waits (back-pressure) instead of growing memory on a
+//! 512 MB board.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use tokio::sync::mpsc;
+
+/// Capacity of each bus queue. Small on purpose: producers wait when it is full.
+pub const BUS_CAPACITY: usize = 64;
+
+/// Where a report goes. Written in config and on the CLI as
+/// `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `log`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    /// A Telegram chat.
+    Telegram(String),
+    /// The device's default MQTT report topic (`None`) or a given topic.
+    Mqtt(Option<String>),
+    /// The daemon's log (journald under systemd).
+    Log,
+    /// The local terminal (`bramble agent`); not valid in config.
+    Cli,
+}
+
+impl Target {
+    /// The channel that delivers to this target.
+    pub fn channel(&self) -> &'static str {
+        match self {
+            Target::Telegram(_) => "telegram",
+            Target::Mqtt(_) => "mqtt",
+            Target::Log => "log",
+            Target::Cli => "cli",
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Telegram(chat) => write!(f, "telegram:{chat}"),
+            Target::Mqtt(None) => f.write_str("mqtt"),
+            Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
+            Target::Log => f.write_str("log"),
+            Target::Cli => f.write_str("cli"),
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let t = text.trim();
+        let expected = "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>` or `log`";
+        match t.split_once(':') {
+            None if t == "mqtt" => Ok(Target::Mqtt(None)),
+            None if t == "log" => Ok(Target::Log),
+            None if t == "cli" => Ok(Target::Cli),
+            Some(("telegram", chat)) => {
+                let chat = chat.trim();
+                let numeric = chat.strip_prefix('-').unwrap_or(chat);
+                if (!numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit())) || chat.starts_with('@') && chat.len() > 1 {
+                    Ok(Target::Telegram(chat.to_string()))
+                } else {
+                    Err(format!("`{text}`: a Telegram target needs a numeric chat id (or @channelname), like `telegram:123456789`"))
+                }
+            }
+            Some(("mqtt", topic)) => {
+                let topic = topic.trim();
+                if topic.is_empty() || topic.contains(['+', '#']) {
+                    Err(format!("`{text}`: an MQTT target needs a topic without wildcards, like `mqtt:home/bramble/report`"))
+                } else {
+                    Ok(Target::Mqtt(Some(topic.to_string())))
+                }
+            }
+            _ => Err(format!("`{text}` is not a delivery target: {expected}")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Target {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Target {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A message for the agent, from some channel.
+#[derive(Debug)]
+pub struct InboundMessage {
+    /// `telegram`, `mqtt`, `cli`, `system`.
+    pub channel: String,
+    /// The chat within the channel (Telegram chat id, MQTT reply topic, …).
+    pub chat_id: String,
+    /// Who sent it (for logs; authorisation happened in the channel).
+    pub sender: String,
+    /// The session the turn belongs to (`telegram:<chat>`, …).
+    pub session_key: String,
+    pub text: String,
+    /// Where the answer goes.
+    pub reply_to: Target,
+}
+
+/// A message from the agent (or the scheduler) to a delivery target.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundMessage {
+    pub target: Target,
+    pub text: String,
+}
+
+/// The two queues. Cloning the senders is how producers get access.
+pub struct Bus {
+    pub inbound_tx: mpsc::Sender<InboundMessage>,
+    pub inbound_rx: mpsc::Receiver<InboundMessage>,
+    pub outbound_tx: mpsc::Sender<OutboundMessage>,
+    pub outbound_rx: mpsc::Receiver<OutboundMessage>,
+}
+
+impl Bus {
+    pub fn new() -> Bus {
+        let (inbound_tx, inbound_rx) = mpsc::channel(BUS_CAPACITY);
+        let (outbound_tx, outbound_rx) = mpsc::channel(BUS_CAPACITY);
+        Bus {
+            inbound_tx,
+            inbound_rx,
+            outbound_tx,
+            outbound_rx,
+        }
+    }
+}
+
+impl Default for Bus {
+    fn default() -> Self {
+        Bus::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_round_trip() {
+        for t in ["telegram:123456", "telegram:-100123", "telegram:@news", "mqtt", "mqtt:home/report", "log"] {
+            let parsed: Target = t.parse().unwrap();
+            assert_eq!(parsed.to_string(), t);
+        }
+    }
+
+    #[test]
+    fn bad_targets_say_what_is_expected() {
+        for t in ["telegram:", "telegram:abc", "mqtt:a/+/b", "mqtt:", "email:me", "slack"] {
+            let err = t.parse::<Target>().unwrap_err();
+            assert!(err.contains(t.trim()), "{err}");
+        }
+    }
+}

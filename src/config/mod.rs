@@ -1,0 +1,720 @@
+//! Configuration: `config.toml`, its defaults, and where bramble keeps things.
+//!
+//! Every key has a default, so no file at all is a valid configuration (the
+//! daemon starts and says what is not configured). Keys are checked strictly:
+//! an unknown key, a wrong type or a bad value is an error that names
+//! `FILE:LINE:COL`, because a typo that is silently ignored (a misspelt
+//! `[mqtt]` section, say) is the worst kind of config bug on a headless board.
+//!
+//! Secrets come from the file (`api_key`) or, better, from the environment
+//! (`api_key_env = "OPENAI_API_KEY"`); the [`Secret`] type keeps them out of
+//! `Debug` output and therefore out of logs.
+
+pub mod templates;
+pub mod types;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
+
+use crate::bus::Target;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub agent: AgentConfig,
+    pub provider: ProviderConfig,
+    pub heartbeat: HeartbeatConfig,
+    pub exec: ExecConfig,
+    pub web: WebConfig,
+    pub telegram: TelegramConfig,
+    pub mqtt: MqttConfig,
+    pub daemon: DaemonConfig,
+}
+
+/// `[agent]`: the model and the loop.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Model name as the provider knows it; default depends on the provider kind.
+    pub model: Option<String>,
+    /// The agent's workspace (its files, HEARTBEAT.md, memory). `~` is expanded.
+    pub workspace: Option<PathBuf>,
+    /// Time zone for the prompt, `at` times and cron jobs without their own zone. Default: the system's.
+    pub timezone: Option<TzName>,
+    /// Tool-call rounds per turn before giving up.
+    pub max_iterations: u32,
+    /// Output token limit per model call.
+    pub max_tokens: u32,
+    /// Sampling temperature; unset leaves the server's default (some models reject any value).
+    pub temperature: Option<f32>,
+    /// How many past messages of a session go into the prompt.
+    pub history_messages: usize,
+    /// Tool results longer than this are cut (head and tail kept).
+    pub max_tool_result_chars: usize,
+    /// Cap per bootstrap file (AGENTS.md, SOUL.md, …) in the system prompt.
+    pub bootstrap_max_chars: usize,
+    /// Cap for all bootstrap files together.
+    pub bootstrap_total_chars: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            model: None,
+            workspace: None,
+            timezone: None,
+            max_iterations: 40,
+            max_tokens: 4096,
+            temperature: None,
+            history_messages: 40,
+            max_tool_result_chars: 16_000,
+            bootstrap_max_chars: 12_000,
+            bootstrap_total_chars: 40_000,
+        }
+    }
+}
+
+/// Which wire protocol the provider speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderKind {
+    /// `/v1/chat/completions`: OpenAI, OpenRouter, DeepSeek, Ollama, llama.cpp, vLLM, …
+    #[default]
+    Openai,
+    /// The Anthropic Messages API.
+    Anthropic,
+}
+
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+    fn default_base_url(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "https://api.openai.com/v1",
+            ProviderKind::Anthropic => "https://api.anthropic.com",
+        }
+    }
+    fn default_key_env(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "OPENAI_API_KEY",
+            ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+        }
+    }
+    fn default_model(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "gpt-4.1-mini",
+            ProviderKind::Anthropic => "claude-sonnet-4-5",
+        }
+    }
+}
+
+/// `[provider]`: where the model is.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub kind: ProviderKind,
+    pub base_url: Option<HttpUrl>,
+    pub api_key: Option<Secret>,
+    /// Name of the environment variable holding the key (default `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`).
+    pub api_key_env: Option<String>,
+    /// Limit for one model call, from connect to the end of the answer.
+    pub timeout: Dur,
+    /// Retries after a transient failure (408/409/429/5xx/connection), with 1/2/4 s backoff.
+    pub max_retries: u32,
+    /// Extra HTTP headers (OpenRouter's `HTTP-Referer`, a proxy's auth, …).
+    pub extra_headers: BTreeMap<String, String>,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        ProviderConfig {
+            kind: ProviderKind::Openai,
+            base_url: None,
+            api_key: None,
+            api_key_env: None,
+            timeout: Dur::secs(120),
+            max_retries: 3,
+            extra_headers: BTreeMap::new(),
+        }
+    }
+}
+
+impl ProviderConfig {
+    pub fn base_url(&self) -> &str {
+        self.base_url.as_ref().map(HttpUrl::as_str).unwrap_or(self.kind.default_base_url())
+    }
+    pub fn key_env(&self) -> &str {
+        self.api_key_env.as_deref().unwrap_or(self.kind.default_key_env())
+    }
+    /// The API key: `api_key`, else the `api_key_env` variable, else a systemd credential of that name.
+    pub fn api_key(&self) -> Option<Secret> {
+        self.api_key.clone().or_else(|| secret_from_env(self.key_env()))
+    }
+    /// Whether a key is required: public endpoints need one, a local server (Ollama,
+    /// llama.cpp on the LAN or loopback) usually does not.
+    pub fn key_required(&self) -> bool {
+        self.base_url.is_none()
+    }
+}
+
+/// `[heartbeat]`: the periodic look at HEARTBEAT.md.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeartbeatConfig {
+    pub enabled: bool,
+    pub every: Dur,
+    pub deliver: Vec<Target>,
+    pub quiet_hours: Option<QuietHours>,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            enabled: true,
+            every: Dur::secs(30 * 60),
+            deliver: vec![Target::Log],
+            quiet_hours: None,
+        }
+    }
+}
+
+/// `[exec]`: the shell tool and exec jobs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExecConfig {
+    pub enabled: bool,
+    pub timeout: Dur,
+    /// Characters of output kept (head and tail) per command.
+    pub max_output: usize,
+    /// Whether commands may use the network.
+    pub network: bool,
+    /// Environment variables passed through to commands (besides PATH, HOME, LANG, TERM).
+    pub env_allow: Vec<String>,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            enabled: true,
+            timeout: Dur::secs(60),
+            max_output: 10_000,
+            network: true,
+            env_allow: Vec::new(),
+        }
+    }
+}
+
+/// `[web]`: the web_fetch tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    pub enabled: bool,
+    /// Private ranges that may be fetched anyway (a LAN Home Assistant, Ollama).
+    pub allow_private: Vec<Cidr>,
+    /// Characters of page text returned to the model.
+    pub max_chars: usize,
+    pub timeout: Dur,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            enabled: true,
+            allow_private: Vec::new(),
+            max_chars: 50_000,
+            timeout: Dur::secs(30),
+        }
+    }
+}
+
+/// `[telegram]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelegramConfig {
+    pub token: Option<Secret>,
+    pub token_env: Option<String>,
+    /// User ids or `@usernames` that may talk to the bot. Empty: nobody.
+    pub allow_from: Vec<String>,
+    pub api_base: HttpUrl,
+}
+
+impl Default for TelegramConfig {
+    fn default() -> Self {
+        TelegramConfig {
+            token: None,
+            token_env: None,
+            allow_from: Vec::new(),
+            api_base: HttpUrl("https://api.telegram.org".into()),
+        }
+    }
+}
+
+impl TelegramConfig {
+    pub fn token(&self) -> Option<Secret> {
+        self.token.clone().or_else(|| self.token_env.as_deref().and_then(secret_from_env))
+    }
+}
+
+/// `[mqtt]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MqttConfig {
+    /// `mqtt://host:1883` or `mqtts://host:8883`; unset: no MQTT.
+    pub url: Option<MqttUrl>,
+    /// Device name: client id and topic prefix. Default: the host name.
+    pub device: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+    pub password_env: Option<String>,
+    /// Home Assistant MQTT discovery.
+    pub discovery: bool,
+    /// Default `bramble/<device>`.
+    pub topic_prefix: Option<String>,
+    /// Topic patterns the agent's `mqtt_publish` tool may publish to.
+    pub publish_allow: Vec<String>,
+    pub trigger: Vec<MqttTrigger>,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            url: None,
+            device: None,
+            username: None,
+            password: None,
+            password_env: None,
+            discovery: true,
+            topic_prefix: None,
+            publish_allow: Vec::new(),
+            trigger: Vec::new(),
+        }
+    }
+}
+
+/// An `mqtt://` or `mqtts://` broker URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+}
+
+impl<'de> Deserialize<'de> for MqttUrl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        let bad = || serde::de::Error::custom(format!("`{text}` is not a broker URL: expected `mqtt://host:1883` or `mqtts://host:8883`"));
+        let (tls, rest) = if let Some(r) = text.strip_prefix("mqtt://") {
+            (false, r)
+        } else if let Some(r) = text.strip_prefix("mqtts://") {
+            (true, r)
+        } else {
+            return Err(bad());
+        };
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (h, p.parse::<u16>().map_err(|_| bad())?),
+            _ => (rest, if tls { 8883 } else { 1883 }),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || host.contains('/') {
+            return Err(bad());
+        }
+        Ok(MqttUrl { tls, host: host.to_string(), port })
+    }
+}
+
+/// `[[mqtt.trigger]]`: a topic that starts an agent turn or a command.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, try_from = "RawTrigger")]
+pub struct MqttTrigger {
+    pub topic: String,
+    pub action: TriggerAction,
+    pub deliver: Vec<Target>,
+    /// At most one run per this interval; messages in between are dropped (and counted).
+    pub min_interval: Dur,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TriggerAction {
+    /// A template rendered into an agent turn.
+    Message(String),
+    /// A command run in the sandbox with the payload on stdin.
+    Exec(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrigger {
+    topic: String,
+    message: Option<String>,
+    exec: Option<String>,
+    #[serde(default)]
+    deliver: Vec<Target>,
+    min_interval: Option<Dur>,
+}
+
+impl TryFrom<RawTrigger> for MqttTrigger {
+    type Error = String;
+    fn try_from(r: RawTrigger) -> Result<Self, String> {
+        if r.topic.trim().is_empty() {
+            return Err("a trigger needs a `topic`".into());
+        }
+        let action = match (r.message, r.exec) {
+            (Some(m), None) => TriggerAction::Message(m),
+            (None, Some(e)) => TriggerAction::Exec(e),
+            _ => return Err(format!("trigger `{}` needs exactly one of `message` or `exec`", r.topic)),
+        };
+        let min_interval = r.min_interval.unwrap_or(match action {
+            TriggerAction::Message(_) => Dur::secs(60),
+            TriggerAction::Exec(_) => Dur::secs(1),
+        });
+        Ok(MqttTrigger {
+            topic: r.topic,
+            action,
+            deliver: r.deliver,
+            min_interval,
+        })
+    }
+}
+
+/// `[daemon]`: where state lives and how loudly to log.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Sessions, jobs, outbox. Default `$XDG_STATE_HOME/bramble`, `/var/lib/bramble` under systemd.
+    pub state_dir: Option<PathBuf>,
+    /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter; `RUST_LOG` wins.
+    pub log_level: Option<String>,
+}
+
+/// A secret from the environment variable `name`, or from the systemd
+/// credential of the same name (`$CREDENTIALS_DIRECTORY/<name>`).
+pub fn secret_from_env(name: &str) -> Option<Secret> {
+    if let Ok(v) = std::env::var(name) {
+        if !v.trim().is_empty() {
+            return Some(Secret::new(v.trim()));
+        }
+    }
+    let dir = std::env::var_os("CREDENTIALS_DIRECTORY")?;
+    let text = std::fs::read_to_string(Path::new(&dir).join(name)).ok()?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| Secret::new(text))
+}
+
+/// Why a config file could not be used. Displays as `FILE:LINE:COL: message`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}:1:1: cannot read the config file: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{}:{line}:{col}: {message}", path.display())]
+    Invalid { path: PathBuf, line: usize, col: usize, message: String },
+}
+
+/// A loaded configuration and where it came from.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// The file it was read from; `None` when there was none (all defaults).
+    pub path: Option<PathBuf>,
+    pub paths: Paths,
+}
+
+/// Where bramble's files are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    pub workspace: PathBuf,
+    pub state_dir: PathBuf,
+}
+
+impl Config {
+    /// Parse config text. `path` is only used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        toml::from_str::<Config>(text).map_err(|e| {
+            let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line,
+                col,
+                message: e.message().trim().to_string(),
+            }
+        })
+    }
+
+    /// The model to ask for.
+    pub fn model(&self) -> &str {
+        self.agent.model.as_deref().unwrap_or(self.provider.kind.default_model())
+    }
+
+    /// The configured time zone, or the system's.
+    pub fn timezone(&self) -> TzName {
+        self.agent.timezone.clone().unwrap_or_else(TzName::system)
+    }
+
+    /// Resolve workspace and state directory: config, then environment, then defaults.
+    pub fn paths(&self) -> Paths {
+        let home = home_dir();
+        let under_systemd = std::env::var_os("STATE_DIRECTORY").map(PathBuf::from);
+        let state_dir = self
+            .daemon
+            .state_dir
+            .as_deref()
+            .map(|p| expand_tilde(p, &home))
+            .or_else(|| std::env::var_os("BRAMBLE_STATE_DIR").map(PathBuf::from))
+            .or_else(|| under_systemd.clone().map(|p| first_path(&p)))
+            .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|p| PathBuf::from(p).join("bramble")))
+            .unwrap_or_else(|| home.join(".local/state/bramble"));
+        let workspace = self
+            .agent
+            .workspace
+            .as_deref()
+            .map(|p| expand_tilde(p, &home))
+            .or_else(|| std::env::var_os("BRAMBLE_WORKSPACE").map(PathBuf::from))
+            .or_else(|| under_systemd.map(|p| first_path(&p).join("workspace")))
+            .or_else(|| std::env::var_os("XDG_DATA_HOME").map(|p| PathBuf::from(p).join("bramble/workspace")))
+            .unwrap_or_else(|| home.join(".local/share/bramble/workspace"));
+        Paths { workspace, state_dir }
+    }
+}
+
+/// systemd may pass several `:`-separated directories; the first is ours.
+fn first_path(p: &Path) -> PathBuf {
+    let s = p.to_string_lossy();
+    PathBuf::from(s.split(':').next().unwrap_or(&s))
+}
+
+/// The default config file: `$BRAMBLE_CONFIG`, systemd's `$CONFIGURATION_DIRECTORY/config.toml`,
+/// `$XDG_CONFIG_HOME/bramble/config.toml`, `~/.config/bramble/config.toml`.
+pub fn default_config_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("BRAMBLE_CONFIG") {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = std::env::var_os("CONFIGURATION_DIRECTORY") {
+        return first_path(Path::new(&dir)).join("config.toml");
+    }
+    if let Some(dir) = std::env::var_os("XDG_CONFIG_HOME") {
+        return PathBuf::from(dir).join("bramble/config.toml");
+    }
+    home_dir().join(".config/bramble/config.toml")
+}
+
+/// Load the config. With `explicit` (from `--config`), the file must exist; the
+/// default location may be missing, which means "all defaults".
+pub fn load(explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
+    let path = explicit.map(Path::to_path_buf).unwrap_or_else(default_config_path);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => None,
+        Err(source) => return Err(ConfigError::Read { path, source }),
+    };
+    let (config, path) = match text {
+        Some(text) => (Config::parse(&text, &path)?, Some(path)),
+        None => (Config::default(), None),
+    };
+    let paths = config.paths();
+    Ok(Loaded { config, path, paths })
+}
+
+/// Something `bramble check` wants the user to know that is not an error.
+pub fn warnings(loaded: &Loaded) -> Vec<String> {
+    let c = &loaded.config;
+    let mut out = Vec::new();
+    if c.provider.key_required() && c.provider.api_key().is_none() {
+        out.push(format!(
+            "no API key for the {} provider: set {} in the environment (or `api_key_env` / `api_key` in [provider]); LLM turns will fail until then",
+            c.provider.kind.as_str(),
+            c.provider.key_env()
+        ));
+    }
+    if !loaded.paths.workspace.is_dir() {
+        out.push(format!(
+            "the workspace {} does not exist yet: run `bramble init`",
+            loaded.paths.workspace.display()
+        ));
+    }
+    if c.telegram.token_env.is_some() && c.telegram.token().is_none() {
+        out.push(format!(
+            "[telegram] token_env names {} but it is not set: Telegram stays off",
+            c.telegram.token_env.as_deref().unwrap_or_default()
+        ));
+    }
+    if c.telegram.token().is_some() && c.telegram.allow_from.is_empty() {
+        out.push("[telegram] allow_from is empty: the bot will answer nobody".into());
+    }
+    out
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..floor_char_boundary(text, offset)];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    (line, col)
+}
+
+fn floor_char_boundary(text: &str, mut i: usize) -> usize {
+    while i > 0 && !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The user's home directory: `$HOME`, else the password database.
+pub fn home_dir() -> PathBuf {
+    if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h);
+    }
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// Expand a leading `~` or `~/`.
+pub fn expand_tilde(p: &Path, home: &Path) -> PathBuf {
+    match p.strip_prefix("~") {
+        Ok(rest) => home.join(rest),
+        Err(_) => p.to_path_buf(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, Path::new("/etc/bramble/config.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.agent.max_iterations, 40);
+        assert_eq!(c.exec.timeout, Dur::secs(60));
+        assert_eq!(c.exec.max_output, 10_000);
+        assert_eq!(c.heartbeat.every, Dur::secs(1800));
+        assert_eq!(c.provider.kind, ProviderKind::Openai);
+        assert_eq!(c.provider.base_url(), "https://api.openai.com/v1");
+        assert_eq!(c.model(), "gpt-4.1-mini");
+    }
+
+    #[test]
+    fn unknown_key_has_line_and_column() {
+        let err = parse("[agent]\nmodel = \"x\"\nmax_iteration = 3\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:3:1: unknown field `max_iteration`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_section_is_an_error() {
+        let err = parse("[mqqt]\nurl = \"mqtt://x\"\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:1:2: unknown field `mqqt`"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_has_line_and_column() {
+        let err = parse("[agent]\nmax_iterations = \"many\"\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:2:18: invalid type: string \"many\", expected u32"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_points_at_the_value() {
+        let err = parse("[exec]\ntimeout = \"ten seconds\"\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:2:11: `ten seconds` is not a duration"), "{err}");
+    }
+
+    #[test]
+    fn bad_time_zone_points_at_the_value() {
+        let err = parse("[agent]\n\ntimezone = \"Europe/Berln\"\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:3:12: `Europe/Berln` is not a known time zone"), "{err}");
+    }
+
+    #[test]
+    fn bad_target_and_url_and_trigger() {
+        let err = parse("[heartbeat]\ndeliver = [\"log\", \"telegram:abc\"]\n").unwrap_err();
+        assert!(err.contains(":2:11: `telegram:abc`"), "{err}");
+        let err = parse("[provider]\nbase_url = \"localhost:11434\"\n").unwrap_err();
+        assert!(err.contains(":2:12:"), "{err}");
+        let err = parse("[mqtt]\nurl = \"tcp://broker\"\n").unwrap_err();
+        assert!(err.contains(":2:7: `tcp://broker` is not a broker URL"), "{err}");
+        let err = parse("[[mqtt.trigger]]\ntopic = \"door\"\n").unwrap_err();
+        assert!(err.contains("needs exactly one of `message` or `exec`"), "{err}");
+    }
+
+    #[test]
+    fn full_config_parses() {
+        let c = parse(
+            r#"
+[agent]
+model = "llama3.2"
+workspace = "~/ws"
+timezone = "Europe/Berlin"
+[provider]
+kind = "openai"
+base_url = "http://192.168.1.10:11434/v1"
+api_key_env = "OLLAMA_KEY"
+timeout = "2m"
+[heartbeat]
+every = "15m"
+deliver = ["telegram:123", "mqtt"]
+quiet_hours = "23:00-07:00"
+[exec]
+network = false
+env_allow = ["TZ"]
+[web]
+allow_private = ["192.168.1.0/24"]
+[telegram]
+token_env = "TG_TOKEN"
+allow_from = ["123", "@me"]
+[mqtt]
+url = "mqtts://broker.lan"
+device = "pi"
+[[mqtt.trigger]]
+topic = "zigbee2mqtt/front_door"
+message = "door: {payload.contact}"
+deliver = ["telegram:123"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.provider.base_url(), "http://192.168.1.10:11434/v1");
+        assert!(!c.provider.key_required());
+        assert_eq!(c.provider.timeout, Dur::secs(120));
+        assert_eq!(c.mqtt.url, Some(MqttUrl { tls: true, host: "broker.lan".into(), port: 8883 }));
+        assert_eq!(c.mqtt.trigger[0].action, TriggerAction::Message("door: {payload.contact}".into()));
+        assert_eq!(c.mqtt.trigger[0].min_interval, Dur::secs(60));
+        let home = Path::new("/home/pi");
+        assert_eq!(expand_tilde(c.agent.workspace.as_deref().unwrap(), home), PathBuf::from("/home/pi/ws"));
+    }
+
+    #[test]
+    fn shipped_template_is_valid_and_complete() {
+        let c = parse(templates::CONFIG_TOML).unwrap();
+        assert_eq!(c.agent.max_iterations, 40);
+    }
+
+    #[test]
+    fn line_col_counts_characters() {
+        assert_eq!(line_col("a\nbé c", 6), (2, 4));
+        assert_eq!(line_col("abc", 0), (1, 1));
+        assert_eq!(line_col("abc", 99), (1, 4));
+    }
+
+    #[test]
+    fn api_key_from_named_env_var() {
+        // A variable name unique to this test, so parallel tests cannot interfere.
+        std::env::set_var("BRAMBLE_TEST_KEY_7f3a", "sk-test");
+        let c = parse("[provider]\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();
+        assert_eq!(c.provider.api_key().unwrap().expose(), "sk-test");
+        let c = parse("[provider]\napi_key = \"inline\"\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();
+        assert_eq!(c.provider.api_key().unwrap().expose(), "inline");
+    }
+}

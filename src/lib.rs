@@ -1,0 +1,37 @@
+//! # bramble
+//!
+//! A scheduler-first AI agent daemon for small Linux boards.
+//!
+//! ## Layout
+//!
+//! The modules mirror the architecture (see `ARCHITECTURE.md`):
+//!
+//! - [`config`]: `config.toml`, defaults, validation with `FILE:LINE:COL`, paths.
+//! - [`bus`]: bounded queues between channels and the agent; delivery targets.
+//! - [`provider`]: LLM backends (OpenAI-compatible, Anthropic) behind one trait, retries.
+//! - [`agent`]: the ReAct loop, the context builder, sessions on disk.
+//! - [`tools`]: what the model may call — files, exec, web_fetch, message.
+//! - [`sandbox`]: how commands are run (process groups, limits, output caps).
+//! - [`fsutil`]: atomic file writes.
+
+pub mod agent;
+pub mod bus;
+pub mod config;
+pub mod fsutil;
+pub mod provider;
+pub mod sandbox;
+pub mod tools;
+
+/// Install rustls' ring crypto provider as the process default.
+///
+/// reqwest is built without a bundled provider (the default would pull aws-lc,
+/// which needs cmake and bindgen to cross-compile for armv7), and a client built
+/// before a provider is installed panics. Call this first thing; it is
+/// idempotent and cheap.
+pub fn install_crypto() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Err means another provider is already installed: fine either way.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

@@ -1,0 +1,3 @@
+//! Running commands: process handling now, kernel-enforced layers later.
+
+pub mod process;
