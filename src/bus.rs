@@ -66,7 +66,9 @@ impl FromStr for Target {
             Some(("telegram", chat)) => {
                 let chat = chat.trim();
                 let numeric = chat.strip_prefix('-').unwrap_or(chat);
-                if (!numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit())) || chat.starts_with('@') && chat.len() > 1 {
+                if (!numeric.is_empty() && numeric.bytes().all(|b| b.is_ascii_digit()))
+                    || chat.starts_with('@') && chat.len() > 1
+                {
                     Ok(Target::Telegram(chat.to_string()))
                 } else {
                     Err(format!("`{text}`: a Telegram target needs a numeric chat id (or @channelname), like `telegram:123456789`"))
@@ -75,7 +77,9 @@ impl FromStr for Target {
             Some(("mqtt", topic)) => {
                 let topic = topic.trim();
                 if topic.is_empty() || topic.contains(['+', '#']) {
-                    Err(format!("`{text}`: an MQTT target needs a topic without wildcards, like `mqtt:home/bramble/report`"))
+                    Err(format!(
+                        "`{text}`: an MQTT target needs a topic without wildcards, like `mqtt:home/bramble/report`"
+                    ))
                 } else {
                     Ok(Target::Mqtt(Some(topic.to_string())))
                 }
@@ -132,12 +136,7 @@ impl Bus {
     pub fn new() -> Bus {
         let (inbound_tx, inbound_rx) = mpsc::channel(BUS_CAPACITY);
         let (outbound_tx, outbound_rx) = mpsc::channel(BUS_CAPACITY);
-        Bus {
-            inbound_tx,
-            inbound_rx,
-            outbound_tx,
-            outbound_rx,
-        }
+        Bus { inbound_tx, inbound_rx, outbound_tx, outbound_rx }
     }
 }
 

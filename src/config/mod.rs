@@ -178,12 +178,7 @@ pub struct HeartbeatConfig {
 
 impl Default for HeartbeatConfig {
     fn default() -> Self {
-        HeartbeatConfig {
-            enabled: true,
-            every: Dur::secs(30 * 60),
-            deliver: vec![Target::Log],
-            quiet_hours: None,
-        }
+        HeartbeatConfig { enabled: true, every: Dur::secs(30 * 60), deliver: vec![Target::Log], quiet_hours: None }
     }
 }
 
@@ -203,13 +198,7 @@ pub struct ExecConfig {
 
 impl Default for ExecConfig {
     fn default() -> Self {
-        ExecConfig {
-            enabled: true,
-            timeout: Dur::secs(60),
-            max_output: 10_000,
-            network: true,
-            env_allow: Vec::new(),
-        }
+        ExecConfig { enabled: true, timeout: Dur::secs(60), max_output: 10_000, network: true, env_allow: Vec::new() }
     }
 }
 
@@ -227,12 +216,7 @@ pub struct WebConfig {
 
 impl Default for WebConfig {
     fn default() -> Self {
-        WebConfig {
-            enabled: true,
-            allow_private: Vec::new(),
-            max_chars: 50_000,
-            timeout: Dur::secs(30),
-        }
+        WebConfig { enabled: true, allow_private: Vec::new(), max_chars: 50_000, timeout: Dur::secs(30) }
     }
 }
 
@@ -311,7 +295,11 @@ pub struct MqttUrl {
 impl<'de> Deserialize<'de> for MqttUrl {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        let bad = || serde::de::Error::custom(format!("`{text}` is not a broker URL: expected `mqtt://host:1883` or `mqtts://host:8883`"));
+        let bad = || {
+            serde::de::Error::custom(format!(
+                "`{text}` is not a broker URL: expected `mqtt://host:1883` or `mqtts://host:8883`"
+            ))
+        };
         let (tls, rest) = if let Some(r) = text.strip_prefix("mqtt://") {
             (false, r)
         } else if let Some(r) = text.strip_prefix("mqtts://") {
@@ -377,12 +365,7 @@ impl TryFrom<RawTrigger> for MqttTrigger {
             TriggerAction::Message(_) => Dur::secs(60),
             TriggerAction::Exec(_) => Dur::secs(1),
         });
-        Ok(MqttTrigger {
-            topic: r.topic,
-            action,
-            deliver: r.deliver,
-            min_interval,
-        })
+        Ok(MqttTrigger { topic: r.topic, action, deliver: r.deliver, min_interval })
     }
 }
 
@@ -440,12 +423,7 @@ impl Config {
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         toml::from_str::<Config>(text).map_err(|e| {
             let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
-            ConfigError::Invalid {
-                path: path.to_path_buf(),
-                line,
-                col,
-                message: e.message().trim().to_string(),
-            }
+            ConfigError::Invalid { path: path.to_path_buf(), line, col, message: e.message().trim().to_string() }
         })
     }
 
@@ -535,10 +513,7 @@ pub fn warnings(loaded: &Loaded) -> Vec<String> {
         ));
     }
     if !loaded.paths.workspace.is_dir() {
-        out.push(format!(
-            "the workspace {} does not exist yet: run `bramble init`",
-            loaded.paths.workspace.display()
-        ));
+        out.push(format!("the workspace {} does not exist yet: run `bramble init`", loaded.paths.workspace.display()));
     }
     if c.telegram.token_env.is_some() && c.telegram.token().is_none() {
         out.push(format!(

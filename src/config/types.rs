@@ -50,7 +50,9 @@ impl FromStr for Dur {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {
         let bad = || {
-            format!("`{text}` is not a duration: expected a number with a unit, like `90s`, `10m`, `2h`, `1d` or `1h30m`")
+            format!(
+                "`{text}` is not a duration: expected a number with a unit, like `90s`, `10m`, `2h`, `1d` or `1h30m`"
+            )
         };
         let t = text.trim();
         if t.is_empty() {
@@ -210,7 +212,8 @@ impl fmt::Display for Cidr {
 impl FromStr for Cidr {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("`{text}` is not an address range: expected CIDR like `192.168.1.0/24` or a single address");
+        let bad =
+            || format!("`{text}` is not an address range: expected CIDR like `192.168.1.0/24` or a single address");
         let (addr, prefix) = match text.trim().split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (text.trim(), None),
@@ -260,10 +263,7 @@ impl FromStr for QuietHours {
             let (h, m): (u16, u16) = (h.parse().ok()?, m.parse().ok()?);
             (h < 24 && m < 60).then_some(h * 60 + m)
         };
-        Ok(QuietHours {
-            start: hm(a).ok_or_else(bad)?,
-            end: hm(b).ok_or_else(bad)?,
-        })
+        Ok(QuietHours { start: hm(a).ok_or_else(bad)?, end: hm(b).ok_or_else(bad)? })
     }
 }
 

@@ -67,23 +67,11 @@ impl Message {
         Self::text(Role::Assistant, text)
     }
     fn text(role: Role, text: impl Into<String>) -> Self {
-        Message {
-            role,
-            content: Some(text.into()),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            name: None,
-        }
+        Message { role, content: Some(text.into()), tool_calls: Vec::new(), tool_call_id: None, name: None }
     }
     /// An assistant message that asks for tool calls (with optional text).
     pub fn assistant_tool_calls(content: Option<String>, calls: Vec<ToolCall>) -> Self {
-        Message {
-            role: Role::Assistant,
-            content,
-            tool_calls: calls,
-            tool_call_id: None,
-            name: None,
-        }
+        Message { role: Role::Assistant, content, tool_calls: calls, tool_call_id: None, name: None }
     }
     /// The result of one tool call.
     pub fn tool_result(call_id: impl Into<String>, name: impl Into<String>, text: impl Into<String>) -> Self {
@@ -119,10 +107,7 @@ impl ToolCall {
         ToolCall {
             id: id.into(),
             kind: function_kind(),
-            function: FunctionCall {
-                name: name.into(),
-                arguments: arguments.into(),
-            },
+            function: FunctionCall { name: name.into(), arguments: arguments.into() },
         }
     }
 }

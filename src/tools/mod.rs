@@ -98,10 +98,7 @@ pub struct ToolRegistry {
 impl ToolRegistry {
     /// An empty registry; results longer than `max_result_chars` are cut (head and tail kept).
     pub fn new(max_result_chars: usize) -> Self {
-        ToolRegistry {
-            tools: Vec::new(),
-            max_result_chars: max_result_chars.max(256),
-        }
+        ToolRegistry { tools: Vec::new(), max_result_chars: max_result_chars.max(256) }
     }
 
     /// Add a tool; a tool with the same name replaces the earlier one.
@@ -160,10 +157,7 @@ impl ToolRegistry {
             _ = ctx.cancel.cancelled() => Err(ToolError::new("the call was cancelled (stop requested)")),
         };
         match result {
-            Ok(text) => ToolOutcome {
-                text: truncate_middle(&text, self.max_result_chars),
-                is_error: false,
-            },
+            Ok(text) => ToolOutcome { text: truncate_middle(&text, self.max_result_chars), is_error: false },
             Err(e) => {
                 tracing::debug!(tool = name, error = %e, "tool call failed");
                 error_outcome(truncate_middle(&e.0, self.max_result_chars))
@@ -173,10 +167,7 @@ impl ToolRegistry {
 }
 
 fn error_outcome(msg: String) -> ToolOutcome {
-    ToolOutcome {
-        text: format!("Error: {msg}"),
-        is_error: true,
-    }
+    ToolOutcome { text: format!("Error: {msg}"), is_error: true }
 }
 
 /// Parse a model's raw argument text into a JSON object. Empty text means `{}`
@@ -261,9 +252,7 @@ mod tests {
     }
 
     async fn call(raw_name: &str, raw_args: &str) -> ToolOutcome {
-        registry()
-            .execute(&ToolCall::new("c1", raw_name, raw_args), &ToolContext::detached("t"))
-            .await
+        registry().execute(&ToolCall::new("c1", raw_name, raw_args), &ToolContext::detached("t")).await
     }
 
     #[tokio::test]
@@ -277,7 +266,11 @@ mod tests {
         for raw in [r#"{"text":"hi""#, "not json", "{'text': 'x'}", "\u{0}"] {
             let out = call("echo", raw).await;
             assert!(out.is_error, "{raw}");
-            assert!(out.text.starts_with("Error: the arguments of this `echo` call are not valid JSON"), "{}", out.text);
+            assert!(
+                out.text.starts_with("Error: the arguments of this `echo` call are not valid JSON"),
+                "{}",
+                out.text
+            );
         }
         let out = call("echo", "[1,2]").await;
         assert!(out.text.contains("a JSON array, not an object"), "{}", out.text);
