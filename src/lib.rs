@@ -16,8 +16,10 @@
 
 pub mod agent;
 pub mod bus;
+pub mod cli;
 pub mod config;
 pub mod fsutil;
+pub mod logging;
 pub mod provider;
 pub mod sandbox;
 pub mod tools;

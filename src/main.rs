@@ -1,1 +1,27 @@
-fn main() {}
+//! The `bramble` binary: parse the command line, run the command, turn errors
+//! into a message and an exit code. Everything else lives in the library.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    bramble::install_crypto();
+    let cli = bramble::cli::parse();
+    // One thread runs all async work: a Pi has few cores and the daemon is I/O bound.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bramble: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bramble::cli::run(cli)) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("bramble: error: {err}");
+            for cause in err.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

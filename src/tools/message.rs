@@ -1,1 +1,117 @@
-//! (in progress)
+//! `message`: send a message to a delivery target now, mid-turn.
+//!
+//! The final answer of a turn already goes back to where the turn came from;
+//! this tool is for everything else: a progress note, a report to another
+//! chat, a publish to the MQTT report topic. It only puts the message on the
+//! bus — delivery (and retrying it) is the channels' business.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::{parse_args, Tool, ToolContext, ToolError};
+use crate::bus::{OutboundMessage, Target};
+use crate::provider::BoxFuture;
+
+/// How long to wait for room on a full outbound queue.
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct MessageTool {
+    outbound: mpsc::Sender<OutboundMessage>,
+}
+
+impl MessageTool {
+    pub fn new(outbound: mpsc::Sender<OutboundMessage>) -> Self {
+        MessageTool { outbound }
+    }
+}
+
+/// The target that means "the chat this turn came from".
+pub fn origin_target(ctx: &ToolContext) -> Target {
+    match ctx.channel.as_str() {
+        "telegram" => Target::Telegram(ctx.chat_id.clone()),
+        "mqtt" if !ctx.chat_id.is_empty() => Target::Mqtt(Some(ctx.chat_id.clone())),
+        "mqtt" => Target::Mqtt(None),
+        "cli" => Target::Cli,
+        _ => Target::Log,
+    }
+}
+
+#[derive(Deserialize)]
+struct Args {
+    content: String,
+    target: Option<String>,
+}
+
+impl Tool for MessageTool {
+    fn name(&self) -> &'static str {
+        "message"
+    }
+
+    fn description(&self) -> &'static str {
+        "Send a message now. Without `target` it goes to the current chat. Targets: \
+         `telegram:<chat_id>`, `mqtt` (the device's report topic), `mqtt:<topic>`, `log`. \
+         Your final answer is delivered anyway; use this for extra or cross-channel messages."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "content": {"type": "string", "description": "The message text."},
+                "target": {"type": "string", "description": "Delivery target; default: the current chat."}
+            },
+            "required": ["content"]
+        })
+    }
+
+    fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let args: Args = parse_args("message", args)?;
+            if args.content.trim().is_empty() {
+                return Err(ToolError::new("`content` is empty"));
+            }
+            let target = match args.target.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
+                Some(t) => t.parse::<Target>().map_err(ToolError)?,
+                None => origin_target(ctx),
+            };
+            let msg = OutboundMessage { target: target.clone(), text: args.content };
+            match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(msg)).await {
+                Ok(Ok(())) => Ok(format!("Message queued for {target}.")),
+                Ok(Err(_)) => Err(ToolError::new("messages cannot be sent right now (the daemon is shutting down)")),
+                Err(_) => Err(ToolError::new("the outbound queue is full; try again later")),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sends_to_the_current_chat_or_a_named_target() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let tool = MessageTool::new(tx);
+        let mut ctx = ToolContext::detached("telegram:42");
+        ctx.channel = "telegram".into();
+        ctx.chat_id = "42".into();
+        let out = tool.execute(json!({"content": "hi"}), &ctx).await.unwrap();
+        assert_eq!(out, "Message queued for telegram:42.");
+        assert_eq!(rx.recv().await.unwrap(), OutboundMessage { target: Target::Telegram("42".into()), text: "hi".into() });
+        tool.execute(json!({"content": "x", "target": "mqtt:home/note"}), &ctx).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(Some("home/note".into())));
+    }
+
+    #[tokio::test]
+    async fn bad_target_and_empty_content_are_errors() {
+        let (tx, _rx) = mpsc::channel(4);
+        let tool = MessageTool::new(tx);
+        let ctx = ToolContext::detached("k");
+        let err = tool.execute(json!({"content": "x", "target": "email:me"}), &ctx).await.unwrap_err();
+        assert!(err.0.contains("not a delivery target"), "{err}");
+        assert!(tool.execute(json!({"content": "  "}), &ctx).await.is_err());
+    }
+}

@@ -1,0 +1,276 @@
+//! Sessions: one JSONL file per conversation, in the state directory.
+//!
+//! The format is nanobot's: a metadata line, then one OpenAI-format message per
+//! line with a timestamp. Sessions live in the state directory, not in the
+//! workspace, so the agent's own file tools cannot rewrite its history.
+//!
+//! Writes are append-only and happen once per turn: all lines of the turn go
+//! out in one `write` followed by `fsync`. A power cut can at worst leave a
+//! torn last line, which the reader skips with a warning — it never makes a
+//! session unreadable. (SD cards wear out from small writes; one append per
+//! turn is the floor.)
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil;
+use crate::provider::{Message, Role, Usage};
+
+/// Messages of a session kept in memory; older ones stay on disk only.
+const CACHE_MESSAGES: usize = 1000;
+
+/// A message as stored on disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    #[serde(flatten)]
+    pub message: Message,
+    /// RFC 3339.
+    #[serde(default)]
+    pub timestamp: String,
+    /// Token usage of the turn, on its final assistant message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MetadataLine {
+    #[serde(rename = "_type")]
+    kind: String,
+    key: String,
+    created_at: String,
+}
+
+/// Session files in one directory, with a small in-memory cache of their tails.
+pub struct SessionStore {
+    dir: PathBuf,
+    cache: Mutex<HashMap<String, Vec<StoredMessage>>>,
+}
+
+impl SessionStore {
+    /// Sessions under `<state_dir>/sessions`.
+    pub fn new(state_dir: &Path) -> SessionStore {
+        SessionStore { dir: state_dir.join("sessions"), cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// The file of a session key. Keys are encoded so that every key maps to a
+    /// distinct, safe file name (`telegram:42` → `telegram%3A42.jsonl`).
+    pub fn path(&self, key: &str) -> PathBuf {
+        let mut name = String::with_capacity(key.len() + 6);
+        for b in key.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') && !(name.is_empty() && b == b'.') {
+                name.push(char::from(b));
+            } else {
+                name.push_str(&format!("%{b:02X}"));
+            }
+        }
+        self.dir.join(format!("{name}.jsonl"))
+    }
+
+    /// All stored messages of a session (the cached tail once loaded).
+    pub fn messages(&self, key: &str) -> std::io::Result<Vec<StoredMessage>> {
+        if let Some(cached) = self.lock().get(key) {
+            return Ok(cached.clone());
+        }
+        let loaded = read_session_file(&self.path(key))?;
+        let mut cache = self.lock();
+        let entry = cache.entry(key.to_string()).or_insert(loaded);
+        Ok(entry.clone())
+    }
+
+    /// The last `max` messages for the prompt, starting at a user message so
+    /// the window never opens with an orphan tool result or a tool call whose
+    /// result was cut off.
+    pub fn history(&self, key: &str, max: usize) -> std::io::Result<Vec<Message>> {
+        let all = self.messages(key)?;
+        let start = all.len().saturating_sub(max);
+        let window = &all[start..];
+        let first_user = window.iter().position(|m| m.message.role == Role::User).unwrap_or(window.len());
+        Ok(window[first_user..].iter().map(|m| m.message.clone()).collect())
+    }
+
+    /// Append one turn's messages with a single durable write.
+    pub fn append_turn(&self, key: &str, messages: &[StoredMessage]) -> std::io::Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let path = self.path(key);
+        let mut buf = Vec::with_capacity(256 * messages.len());
+        if !path.exists() {
+            let meta = MetadataLine { kind: "metadata".into(), key: key.into(), created_at: now_rfc3339() };
+            serde_json::to_writer(&mut buf, &meta).map_err(std::io::Error::other)?;
+            buf.push(b'\n');
+        }
+        for m in messages {
+            serde_json::to_writer(&mut buf, m).map_err(std::io::Error::other)?;
+            buf.push(b'\n');
+        }
+        // Make sure the cache holds the file's earlier content before we extend it.
+        self.messages(key)?;
+        fsutil::append_durable(&path, &buf)?;
+        let mut cache = self.lock();
+        let cached = cache.entry(key.to_string()).or_default();
+        cached.extend_from_slice(messages);
+        if cached.len() > CACHE_MESSAGES {
+            let excess = cached.len() - CACHE_MESSAGES;
+            cached.drain(..excess);
+        }
+        Ok(())
+    }
+
+    /// Session keys with a file on disk.
+    pub fn keys(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut keys: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".jsonl").map(decode_key))
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<StoredMessage>>> {
+        // A poisoned cache only means another turn panicked mid-update; the data is still usable.
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn decode_key(name: &str) -> String {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&name[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Read a session file, skipping the metadata line and any unreadable line
+/// (logged), so a torn tail after a power cut costs one line, not the session.
+fn read_session_file(path: &Path) -> std::io::Result<Vec<StoredMessage>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() || line.starts_with("{\"_type\"") {
+            continue;
+        }
+        match serde_json::from_str::<StoredMessage>(line) {
+            Ok(m) => out.push(m),
+            Err(e) => tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable session line"),
+        }
+    }
+    if out.len() > CACHE_MESSAGES {
+        out.drain(..out.len() - CACHE_MESSAGES);
+    }
+    Ok(out)
+}
+
+pub(crate) fn now_rfc3339() -> String {
+    jiff::Timestamp::now().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::ToolCall;
+
+    fn stored(m: Message) -> StoredMessage {
+        StoredMessage { message: m, timestamp: now_rfc3339(), usage: None }
+    }
+
+    #[test]
+    fn keys_map_to_distinct_safe_files_and_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        let a = s.path("telegram:42");
+        let b = s.path("telegram_42");
+        assert_ne!(a, b);
+        assert_eq!(a.file_name().unwrap(), "telegram%3A42.jsonl");
+        assert_eq!(s.path("../../etc/passwd").parent().unwrap(), dir.path().join("sessions"));
+        assert_eq!(decode_key("telegram%3A42"), "telegram:42");
+        assert_eq!(decode_key("%2E%2E%2Fx"), "../x");
+    }
+
+    #[test]
+    fn turns_append_and_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        s.append_turn("cli:direct", &[stored(Message::user("hi")), stored(Message::assistant("hello"))]).unwrap();
+        s.append_turn("cli:direct", &[stored(Message::user("again")), stored(Message::assistant("sure"))]).unwrap();
+        let fresh = SessionStore::new(dir.path());
+        let h = fresh.history("cli:direct", 100).unwrap();
+        assert_eq!(h.iter().map(|m| m.text_content()).collect::<Vec<_>>(), ["hi", "hello", "again", "sure"]);
+        assert_eq!(fresh.keys(), ["cli:direct"]);
+        let text = std::fs::read_to_string(s.path("cli:direct")).unwrap();
+        assert!(text.starts_with("{\"_type\":\"metadata\",\"key\":\"cli:direct\""), "{text}");
+        assert_eq!(text.lines().count(), 5);
+    }
+
+    #[test]
+    fn history_window_never_starts_with_a_tool_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        s.append_turn(
+            "k",
+            &[
+                stored(Message::user("list files")),
+                stored(Message::assistant_tool_calls(None, vec![ToolCall::new("c1", "list_dir", "{}")])),
+                stored(Message::tool_result("c1", "list_dir", "a.txt")),
+                stored(Message::assistant("there is a.txt")),
+                stored(Message::user("thanks")),
+                stored(Message::assistant("welcome")),
+            ],
+        )
+        .unwrap();
+        // A window of 4 would open on the tool result: it must start at "thanks" instead.
+        let h = s.history("k", 4).unwrap();
+        assert_eq!(h[0].role, Role::User);
+        assert_eq!(h[0].text_content(), "thanks");
+        // A window of 5 would open on the assistant tool call.
+        assert_eq!(s.history("k", 5).unwrap()[0].text_content(), "thanks");
+        assert_eq!(s.history("k", 6).unwrap().len(), 6);
+    }
+
+    #[test]
+    fn a_torn_last_line_is_skipped_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        s.append_turn("k", &[stored(Message::user("one")), stored(Message::assistant("two"))]).unwrap();
+        fsutil::append_durable(&s.path("k"), b"{\"role\":\"user\",\"conte").unwrap();
+        let fresh = SessionStore::new(dir.path());
+        assert_eq!(fresh.history("k", 10).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn nanobot_style_lines_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        std::fs::create_dir_all(dir.path().join("sessions")).unwrap();
+        std::fs::write(
+            s.path("x"),
+            concat!(
+                "{\"_type\":\"metadata\",\"key\":\"x\",\"created_at\":\"2026-01-01T00:00:00\",\"metadata\":{}}\n",
+                "{\"role\":\"user\",\"content\":\"hi\",\"timestamp\":\"2026-01-01T00:00:01\"}\n",
+                "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"exec\",\"arguments\":\"{}\"}}],\"timestamp\":\"t\",\"tools_used\":[\"exec\"]}\n",
+            ),
+        )
+        .unwrap();
+        let h = s.history("x", 10).unwrap();
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[1].tool_calls[0].function.name, "exec");
+    }
+}

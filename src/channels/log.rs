@@ -1,0 +1,22 @@
+//! The `log` channel: a report written to the daemon's log (journald under
+//! systemd). Always available, so a report has somewhere to go even on a board
+//! with no Telegram or MQTT configured.
+
+use super::{Channel, DeliveryError};
+use crate::bus::Target;
+use crate::provider::BoxFuture;
+
+pub struct LogChannel;
+
+impl Channel for LogChannel {
+    fn name(&self) -> &'static str {
+        "log"
+    }
+
+    fn deliver<'a>(&'a self, _target: &'a Target, text: &'a str) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            tracing::info!(channel = "log", "report: {text}");
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,39 @@
+//! Channels: where reports are delivered and where messages come from.
+//!
+//! A channel delivers [`OutboundMessage`](crate::bus::OutboundMessage)s to the
+//! targets it owns (`telegram:<chat>`, `mqtt[:topic]`, `log`) and may feed
+//! inbound messages onto the bus. The outbox (see [`crate::daemon::outbox`])
+//! calls [`Channel::deliver`] and retries on a retryable failure, so a channel
+//! reports failure honestly instead of retrying on its own.
+
+pub mod log;
+
+use crate::bus::Target;
+use crate::provider::BoxFuture;
+
+/// Why a delivery failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DeliveryError {
+    pub message: String,
+    /// Whether trying again later may succeed (broker down, network, 429) or
+    /// not (chat does not exist, bot blocked): permanent failures are dropped with a log line.
+    pub retryable: bool,
+}
+
+impl DeliveryError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        DeliveryError { message: message.into(), retryable: true }
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        DeliveryError { message: message.into(), retryable: false }
+    }
+}
+
+/// Something that can deliver text to some targets.
+pub trait Channel: Send + Sync {
+    /// `telegram`, `mqtt`, `log`: matches [`Target::channel`].
+    fn name(&self) -> &'static str;
+    /// Deliver one message. Ok means the other side accepted it.
+    fn deliver<'a>(&'a self, target: &'a Target, text: &'a str) -> BoxFuture<'a, Result<(), DeliveryError>>;
+}

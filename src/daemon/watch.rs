@@ -1,0 +1,44 @@
+//! Notice changes other processes make to the state directory.
+//!
+//! `bramble cron add` (another process, maybe another user) edits `jobs.json`;
+//! `bramble agent` may queue reports in `outbox.json`. The daemon learns of it
+//! at once through inotify — no polling, so an idle board stays idle. Files
+//! are replaced by rename (atomic writes), hence `IN_MOVED_TO`.
+
+use std::sync::Arc;
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Watch `dir`; notify `on_change[name]` when the file `name` in it is replaced or written.
+pub async fn watch_state_dir(
+    dir: std::path::PathBuf,
+    on_change: Vec<(&'static str, Arc<Notify>)>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+    inotify.add_watch(&dir, AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE)?;
+    let fd = AsyncFd::new(inotify)?;
+    loop {
+        let mut guard = tokio::select! {
+            g = fd.readable() => g?,
+            _ = cancel.cancelled() => return Ok(()),
+        };
+        match guard.get_inner().read_events() {
+            Ok(events) => {
+                for ev in events {
+                    let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()) else { continue };
+                    for (file, notify) in &on_change {
+                        if name == *file {
+                            notify.notify_one();
+                        }
+                    }
+                }
+            }
+            Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}

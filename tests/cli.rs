@@ -1,0 +1,154 @@
+//! The `bramble` binary as a user runs it: init, check, status, agent.
+//! Each test gets its own HOME and config, and talks to a fake LLM on 127.0.0.1.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+
+use support::fake_llm::{Dialect, FakeLlm, Reply};
+use support::setup::TestHome;
+
+/// Run the binary with a clean environment rooted at `home`.
+async fn bramble(home: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+    cmd.args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LANG", "C.UTF-8")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn bramble");
+    let mut pipe = child.stdin.take().expect("stdin");
+    if let Some(input) = stdin {
+        pipe.write_all(input.as_bytes()).await.expect("write stdin");
+    }
+    drop(pipe);
+    tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("bramble finished in time")
+        .expect("bramble output")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test]
+async fn check_reports_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "[agent]\nmodel = \"m\"\n\n[exec]\ntimeout = \"soon\"\n").unwrap();
+    let out = bramble(dir.path(), &["--config", cfg.to_str().unwrap(), "check"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.starts_with(&format!("{}:5:11: `soon` is not a duration", cfg.display())), "{err}");
+
+    std::fs::write(&cfg, "[agent]\nmodle = \"m\"\n").unwrap();
+    let out = bramble(dir.path(), &["--config", cfg.to_str().unwrap(), "check"], None).await;
+    assert!(text(&out.stderr).starts_with(&format!("{}:2:1: unknown field `modle`", cfg.display())), "{}", text(&out.stderr));
+
+    let missing = dir.path().join("nope.toml");
+    let out = bramble(dir.path(), &["--config", missing.to_str().unwrap(), "check"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot read the config file"), "{}", text(&out.stderr));
+}
+
+#[tokio::test]
+async fn init_writes_templates_and_never_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("etc/config.toml");
+    let ws = dir.path().join("ws");
+    let args = ["--config", cfg.to_str().unwrap(), "init", "--workspace", ws.to_str().unwrap()];
+    let out = bramble(dir.path(), &args, None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for f in ["AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "IDENTITY.md", "HEARTBEAT.md", "memory/MEMORY.md"] {
+        assert!(ws.join(f).is_file(), "{f} written");
+    }
+    assert!(std::fs::read_to_string(ws.join("HEARTBEAT.md")).unwrap().contains("## Active Tasks"));
+    let written = std::fs::read_to_string(&cfg).unwrap();
+    assert!(written.contains(&format!("workspace = \"{}\"", ws.display())), "{written}");
+
+    std::fs::write(ws.join("SOUL.md"), "mine").unwrap();
+    std::fs::write(&cfg, format!("[agent]\nworkspace = \"{}\"\n", ws.display())).unwrap();
+    let out = bramble(dir.path(), &args, None).await;
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("kept"), "{}", text(&out.stdout));
+    assert_eq!(std::fs::read_to_string(ws.join("SOUL.md")).unwrap(), "mine");
+    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), format!("[agent]\nworkspace = \"{}\"\n", ws.display()));
+
+    // The written config passes `check`.
+    let out = bramble(dir.path(), &["--config", cfg.to_str().unwrap(), "check"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[tokio::test]
+async fn agent_one_turn_with_an_exec_tool_call() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    fake.push(Reply::ToolCalls(vec![("exec".into(), r#"{"command":"echo $((6*7))"}"#.into())]));
+    fake.push(Reply::Text("The answer is 42.".into()));
+    let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-m", "compute"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "The answer is 42.\n");
+    let second = &fake.requests()[1];
+    let result = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert!(result["content"].as_str().unwrap().starts_with("42\n"), "{result}");
+}
+
+#[tokio::test]
+async fn agent_exits_non_zero_with_the_reason_when_the_provider_fails() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    fake.push(Reply::Status { status: 401, body: r#"{"error":{"message":"Incorrect API key provided"}}"#.into(), retry_after: None });
+    let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-m", "hi"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("401") && err.contains("Incorrect API key provided"), "{err}");
+    assert!(!err.contains("test-key"), "the key is never printed: {err}");
+    assert_eq!(fake.request_count(), 1, "401 is not retried");
+}
+
+#[tokio::test]
+async fn repl_answers_until_exit() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    fake.push(Reply::Text("one".into()));
+    fake.push(Reply::Text("two".into()));
+    let out =
+        bramble(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-s", "repl"], Some("first\nsecond\nexit\n"))
+            .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("bramble> one") && stdout.contains("bramble> two"), "{stdout}");
+    // Same session: the second request carried the first exchange.
+    let msgs = fake.requests()[1]["messages"].as_array().unwrap().clone();
+    assert!(msgs.iter().any(|m| m["content"] == "first"));
+}
+
+#[tokio::test]
+async fn status_without_a_config_file_uses_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bramble(dir.path(), &["status"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("config:     (none: defaults)"), "{s}");
+    assert!(s.contains("MISSING: set OPENAI_API_KEY"), "{s}");
+    assert!(s.contains(&format!("{}/.local/state/bramble", dir.path().display())), "{s}");
+}
+
+#[tokio::test]
+async fn help_on_every_level() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [vec!["--help"], vec!["agent", "--help"], vec!["init", "--help"], vec!["check", "--help"]] {
+        let out = bramble(dir.path(), &args, None).await;
+        assert!(out.status.success(), "{args:?}");
+        assert!(text(&out.stdout).contains("Usage: bramble"), "{args:?}");
+    }
+    let out = bramble(dir.path(), &["--version"], None).await;
+    assert_eq!(text(&out.stdout), format!("bramble {}\n", env!("CARGO_PKG_VERSION")));
+}
