@@ -208,3 +208,256 @@ pub trait Provider: Send + Sync {
     /// One model call. Implementations do not retry: see [`retry::with_retries`].
     fn chat<'a>(&'a self, req: ChatRequest<'a>) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
 }
+
+// ---------------------------------------------------------------------------
+// Construction and the HTTP plumbing both backends share.
+// ---------------------------------------------------------------------------
+
+/// Build the configured backend, wrapped in [`retry::Retrying`] with
+/// `cfg.max_retries` and the default 1/2/4 s backoff.
+///
+/// Fails with [`ProviderError::NotConfigured`] when a key is required but not
+/// set, or when an `extra_headers` entry is not a valid HTTP header.
+pub fn from_config(cfg: &crate::config::ProviderConfig) -> Result<std::sync::Arc<dyn Provider>, ProviderError> {
+    use crate::config::ProviderKind;
+    let policy = retry::RetryPolicy { max_retries: cfg.max_retries, ..Default::default() };
+    Ok(match cfg.kind {
+        ProviderKind::Openai => std::sync::Arc::new(retry::Retrying::new(openai::OpenAiProvider::new(cfg)?, policy)),
+        ProviderKind::Anthropic => {
+            std::sync::Arc::new(retry::Retrying::new(anthropic::AnthropicProvider::new(cfg)?, policy))
+        }
+    })
+}
+
+/// The HTTP client both backends use: rustls (ring), HTTP/1.1 only, a
+/// `bramble/<version>` user agent, a connect timeout of at most 10 s and
+/// `timeout` for the whole call (connect to the last byte of the answer).
+///
+/// A zero `timeout` means no total limit (the connect limit stays).
+pub fn http_client(timeout: std::time::Duration) -> Result<reqwest::Client, ProviderError> {
+    crate::install_crypto();
+    let connect = std::time::Duration::from_secs(10);
+    let connect = if timeout.is_zero() { connect } else { connect.min(timeout) };
+    let mut builder = reqwest::Client::builder()
+        .http1_only()
+        .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(connect);
+    if !timeout.is_zero() {
+        builder = builder.timeout(timeout);
+    }
+    builder.build().map_err(|e| ProviderError::NotConfigured(format!("cannot build the HTTP client: {e}")))
+}
+
+/// Headers for a backend: its own (auth, version) first, then the user's
+/// `extra_headers`, which win on a clash (a proxy may need to replace one).
+fn build_headers(
+    own: Vec<(&'static str, String, bool)>,
+    extra: &std::collections::BTreeMap<String, String>,
+) -> Result<reqwest::header::HeaderMap, ProviderError> {
+    use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+    let mut map = HeaderMap::new();
+    for (name, value, sensitive) in own {
+        let mut value = HeaderValue::from_str(&value).map_err(|_| {
+            // Never echo the value: it may be the API key.
+            ProviderError::NotConfigured(format!("the value for the `{name}` header contains characters not allowed in HTTP headers (is the API key pasted correctly?)"))
+        })?;
+        value.set_sensitive(sensitive);
+        map.insert(HeaderName::from_static(name), value);
+    }
+    for (name, value) in extra {
+        let header = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+            ProviderError::NotConfigured(format!("[provider] extra_headers: `{name}` is not a valid HTTP header name"))
+        })?;
+        let value = HeaderValue::from_str(value.trim()).map_err(|_| {
+            ProviderError::NotConfigured(format!(
+                "[provider] extra_headers: the value of `{name}` is not a valid HTTP header value"
+            ))
+        })?;
+        map.insert(header, value);
+    }
+    Ok(map)
+}
+
+/// POST `body` as JSON and return the raw body of a 2xx answer.
+///
+/// Every failure is mapped here, the same way for both backends: 401/403 →
+/// [`ProviderError::Auth`], other statuses → [`ProviderError::Http`] with
+/// `Retry-After`, network trouble and timeouts → [`ProviderError::Transport`].
+/// `secret` is scrubbed from every message, in case a server echoes it.
+async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    headers: reqwest::header::HeaderMap,
+    body: &Value,
+    secret: Option<&crate::config::Secret>,
+) -> Result<Vec<u8>, ProviderError> {
+    let transport = |e: reqwest::Error| ProviderError::Transport {
+        url: url.to_string(),
+        message: redact(&transport_message(e), secret),
+    };
+    let resp = client.post(url).headers(headers).json(body).send().await.map_err(transport)?;
+    let status = resp.status();
+    let retry_after = retry_after(resp.headers());
+    let bytes = resp.bytes().await.map_err(transport)?;
+    if status.is_success() {
+        return Ok(bytes.to_vec());
+    }
+    let message = redact(&error_message(&bytes, status.canonical_reason()), secret);
+    let status = status.as_u16();
+    Err(match status {
+        401 | 403 => ProviderError::Auth { status, message },
+        _ => ProviderError::Http { status, message, retry_after },
+    })
+}
+
+/// A reqwest error as one line: its own text and every cause below it
+/// (`error sending request: client error (Connect): tcp connect error: Connection refused`).
+fn transport_message(e: reqwest::Error) -> String {
+    let timed_out = e.is_timeout();
+    let e = e.without_url();
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    let mut message = parts.join(": ");
+    if timed_out && !message.contains("timed out") {
+        message.push_str(" (timed out)");
+    }
+    message
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is ignored), or OpenAI's
+/// `retry-after-ms` when that is all there is.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(secs) = text("retry-after").and_then(|t| t.parse::<f64>().ok()) {
+        if secs.is_finite() && secs >= 0.0 {
+            return Some(std::time::Duration::from_secs_f64(secs.min(86_400.0)));
+        }
+    }
+    let ms = text("retry-after-ms").and_then(|t| t.parse::<f64>().ok())?;
+    (ms.is_finite() && ms >= 0.0).then(|| std::time::Duration::from_secs_f64(ms.min(86_400_000.0) / 1000.0))
+}
+
+/// What the server said went wrong: `error.message` (OpenAI and Anthropic),
+/// `error` as a string or a top-level `message` (Ollama and friends), else the
+/// start of the body, else the status' reason phrase.
+fn error_message(body: &[u8], reason: Option<&str>) -> String {
+    if let Ok(json) = serde_json::from_slice::<Value>(body) {
+        let found = json
+            .pointer("/error/message")
+            .or_else(|| json.get("error").filter(|e| e.is_string()))
+            .or_else(|| json.get("message"))
+            .or_else(|| json.get("detail"))
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|m| !m.is_empty());
+        if let Some(m) = found {
+            return excerpt(m.as_bytes(), 300);
+        }
+    }
+    let text = excerpt(body, 300);
+    if text.is_empty() {
+        reason.unwrap_or("no details").to_string()
+    } else {
+        text
+    }
+}
+
+/// At most `max` characters of `body`, whitespace collapsed, `…` when cut.
+fn excerpt(body: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(body);
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= max {
+        return collapsed;
+    }
+    let mut cut: String = collapsed.chars().take(max).collect();
+    cut.push('…');
+    cut
+}
+
+/// `text` with every occurrence of the secret replaced by `***`.
+fn redact(text: &str, secret: Option<&crate::config::Secret>) -> String {
+    match secret.map(|s| s.expose()).filter(|s| s.len() >= 4) {
+        Some(key) => text.replace(key, "***"),
+        None => text.to_string(),
+    }
+}
+
+/// A fresh id for a tool call the server sent without one (`call_1`, `call_2`, …),
+/// unique within the process so ids never clash inside a session.
+fn generated_call_id(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    format!("{prefix}_{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// For `#[serde(deserialize_with)]`: a `null` where a value was expected is the default.
+fn null_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
+}
+
+#[cfg(test)]
+mod shared_tests {
+    use super::*;
+
+    #[test]
+    fn error_message_prefers_the_json_message() {
+        let body = br#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error"}}"#;
+        assert_eq!(error_message(body, Some("Unauthorized")), "Incorrect API key provided");
+        let body = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        assert_eq!(error_message(body, None), "Overloaded");
+        assert_eq!(error_message(br#"{"error":"model 'x' not found"}"#, None), "model 'x' not found");
+        assert_eq!(error_message(b"<html>\n  Bad   Gateway</html>", None), "<html> Bad Gateway</html>");
+        assert_eq!(error_message(b"", Some("Too Many Requests")), "Too Many Requests");
+        let long = "x".repeat(1000);
+        assert_eq!(error_message(long.as_bytes(), None).chars().count(), 301);
+    }
+
+    #[test]
+    fn retry_after_seconds_ms_and_dates() {
+        use reqwest::header::{HeaderMap, HeaderValue};
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert("retry-after", HeaderValue::from_static("7"));
+        assert_eq!(retry_after(&h), Some(std::time::Duration::from_secs(7)));
+        h.insert("retry-after", HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        assert_eq!(retry_after(&h), None);
+        h.insert("retry-after-ms", HeaderValue::from_static("1500"));
+        assert_eq!(retry_after(&h), Some(std::time::Duration::from_millis(1500)));
+        h.insert("retry-after", HeaderValue::from_static("-3"));
+        assert_eq!(retry_after(&h), Some(std::time::Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let key = crate::config::Secret::new("sk-secret-123");
+        assert_eq!(redact("bad key sk-secret-123!", Some(&key)), "bad key ***!");
+        assert_eq!(redact("nothing", None), "nothing");
+    }
+
+    #[test]
+    fn bad_header_values_never_echo_the_key() {
+        let err = build_headers(vec![("authorization", "Bearer sk-1\n2".into(), true)], &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("authorization") && !err.contains("sk-1"), "{err}");
+        let mut extra = std::collections::BTreeMap::new();
+        extra.insert("bad header".to_string(), "v".to_string());
+        let err = build_headers(Vec::new(), &extra).unwrap_err().to_string();
+        assert!(err.contains("`bad header`"), "{err}");
+        extra.clear();
+        extra.insert("HTTP-Referer".to_string(), "https://example.org".to_string());
+        let map = build_headers(vec![("x-api-key", "k".into(), true)], &extra).unwrap();
+        assert_eq!(map.get("http-referer").unwrap(), "https://example.org");
+        assert!(map.get("x-api-key").unwrap().is_sensitive());
+    }
+}

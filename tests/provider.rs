@@ -1,0 +1,580 @@
+//! The provider backends against fake servers on 127.0.0.1: real HTTP through
+//! the real client, wire formats checked on both sides, retries timed.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use bramble::config::{Dur, HttpUrl, ProviderConfig, ProviderKind, Secret};
+use bramble::provider::anthropic::AnthropicProvider;
+use bramble::provider::openai::OpenAiProvider;
+use bramble::provider::retry::{RetryPolicy, Retrying};
+use bramble::provider::{
+    from_config, ChatRequest, ChatResponse, Message, Provider, ProviderError, ToolCall, ToolSpec, Usage,
+};
+use serde_json::{json, Value};
+use support::fake_llm::{Dialect, FakeLlm, Reply, COMPLETION_TOKENS_PER_PART, PROMPT_TOKENS_PER_MESSAGE};
+use support::http::{refused_url, Response, TestServer};
+
+const KEY: &str = "sk-test-5ecret-key";
+
+/// A config pointing at `base_url` with the test key (or none) and no env lookup.
+fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConfig {
+    ProviderConfig {
+        kind,
+        base_url: Some(HttpUrl(base_url.to_string())),
+        api_key: key.map(Secret::new),
+        api_key_env: Some("BRAMBLE_TEST_NO_SUCH_KEY_e41b".into()),
+        timeout: Dur(Duration::from_secs(10)),
+        max_retries: 3,
+        extra_headers: BTreeMap::new(),
+    }
+}
+
+/// Three retries with 10/20/40 ms backoff: the real schedule, shrunk.
+fn fast() -> RetryPolicy {
+    RetryPolicy { max_retries: 3, base_delay: Duration::from_millis(10), max_delay: Duration::from_secs(5) }
+}
+
+fn openai(fake: &FakeLlm) -> Retrying<OpenAiProvider> {
+    let cfg = config(ProviderKind::Openai, &fake.base_url(), Some(KEY));
+    Retrying::new(OpenAiProvider::new(&cfg).unwrap(), fast())
+}
+
+fn anthropic(fake: &FakeLlm) -> Retrying<AnthropicProvider> {
+    let cfg = config(ProviderKind::Anthropic, &fake.base_url(), Some(KEY));
+    Retrying::new(AnthropicProvider::new(&cfg).unwrap(), fast())
+}
+
+fn exec_tool() -> ToolSpec {
+    ToolSpec {
+        name: "exec".into(),
+        description: "Run a shell command".into(),
+        parameters: json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+    }
+}
+
+async fn chat(p: &impl Provider, messages: &[Message], tools: &[ToolSpec]) -> Result<ChatResponse, ProviderError> {
+    p.chat(ChatRequest { model: "test-model", messages, tools, max_tokens: 256, temperature: None }).await
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+// ---------------------------------------------------------------------------
+// Happy paths
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn openai_text_answer_and_request_format() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::text("Hello from the fake."));
+    let mut cfg = config(ProviderKind::Openai, &fake.base_url(), Some(KEY));
+    cfg.extra_headers.insert("X-Title".into(), "bramble-test".into());
+    let p = OpenAiProvider::new(&cfg).unwrap();
+    let msgs = [Message::system("You are terse."), Message::user("hi")];
+    let tools = [exec_tool()];
+    let r = p
+        .chat(ChatRequest { model: "gpt-test", messages: &msgs, tools: &tools, max_tokens: 99, temperature: Some(0.5) })
+        .await
+        .unwrap();
+
+    assert_eq!(r.content.as_deref(), Some("Hello from the fake."));
+    assert!(r.tool_calls.is_empty());
+    assert_eq!(r.finish_reason.as_deref(), Some("stop"));
+    assert_eq!(
+        r.usage,
+        Usage { input_tokens: 2 * PROMPT_TOKENS_PER_MESSAGE, output_tokens: COMPLETION_TOKENS_PER_PART }
+    );
+
+    let req = fake.last_request().unwrap();
+    assert_eq!(req["model"], "gpt-test");
+    assert_eq!(req["max_tokens"], 99);
+    assert_eq!(req["temperature"], 0.5);
+    assert_eq!(
+        req["messages"],
+        json!([{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}])
+    );
+    assert_eq!(
+        req["tools"],
+        json!([{"type": "function", "function": {
+            "name": "exec", "description": "Run a shell command", "parameters": exec_tool().parameters}}])
+    );
+    assert_eq!(fake.paths(), ["/v1/chat/completions"]);
+    let h = &fake.headers()[0];
+    assert_eq!(header(h, "authorization"), Some(format!("Bearer {KEY}").as_str()));
+    assert_eq!(header(h, "x-title"), Some("bramble-test"));
+    assert_eq!(header(h, "content-type"), Some("application/json"));
+    assert!(header(h, "user-agent").unwrap().starts_with("bramble/"), "{h:?}");
+}
+
+#[tokio::test]
+async fn openai_without_a_key_sends_no_authorization() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::text("local model here"));
+    let p = OpenAiProvider::new(&config(ProviderKind::Openai, &fake.base_url(), None)).unwrap();
+    let r = chat(&p, &[Message::user("hi")], &[]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("local model here"));
+    assert_eq!(header(&fake.headers()[0], "authorization"), None);
+    assert!(fake.last_request().unwrap().get("tools").is_none(), "no tools key when there are none");
+}
+
+#[tokio::test]
+async fn anthropic_text_answer_and_request_format() {
+    let fake = FakeLlm::start(Dialect::Anthropic).await;
+    fake.push(Reply::text("Bonjour."));
+    let p = anthropic(&fake);
+    let r = chat(&p, &[Message::system("Be brief."), Message::user("hello")], &[exec_tool()]).await.unwrap();
+
+    assert_eq!(r.content.as_deref(), Some("Bonjour."));
+    assert_eq!(r.finish_reason.as_deref(), Some("end_turn"));
+    // One message plus the top-level system prompt.
+    assert_eq!(
+        r.usage,
+        Usage { input_tokens: 2 * PROMPT_TOKENS_PER_MESSAGE, output_tokens: COMPLETION_TOKENS_PER_PART }
+    );
+
+    let req = fake.last_request().unwrap();
+    assert_eq!(req["model"], "test-model");
+    assert_eq!(req["max_tokens"], 256);
+    assert_eq!(req["system"], "Be brief.");
+    assert_eq!(req["messages"], json!([{"role": "user", "content": [{"type": "text", "text": "hello"}]}]));
+    assert_eq!(
+        req["tools"],
+        json!([{"name": "exec", "description": "Run a shell command", "input_schema": exec_tool().parameters}])
+    );
+    assert_eq!(fake.paths(), ["/v1/messages"]);
+    let h = &fake.headers()[0];
+    assert_eq!(header(h, "x-api-key"), Some(KEY));
+    assert_eq!(header(h, "anthropic-version"), Some("2023-06-01"));
+    assert_eq!(header(h, "content-type"), Some("application/json"));
+    assert_eq!(header(h, "authorization"), None);
+}
+
+#[tokio::test]
+async fn openai_tool_calls_round_trip() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::ToolCalls(vec![
+        ("exec".into(), r#"{"command":"date"}"#.into()),
+        ("read_file".into(), r#"{"path":"notes.md"}"#.into()),
+    ]));
+    fake.push(Reply::text("It is Monday."));
+    let p = openai(&fake);
+
+    let mut history = vec![Message::user("what day is it?")];
+    let r = chat(&p, &history, &[exec_tool()]).await.unwrap();
+    assert_eq!(r.content, None);
+    assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+    assert_eq!(
+        r.tool_calls,
+        vec![
+            ToolCall::new("call_1", "exec", r#"{"command":"date"}"#),
+            ToolCall::new("call_2", "read_file", r#"{"path":"notes.md"}"#),
+        ]
+    );
+
+    // Send the results back; the fake checks that they answer the calls.
+    history.push(Message::assistant_tool_calls(None, r.tool_calls.clone()));
+    history.push(Message::tool_result("call_1", "exec", "Mon"));
+    history.push(Message::tool_result("call_2", "read_file", "(empty)"));
+    let r = chat(&p, &history, &[exec_tool()]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("It is Monday."));
+
+    let sent = &fake.requests()[1]["messages"];
+    assert!(sent[1].as_object().unwrap().contains_key("content"), "content key must be present: {sent}");
+    assert_eq!(sent[1]["content"], Value::Null);
+    assert_eq!(sent[1]["tool_calls"][1]["function"]["arguments"], r#"{"path":"notes.md"}"#);
+    assert_eq!(sent[2], json!({"role": "tool", "content": "Mon", "tool_call_id": "call_1", "name": "exec"}));
+    assert_eq!(fake.request_count(), 2);
+}
+
+#[tokio::test]
+async fn anthropic_tool_calls_round_trip() {
+    let fake = FakeLlm::start(Dialect::Anthropic).await;
+    fake.push(Reply::TextAndToolCalls(
+        "Checking.".into(),
+        vec![("exec".into(), r#"{"command": "uptime"}"#.into()), ("list_dir".into(), "not json".into())],
+    ));
+    fake.push(Reply::text("Up 3 days."));
+    let p = anthropic(&fake);
+
+    let mut history = vec![Message::user("uptime?")];
+    let r = chat(&p, &history, &[exec_tool()]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("Checking."));
+    assert_eq!(r.finish_reason.as_deref(), Some("tool_use"));
+    assert_eq!(
+        r.tool_calls,
+        vec![ToolCall::new("toolu_1", "exec", r#"{"command":"uptime"}"#), ToolCall::new("toolu_2", "list_dir", "{}")]
+    );
+    assert_eq!(r.usage.output_tokens, 3 * COMPLETION_TOKENS_PER_PART);
+
+    history.push(Message::assistant_tool_calls(r.content.clone(), r.tool_calls.clone()));
+    history.push(Message::tool_result("toolu_1", "exec", "up 3 days"));
+    history.push(Message::tool_result("toolu_2", "list_dir", "a b c"));
+    let r = chat(&p, &history, &[exec_tool()]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("Up 3 days."));
+
+    let sent = &fake.requests()[1]["messages"];
+    assert_eq!(
+        sent[1]["content"][1],
+        json!({"type": "tool_use", "id": "toolu_1", "name": "exec", "input": {"command": "uptime"}})
+    );
+    assert_eq!(sent[2]["role"], "user");
+    assert_eq!(sent[2]["content"].as_array().unwrap().len(), 2, "both results in one user message: {sent}");
+}
+
+#[tokio::test]
+async fn anthropic_translates_a_multi_step_history() {
+    let fake = FakeLlm::start(Dialect::Anthropic).await;
+    fake.push(Reply::text("All done."));
+    let p = anthropic(&fake);
+    let history = vec![
+        Message::system("You are bramble."),
+        // A history window cut mid-conversation: these must not lead.
+        Message::assistant("…and that is why."),
+        Message::tool_result("toolu_0", "exec", "stale"),
+        Message::user("[Runtime context: 2025-01-06 09:00 Europe/Berlin]"),
+        Message::user("Check the disk, then tell me."),
+        Message::assistant_tool_calls(
+            Some("Looking.".into()),
+            vec![ToolCall::new("c1", "exec", r#"{"command":"df -h"}"#), ToolCall::new("c2", "exec", "{broken")],
+        ),
+        Message::tool_result("c1", "exec", "/dev/root 40%"),
+        Message::tool_result("c2", "exec", "Error: bad arguments"),
+        Message::assistant("Disk is 40% full."),
+        Message::system("Memory: the user likes short answers."),
+        Message::user("thanks"),
+    ];
+    let r = chat(&p, &history, &[exec_tool()]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("All done."), "the fake accepted the translated history");
+
+    let req = fake.last_request().unwrap();
+    assert_eq!(req["system"], "You are bramble.\n\nMemory: the user likes short answers.");
+    let msgs = req["messages"].as_array().unwrap();
+    let roles: Vec<&str> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant", "user"]);
+    assert_eq!(msgs[0]["content"].as_array().unwrap().len(), 2, "runtime context and question merged");
+    assert_eq!(msgs[1]["content"][2]["input"], json!({}), "unparseable arguments become {{}}");
+    assert_eq!(
+        msgs[2]["content"],
+        json!([
+            {"type": "tool_result", "tool_use_id": "c1", "content": "/dev/root 40%"},
+            {"type": "tool_result", "tool_use_id": "c2", "content": "Error: bad arguments"},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn from_config_builds_a_working_backend_of_each_kind() {
+    for dialect in [Dialect::OpenAi, Dialect::Anthropic] {
+        let fake = FakeLlm::start(dialect).await;
+        fake.push(Reply::error(503, "warming up"));
+        fake.push(Reply::text("ready"));
+        let kind = if dialect == Dialect::OpenAi { ProviderKind::Openai } else { ProviderKind::Anthropic };
+        let mut cfg = config(kind, &fake.base_url(), Some(KEY));
+        cfg.max_retries = 1;
+        let p = from_config(&cfg).unwrap();
+        assert_eq!(p.name(), kind.as_str());
+        // The default policy waits 1 s before the retry.
+        let start = Instant::now();
+        let r = chat(&p, &[Message::user("hi")], &[]).await.unwrap();
+        assert_eq!(r.content.as_deref(), Some("ready"));
+        assert_eq!(fake.request_count(), 2);
+        assert!(start.elapsed() >= Duration::from_secs(1), "{:?}", start.elapsed());
+    }
+}
+
+#[tokio::test]
+async fn missing_key_for_a_public_endpoint_is_not_configured() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let cfg =
+            ProviderConfig { kind, api_key_env: Some("BRAMBLE_TEST_NO_SUCH_KEY_e41b".into()), ..Default::default() };
+        let err = from_config(&cfg).err().expect("no key must be an error");
+        assert!(matches!(err, ProviderError::NotConfigured(_)), "{err:?}");
+        assert!(err.to_string().contains("BRAMBLE_TEST_NO_SUCH_KEY_e41b"), "{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Errors and retries
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn rate_limit_then_success() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::Status {
+        status: 429,
+        body: json!({"error": {"message": "Rate limit reached"}}).to_string(),
+        retry_after: Some(0),
+    });
+    fake.push(Reply::text("made it"));
+    let start = Instant::now();
+    let r = chat(&openai(&fake), &[Message::user("hi")], &[]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("made it"));
+    assert_eq!(fake.request_count(), 2);
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let fake = FakeLlm::start(Dialect::Anthropic).await;
+    fake.push(Reply::Status {
+        status: 529,
+        body: json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}).to_string(),
+        retry_after: Some(1),
+    });
+    fake.push(Reply::text("ok"));
+    // Backoff alone would wait 10 ms: the 1 s can only come from the header.
+    let start = Instant::now();
+    chat(&anthropic(&fake), &[Message::user("hi")], &[]).await.unwrap();
+    let elapsed = start.elapsed();
+    assert!(elapsed >= Duration::from_secs(1), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    assert_eq!(fake.request_count(), 2);
+}
+
+#[tokio::test]
+async fn server_errors_until_giving_up() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    for _ in 0..4 {
+        fake.push(Reply::error(500, "upstream exploded"));
+    }
+    let err = chat(&openai(&fake), &[Message::user("hi")], &[]).await.unwrap_err();
+    assert_eq!(fake.request_count(), 4);
+    let text = err.to_string();
+    match err {
+        ProviderError::GaveUp { attempts: 4, last } => {
+            assert!(matches!(*last, ProviderError::Http { status: 500, .. }), "{last:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(text.contains("500") && text.contains("upstream exploded"), "{text}");
+}
+
+#[tokio::test]
+async fn unauthorized_is_not_retried() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    // A server that echoes the key: it must not reach our error text.
+    fake.push(Reply::error(401, &format!("Incorrect API key provided: {KEY}")));
+    fake.push(Reply::text("never served"));
+    let err = chat(&openai(&fake), &[Message::user("hi")], &[]).await.unwrap_err();
+    assert_eq!(fake.request_count(), 1);
+    match &err {
+        ProviderError::Auth { status: 401, message } => assert_eq!(message, "Incorrect API key provided: ***"),
+        other => panic!("{other:?}"),
+    }
+    assert!(!err.to_string().contains(KEY));
+}
+
+#[tokio::test]
+async fn anthropic_auth_errors_carry_the_server_message() {
+    let fake = FakeLlm::start(Dialect::Anthropic).await;
+    fake.push(Reply::Status {
+        status: 403,
+        body: json!({"type": "error", "error": {"type": "permission_error", "message": "no access to this model"}})
+            .to_string(),
+        retry_after: None,
+    });
+    let err = chat(&anthropic(&fake), &[Message::user("hi")], &[]).await.unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::Auth { status: 403, message } if message == "no access to this model"),
+        "{err:?}"
+    );
+    assert_eq!(fake.request_count(), 1);
+
+    // The fake, like the real API, refuses a request without a key.
+    let p = AnthropicProvider::new(&config(ProviderKind::Anthropic, &fake.base_url(), None)).unwrap();
+    let err = chat(&p, &[Message::user("hi")], &[]).await.unwrap_err();
+    assert!(matches!(&err, ProviderError::Auth { status: 401, message } if message.contains("x-api-key")), "{err:?}");
+}
+
+#[tokio::test]
+async fn bad_request_is_not_retried() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::Status { status: 400, body: "context length exceeded".into(), retry_after: None });
+    let err = chat(&openai(&fake), &[Message::user("hi")], &[]).await.unwrap_err();
+    assert_eq!(fake.request_count(), 1);
+    assert!(
+        matches!(&err, ProviderError::Http { status: 400, message, retry_after: None } if message == "context length exceeded"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn connection_refused_is_a_transport_error_after_retries() {
+    let url = refused_url().await;
+    let cfg = config(ProviderKind::Openai, &format!("{url}/v1"), Some(KEY));
+    let p = Retrying::new(OpenAiProvider::new(&cfg).unwrap(), fast());
+    let err = chat(&p, &[Message::user("hi")], &[]).await.unwrap_err();
+    let text = err.to_string();
+    match err {
+        ProviderError::GaveUp { attempts: 4, last } => match *last {
+            ProviderError::Transport { url: got, message } => {
+                assert_eq!(got, format!("{url}/v1/chat/completions"));
+                assert!(message.to_lowercase().contains("refused"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+    assert!(!text.contains(KEY), "{text}");
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out_as_a_transport_error() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::Delayed(Duration::from_secs(3), Box::new(Reply::text("too late"))));
+    let mut cfg = config(ProviderKind::Openai, &fake.base_url(), Some(KEY));
+    cfg.timeout = Dur(Duration::from_millis(300));
+    let p = OpenAiProvider::new(&cfg).unwrap();
+    let start = Instant::now();
+    let err = chat(&p, &[Message::user("hi")], &[]).await.unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    match err {
+        ProviderError::Transport { message, .. } => assert!(message.contains("timed out"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn malformed_success_bodies_are_decode_errors() {
+    for dialect in [Dialect::OpenAi, Dialect::Anthropic] {
+        let fake = FakeLlm::start(dialect).await;
+        let bodies = ["not json", "{}", r#"{"choices":[]}"#, "", "[]", r#"{"content":"nope","choices":null}"#];
+        for body in bodies {
+            fake.push(Reply::Raw { status: 200, body: body.into() });
+        }
+        for body in bodies {
+            let before = fake.request_count();
+            let err = match dialect {
+                Dialect::OpenAi => chat(&openai(&fake), &[Message::user("hi")], &[]).await,
+                Dialect::Anthropic => chat(&anthropic(&fake), &[Message::user("hi")], &[]).await,
+            }
+            .unwrap_err();
+            assert_eq!(fake.request_count(), before + 1, "decode errors are not retried");
+            match err {
+                ProviderError::Decode(m) => assert!(m.contains(body), "{dialect:?} {body:?}: {m}"),
+                other => panic!("{dialect:?} {body:?}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn openai_compatible_oddities_are_accepted() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let odd = json!({
+        "model": "local",
+        "choices": [{
+            "message": {
+                "role": "assistant",
+                "content": [{"type": "text", "text": "Part one, "}, {"type": "text", "text": "part two."}],
+                "reasoning_content": "thinking out loud",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "exec", "arguments": {"command": "ls"}}},
+                    {"id": "", "function": {"name": "read_file", "arguments": "{\"path\":\"x\"}"}},
+                ],
+            },
+            "finish_reason": "",
+        }],
+        "usage": {"prompt_tokens": 7, "completion_tokens": null},
+    });
+    fake.push(Reply::Raw { status: 200, body: odd.to_string() });
+    fake.push(Reply::Raw {
+        status: 200,
+        body: json!({"choices": [{"message": {"content": "plain"}, "finish_reason": "eos_token"}]}).to_string(),
+    });
+    let p = openai(&fake);
+
+    let r = chat(&p, &[Message::user("hi")], &[]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("Part one, part two."));
+    assert_eq!(r.finish_reason.as_deref(), Some(""));
+    assert_eq!(r.usage, Usage { input_tokens: 7, output_tokens: 0 });
+    assert_eq!(r.tool_calls.len(), 2);
+    assert_eq!(r.tool_calls[0].function.name, "exec");
+    assert_eq!(serde_json::from_str::<Value>(&r.tool_calls[0].function.arguments).unwrap(), json!({"command": "ls"}));
+    assert_eq!(r.tool_calls[1].function.arguments, r#"{"path":"x"}"#);
+    for c in &r.tool_calls {
+        assert!(c.id.starts_with("call_") && c.id.len() > 5, "{}", c.id);
+    }
+    assert_ne!(r.tool_calls[0].id, r.tool_calls[1].id);
+
+    let r = chat(&p, &[Message::user("hi")], &[]).await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("plain"));
+    assert_eq!(r.finish_reason.as_deref(), Some("eos_token"));
+}
+
+// ---------------------------------------------------------------------------
+// The fakes themselves
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn fake_llm_fails_loudly_when_the_script_runs_out() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let p = Retrying::new(
+        OpenAiProvider::new(&config(ProviderKind::Openai, &fake.base_url(), None)).unwrap(),
+        RetryPolicy { max_retries: 0, ..fast() },
+    );
+    let err = chat(&p, &[Message::user("hi")], &[]).await.unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::Http { status: 500, message, .. } if message == "fake LLM: no scripted reply left"),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn fake_llm_rejects_malformed_histories_like_the_real_apis() {
+    // OpenAI: a tool result that answers nothing.
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::text("unreachable"));
+    let orphan = [Message::user("hi"), Message::tool_result("call_9", "exec", "x")];
+    let err = chat(&openai(&fake), &orphan, &[]).await.unwrap_err();
+    assert!(matches!(&err, ProviderError::Http { status: 400, message, .. } if message.contains("'tool'")), "{err:?}");
+    assert_eq!(fake.remaining(), 1, "a rejected request does not consume the script");
+
+    // Anthropic: a tool_use left unanswered.
+    let fake = FakeLlm::start(Dialect::Anthropic).await;
+    fake.push(Reply::text("unreachable"));
+    let unanswered = [
+        Message::user("hi"),
+        Message::assistant_tool_calls(None, vec![ToolCall::new("t1", "exec", "{}")]),
+        Message::user("never mind"),
+    ];
+    let err = chat(&anthropic(&fake), &unanswered, &[]).await.unwrap_err();
+    assert!(matches!(&err, ProviderError::Http { status: 400, message, .. } if message.contains("t1")), "{err:?}");
+    assert_eq!(fake.remaining(), 1);
+}
+
+#[tokio::test]
+async fn test_server_speaks_keep_alive_chunked_and_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server =
+        TestServer::start(|req| Response::text(200, format!("{} {} {}", req.method, req.path, req.text()))).await;
+    let mut s = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+    s.write_all(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc").await.unwrap();
+    s.write_all(b"POST /b?q=1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3;x=y\r\nllo\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    s.write_all(b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n").await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 3, "{out}");
+    assert!(out.contains("\r\n\r\nPOST /a abc"), "{out}");
+    assert!(out.contains("\r\n\r\nPOST /b?q=1 hello"), "{out}");
+    assert!(out.ends_with("connection: close\r\n\r\nGET /c "), "{out}");
+
+    // Dropping the server closes the port.
+    let addr = server.addr();
+    drop(server);
+    let mut closed = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if tokio::net::TcpStream::connect(addr).await.is_err() {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "the port still accepts connections after the drop");
+}

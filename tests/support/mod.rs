@@ -1,0 +1,11 @@
+//! Shared test infrastructure: a tiny HTTP/1.1 server and fakes built on it.
+//!
+//! Each test binary declares `mod support;` and uses a subset, hence the
+//! `dead_code` allowance.
+//!
+//! - [`http`]: `TestServer`, a request/response server on 127.0.0.1 for fake remote APIs.
+//! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
+#![allow(dead_code)]
+
+pub mod fake_llm;
+pub mod http;
