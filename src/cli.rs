@@ -46,6 +46,12 @@ pub enum Command {
         #[arg(short, long, value_name = "KEY", default_value = "cli:direct")]
         session: String,
     },
+    /// Run one heartbeat now: read HEARTBEAT.md and, if it lists active tasks, run them
+    Heartbeat {
+        /// Show what would run, without calling the model or delivering anything
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Show provider, paths, tools and sessions
     Status,
     /// Validate the config and the workspace; errors as FILE:LINE:COL
@@ -69,6 +75,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), "warn");
     match cli.command {
         Command::Agent { message, session } => agent(&loaded, message, session).await,
+        Command::Heartbeat { dry_run } => heartbeat(&loaded, dry_run).await,
         Command::Status => status(&loaded),
         Command::Check | Command::Init { .. } => unreachable!("handled above"),
     }
@@ -224,6 +231,55 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
         }
         stop.abort();
     }
+}
+
+async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
+    use crate::daemon::{Heartbeat, HeartbeatOutcome};
+    let c = &loaded.config;
+    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+    let bus = Bus::new();
+    let agent = Agent::from_config(loaded, bus.outbound_tx.clone());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    // What the agent sends with the `message` tool waits in the outbox for the daemon.
+    let pump = tokio::spawn(crate::daemon::pump_outbound(
+        bus.outbound_rx,
+        outbox.clone(),
+        Arc::new(tokio::sync::Notify::new()),
+        cancel.clone(),
+    ));
+    let hb = Heartbeat {
+        config: c.heartbeat.clone(),
+        workspace: loaded.paths.workspace.clone(),
+        tz: c.timezone(),
+        state: crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir),
+        outbox,
+        wake: Arc::new(tokio::sync::Notify::new()),
+    };
+    let outcome = hb.tick(&agent, dry_run, &cancel).await;
+    drop(agent);
+    cancel.cancel();
+    let _ = pump.await;
+    let targets = |t: &[Target]| t.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let hb_file = loaded.paths.workspace.join("HEARTBEAT.md");
+    match outcome {
+        HeartbeatOutcome::NoTasks => {
+            println!("{} lists no active tasks: nothing to do (no model call).", hb_file.display())
+        }
+        HeartbeatOutcome::Quiet => println!("inside quiet hours: skipped."),
+        HeartbeatOutcome::DryRun(prompt) => println!(
+            "would run one agent turn in session `heartbeat`, reporting to {}:\n\n{prompt}",
+            targets(&c.heartbeat.deliver)
+        ),
+        HeartbeatOutcome::NothingToReport => println!("HEARTBEAT_OK: nothing to report, nothing delivered."),
+        HeartbeatOutcome::Reported { text, targets: t } => {
+            println!("{text}\n\n(queued for {}; the daemon delivers it)", targets(&t))
+        }
+        HeartbeatOutcome::Failed(why) => {
+            eprintln!("bramble: error: {why}");
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {

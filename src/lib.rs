@@ -16,12 +16,15 @@
 
 pub mod agent;
 pub mod bus;
+pub mod channels;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod fsutil;
 pub mod logging;
 pub mod provider;
 pub mod sandbox;
+pub mod scheduler;
 pub mod tools;
 
 /// Install rustls' ring crypto provider as the process default.

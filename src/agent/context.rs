@@ -84,8 +84,9 @@ impl ContextBuilder {
                 break;
             }
             let Some(text) = read_prompt_file(&self.workspace.join(name)) else { continue };
-            let text = cap(&text, self.limits.per_file_chars.min(budget), name);
-            budget = budget.saturating_sub(text.chars().count());
+            let allowed = self.limits.per_file_chars.min(budget);
+            budget -= text.chars().count().min(allowed);
+            let text = cap(&text, allowed, name);
             out.push_str(&format!("\n## {name}\n\n{text}\n"));
         }
 

@@ -13,6 +13,7 @@
 //! reminders and exec jobs still run.
 
 pub mod outbox;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

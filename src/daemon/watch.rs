@@ -5,6 +5,7 @@
 //! at once through inotify — no polling, so an idle board stays idle. Files
 //! are replaced by rename (atomic writes), hence `IN_MOVED_TO`.
 
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
@@ -20,13 +21,15 @@ pub async fn watch_state_dir(
 ) -> std::io::Result<()> {
     let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
     inotify.add_watch(&dir, AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE)?;
-    let fd = AsyncFd::new(inotify)?;
+    // SAFETY: `Watched` owns the inotify descriptor and never closes or swaps
+    // it while the AsyncFd exists; `as_raw_fd` always returns that descriptor.
+    let fd = unsafe { AsyncFd::register(Watched(inotify)) }?;
     loop {
         let mut guard = tokio::select! {
             g = fd.readable() => g?,
             _ = cancel.cancelled() => return Ok(()),
         };
-        match guard.get_inner().read_events() {
+        match guard.get_inner().0.read_events() {
             Ok(events) => {
                 for ev in events {
                     let Some(name) = ev.name.as_ref().and_then(|n| n.to_str()) else { continue };
@@ -40,5 +43,14 @@ pub async fn watch_state_dir(
             Err(nix::errno::Errno::EAGAIN) => guard.clear_ready(),
             Err(e) => return Err(e.into()),
         }
+    }
+}
+
+/// The inotify instance, registered with tokio's reactor.
+struct Watched(Inotify);
+
+impl AsRawFd for Watched {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
     }
 }

@@ -9,3 +9,4 @@
 
 pub mod fake_llm;
 pub mod http;
+pub mod setup;
