@@ -20,6 +20,7 @@ pub mod config;
 pub mod fsutil;
 pub mod provider;
 pub mod sandbox;
+pub mod scheduler;
 pub mod tools;
 
 /// Install rustls' ring crypto provider as the process default.
