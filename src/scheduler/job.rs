@@ -1,0 +1,422 @@
+//! A job: what runs, when, where its output goes, and what happened last time.
+//!
+//! The job is the unit the CLI edits and the daemon runs, and it is stored as
+//! JSON, so everything here is plain data with serde. Its [`JobState`] is the
+//! scheduler's memory across restarts: the next planned run, the *scheduled*
+//! time of the last occurrence handled (the guard against double runs after a
+//! backward clock jump), a short history, and the write-ahead marker that makes
+//! a one-shot run exactly once even across a crash.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use jiff::tz::TimeZone;
+use jiff::Timestamp;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::schedule::{Schedule, ScheduleError};
+use crate::bus::Target;
+use crate::config::Dur;
+
+/// At most this many run records are kept per job.
+pub const HISTORY_LEN: usize = 10;
+/// A run summary is cut to this many characters.
+pub const SUMMARY_LEN: usize = 200;
+
+/// Why a job could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobError {
+    #[error("`{0}` is not a job name: expected 1 to 64 characters from `A-Z a-z 0-9 _ -`, like `morning-report`")]
+    Name(String),
+    #[error(transparent)]
+    Schedule(#[from] ScheduleError),
+    #[error("the time {0} is already past; a one-shot job needs a time in the future")]
+    AtInPast(Timestamp),
+    #[error("`{0}` is not a catch-up policy: expected `skip`, `once` or a window like `2h`")]
+    CatchUp(String),
+    #[error("a job needs something to do: the text or command is empty")]
+    Empty,
+}
+
+/// What a job does when it fires. The runner does not interpret it: it hands
+/// the job to the executor (the agent, the sandbox) supplied by the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobKind {
+    /// A prompt for the agent; its answer is delivered.
+    Message { text: String },
+    /// A fixed text delivered as is (no model call).
+    Remind { text: String },
+    /// A shell command run in the sandbox; its output is delivered.
+    Exec { command: String },
+}
+
+/// What to do with occurrences that passed while the daemon could not run
+/// them (board off, daemon down, a forward clock jump).
+///
+/// Written `skip`, `once`, or a duration (`2h`): catch up once if the newest
+/// missed occurrence is at most that old.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Record them as missed; plan the next future occurrence.
+    Skip,
+    /// Run once for the whole missed span, then plan the next future occurrence.
+    Once,
+    /// Like `Once` if the newest missed occurrence is not older than this, else `Skip`.
+    Window(Dur),
+}
+
+impl CatchUp {
+    /// The default: `Skip` for recurring schedules, `Once` for one-shots
+    /// (a reminder is still worth delivering late).
+    pub fn default_for(schedule: &Schedule) -> CatchUp {
+        if schedule.is_one_shot() {
+            CatchUp::Once
+        } else {
+            CatchUp::Skip
+        }
+    }
+}
+
+impl fmt::Display for CatchUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CatchUp::Skip => f.write_str("skip"),
+            CatchUp::Once => f.write_str("once"),
+            CatchUp::Window(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+impl FromStr for CatchUp {
+    type Err = JobError;
+    fn from_str(text: &str) -> Result<Self, JobError> {
+        match text.trim() {
+            "skip" => Ok(CatchUp::Skip),
+            "once" => Ok(CatchUp::Once),
+            other => other.parse::<Dur>().map(CatchUp::Window).map_err(|_| JobError::CatchUp(text.to_string())),
+        }
+    }
+}
+
+impl Serialize for CatchUp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CatchUp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Who created the job, so a reminder set from a Telegram chat can answer there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Origin {
+    pub channel: String,
+    pub chat_id: String,
+    pub session_key: String,
+}
+
+/// How one run (or one missed span) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Ok,
+    Error,
+    /// Not run on purpose (e.g. the executor declined: quiet hours).
+    Skipped,
+    /// Occurrences that passed without a run, per the catch-up policy.
+    Missed,
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Error => "error",
+            RunStatus::Skipped => "skipped",
+            RunStatus::Missed => "missed",
+        })
+    }
+}
+
+/// One line of a job's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The occurrence this run was for (for a missed span: its newest occurrence).
+    #[serde(with = "super::timeser::ts")]
+    pub scheduled: Timestamp,
+    #[serde(with = "super::timeser::ts")]
+    pub started: Timestamp,
+    #[serde(with = "super::timeser::ts")]
+    pub finished: Timestamp,
+    pub status: RunStatus,
+    /// At most [`SUMMARY_LEN`] characters.
+    pub summary: String,
+}
+
+/// What the scheduler remembers about a job between runs and restarts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobState {
+    /// The next planned occurrence. `None` on an enabled job means "plan it
+    /// from now" (set by `enable`); the daemon fills it in.
+    #[serde(with = "super::timeser::opt_ts")]
+    pub next_run: Option<Timestamp>,
+    /// The *scheduled* time of the last occurrence that was run. An occurrence
+    /// at or before it is never run again, whatever the wall clock says.
+    #[serde(with = "super::timeser::opt_ts")]
+    pub last_run: Option<Timestamp>,
+    pub last_status: Option<RunStatus>,
+    pub last_error: Option<String>,
+    /// Set (and written) before a one-shot starts; cleared when it finishes.
+    /// Found set at startup, it means the process died during the run.
+    #[serde(with = "super::timeser::opt_ts")]
+    pub running_since: Option<Timestamp>,
+    /// How many times a one-shot was started (the write-ahead counter).
+    pub attempts: u32,
+    /// Newest last, at most [`HISTORY_LEN`].
+    pub history: VecDeque<RunRecord>,
+    /// A one-shot that has run to completion; it never runs again.
+    pub done: bool,
+}
+
+impl JobState {
+    /// Append a record, keeping the newest [`HISTORY_LEN`], and set `last_status`.
+    pub fn push(&mut self, mut record: RunRecord) {
+        record.summary = truncate(&record.summary, SUMMARY_LEN);
+        self.last_status = Some(record.status);
+        self.history.push_back(record);
+        while self.history.len() > HISTORY_LEN {
+            self.history.pop_front();
+        }
+    }
+}
+
+/// A scheduled job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    /// 8 lowercase hex characters, random.
+    pub id: String,
+    /// Unique, `[A-Za-z0-9_-]{1,64}` (it appears in MQTT topics).
+    pub name: String,
+    pub schedule: Schedule,
+    pub kind: JobKind,
+    #[serde(default)]
+    pub deliver: Vec<Target>,
+    pub catch_up: CatchUp,
+    pub enabled: bool,
+    #[serde(with = "super::timeser::ts")]
+    pub created: Timestamp,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
+    #[serde(default)]
+    pub state: JobState,
+}
+
+impl Job {
+    /// A new, enabled job with a fresh id, the default catch-up policy for
+    /// its schedule, and its first run planned from `now`.
+    ///
+    /// Checks the name, the schedule, that there is something to do, and that
+    /// a one-shot is in the future.
+    pub fn new(
+        name: &str,
+        schedule: Schedule,
+        kind: JobKind,
+        deliver: Vec<Target>,
+        now: Timestamp,
+        default_tz: &TimeZone,
+    ) -> Result<Job, JobError> {
+        check_name(name)?;
+        schedule.validate()?;
+        let empty = match &kind {
+            JobKind::Message { text } | JobKind::Remind { text } => text.trim().is_empty(),
+            JobKind::Exec { command } => command.trim().is_empty(),
+        };
+        if empty {
+            return Err(JobError::Empty);
+        }
+        if let Schedule::At { at } = schedule {
+            if at <= now {
+                return Err(JobError::AtInPast(at));
+            }
+        }
+        let next_run = schedule.next_after(now, default_tz);
+        Ok(Job {
+            id: new_id(),
+            name: name.to_string(),
+            catch_up: CatchUp::default_for(&schedule),
+            schedule,
+            kind,
+            deliver,
+            enabled: true,
+            created: now,
+            origin: None,
+            state: JobState { next_run, ..JobState::default() },
+        })
+    }
+
+    /// Whether `key` names this job (its id or its name).
+    pub fn matches(&self, key: &str) -> bool {
+        self.id == key || self.name == key
+    }
+}
+
+/// Check a job name: `[A-Za-z0-9_-]{1,64}`.
+pub fn check_name(name: &str) -> Result<(), JobError> {
+    let ok =
+        (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(JobError::Name(name.to_string()))
+    }
+}
+
+/// A fresh job id: 8 hex characters from `/dev/urandom`, or — if that cannot
+/// be read — from the time, the pid and a counter mixed by a 64-bit hash.
+pub fn new_id() -> String {
+    let mut buf = [0u8; 4];
+    let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).is_ok();
+    if !random {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut x = Timestamp::now().as_nanosecond() as u64
+            ^ (u64::from(std::process::id()) << 32)
+            ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // splitmix64 finaliser
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x ^= x >> 31;
+        buf = (x as u32).to_be_bytes();
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Cut `s` to at most `max` characters, marking the cut with `…`.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut out: String = s.chars().take(max.saturating_sub(1)).collect();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::schedule::{parse_cron, parse_every};
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn remind(text: &str) -> JobKind {
+        JobKind::Remind { text: text.into() }
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["a", "morning-report", "Job_2", &"x".repeat(64)] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", "has space", "slash/y", "plus+", "ü", &"x".repeat(65)] {
+            let err = check_name(bad).unwrap_err().to_string();
+            assert!(err.contains("not a job name"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn ids_are_8_hex_and_differ() {
+        let a = new_id();
+        let b = new_id();
+        assert_eq!(a.len(), 8);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()), "{a}");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn new_job_plans_its_first_run_and_default_policy() {
+        let now = ts("2026-05-01T10:00:00Z");
+        let utc = TimeZone::UTC;
+        let sched = Schedule::Every { every: parse_every("10m").unwrap(), anchor: now };
+        let j = Job::new("tick", sched, remind("hi"), vec![Target::Log], now, &utc).unwrap();
+        assert_eq!(j.state.next_run, Some(ts("2026-05-01T10:10:00Z")));
+        assert_eq!(j.catch_up, CatchUp::Skip);
+        assert!(j.enabled && !j.state.done);
+
+        let at = Schedule::At { at: ts("2026-05-02T08:00:00Z") };
+        let j = Job::new("wake", at, remind("up"), vec![], now, &utc).unwrap();
+        assert_eq!(j.catch_up, CatchUp::Once);
+        assert_eq!(j.state.next_run, Some(ts("2026-05-02T08:00:00Z")));
+
+        let past = Schedule::At { at: ts("2026-05-01T09:00:00Z") };
+        assert!(matches!(Job::new("late", past, remind("x"), vec![], now, &utc), Err(JobError::AtInPast(_))));
+        let cron = parse_cron("0 9 * * *", None).unwrap();
+        assert_eq!(
+            Job::new("bad name", cron.clone(), remind("x"), vec![], now, &utc).unwrap_err().to_string(),
+            "`bad name` is not a job name: expected 1 to 64 characters from `A-Z a-z 0-9 _ -`, like `morning-report`"
+        );
+        assert_eq!(Job::new("empty", cron, remind("  "), vec![], now, &utc), Err(JobError::Empty));
+    }
+
+    #[test]
+    fn catch_up_parses_and_round_trips() {
+        assert_eq!("skip".parse::<CatchUp>().unwrap(), CatchUp::Skip);
+        assert_eq!("once".parse::<CatchUp>().unwrap(), CatchUp::Once);
+        assert_eq!("2h".parse::<CatchUp>().unwrap(), CatchUp::Window(Dur::secs(7200)));
+        assert!(matches!("sometimes".parse::<CatchUp>(), Err(JobError::CatchUp(_))));
+        for c in [CatchUp::Skip, CatchUp::Once, CatchUp::Window(Dur::secs(5400))] {
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<CatchUp>(&json).unwrap(), c, "{json}");
+        }
+        assert_eq!(serde_json::to_string(&CatchUp::Window(Dur::secs(5400))).unwrap(), r#""1h30m""#);
+    }
+
+    #[test]
+    fn history_is_bounded_and_summaries_cut() {
+        let mut st = JobState::default();
+        let t = ts("2026-05-01T10:00:00Z");
+        for i in 0..15 {
+            st.push(RunRecord {
+                scheduled: t,
+                started: t,
+                finished: t,
+                status: if i == 14 { RunStatus::Error } else { RunStatus::Ok },
+                summary: format!("{i}{}", "é".repeat(300)),
+            });
+        }
+        assert_eq!(st.history.len(), HISTORY_LEN);
+        assert!(st.history[0].summary.starts_with('5'));
+        assert_eq!(st.history[9].summary.chars().count(), SUMMARY_LEN);
+        assert!(st.history[9].summary.ends_with('…'));
+        assert_eq!(st.last_status, Some(RunStatus::Error));
+    }
+
+    #[test]
+    fn job_json_round_trips_with_targets_and_origin() {
+        let now = ts("2026-05-01T10:00:00Z");
+        let mut j = Job::new(
+            "report",
+            parse_cron("0 9 * * *", Some("Europe/Berlin")).unwrap(),
+            JobKind::Message { text: "summarise the night".into() },
+            vec!["telegram:42".parse().unwrap(), "mqtt".parse().unwrap()],
+            now,
+            &TimeZone::UTC,
+        )
+        .unwrap();
+        j.origin = Some(Origin { channel: "telegram".into(), chat_id: "42".into(), session_key: "telegram:42".into() });
+        let json = serde_json::to_string(&j).unwrap();
+        assert!(json.contains(r#""deliver":["telegram:42","mqtt"]"#), "{json}");
+        assert!(json.contains(r#""kind":{"type":"message","text":"summarise the night"}"#), "{json}");
+        assert!(json.contains(r#""catch_up":"skip""#), "{json}");
+        assert_eq!(serde_json::from_str::<Job>(&json).unwrap(), j);
+    }
+}

@@ -1,0 +1,964 @@
+//! The scheduler loop: sleep on the monotonic timer, wake, look at the wall
+//! clock, run what is due.
+//!
+//! One task owns the job list and is the only writer of run state on the
+//! daemon side; runs are spawned tasks that report back to it, so a long job
+//! never blocks the others and all store writes happen in one place.
+//!
+//! - **Sleeping.** `tokio::time::sleep` (monotonic) until the earliest
+//!   `next_run`, capped at [`MAX_SLEEP`] (60 s). Nothing polls: an idle
+//!   scheduler wakes about once a minute. The cap bounds how long a wall-clock
+//!   change or an unsignalled CLI edit goes unnoticed.
+//! - **Clock jumps.** On each wake the wall-clock time elapsed is compared with
+//!   the monotonic time elapsed; a difference over [`JUMP_THRESHOLD`] is logged
+//!   as a jump. Nothing else is special: every wake re-plans every job with
+//!   [`plan`], which applies the catch-up policy to what a forward jump skipped
+//!   and never re-runs what a backward jump repeats.
+//! - **Edits.** The store's stamp is checked on each wake (one `stat`), and
+//!   the reload [`Notify`] (SIGHUP, IPC) makes the loop re-read at once.
+//! - **Writes.** One store write per run (its record and the next plan), plus
+//!   the write-ahead for one-shots, plus one per missed span. Nothing per tick.
+//! - **Shutdown.** `cancel` stops the loop at once. Runs in flight are
+//!   detached, not awaited: the executor's own cancellation ends them. Their
+//!   results are not recorded — a one-shot among them runs again at the next
+//!   start (see [`super::engine`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::tz::TimeZone;
+use jiff::{SignedDuration, Timestamp};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use super::engine::{self, plan, Clock, Decision, Missed, SystemClock, TRUST_FLOOR};
+use super::job::{Job, RunStatus};
+use super::schedule::dur_since;
+use super::store::{find, JobStore, Stamp, StoreError};
+
+pub use crate::provider::BoxFuture;
+
+/// The longest the loop sleeps without looking at the clock and the store.
+pub const MAX_SLEEP: Duration = Duration::from_secs(60);
+/// Wall time and monotonic time drifting apart by more than this is a clock jump.
+pub const JUMP_THRESHOLD: Duration = Duration::from_secs(5);
+/// While wall-clock jobs are held for clock sync, the probe is asked this often.
+pub const HOLD_RECHECK: Duration = Duration::from_secs(15);
+/// After a failed store write, try again this soon.
+pub const RETRY_AFTER_ERROR: Duration = Duration::from_secs(10);
+/// By default, wall-clock jobs are held for sync at most this long after start;
+/// then the clock is trusted anyway (if past the floor), with a warning. A board
+/// with an RTC and no network never gets "synchronised".
+pub const DEFAULT_SYNC_WAIT: Duration = Duration::from_secs(10 * 60);
+
+/// How a run ended, as reported by the executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// `Ok`, `Error` or `Skipped` (`Missed` is the scheduler's own).
+    pub status: RunStatus,
+    /// One line for the history (cut to 200 characters).
+    pub summary: String,
+    pub error: Option<String>,
+}
+
+impl RunOutcome {
+    pub fn ok(summary: impl Into<String>) -> RunOutcome {
+        RunOutcome { status: RunStatus::Ok, summary: summary.into(), error: None }
+    }
+    pub fn error(error: impl Into<String>) -> RunOutcome {
+        let error = error.into();
+        RunOutcome { status: RunStatus::Error, summary: error.clone(), error: Some(error) }
+    }
+    pub fn skipped(reason: impl Into<String>) -> RunOutcome {
+        RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None }
+    }
+}
+
+/// Runs a due job: the daemon's bridge to the agent, the sandbox and delivery.
+///
+/// `scheduled` is the occurrence being run (for a catch-up, the newest missed
+/// one; for `bramble cron run`, the time of the request). The future should
+/// honour the daemon's own cancellation; the scheduler never aborts it.
+pub trait JobExecutor: Send + Sync + 'static {
+    fn execute<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> BoxFuture<'a, RunOutcome>;
+}
+
+/// Talks to a running [`Scheduler`] (from a SIGHUP handler, IPC, the agent's tool).
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    reload: Arc<Notify>,
+    run_now: mpsc::Sender<String>,
+}
+
+impl SchedulerHandle {
+    /// Re-read `jobs.json` now (after an edit through another store handle).
+    pub fn reload(&self) {
+        self.reload.notify_one();
+    }
+
+    /// Run the job with this id or name now, outside its schedule
+    /// (`bramble cron run`). Does not move its schedule; a one-shot run this
+    /// way is done afterwards. Returns `false` if the scheduler is not running
+    /// or has too many requests queued. An unknown job is logged and ignored:
+    /// check with [`JobStore::get`] first for a good error message.
+    pub fn run_now(&self, key: &str) -> bool {
+        self.run_now.try_send(key.to_string()).is_ok()
+    }
+}
+
+/// The scheduler. Build it, take handles, then [`run`](Scheduler::run) it.
+pub struct Scheduler {
+    store: JobStore,
+    default_tz: TimeZone,
+    clock: Arc<dyn Clock>,
+    reload: Arc<Notify>,
+    run_now_tx: mpsc::Sender<String>,
+    run_now_rx: mpsc::Receiver<String>,
+    sync_wait: Option<Duration>,
+    wakeups: Arc<AtomicU64>,
+}
+
+impl Scheduler {
+    /// A scheduler over `store`, with cron jobs without a zone evaluated in
+    /// `default_tz`, the system clock and [`DEFAULT_SYNC_WAIT`].
+    pub fn new(store: JobStore, default_tz: TimeZone) -> Scheduler {
+        let (run_now_tx, run_now_rx) = mpsc::channel(16);
+        Scheduler {
+            store,
+            default_tz,
+            clock: Arc::new(SystemClock),
+            reload: Arc::new(Notify::new()),
+            run_now_tx,
+            run_now_rx,
+            sync_wait: Some(DEFAULT_SYNC_WAIT),
+            wakeups: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Use another wall clock (tests; a daemon option to skip the sync probe).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Scheduler {
+        self.clock = clock;
+        self
+    }
+
+    /// How long after start to hold wall-clock jobs for a clock that never
+    /// reports sync; `None` holds them until it does.
+    pub fn with_sync_wait(mut self, wait: Option<Duration>) -> Scheduler {
+        self.sync_wait = wait;
+        self
+    }
+
+    /// The `Notify` that makes the loop re-read the store (call `notify_one`).
+    pub fn reload_handle(&self) -> Arc<Notify> {
+        self.reload.clone()
+    }
+
+    /// A handle for reloads and manual runs.
+    pub fn handle(&self) -> SchedulerHandle {
+        SchedulerHandle { reload: self.reload.clone(), run_now: self.run_now_tx.clone() }
+    }
+
+    /// A counter of loop wake-ups since start (for `status` and for tests of idleness).
+    pub fn wakeups(&self) -> Arc<AtomicU64> {
+        self.wakeups.clone()
+    }
+
+    /// Run until `cancel`. Due jobs are handed to `executor`, each in its own
+    /// task, at most one run per job at a time.
+    pub async fn run(self, executor: impl JobExecutor, cancel: CancellationToken) {
+        let Scheduler { store, default_tz, clock, reload, run_now_tx, mut run_now_rx, sync_wait, wakeups } = self;
+        drop(run_now_tx);
+        let now = clock.now();
+        let mut lp = Loop {
+            store,
+            default_tz,
+            clock,
+            sync_wait,
+            exec: Arc::new(executor),
+            jobs: Vec::new(),
+            stamp: None,
+            inflight: HashMap::new(),
+            tasks: JoinSet::new(),
+            task_jobs: HashMap::new(),
+            manual: Vec::new(),
+            started: Instant::now(),
+            wall_ref: now,
+            mono_ref: Instant::now(),
+            holding: false,
+            trusting_unsynced: false,
+        };
+        lp.reload();
+        info!(jobs = lp.jobs.len(), "scheduler started");
+        let mut force_reload = false;
+        loop {
+            wakeups.fetch_add(1, Ordering::Relaxed);
+            lp.check_jump();
+            if force_reload || lp.store.changed_since(lp.stamp) {
+                lp.reload();
+            }
+            force_reload = false;
+            let mut pass = lp.pass();
+            if pass.acted {
+                // Plan again against the state just written (new next_run values).
+                pass = lp.pass();
+            }
+            debug!(sleep_ms = pass.wake.as_millis() as u64, "scheduler sleeping");
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                Some(done) = lp.tasks.join_next_with_id(), if !lp.tasks.is_empty() => {
+                    let (task, outcome) = match done {
+                        Ok((task, outcome)) => (task, outcome),
+                        Err(e) => (e.id(), RunOutcome::error(format!("the run panicked or was aborted: {e}"))),
+                    };
+                    if let Some(id) = lp.task_jobs.remove(&task) {
+                        lp.finished(&id, outcome);
+                    }
+                }
+                _ = reload.notified() => force_reload = true,
+                Some(key) = run_now_rx.recv() => lp.manual.push(key),
+                _ = tokio::time::sleep(pass.wake) => {}
+            }
+        }
+        let left = lp.inflight.len();
+        lp.tasks.detach_all();
+        info!(runs_in_flight = left, "scheduler stopped");
+    }
+}
+
+/// A run in progress.
+struct InFlight {
+    scheduled: Timestamp,
+    started: Timestamp,
+    missed: Option<Missed>,
+    manual: bool,
+}
+
+/// A run decided by a pass, started after the pass's store write.
+struct Start {
+    id: String,
+    scheduled: Timestamp,
+    missed: Option<Missed>,
+    manual: bool,
+}
+
+/// One state change, applied to the list re-read under the store lock (or,
+/// if the write fails, to the in-memory list so the loop still makes progress).
+enum Change {
+    Plan { id: String, next: Timestamp },
+    Skip { id: String, missed: Missed, next: Option<Timestamp> },
+    GiveUp { id: String },
+    Start { id: String, manual: bool },
+    Finish { id: String, flight: InFlight, outcome: RunOutcome },
+}
+
+impl Change {
+    fn apply(&self, jobs: &mut [Job], now: Timestamp, tz: &TimeZone) {
+        let id = match self {
+            Change::Plan { id, .. }
+            | Change::Skip { id, .. }
+            | Change::GiveUp { id }
+            | Change::Start { id, .. }
+            | Change::Finish { id, .. } => id,
+        };
+        // By id only: a name may have been reused by a different job meanwhile.
+        let Some(job) = jobs.iter_mut().find(|j| &j.id == id) else { return };
+        match self {
+            Change::Plan { next, .. } => job.state.next_run = Some(*next),
+            Change::Skip { missed, next, .. } => engine::mark_skipped(job, missed, *next, now),
+            Change::GiveUp { .. } => engine::mark_given_up(job, now),
+            Change::Start { manual, .. } => {
+                if job.enabled || *manual {
+                    engine::mark_started(job, now);
+                }
+            }
+            Change::Finish { flight, outcome, .. } => engine::mark_finished(
+                job,
+                flight.scheduled,
+                flight.started,
+                now,
+                outcome.status,
+                &outcome.summary,
+                outcome.error.as_deref(),
+                flight.missed.as_ref(),
+                flight.manual,
+                tz,
+            ),
+        }
+    }
+}
+
+/// What a planning pass found.
+struct Pass {
+    /// How long to sleep.
+    wake: Duration,
+    /// Whether it changed anything (then the loop plans once more).
+    acted: bool,
+}
+
+struct Loop<E> {
+    store: JobStore,
+    default_tz: TimeZone,
+    clock: Arc<dyn Clock>,
+    sync_wait: Option<Duration>,
+    exec: Arc<E>,
+    jobs: Vec<Job>,
+    stamp: Option<Stamp>,
+    inflight: HashMap<String, InFlight>,
+    tasks: JoinSet<RunOutcome>,
+    task_jobs: HashMap<tokio::task::Id, String>,
+    manual: Vec<String>,
+    started: Instant,
+    wall_ref: Timestamp,
+    mono_ref: Instant,
+    holding: bool,
+    trusting_unsynced: bool,
+}
+
+impl<E: JobExecutor> Loop<E> {
+    /// Re-read the store. A corrupt file has been kept aside by the store:
+    /// say so loudly and go on with what the store now holds (nothing).
+    fn reload(&mut self) {
+        match self.store.load_with_stamp() {
+            Ok((jobs, stamp)) => {
+                debug!(jobs = jobs.len(), "scheduler loaded jobs");
+                self.jobs = jobs;
+                self.stamp = stamp;
+            }
+            Err(e @ StoreError::Corrupt { .. }) => {
+                error!("{e}");
+                self.jobs.clear();
+                self.stamp = self.store.stamp();
+            }
+            Err(e) => {
+                // Unreadable or from a newer bramble: keep what we had, don't spin on it.
+                error!("cannot read jobs: {e}; keeping the {} jobs already loaded", self.jobs.len());
+                self.stamp = self.store.stamp();
+            }
+        }
+    }
+
+    /// Compare wall-clock and monotonic time elapsed since the last wake.
+    fn check_jump(&mut self) {
+        let wall = self.clock.now();
+        let mono = Instant::now();
+        let wall_elapsed = wall.duration_since(self.wall_ref);
+        let mono_elapsed = SignedDuration::try_from(mono - self.mono_ref).unwrap_or(SignedDuration::MAX);
+        let drift = wall_elapsed - mono_elapsed;
+        if drift.unsigned_abs() > JUMP_THRESHOLD {
+            let dir = if drift.is_positive() { "forward" } else { "backward" };
+            let by =
+                jiff::Span::try_from(drift.abs()).map(|s| format!("{s:#}")).unwrap_or_else(|_| format!("{drift:?}"));
+            warn!("clock jumped {dir} by {by}; re-planning all jobs under their catch-up policy");
+        }
+        self.wall_ref = wall;
+        self.mono_ref = mono;
+    }
+
+    /// Whether wall-clock (cron/at) jobs may run now.
+    fn trusted(&mut self, now: Timestamp) -> bool {
+        if now < TRUST_FLOOR {
+            return false;
+        }
+        if self.clock.synchronized() {
+            self.trusting_unsynced = false;
+            return true;
+        }
+        let waited_enough = self.sync_wait.is_some_and(|w| self.started.elapsed() >= w);
+        if waited_enough && !self.trusting_unsynced {
+            warn!("the clock still reports no NTP sync; trusting it for cron and at jobs anyway");
+            self.trusting_unsynced = true;
+        }
+        waited_enough
+    }
+
+    /// Plan every job, write what changed in one store update, start the runs.
+    fn pass(&mut self) -> Pass {
+        let now = self.clock.now();
+        let trusted = self.trusted(now);
+        let tz = self.default_tz.clone();
+        let mut changes = Vec::new();
+        let mut starts = Vec::new();
+        let mut wake = MAX_SLEEP;
+        let mut held = 0usize;
+        for job in &self.jobs {
+            if self.inflight.contains_key(&job.id) {
+                continue;
+            }
+            let name = &job.name;
+            match plan(job, now, &tz, trusted) {
+                Decision::Idle => {}
+                Decision::Hold => held += 1,
+                Decision::Wait(next) => {
+                    if job.state.next_run != Some(next) {
+                        changes.push(Change::Plan { id: job.id.clone(), next });
+                    }
+                    wake = wake.min(dur_since(next, now));
+                }
+                Decision::Run { scheduled, missed, retry } => {
+                    if retry {
+                        warn!(job = %name, "one-shot was interrupted during its run; running it again (once)");
+                    } else if let Some(m) = &missed {
+                        warn!(job = %name, "{m}; running once now");
+                    }
+                    starts.push(Start { id: job.id.clone(), scheduled, missed, manual: false });
+                }
+                Decision::Skip { missed, next } => {
+                    warn!(job = %name, policy = %job.catch_up, "{missed}; skipped");
+                    if let Some(n) = next {
+                        wake = wake.min(dur_since(n, now));
+                    }
+                    changes.push(Change::Skip { id: job.id.clone(), missed, next });
+                }
+                Decision::GiveUp => {
+                    error!(job = %name, "one-shot was interrupted during its run twice; giving up");
+                    changes.push(Change::GiveUp { id: job.id.clone() });
+                }
+            }
+        }
+        for key in std::mem::take(&mut self.manual) {
+            let Some(i) = find(&self.jobs, &key) else {
+                warn!(job = %key, "run now: no such job");
+                continue;
+            };
+            let id = self.jobs[i].id.clone();
+            if self.inflight.contains_key(&id) || starts.iter().any(|s| s.id == id) {
+                warn!(job = %key, "run now: it is already running");
+                continue;
+            }
+            starts.push(Start { id, scheduled: now, missed: None, manual: true });
+        }
+        if held > 0 {
+            if !self.holding {
+                info!(jobs = held, "holding cron and at jobs until the clock is synchronised");
+            }
+            wake = wake.min(HOLD_RECHECK);
+        } else if self.holding {
+            info!("clock trusted; releasing held jobs");
+        }
+        self.holding = held > 0;
+
+        for s in &starts {
+            if self.jobs.iter().any(|j| j.id == s.id && j.schedule.is_one_shot()) {
+                changes.push(Change::Start { id: s.id.clone(), manual: s.manual });
+            }
+        }
+        let acted = !changes.is_empty() || !starts.is_empty();
+        let written = changes.is_empty() || self.commit(changes, now);
+        if !written {
+            wake = wake.min(RETRY_AFTER_ERROR);
+        }
+        for s in starts {
+            let Some(job) = self.jobs.iter().find(|j| j.id == s.id) else { continue };
+            if !s.manual && !job.enabled {
+                continue; // disabled by an edit that landed just before our write
+            }
+            if job.schedule.is_one_shot() && job.state.running_since != Some(now) {
+                continue; // no write-ahead, no run
+            }
+            self.spawn(job.clone(), s, now);
+        }
+        Pass { wake, acted }
+    }
+
+    /// Apply `changes` through the store (one locked read-modify-write) and
+    /// adopt the result. On failure, apply them in memory (but never mark a
+    /// run started that was not written ahead) and return `false`.
+    fn commit(&mut self, changes: Vec<Change>, now: Timestamp) -> bool {
+        let tz = self.default_tz.clone();
+        let result = self.store.update_with_stamp(|jobs| {
+            for c in &changes {
+                c.apply(jobs, now, &tz);
+            }
+            Ok(jobs.clone())
+        });
+        match result {
+            Ok((jobs, stamp)) => {
+                self.jobs = jobs;
+                self.stamp = stamp;
+                true
+            }
+            Err(e) => {
+                error!("cannot write job state: {e}; keeping it in memory");
+                for c in changes.iter().filter(|c| !matches!(c, Change::Start { .. })) {
+                    c.apply(&mut self.jobs, now, &tz);
+                }
+                false
+            }
+        }
+    }
+
+    fn spawn(&mut self, job: Job, s: Start, now: Timestamp) {
+        info!(job = %job.name, scheduled = %s.scheduled, manual = s.manual, "running job");
+        let exec = self.exec.clone();
+        let scheduled = s.scheduled;
+        let handle = self.tasks.spawn(async move { exec.execute(&job, scheduled).await });
+        self.task_jobs.insert(handle.id(), s.id.clone());
+        self.inflight.insert(s.id, InFlight { scheduled, started: now, missed: s.missed, manual: s.manual });
+    }
+
+    fn finished(&mut self, id: &str, outcome: RunOutcome) {
+        let Some(flight) = self.inflight.remove(id) else { return };
+        let now = self.clock.now();
+        let name = self.jobs.iter().find(|j| j.id == id).map_or(id, |j| j.name.as_str());
+        match &outcome.error {
+            Some(e) => warn!(job = %name, status = %outcome.status, "job finished: {e}"),
+            None => info!(job = %name, status = %outcome.status, "job finished"),
+        }
+        self.commit(vec![Change::Finish { id: id.to_string(), flight, outcome }], now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Dur;
+    use crate::scheduler::job::{CatchUp, JobKind};
+    use crate::scheduler::schedule::{parse_cron, Schedule};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    /// Wall clock = base + tokio (paused) time elapsed + an adjustable offset.
+    struct FakeClock {
+        base: Timestamp,
+        start: Instant,
+        offset: Mutex<SignedDuration>,
+        synced: AtomicBool,
+    }
+
+    impl FakeClock {
+        fn new(base: &str) -> Arc<FakeClock> {
+            Arc::new(FakeClock {
+                base: base.parse().unwrap(),
+                start: Instant::now(),
+                offset: Mutex::new(SignedDuration::ZERO),
+                synced: AtomicBool::new(true),
+            })
+        }
+        fn jump(&self, by: SignedDuration) {
+            *self.offset.lock().unwrap() += by;
+        }
+    }
+
+    impl Clock for FakeClock {
+        fn now(&self) -> Timestamp {
+            let mono = SignedDuration::try_from(Instant::now() - self.start).unwrap();
+            self.base + mono + *self.offset.lock().unwrap()
+        }
+        fn synchronized(&self) -> bool {
+            self.synced.load(Ordering::SeqCst)
+        }
+    }
+
+    /// Records (job name, scheduled, wall time at start); each run takes `takes`.
+    struct Recorder {
+        clock: Arc<FakeClock>,
+        runs: Arc<Mutex<Vec<(String, Timestamp, Timestamp)>>>,
+        takes: Duration,
+        hang: Option<String>,
+    }
+
+    impl JobExecutor for Recorder {
+        fn execute<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> BoxFuture<'a, RunOutcome> {
+            Box::pin(async move {
+                self.runs.lock().unwrap().push((job.name.clone(), scheduled, self.clock.now()));
+                if self.hang.as_deref() == Some(job.name.as_str()) {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(self.takes).await;
+                RunOutcome::ok(format!("ran {}", job.name))
+            })
+        }
+    }
+
+    struct Harness {
+        dir: tempfile::TempDir,
+        clock: Arc<FakeClock>,
+        runs: Arc<Mutex<Vec<(String, Timestamp, Timestamp)>>>,
+    }
+
+    impl Harness {
+        fn new(base: &str) -> Harness {
+            Harness { dir: tempfile::tempdir().unwrap(), clock: FakeClock::new(base), runs: Arc::default() }
+        }
+        fn store(&self) -> JobStore {
+            JobStore::open(self.dir.path())
+        }
+        fn now(&self) -> Timestamp {
+            self.clock.now()
+        }
+        fn add(&self, name: &str, schedule: Schedule, f: impl FnOnce(&mut Job)) -> Job {
+            let mut job =
+                Job::new(name, schedule, JobKind::Remind { text: name.into() }, vec![], self.now(), &TimeZone::UTC)
+                    .unwrap();
+            f(&mut job);
+            self.store().add(job).unwrap()
+        }
+        fn scheduler(&self) -> Scheduler {
+            Scheduler::new(self.store(), TimeZone::UTC).with_clock(self.clock.clone())
+        }
+        fn start(&self, s: Scheduler, hang: Option<&str>) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+            let cancel = CancellationToken::new();
+            let exec = Recorder {
+                clock: self.clock.clone(),
+                runs: self.runs.clone(),
+                takes: Duration::from_secs(1),
+                hang: hang.map(str::to_string),
+            };
+            let task = tokio::spawn(s.run(exec, cancel.clone()));
+            (cancel, task)
+        }
+        /// (name, scheduled) of every run so far.
+        fn runs(&self) -> Vec<(String, Timestamp)> {
+            self.runs.lock().unwrap().iter().map(|(n, s, _)| (n.clone(), *s)).collect()
+        }
+        fn job(&self, name: &str) -> Job {
+            self.store().get(name).unwrap()
+        }
+    }
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    async fn advance(secs: u64) {
+        tokio::time::sleep(Duration::from_secs(secs)).await;
+    }
+
+    async fn stop(c: (CancellationToken, tokio::task::JoinHandle<()>)) {
+        c.0.cancel();
+        c.1.await.unwrap();
+    }
+
+    fn every(secs: u64, anchor: Timestamp) -> Schedule {
+        Schedule::Every { every: Dur::secs(secs), anchor }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_cron_and_at_fire_at_their_times() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("tick", every(600, h.now()), |_| {});
+        h.add("cron", parse_cron("*/15 * * * *", None).unwrap(), |_| {});
+        h.add("once", Schedule::At { at: ts("2026-05-01T08:20:00Z") }, |_| {});
+        let run = h.start(h.scheduler(), None);
+        advance(31 * 60).await;
+        stop(run).await;
+        let mut got = h.runs.lock().unwrap().clone();
+        got.sort_by_key(|r| (r.1, r.0.clone()));
+        let want = [
+            ("tick", "08:10"),
+            ("cron", "08:15"),
+            ("tick", "08:20"),
+            ("once", "08:20"),
+            ("cron", "08:30"),
+            ("tick", "08:30"),
+        ];
+        let mut want: Vec<(String, Timestamp)> =
+            want.iter().map(|(n, t)| (n.to_string(), ts(&format!("2026-05-01T{t}:00Z")))).collect();
+        want.sort_by_key(|r| (r.1, r.0.clone()));
+        assert_eq!(got.iter().map(|(n, s, _)| (n.clone(), *s)).collect::<Vec<_>>(), want);
+        // Fired on time: the wall clock at the start of each run is its scheduled time.
+        for (name, scheduled, started) in &got {
+            assert_eq!(scheduled, started, "{name}");
+        }
+        let once = h.job("once");
+        assert!(once.state.done && !once.enabled);
+        let tick = h.job("tick");
+        assert_eq!(tick.state.last_run, Some(ts("2026-05-01T08:30:00Z")));
+        assert_eq!(tick.state.next_run, Some(ts("2026-05-01T08:40:00Z")));
+        assert_eq!(tick.state.history.len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_scheduler_wakes_at_most_about_once_a_minute() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("daily", parse_cron("0 9 * * *", None).unwrap(), |_| {});
+        let s = h.scheduler();
+        let wakes = s.wakeups();
+        let run = h.start(s, None);
+        advance(30 * 60).await;
+        stop(run).await;
+        let n = wakes.load(Ordering::Relaxed);
+        assert!((30..=32).contains(&n), "{n} wake-ups in 30 idle minutes");
+        assert!(h.runs().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_run_does_not_block_other_jobs_nor_overlap_itself() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("slow", every(10, h.now()), |_| {});
+        h.add("fast", every(10, h.now()), |_| {});
+        let cancel = CancellationToken::new();
+        struct Slow(Arc<FakeClock>, Arc<Mutex<Vec<(String, Timestamp, Timestamp)>>>);
+        impl JobExecutor for Slow {
+            fn execute<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> BoxFuture<'a, RunOutcome> {
+                Box::pin(async move {
+                    self.1.lock().unwrap().push((job.name.clone(), scheduled, self.0.now()));
+                    let secs = if job.name == "slow" { 25 } else { 1 };
+                    tokio::time::sleep(Duration::from_secs(secs)).await;
+                    RunOutcome::ok("")
+                })
+            }
+        }
+        let task = tokio::spawn(h.scheduler().run(Slow(h.clock.clone(), h.runs.clone()), cancel.clone()));
+        advance(65).await;
+        stop((cancel, task)).await;
+        let runs = h.runs();
+        let fast: Vec<_> = runs.iter().filter(|r| r.0 == "fast").map(|r| r.1).collect();
+        let slow: Vec<_> = runs.iter().filter(|r| r.0 == "slow").map(|r| r.1).collect();
+        let t = |s: &str| ts(&format!("2026-05-01T08:{s}Z"));
+        assert_eq!(fast, [t("00:10"), t("00:20"), t("00:30"), t("00:40"), t("00:50"), t("01:00")]);
+        // slow runs 08:00:10–35; 20 and 30 pass meanwhile; 30 is within the grace → runs
+        // 35–60; then 60 is on time (40 and 50 reported missed). Never two at once.
+        assert_eq!(slow, [t("00:10"), t("00:30"), t("01:00")]);
+        let hist: Vec<_> = h.job("slow").state.history.iter().map(|r| (r.status, r.scheduled)).collect();
+        assert_eq!(hist, [(RunStatus::Ok, t("00:10")), (RunStatus::Missed, t("00:20")), (RunStatus::Ok, t("00:30"))]);
+    }
+
+    /// A store whose jobs were planned long ago: the daemon was down from 08:05 to 13:05.
+    fn downtime(policy: CatchUp) -> (Harness, Scheduler) {
+        let h = Harness::new("2026-05-01T13:05:00Z");
+        let down_since = ts("2026-05-01T08:00:00Z");
+        h.add("hourly", parse_cron("30 * * * *", None).unwrap(), |j| {
+            j.catch_up = policy;
+            j.created = down_since;
+            j.state.next_run = Some(ts("2026-05-01T08:30:00Z"));
+        });
+        h.add("tick", every(600, down_since), |j| {
+            j.catch_up = policy;
+            j.state.next_run = Some(ts("2026-05-01T08:10:00Z"));
+        });
+        let s = h.scheduler();
+        (h, s)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn downtime_with_skip_runs_nothing_old_and_resumes() {
+        let (h, s) = downtime(CatchUp::Skip);
+        let run = h.start(s, None);
+        advance(30 * 60).await;
+        stop(run).await;
+        let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
+        let mut runs = h.runs();
+        runs.sort_by_key(|r| r.1);
+        // Only future occurrences: 13:10, 13:20, 13:30 (tick) and 13:30 (hourly).
+        let names: Vec<_> = runs.iter().map(|r| (r.0.as_str(), r.1)).collect();
+        assert!(names.contains(&("hourly", t("13:30"))));
+        assert_eq!(
+            names.iter().filter(|r| r.0 == "tick").map(|r| r.1).collect::<Vec<_>>(),
+            [t("13:10"), t("13:20"), t("13:30")]
+        );
+        assert_eq!(runs.len(), 4);
+        let missed = &h.job("hourly").state.history[0];
+        assert_eq!(missed.status, RunStatus::Missed);
+        assert!(missed.summary.contains("missed 5 occurrences"), "{}", missed.summary);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn downtime_with_once_runs_one_catch_up() {
+        let (h, s) = downtime(CatchUp::Once);
+        let run = h.start(s, None);
+        advance(5).await;
+        stop(run).await;
+        let mut runs = h.runs();
+        runs.sort();
+        // One catch-up each, for the newest missed occurrence.
+        assert_eq!(
+            runs,
+            [("hourly".to_string(), ts("2026-05-01T12:30:00Z")), ("tick".to_string(), ts("2026-05-01T13:00:00Z"))]
+        );
+        assert_eq!(h.job("hourly").state.next_run, Some(ts("2026-05-01T13:30:00Z")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn downtime_with_a_window_catches_up_only_recent_misses() {
+        // hourly's newest miss (12:30) is 35 min old, tick's (13:00) 5 min.
+        let (h, s) = downtime(CatchUp::Window(Dur::secs(20 * 60)));
+        let run = h.start(s, None);
+        advance(5).await;
+        stop(run).await;
+        assert_eq!(h.runs(), [("tick".to_string(), ts("2026-05-01T13:00:00Z"))]);
+        assert_eq!(h.job("hourly").state.last_status, Some(RunStatus::Missed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forward_jump_keeps_every_jobs_running() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("tick", every(60, h.now()), |_| {});
+        h.add("hourly", parse_cron("0 * * * *", None).unwrap(), |j| j.catch_up = CatchUp::Once);
+        let run = h.start(h.scheduler(), None);
+        advance(150).await; // runs tick at 08:01, 08:02
+        h.clock.jump(SignedDuration::from_hours(3)); // wall: 11:02:30
+        advance(60).await; // monotonic +1 min
+        advance(5 * 60).await;
+        stop(run).await;
+        let ticks: Vec<_> = h.runs().into_iter().filter(|r| r.0 == "tick").map(|r| r.1).collect();
+        let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
+        assert_eq!(&ticks[..2], [t("08:01"), t("08:02")]);
+        // After the jump: the old span skipped, then every minute again.
+        assert_eq!(&ticks[2..], [t("11:03"), t("11:04"), t("11:05"), t("11:06"), t("11:07"), t("11:08")]);
+        // The hourly job caught up once for 09:00–11:00 (policy once).
+        let hourly: Vec<_> = h.runs().into_iter().filter(|r| r.0 == "hourly").map(|r| r.1).collect();
+        assert_eq!(hourly, [t("11:00")]);
+        assert!(h.job("tick").state.history.iter().any(|r| r.status == RunStatus::Missed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backward_jump_never_fires_twice() {
+        let h = Harness::new("2026-05-01T08:58:00Z");
+        h.add("nine", parse_cron("0 9 * * *", None).unwrap(), |_| {});
+        h.add("tick", every(600, ts("2026-05-01T08:00:00Z")), |_| {});
+        let run = h.start(h.scheduler(), None);
+        advance(5 * 60).await; // 09:03: nine ran at 09:00, tick at 09:00
+        h.clock.jump(SignedDuration::from_hours(-1)); // wall: 08:03 again
+        advance(70 * 60).await; // wall reaches 09:13
+        stop(run).await;
+        let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
+        let nine: Vec<_> = h.runs().into_iter().filter(|r| r.0 == "nine").map(|r| r.1).collect();
+        assert_eq!(nine, [t("09:00")], "09:00 must not fire again after the clock went back");
+        let ticks: Vec<_> = h.runs().into_iter().filter(|r| r.0 == "tick").map(|r| r.1).collect();
+        assert_eq!(ticks, [t("09:00"), t("09:10")], "no occurrence at or before 09:00 repeats");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_one_shot_runs_exactly_once_across_a_restart() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("remind", Schedule::At { at: ts("2026-05-01T08:01:00Z") }, |_| {});
+        let run = h.start(h.scheduler(), None);
+        advance(90).await; // ran at 08:01, finished at 08:01:01, state written
+        stop(run).await; // "crash" right after the write
+        assert!(h.job("remind").state.done);
+        let run = h.start(h.scheduler(), None);
+        advance(10 * 60).await;
+        stop(run).await;
+        assert_eq!(h.runs(), [("remind".to_string(), ts("2026-05-01T08:01:00Z"))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_one_shot_interrupted_mid_run_runs_again_once_then_gives_up() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("remind", Schedule::At { at: ts("2026-05-01T08:01:00Z") }, |_| {});
+        for _ in 0..3 {
+            // Each process "dies" during the run (the executor hangs; then the loop is dropped).
+            let run = h.start(h.scheduler(), Some("remind"));
+            advance(120).await;
+            stop(run).await;
+        }
+        assert_eq!(h.runs().len(), 2, "the first run and one retry");
+        let job = h.job("remind");
+        assert!(job.state.done && !job.enabled);
+        assert_eq!(job.state.attempts, 2);
+        assert_eq!(job.state.last_status, Some(RunStatus::Error));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unsynchronized_clock_holds_cron_and_at_until_synced() {
+        let h = Harness::new("2026-05-01T08:59:00Z");
+        h.clock.synced.store(false, Ordering::SeqCst);
+        h.add("nine", parse_cron("0 9 * * *", None).unwrap(), |_| {});
+        h.add("once", Schedule::At { at: ts("2026-05-01T09:00:00Z") }, |_| {});
+        h.add("tick", every(60, ts("2026-05-01T08:00:00Z")), |_| {});
+        let run = h.start(h.scheduler().with_sync_wait(None), None);
+        advance(150).await; // wall 09:01:30: tick ran, the others held
+        let names: Vec<_> = h.runs().into_iter().map(|r| r.0).collect();
+        assert_eq!(names, ["tick", "tick"]);
+        h.clock.synced.store(true, Ordering::SeqCst); // NTP synced at 09:01:30
+        advance(20).await;
+        stop(run).await;
+        let mut late: Vec<_> = h.runs().into_iter().filter(|r| r.0 != "tick").collect();
+        late.sort();
+        let nine = ts("2026-05-01T09:00:00Z");
+        // Released: 09:00 is 1.5 min old, past the grace, so the policy decides:
+        // `at` defaults to once (runs), cron to skip (recorded as missed).
+        assert_eq!(late, [("once".to_string(), nine)]);
+        assert_eq!(h.job("nine").state.last_status, Some(RunStatus::Missed));
+        assert_eq!(h.job("nine").state.next_run, Some(ts("2026-05-02T09:00:00Z")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clock_that_never_syncs_is_trusted_after_the_wait() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.clock.synced.store(false, Ordering::SeqCst);
+        h.add("q", parse_cron("*/5 * * * *", None).unwrap(), |_| {});
+        let run = h.start(h.scheduler().with_sync_wait(Some(Duration::from_secs(12 * 60))), None);
+        advance(21 * 60).await;
+        stop(run).await;
+        let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
+        assert_eq!(h.runs().into_iter().map(|r| r.1).collect::<Vec<_>>(), [t("08:15"), t("08:20")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cli_edit_is_picked_up_at_once_after_reload() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        let s = h.scheduler();
+        let handle = s.handle();
+        let run = h.start(s, None);
+        advance(1).await; // the loop now sleeps up to 60 s
+                          // A second store handle (the CLI) adds a job due in 5 s, then signals.
+        h.add("soon", Schedule::At { at: ts("2026-05-01T08:00:06Z") }, |_| {});
+        handle.reload();
+        advance(20).await;
+        stop(run).await;
+        let runs = h.runs.lock().unwrap().clone();
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].2, ts("2026-05-01T08:00:06Z"), "ran at its time, not at the next minute wake");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cli_edit_without_signal_is_seen_on_the_next_wake() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("a", every(3600, h.now()), |_| {});
+        let run = h.start(h.scheduler(), None);
+        advance(1).await;
+        h.store().set_enabled("a", false).unwrap();
+        h.add("b", every(30, h.now()), |_| {});
+        advance(125).await; // first wake at 08:01:00 sees the edit
+        stop(run).await;
+        let runs: Vec<_> = h.runs().into_iter().map(|r| r.1).collect();
+        let t = |hms: &str| ts(&format!("2026-05-01T{hms}Z"));
+        // b's 08:00:31 is seen at 08:01:00 (within the grace) and runs; then on time.
+        assert_eq!(runs, [t("08:00:31"), t("08:01:01"), t("08:01:31"), t("08:02:01")]);
+        assert!(!h.job("a").enabled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_now_runs_outside_the_schedule() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("daily", parse_cron("0 9 * * *", None).unwrap(), |_| {});
+        let s = h.scheduler();
+        let handle = s.handle();
+        let run = h.start(s, None);
+        advance(1).await;
+        assert!(handle.run_now("daily"));
+        advance(5).await;
+        stop(run).await;
+        assert_eq!(h.runs(), [("daily".to_string(), ts("2026-05-01T08:00:01Z"))]);
+        let job = h.job("daily");
+        assert_eq!(job.state.next_run, Some(ts("2026-05-01T09:00:00Z")), "schedule untouched");
+        assert_eq!(job.state.last_status, Some(RunStatus::Ok));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_corrupt_store_is_kept_aside_and_the_loop_carries_on() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        std::fs::write(h.store().path(), b"not json").unwrap();
+        let run = h.start(h.scheduler(), None);
+        advance(1).await;
+        h.add("after", every(10, h.now()), |_| {});
+        advance(70).await;
+        stop(run).await;
+        let kept: Vec<_> = std::fs::read_dir(h.dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("jobs.json.corrupt-"))
+            .collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(std::fs::read(h.dir.path().join(&kept[0])).unwrap(), b"not json");
+        assert!(!h.runs().is_empty(), "a job added after the corruption runs");
+    }
+}

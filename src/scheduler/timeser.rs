@@ -1,0 +1,43 @@
+//! Serde for `jiff::Timestamp` as RFC 3339 text (`2026-11-22T08:00:00Z`).
+//!
+//! jiff is built without its `serde` feature (one less dependency edge for
+//! the armv7 build), so the job file's timestamps go through these helpers:
+//! `#[serde(with = "ts")]` and `#[serde(with = "opt_ts")]`.
+
+/// A `Timestamp` as RFC 3339 text.
+pub mod ts {
+    use jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(t)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|e| {
+            serde::de::Error::custom(format!(
+                "`{text}` is not a time ({e}): expected RFC 3339 like `2026-11-22T08:00:00Z`"
+            ))
+        })
+    }
+}
+
+/// An `Option<Timestamp>` as RFC 3339 text or `null`.
+pub mod opt_ts {
+    use jiff::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.collect_str(t),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+        #[derive(Deserialize)]
+        struct W(#[serde(with = "super::ts")] Timestamp);
+        Ok(Option::<W>::deserialize(d)?.map(|W(t)| t))
+    }
+}
