@@ -25,10 +25,11 @@ use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, TurnRequest};
-use crate::bus::{Target, OutboundMessage};
+use crate::bus::{OutboundMessage, Target};
 use crate::channels::{log::LogChannel, Channel};
 use crate::config::{HeartbeatConfig, TzName};
 use crate::scheduler::heartbeat::{self, Decision, HeartbeatState, StateFile};
+use crate::scheduler::{Job, JobExecutor, JobKind, JobStore, RunOutcome, Scheduler};
 use outbox::{Attempt, Outbox};
 
 /// How long running turns may take to finish on shutdown or reload.
@@ -233,4 +234,259 @@ impl Heartbeat {
             anchor = Some(Timestamp::now());
         }
     }
+}
+
+/// Counts work in flight (job runs, heartbeat turns) so shutdown can wait for it.
+#[derive(Clone, Default)]
+pub struct InFlight(Arc<(std::sync::atomic::AtomicUsize, Notify)>);
+
+/// Held while one piece of work runs.
+pub struct InFlightGuard(InFlight);
+
+impl InFlight {
+    pub fn enter(&self) -> InFlightGuard {
+        self.0 .0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+    pub fn count(&self) -> usize {
+        self.0 .0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// Wait until nothing is in flight, or `limit` passes. Returns whether it drained.
+    pub async fn drained(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.0 .1.notified();
+            if self.count() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.count() == 0;
+            }
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0 .0 .0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0 .0 .1.notify_waiters();
+    }
+}
+
+/// Runs due jobs for the scheduler: message (an agent turn), remind (the text
+/// as is), exec (a sandboxed command). Every result is a report in the outbox.
+pub struct JobRunner {
+    pub agent: Arc<Agent>,
+    pub outbox: Outbox,
+    pub wake: Arc<Notify>,
+    pub exec: crate::config::ExecConfig,
+    pub workspace: PathBuf,
+    /// Cancelled when running work must stop (shutdown after the grace period).
+    pub abort: CancellationToken,
+    pub inflight: InFlight,
+}
+
+impl JobRunner {
+    /// Run `job` now and queue its report. Used by the daemon and `bramble cron run`.
+    pub async fn run_job(&self, job: &Job) -> RunOutcome {
+        let _busy = self.inflight.enter();
+        let result: Result<String, String> = match &job.kind {
+            JobKind::Remind { text } => Ok(text.clone()),
+            JobKind::Message { text } => {
+                let origin = job.origin.as_ref();
+                let req = TurnRequest {
+                    session_key: origin.map(|o| o.session_key.clone()).unwrap_or_else(|| format!("cron:{}", job.name)),
+                    channel: origin.map(|o| o.channel.clone()).unwrap_or_else(|| "system".into()),
+                    chat_id: origin.map(|o| o.chat_id.clone()).unwrap_or_else(|| job.name.clone()),
+                    text: format!(
+                        "[Scheduled job `{}` is due now. Do it and reply with the result for the user.]\n\n{text}",
+                        job.name
+                    ),
+                    in_job: true,
+                    cancel: self.abort.child_token(),
+                };
+                self.agent.turn(req).await.map(|r| r.text).map_err(|e| e.to_string())
+            }
+            JobKind::Exec { command } => {
+                crate::tools::exec::run_shell(&self.exec, &self.workspace, command, None, &self.abort)
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|(ok, text)| if ok { Ok(text) } else { Err(text) })
+            }
+        };
+        let (report, outcome) = match result {
+            Ok(text) => (text.clone(), RunOutcome::ok(text)),
+            Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
+        };
+        for target in job_targets(job) {
+            if let Err(e) = self.outbox.enqueue(target, &report, &format!("job:{}", job.name)) {
+                tracing::error!(job = %job.name, "report not queued: {e}");
+            }
+        }
+        self.wake.notify_one();
+        outcome
+    }
+}
+
+/// Where a job's report goes: its targets, else the chat it was made in, else the log.
+pub fn job_targets(job: &Job) -> Vec<Target> {
+    if !job.deliver.is_empty() {
+        return job.deliver.clone();
+    }
+    let origin = job.origin.as_ref().map(|o| match o.channel.as_str() {
+        "telegram" => Target::Telegram(o.chat_id.clone()),
+        "mqtt" => Target::Mqtt(Some(o.chat_id.clone()).filter(|c| !c.is_empty())),
+        _ => Target::Log,
+    });
+    vec![origin.unwrap_or(Target::Log)]
+}
+
+impl JobExecutor for JobRunner {
+    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::provider::BoxFuture<'a, RunOutcome> {
+        Box::pin(self.run_job(job))
+    }
+}
+
+/// Why the daemon stopped one generation of its components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Exit,
+    Reload,
+}
+
+/// `bramble run`: run until SIGINT/SIGTERM; reload on SIGHUP.
+pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config::Loaded) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut loaded = first;
+    loop {
+        let running = start(&loaded)?;
+        let stop = tokio::select! {
+            _ = term.recv() => Stop::Exit,
+            _ = int.recv() => Stop::Exit,
+            _ = hup.recv() => Stop::Reload,
+        };
+        match stop {
+            Stop::Exit => tracing::info!("stopping"),
+            Stop::Reload => tracing::info!("SIGHUP: reloading the config and jobs"),
+        }
+        running.stop().await;
+        if stop == Stop::Exit {
+            return Ok(());
+        }
+        match crate::config::load(explicit_config) {
+            Ok(new) => loaded = new,
+            Err(e) => tracing::error!("the new config has an error, keeping the old one: {e}"),
+        }
+    }
+}
+
+/// One generation of running components.
+struct Running {
+    /// Stops components from starting new work.
+    stop: CancellationToken,
+    /// Cancels work in flight (after the grace period).
+    abort: CancellationToken,
+    inflight: InFlight,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        self.stop.cancel();
+        if !self.inflight.drained(SHUTDOWN_GRACE).await {
+            tracing::warn!(running = self.inflight.count(), "work still running after {SHUTDOWN_GRACE:?}; cancelling it");
+        }
+        self.abort.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), async { while self.tasks.join_next().await.is_some() {} })
+            .await;
+        self.tasks.abort_all();
+    }
+}
+
+/// Start every component for this config.
+fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
+    use anyhow::Context as _;
+    let c = &loaded.config;
+    let state = &loaded.paths.state_dir;
+    std::fs::create_dir_all(state).with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    let stop = CancellationToken::new();
+    let abort = CancellationToken::new();
+    let inflight = InFlight::default();
+    let mut tasks = tokio::task::JoinSet::new();
+
+    let outbox = Outbox::new(state);
+    let wake = Arc::new(Notify::new());
+    let bus = crate::bus::Bus::new();
+    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+    let channels = Channels::with_log();
+
+    tasks.spawn(pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
+    tasks.spawn(run_outbox(outbox.clone(), channels.clone(), wake.clone(), abort.clone()));
+    tasks.spawn(agent.clone().serve(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone()));
+
+    let tz = c.timezone();
+    let scheduler = Scheduler::new(JobStore::open(state), tz.tz().clone());
+    let reload = scheduler.reload_handle();
+    let runner = JobRunner {
+        agent: agent.clone(),
+        outbox: outbox.clone(),
+        wake: wake.clone(),
+        exec: c.exec.clone(),
+        workspace: loaded.paths.workspace.clone(),
+        abort: abort.clone(),
+        inflight: inflight.clone(),
+    };
+    tasks.spawn(scheduler.run(runner, stop.clone()));
+
+    let heartbeat = Heartbeat {
+        config: c.heartbeat.clone(),
+        workspace: loaded.paths.workspace.clone(),
+        tz: tz.clone(),
+        state: StateFile::new(state),
+        outbox: outbox.clone(),
+        wake: wake.clone(),
+    };
+    let hb_inflight = inflight.clone();
+    let hb_agent = agent.clone();
+    let hb_stop = stop.clone();
+    tasks.spawn(async move {
+        let _ = &hb_inflight;
+        heartbeat.run(hb_agent, hb_stop).await
+    });
+
+    let watch_dir = state.clone();
+    let watch_stop = stop.clone();
+    tasks.spawn(async move {
+        let watched = vec![("jobs.json", reload), ("outbox.json", wake)];
+        if let Err(e) = watch::watch_state_dir(watch_dir, watched, watch_stop).await {
+            tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
+        }
+    });
+
+    log_startup(loaded, &agent, &channels);
+    Ok(Running { stop, abort, inflight, tasks })
+}
+
+fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels) {
+    let c = &loaded.config;
+    match agent.provider_problem() {
+        None => tracing::info!(provider = c.provider.kind.as_str(), model = %c.model(), "provider ready"),
+        Some(why) => tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run"),
+    }
+    let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
+    let tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))
+        .map(|t| heartbeat::active_tasks(&t).len())
+        .unwrap_or(0);
+    tracing::info!(
+        config = %loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into()),
+        workspace = %loaded.paths.workspace.display(),
+        state = %loaded.paths.state_dir.display(),
+        jobs,
+        heartbeat = %if c.heartbeat.enabled { format!("every {} ({tasks} active tasks)", c.heartbeat.every) } else { "off".into() },
+        channels = %channels.names().join(", "),
+        "bramble {} running", env!("CARGO_PKG_VERSION")
+    );
 }
