@@ -1,1 +1,281 @@
-//! (in progress)
+//! `exec`: run a shell command in the workspace.
+//!
+//! The command runs through [`crate::sandbox::process::run`], so it gets its
+//! own process group, a time limit, capped output, and nothing it starts
+//! survives it. Its environment is built from scratch — `PATH`, `HOME` (the
+//! workspace), `LANG`, `TERM=dumb` and the names listed in `[exec] env_allow` —
+//! so the provider keys and bot tokens in bramble's own environment never
+//! reach a command a model wrote.
+//!
+//! A command that fails is not a tool error: the model reads the exit code
+//! and the output like a person at a terminal would. Only a command that
+//! cannot be started at all is an error.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::fs::Workspace;
+use super::{parse_args, truncate_middle, BoxFuture, Tool, ToolContext, ToolError};
+use crate::config::ExecConfig;
+use crate::sandbox::process::{self, CommandSpec, ExitState, Outcome};
+
+/// Longest time a single command may run, whatever the model asks for.
+const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+/// `PATH` for commands: the usual system directories, nothing from bramble's own.
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Names always set by bramble, which `env_allow` cannot override.
+const FIXED: [&str; 4] = ["PATH", "HOME", "LANG", "TERM"];
+
+/// The `exec` tool.
+pub struct ExecTool {
+    cfg: ExecConfig,
+    workspace: Workspace,
+}
+
+#[derive(Deserialize)]
+struct ExecArgs {
+    command: String,
+    timeout: Option<u64>,
+    working_dir: Option<String>,
+}
+
+impl ExecTool {
+    pub fn new(cfg: ExecConfig, workspace: PathBuf) -> Self {
+        ExecTool { cfg, workspace: Workspace::new(workspace) }
+    }
+
+    /// Whether `[exec] enabled` is on; a disabled tool is not registered.
+    pub fn enabled(&self) -> bool {
+        self.cfg.enabled
+    }
+
+    /// The complete environment of a command.
+    fn environment(&self) -> Vec<(OsString, OsString)> {
+        let lang = std::env::var_os("LANG").filter(|v| !v.is_empty()).unwrap_or_else(|| "C.UTF-8".into());
+        let mut env: Vec<(OsString, OsString)> = vec![
+            ("PATH".into(), PATH.into()),
+            ("HOME".into(), self.workspace.root().into()),
+            ("LANG".into(), lang),
+            ("TERM".into(), "dumb".into()),
+        ];
+        for name in &self.cfg.env_allow {
+            let usable = !name.is_empty() && !name.contains(['=', '\0']) && !FIXED.contains(&name.as_str());
+            if !usable || env.iter().any(|(k, _)| k == name.as_str()) {
+                continue;
+            }
+            if let Some(value) = std::env::var_os(name) {
+                env.push((name.into(), value));
+            }
+        }
+        env
+    }
+
+    async fn run(&self, args: ExecArgs, ctx: &ToolContext) -> Result<String, ToolError> {
+        if args.command.trim().is_empty() {
+            return Err(ToolError::new("command is empty"));
+        }
+        let cwd = match args.working_dir.as_deref() {
+            None | Some("") => self.workspace.root().to_path_buf(),
+            Some(dir) => self.workspace.dir_path(dir).map_err(|e| ToolError::new(format!("working_dir: {e}")))?,
+        };
+        let timeout = args.timeout.map_or(self.cfg.timeout.get(), Duration::from_secs);
+        let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
+        let spec = CommandSpec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), args.command.into()],
+            cwd,
+            env: self.environment(),
+            stdin: None,
+            timeout,
+            // Bytes per stream; characters are cut again below. Four bytes cover any UTF-8 character.
+            max_output: self.cfg.max_output.saturating_mul(4).max(1024),
+        };
+        let outcome = process::run(spec, &ctx.cancel)
+            .await
+            .map_err(|e| ToolError::new(format!("could not start the command: {e}")))?;
+        Ok(render(&outcome, timeout, self.cfg.max_output))
+    }
+}
+
+/// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
+fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let stdout = outcome.stdout.text.trim_end_matches('\n');
+    if !stdout.is_empty() {
+        parts.push(stdout.to_string());
+    }
+    let stderr = outcome.stderr.text.trim_end_matches('\n');
+    if !stderr.trim().is_empty() {
+        parts.push(format!("STDERR:\n{stderr}"));
+    }
+    let body = truncate_middle(&parts.join("\n"), max_chars);
+    let status = match outcome.state {
+        ExitState::Exited(code) => format!("Exit code: {code}"),
+        ExitState::Signaled(sig) => match nix::sys::signal::Signal::try_from(sig) {
+            Ok(name) => format!("Killed by signal {sig} ({})", name.as_str()),
+            Err(_) => format!("Killed by signal {sig}"),
+        },
+        ExitState::TimedOut => {
+            format!("Timed out after {}s (the command and everything it started were killed)", timeout.as_secs())
+        }
+        ExitState::Cancelled => "Cancelled (the command and everything it started were killed)".to_string(),
+    };
+    if body.is_empty() {
+        status
+    } else {
+        format!("{body}\n{status}")
+    }
+}
+
+impl Tool for ExecTool {
+    fn name(&self) -> &'static str {
+        "exec"
+    }
+    fn description(&self) -> &'static str {
+        "Run a shell command (/bin/sh -c) in the workspace and return its output and exit code. \
+         HOME is the workspace. Background processes are stopped when the command ends; \
+         the command is killed when the timeout passes."
+    }
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "description": "The shell command"},
+                "timeout": {"type": "integer", "minimum": 1, "maximum": 600,
+                            "description": "Seconds before the command is killed"},
+                "working_dir": {"type": "string", "description": "Directory to run in, relative to the workspace"}
+            },
+            "required": ["command"]
+        })
+    }
+    fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let args: ExecArgs = parse_args("exec", args)?;
+            self.run(args, ctx).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::types::Dur;
+
+    fn tool(dir: &std::path::Path, cfg: ExecConfig) -> ExecTool {
+        ExecTool::new(cfg, dir.to_path_buf())
+    }
+
+    async fn exec(t: &ExecTool, args: Value) -> Result<String, ToolError> {
+        t.execute(args, &ToolContext::detached("test")).await
+    }
+
+    #[tokio::test]
+    async fn output_format_like_a_terminal() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path(), ExecConfig::default());
+        let out = exec(&t, json!({"command": "echo hello; echo oops >&2; exit 2"})).await.unwrap();
+        assert_eq!(out, "hello\nSTDERR:\noops\nExit code: 2");
+        assert_eq!(exec(&t, json!({"command": "true"})).await.unwrap(), "Exit code: 0");
+        let out = exec(&t, json!({"command": "kill -TERM $$"})).await.unwrap();
+        assert_eq!(out, "Killed by signal 15 (SIGTERM)");
+    }
+
+    #[tokio::test]
+    async fn runs_in_the_workspace_with_home_there() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let t = tool(dir.path(), ExecConfig::default());
+        let real = std::fs::canonicalize(dir.path()).unwrap();
+        let out = exec(&t, json!({"command": "pwd -P; echo $HOME; echo $TERM"})).await.unwrap();
+        assert_eq!(out, format!("{}\n{}\ndumb\nExit code: 0", real.display(), dir.path().display()));
+        let out = exec(&t, json!({"command": "pwd -P", "working_dir": "sub"})).await.unwrap();
+        assert_eq!(out, format!("{}\nExit code: 0", real.join("sub").display()));
+    }
+
+    #[tokio::test]
+    async fn working_dir_cannot_leave_the_workspace() {
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("etc")).unwrap();
+        let t = tool(dir.path(), ExecConfig::default());
+        for wd in ["..", "/etc", "etc", "a/../../x"] {
+            let err = exec(&t, json!({"command": "pwd", "working_dir": wd})).await.unwrap_err();
+            assert_eq!(err.0, format!("working_dir: path escapes the workspace: {wd}"));
+        }
+        let err = exec(&t, json!({"command": "pwd", "working_dir": "missing"})).await.unwrap_err();
+        assert!(err.0.contains("no such file or directory"), "{}", err.0);
+    }
+
+    #[tokio::test]
+    async fn timeout_message_and_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path(), ExecConfig { timeout: Dur::secs(1), ..ExecConfig::default() });
+        let started = std::time::Instant::now();
+        let out = exec(&t, json!({"command": "echo before; sleep 30"})).await.unwrap();
+        assert_eq!(out, "before\nTimed out after 1s (the command and everything it started were killed)");
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn cancellation_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path(), ExecConfig::default());
+        let ctx = ToolContext::detached("test");
+        let cancel = ctx.cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            cancel.cancel();
+        });
+        let out = t.execute(json!({"command": "sleep 30"}), &ctx).await.unwrap();
+        assert_eq!(out, "Cancelled (the command and everything it started were killed)");
+    }
+
+    #[tokio::test]
+    async fn long_output_keeps_head_and_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path(), ExecConfig { max_output: 500, ..ExecConfig::default() });
+        let out = exec(&t, json!({"command": "seq 1 100000"})).await.unwrap();
+        assert!(out.starts_with("1\n2\n3\n"), "{out}");
+        assert!(out.ends_with("99999\n100000\nExit code: 0"), "{out}");
+        assert!(out.contains("characters truncated"));
+        assert!(out.chars().count() <= 500 + "\nExit code: 0".len());
+    }
+
+    #[tokio::test]
+    async fn secrets_stay_out_of_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("BRAMBLE_TEST_SECRET_{}", std::process::id());
+        std::env::set_var(&name, "sk-test-0123456789");
+        let t = tool(dir.path(), ExecConfig::default());
+        let out = exec(&t, json!({"command": "env"})).await.unwrap();
+        assert!(!out.contains("sk-test-0123456789"), "{out}");
+        assert!(!out.contains(&name));
+        let mut names: Vec<&str> = out.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
+        names.sort();
+        // sh itself may add PWD (and SHLVL); nothing from bramble's environment.
+        names.retain(|n| !["PWD", "SHLVL", "OLDPWD", "_"].contains(n));
+        assert_eq!(names, ["HOME", "LANG", "PATH", "TERM"]);
+
+        let cfg =
+            ExecConfig { env_allow: vec![name.clone(), "PATH".into(), "BAD=NAME".into()], ..ExecConfig::default() };
+        let out = exec(&tool(dir.path(), cfg), json!({"command": "env"})).await.unwrap();
+        assert!(out.contains(&format!("{name}=sk-test-0123456789")), "{out}");
+        assert!(out.contains(&format!("PATH={PATH}\n")), "{out}");
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path(), ExecConfig::default());
+        assert!(exec(&t, json!({"command": "  "})).await.is_err());
+        assert!(exec(&t, json!({"cmd": "ls"})).await.unwrap_err().0.contains("missing field `command`"));
+        assert!(exec(&t, json!({"command": "ls", "timeout": -1})).await.is_err());
+        let t = tool(&dir.path().join("missing"), ExecConfig::default());
+        let err = exec(&t, json!({"command": "true"})).await.unwrap_err();
+        assert!(err.0.starts_with("could not start the command"), "{}", err.0);
+        assert!(!ExecTool::new(ExecConfig { enabled: false, ..ExecConfig::default() }, "/".into()).enabled());
+    }
+}
