@@ -37,6 +37,8 @@ pub enum Command {
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
     },
+    /// The daemon: scheduler, heartbeat, agent and channels (SIGHUP reloads, SIGTERM stops)
+    Run,
     /// One turn with -m, else a chat in the terminal
     Agent {
         /// The message; without it, read messages from the terminal until EOF or `exit`
@@ -46,6 +48,9 @@ pub enum Command {
         #[arg(short, long, value_name = "KEY", default_value = "cli:direct")]
         session: String,
     },
+    /// Scheduled jobs: reminders, agent tasks and commands
+    #[command(subcommand)]
+    Cron(CronCommand),
     /// Run one heartbeat now: read HEARTBEAT.md and, if it lists active tasks, run them
     Heartbeat {
         /// Show what would run, without calling the model or delivering anything
@@ -56,6 +61,71 @@ pub enum Command {
     Status,
     /// Validate the config and the workspace; errors as FILE:LINE:COL
     Check,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CronCommand {
+    /// Add a job (a running daemon picks it up at once)
+    #[command(group(clap::ArgGroup::new("schedule").required(true).args(["every", "cron", "at"])))]
+    #[command(group(clap::ArgGroup::new("action").required(true).args(["message", "remind", "exec"])))]
+    Add {
+        /// A unique name: letters, digits, `-` and `_` (used in MQTT topics)
+        name: String,
+        /// Run at a fixed interval: 90s, 10m, 2h, 1d
+        #[arg(long, value_name = "DUR")]
+        every: Option<String>,
+        /// Run on a cron expression: 5 fields (`0 9 * * 1-5`) or 6 with seconds first
+        #[arg(long, value_name = "EXPR")]
+        cron: Option<String>,
+        /// Time zone of the cron expression [default: [agent] timezone]
+        #[arg(long, value_name = "ZONE", requires = "cron")]
+        tz: Option<String>,
+        /// Run once: RFC 3339, or `YYYY-MM-DD HH:MM` in the configured time zone
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// An agent turn with this task
+        #[arg(long, value_name = "TEXT")]
+        message: Option<String>,
+        /// Deliver this text as it is (no model call)
+        #[arg(long, value_name = "TEXT")]
+        remind: Option<String>,
+        /// Run this shell command in the sandbox (no model call)
+        #[arg(long, value_name = "CMD")]
+        exec: Option<String>,
+        /// Where the result goes: telegram:<chat_id>, mqtt, mqtt:<topic>, log (repeatable) [default: log]
+        #[arg(long, value_name = "TARGET")]
+        deliver: Vec<String>,
+        /// Missed runs (daemon down, clock jump): skip, once, or a window like 2h [default: skip; once for --at]
+        #[arg(long, value_name = "POLICY")]
+        catch_up: Option<String>,
+    },
+    /// List jobs with their next run
+    List,
+    /// Show one job with its recent runs
+    Show {
+        /// Job id or name
+        id: String,
+    },
+    /// Remove a job
+    Remove {
+        /// Job id or name
+        id: String,
+    },
+    /// Run a job now, in this terminal, and queue its report
+    Run {
+        /// Job id or name
+        id: String,
+    },
+    /// Enable a job (planned again from now)
+    Enable {
+        /// Job id or name
+        id: String,
+    },
+    /// Disable a job
+    Disable {
+        /// Job id or name
+        id: String,
+    },
 }
 
 /// Parse the process's arguments (exits with usage on error, as clap does).
@@ -72,8 +142,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let loaded = config::load(explicit)?;
-    crate::logging::init(loaded.config.daemon.log_level.as_deref(), "warn");
+    let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
+    crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
     match cli.command {
+        Command::Run => crate::daemon::run(explicit, loaded).await.map(|()| ExitCode::SUCCESS),
+        Command::Cron(cmd) => cron(&loaded, cmd).await,
         Command::Agent { message, session } => agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat(&loaded, dry_run).await,
         Command::Status => status(&loaded),
@@ -280,6 +353,165 @@ async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
+    use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Schedule};
+    let store = JobStore::open(&loaded.paths.state_dir);
+    let tz = loaded.config.timezone();
+    let now = jiff::Timestamp::now();
+    match cmd {
+        CronCommand::Add { name, every, cron, tz: job_tz, at, message, remind, exec, deliver, catch_up } => {
+            let schedule = if let Some(every) = every {
+                Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
+            } else if let Some(expr) = cron {
+                sched::parse_cron(&expr, job_tz.as_deref())?
+            } else if let Some(at) = at {
+                Schedule::At { at: sched::parse_at(&at, tz.tz())? }
+            } else {
+                unreachable!("clap requires one schedule")
+            };
+            let kind = match (message, remind, exec) {
+                (Some(text), _, _) => JobKind::Message { text },
+                (_, Some(text), _) => JobKind::Remind { text },
+                (_, _, Some(command)) => JobKind::Exec { command },
+                _ => unreachable!("clap requires one action"),
+            };
+            let deliver = deliver
+                .iter()
+                .map(|t| t.parse::<Target>().map_err(anyhow::Error::msg))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut job = Job::new(&name, schedule, kind, deliver, now, tz.tz())?;
+            if let Some(policy) = catch_up {
+                job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
+            }
+            let job = store.add(job)?;
+            println!("added job {} ({})", job.name, job.id);
+            println!("  schedule: {}", job.schedule.describe(tz.tz()));
+            println!("  next run: {}", when(job.state.next_run, &tz));
+        }
+        CronCommand::List => {
+            let jobs = store.list()?;
+            if jobs.is_empty() {
+                println!("no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"");
+            }
+            for j in jobs {
+                let state = if j.state.done {
+                    "done".to_string()
+                } else if !j.enabled {
+                    "disabled".to_string()
+                } else {
+                    format!("next {}", when(j.state.next_run, &tz))
+                };
+                let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
+                println!("{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}", j.id, j.name, kind_name(&j.kind), j.schedule.describe(tz.tz()));
+            }
+        }
+        CronCommand::Show { id } => {
+            let j = store.get(&id)?;
+            println!("{} ({})", j.name, j.id);
+            println!("  kind:      {}", kind_name(&j.kind));
+            match &j.kind {
+                JobKind::Message { text } | JobKind::Remind { text } => println!("  text:      {text}"),
+                JobKind::Exec { command } => println!("  command:   {command}"),
+            }
+            println!("  schedule:  {}", j.schedule.describe(tz.tz()));
+            println!("  catch-up:  {}", j.catch_up);
+            let targets: Vec<String> = crate::daemon::job_targets(&j).iter().map(ToString::to_string).collect();
+            println!("  deliver:   {}", targets.join(", "));
+            println!("  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" });
+            println!("  next run:  {}", when(j.state.next_run, &tz));
+            if let Some(e) = &j.state.last_error {
+                println!("  last error: {e}");
+            }
+            for r in &j.state.history {
+                println!("  {}  {:<7}  {}", when(Some(r.started), &tz), r.status.to_string(), r.summary);
+            }
+        }
+        CronCommand::Remove { id } => {
+            let j = store.remove(&id)?;
+            println!("removed job {} ({})", j.name, j.id);
+        }
+        CronCommand::Enable { id } => {
+            let j = store.set_enabled(&id, true)?;
+            println!("enabled job {} ({})", j.name, j.id);
+        }
+        CronCommand::Disable { id } => {
+            let j = store.set_enabled(&id, false)?;
+            println!("disabled job {} ({})", j.name, j.id);
+        }
+        CronCommand::Run { id } => return cron_run(loaded, &store, &id).await,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Run a job in this process, record the run in the store, queue its report.
+async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str) -> anyhow::Result<ExitCode> {
+    use crate::scheduler::{engine, RunStatus};
+    let job = store.get(key)?;
+    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+    let bus = Bus::new();
+    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+    let abort = tokio_util::sync::CancellationToken::new();
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let pump = tokio::spawn(crate::daemon::pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
+    let runner = crate::daemon::JobRunner {
+        agent,
+        outbox,
+        wake,
+        exec: loaded.config.exec.clone(),
+        workspace: loaded.paths.workspace.clone(),
+        abort: abort.clone(),
+        inflight: Default::default(),
+    };
+    let started = jiff::Timestamp::now();
+    let ctrl_c = abort.clone();
+    let stop = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+    let outcome = runner.run_job(&job).await;
+    stop.abort();
+    drop(runner);
+    abort.cancel();
+    let _ = pump.await;
+    let tz = loaded.config.timezone();
+    store.update(|jobs| {
+        if let Some(i) = crate::scheduler::store::find(jobs, &job.id) {
+            let summary = crate::scheduler::job::truncate(&outcome.summary, 200);
+            let err = outcome.error.as_deref();
+            engine::mark_finished(&mut jobs[i], started, started, jiff::Timestamp::now(), outcome.status, &summary, err, None, true, tz.tz());
+        }
+        Ok(())
+    })?;
+    let targets: Vec<String> = crate::daemon::job_targets(&job).iter().map(ToString::to_string).collect();
+    match outcome.status {
+        RunStatus::Ok => {
+            println!("{}\n\n(report queued for {}; the daemon delivers it)", outcome.summary, targets.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprintln!("bramble: job {} failed: {}", job.name, outcome.error.unwrap_or(outcome.summary));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn kind_name(k: &crate::scheduler::JobKind) -> &'static str {
+    match k {
+        crate::scheduler::JobKind::Message { .. } => "message",
+        crate::scheduler::JobKind::Remind { .. } => "remind",
+        crate::scheduler::JobKind::Exec { .. } => "exec",
+    }
+}
+
+/// A time in the configured zone, or `-`.
+fn when(t: Option<jiff::Timestamp>, tz: &config::TzName) -> String {
+    match t {
+        Some(t) => t.to_zoned(tz.tz().clone()).strftime("%Y-%m-%d %H:%M:%S %Z").to_string(),
+        None => "-".into(),
+    }
 }
 
 fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {

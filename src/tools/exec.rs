@@ -74,6 +74,20 @@ impl ExecTool {
         env
     }
 
+    /// How a command runs: `/bin/sh -c`, the minimal environment, output capped while read.
+    fn spec(&self, command: String, cwd: PathBuf, timeout: Duration, stdin: Option<Vec<u8>>) -> CommandSpec {
+        CommandSpec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), command.into()],
+            cwd,
+            env: self.environment(),
+            stdin,
+            timeout,
+            // Bytes per stream; characters are cut again below. Four bytes cover any UTF-8 character.
+            max_output: self.cfg.max_output.saturating_mul(4).max(1024),
+        }
+    }
+
     async fn run(&self, args: ExecArgs, ctx: &ToolContext) -> Result<String, ToolError> {
         if args.command.trim().is_empty() {
             return Err(ToolError::new("command is empty"));
@@ -84,16 +98,7 @@ impl ExecTool {
         };
         let timeout = args.timeout.map_or(self.cfg.timeout.get(), Duration::from_secs);
         let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
-        let spec = CommandSpec {
-            program: "/bin/sh".into(),
-            args: vec!["-c".into(), args.command.into()],
-            cwd,
-            env: self.environment(),
-            stdin: None,
-            timeout,
-            // Bytes per stream; characters are cut again below. Four bytes cover any UTF-8 character.
-            max_output: self.cfg.max_output.saturating_mul(4).max(1024),
-        };
+        let spec = self.spec(args.command, cwd, timeout, None);
         let outcome = process::run(spec, &ctx.cancel)
             .await
             .map_err(|e| ToolError::new(format!("could not start the command: {e}")))?;
@@ -102,6 +107,23 @@ impl ExecTool {
 }
 
 /// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
+/// Run `command` as the `exec` tool would (workspace as cwd, minimal
+/// environment, `[exec] timeout`, capped output), for exec jobs and triggers.
+/// Returns whether it exited with status 0, and the output as the tool renders it.
+pub async fn run_shell(
+    cfg: &ExecConfig,
+    workspace: &std::path::Path,
+    command: &str,
+    stdin: Option<Vec<u8>>,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> std::io::Result<(bool, String)> {
+    let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
+    let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
+    let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
+    let outcome = process::run(spec, cancel).await?;
+    Ok((matches!(outcome.state, ExitState::Exited(0)), render(&outcome, timeout, cfg.max_output)))
+}
+
 fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
     let mut parts: Vec<String> = Vec::new();
     let stdout = outcome.stdout.text.trim_end_matches('\n');

@@ -1,0 +1,225 @@
+//! The daemon as users run it: a real `bramble run` process, real signals,
+//! real restarts; state read back through the library.
+
+mod support;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use support::fake_llm::{Dialect, FakeLlm, Reply};
+use support::setup::TestHome;
+
+use bramble::daemon::outbox::Outbox;
+use bramble::scheduler::{JobStore, RunStatus};
+
+struct Daemon {
+    child: tokio::process::Child,
+}
+
+impl Daemon {
+    /// `bramble run` with HOME at `home` and the given config (None: no config file at all).
+    fn start(home: &Path, config: Option<&Path>) -> Daemon {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+        if let Some(c) = config {
+            cmd.arg("--config").arg(c);
+        }
+        cmd.arg("run")
+            .env_clear()
+            .env("HOME", home)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        Daemon { child: cmd.spawn().expect("spawn bramble run") }
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id().expect("running") as i32);
+        nix::sys::signal::kill(pid, sig).expect("signal");
+    }
+
+    /// SIGTERM, then the exit status and everything it logged.
+    async fn stop(mut self) -> (Option<i32>, String) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let out = tokio::time::timeout(Duration::from_secs(20), self.child.wait_with_output())
+            .await
+            .expect("daemon stops within 20 s")
+            .expect("output");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Poll `check` every 50 ms for up to `secs` seconds.
+async fn wait_until(secs: u64, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check()
+}
+
+async fn bramble(home: &Path, args: &[&str]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output()
+        .await
+        .expect("bramble")
+}
+
+fn in_secs(s: i64) -> String {
+    jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(s)).unwrap().to_string()
+}
+
+#[tokio::test]
+async fn runs_without_any_config_and_runs_exec_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let out = bramble(home, &["cron", "add", "tick", "--every", "1s", "--exec", "echo tick >> ticks.txt"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = Daemon::start(home, None);
+    let ticks = home.join(".local/share/bramble/workspace/ticks.txt");
+    let ran = wait_until(20, || std::fs::read_to_string(&ticks).is_ok_and(|t| t.lines().count() >= 2)).await;
+    let (code, log) = daemon.stop().await;
+    assert!(ran, "the exec job ran twice: {log}");
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("no LLM"), "says what is not configured: {log}");
+    let state = home.join(".local/state/bramble");
+    let job = JobStore::open(&state).get("tick").unwrap();
+    assert!(job.state.history.iter().filter(|r| r.status == RunStatus::Ok).count() >= 2, "{:?}", job.state.history);
+    // The job reports went to the log channel through the outbox.
+    assert!(Outbox::new(&state).recent().unwrap().iter().any(|d| d.source == "job:tick" && d.outcome == "delivered"));
+}
+
+#[tokio::test]
+async fn a_job_added_while_running_is_picked_up_and_a_one_shot_runs_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let daemon = Daemon::start(home, None);
+    let state = home.join(".local/state/bramble");
+    assert!(wait_until(10, || state.join("outbox.lock").exists() || state.is_dir()).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at = in_secs(2);
+    let out = bramble(home, &["cron", "add", "tea", "--at", &at, "--remind", "Tea is ready"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let outbox = Outbox::new(&state);
+    let delivered = wait_until(15, || outbox.recent().is_ok_and(|r| r.iter().any(|d| d.source == "job:tea"))).await;
+    let (_, log) = daemon.stop().await;
+    assert!(delivered, "the reminder was delivered: {log}");
+    assert!(log.contains("Tea is ready"), "the log channel got the text: {log}");
+
+    // Restart: the one-shot is done and does not run again.
+    let daemon = Daemon::start(home, None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, log2) = daemon.stop().await;
+    let job = JobStore::open(&state).get("tea").unwrap();
+    assert!(job.state.done && !job.enabled, "{job:?}");
+    assert_eq!(job.state.history.len(), 1, "ran exactly once: {:?}", job.state.history);
+    assert!(!log2.contains("Tea is ready"), "{log2}");
+}
+
+#[tokio::test]
+async fn a_missed_one_shot_catches_up_once_after_downtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let at = in_secs(1);
+    let out = bramble(home, &["cron", "add", "late", "--at", &at, "--remind", "You missed this"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // The daemon is "down" past the due time (and past the on-time grace? no: within it it is simply on time).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let daemon = Daemon::start(home, None);
+    let state = home.join(".local/state/bramble");
+    let outbox = Outbox::new(&state);
+    let delivered = wait_until(15, || outbox.recent().is_ok_and(|r| r.iter().any(|d| d.source == "job:late"))).await;
+    let (_, log) = daemon.stop().await;
+    assert!(delivered, "{log}");
+    assert_eq!(JobStore::open(&state).get("late").unwrap().state.history.len(), 1);
+}
+
+#[tokio::test]
+async fn reports_queued_while_down_are_delivered_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let state = home.join(".local/state/bramble");
+    let outbox = Outbox::new(&state);
+    outbox.enqueue(bramble::bus::Target::Log, "queued while the daemon was down", "agent").unwrap();
+    let daemon = Daemon::start(home, None);
+    let delivered = wait_until(15, || outbox.pending().is_ok_and(|p| p.is_empty())).await;
+    let (_, log) = daemon.stop().await;
+    assert!(delivered, "{log}");
+    assert!(log.contains("queued while the daemon was down"), "{log}");
+}
+
+#[tokio::test]
+async fn heartbeat_without_active_tasks_never_calls_the_model() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "[heartbeat]\nevery = \"10s\"\n");
+    // The shipped HEARTBEAT.md template has no active tasks.
+    let daemon = Daemon::start(home.path(), Some(&home.config));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(fake.request_count(), 0, "no LLM request: {log}");
+    let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "heartbeat"]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no active tasks"), "{out:?}");
+    assert_eq!(fake.request_count(), 0);
+}
+
+#[tokio::test]
+async fn heartbeat_runs_tasks_and_delivers_only_real_reports() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "[heartbeat]\nevery = \"1h\"\ndeliver = [\"log\"]\n");
+    std::fs::write(home.workspace.join("HEARTBEAT.md"), "## Active Tasks\n- Check the disk\n").unwrap();
+    fake.push(Reply::Text("HEARTBEAT_OK".into()));
+    let daemon = Daemon::start(home.path(), Some(&home.config));
+    assert!(wait_until(15, || fake.request_count() == 1).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, log) = daemon.stop().await;
+    let outbox = Outbox::new(&home.state);
+    assert!(outbox.recent().unwrap().is_empty() && outbox.pending().unwrap().is_empty(), "HEARTBEAT_OK is not delivered: {log}");
+    let prompt = fake.requests()[0]["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
+    assert!(prompt.contains("- Check the disk"), "{prompt}");
+
+    // A restart within the interval does not run it again (the interval is anchored on the last run).
+    let daemon = Daemon::start(home.path(), Some(&home.config));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    daemon.stop().await;
+    assert_eq!(fake.request_count(), 1);
+
+    // `bramble heartbeat` runs one now; a real report is queued for the targets.
+    fake.push(Reply::Text("The disk is 97% full.".into()));
+    let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "heartbeat"]).await;
+    assert!(out.status.success(), "{out:?}");
+    let pending = outbox.pending().unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].text, "The disk is 97% full.");
+    assert_eq!(pending[0].source, "heartbeat");
+}
+
+#[tokio::test]
+async fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "[heartbeat]\nenabled = false\n").unwrap();
+    let daemon = Daemon::start(dir.path(), Some(&cfg));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    std::fs::write(&cfg, "[heartbeat]\nenabled = nope\n").unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    std::fs::write(&cfg, "[heartbeat]\nenabled = false\n[exec]\ntimeout = \"5s\"\n").unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(log.matches("reloading the config").count(), 2, "{log}");
+    assert!(log.contains(&format!("{}:2:11", cfg.display())), "the error names file, line and column: {log}");
+    assert_eq!(log.matches("bramble 0.1.0 running").count(), 3, "{log}");
+}
