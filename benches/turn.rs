@@ -10,7 +10,6 @@
 //! Run: `cargo bench --bench turn` (uses the release profile).
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::os::unix::process::ExitStatusExt;
@@ -29,7 +28,8 @@ fn exec_call() -> Reply {
 fn main() {
     bramble::install_crypto();
     // The fake server runs on its own runtime thread for the whole benchmark.
-    let server_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let server_rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let fake = server_rt.block_on(FakeLlm::start(Dialect::OpenAi));
     let home = TestHome::new("openai", &fake.base_url(), "", "", "");
 
@@ -79,6 +79,8 @@ fn main() {
 }
 
 /// Run `bramble agent -m` once; wall time and the child's peak RSS in KiB.
+// The child is reaped by `wait4` (which also gives its rusage), not `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn run_binary(home: &TestHome) -> (Duration, i64) {
     let t0 = Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))

@@ -63,6 +63,8 @@ pub enum Command {
     Check,
 }
 
+// Parsed once per process: the size of the `Add` variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum CronCommand {
     /// Add a job (a running daemon picks it up at once)
@@ -191,7 +193,8 @@ fn init(explicit: Option<&Path>, workspace: Option<&Path>) -> anyhow::Result<Exi
     };
     for (rel, body) in templates::WORKSPACE {
         let path = ws.join(rel);
-        let wrote = fsutil::write_new(&path, body.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+        let wrote =
+            fsutil::write_new(&path, body.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
         report_init(&path, wrote);
     }
     println!("\nNext: set your API key (e.g. export OPENAI_API_KEY=…), then try `bramble agent -m \"hello\"`.");
@@ -404,7 +407,13 @@ async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
                     format!("next {}", when(j.state.next_run, &tz))
                 };
                 let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
-                println!("{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}", j.id, j.name, kind_name(&j.kind), j.schedule.describe(tz.tz()));
+                println!(
+                    "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
+                    j.id,
+                    j.name,
+                    kind_name(&j.kind),
+                    j.schedule.describe(tz.tz())
+                );
             }
         }
         CronCommand::Show { id } => {
@@ -481,7 +490,18 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
         if let Some(i) = crate::scheduler::store::find(jobs, &job.id) {
             let summary = crate::scheduler::job::truncate(&outcome.summary, 200);
             let err = outcome.error.as_deref();
-            engine::mark_finished(&mut jobs[i], started, started, jiff::Timestamp::now(), outcome.status, &summary, err, None, true, tz.tz());
+            engine::mark_finished(
+                &mut jobs[i],
+                started,
+                started,
+                jiff::Timestamp::now(),
+                outcome.status,
+                &summary,
+                err,
+                None,
+                true,
+                tz.tz(),
+            );
         }
         Ok(())
     })?;
@@ -530,15 +550,26 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     };
     println!("api key:    {key}");
     println!("time zone:  {}", c.timezone().name());
-    println!("workspace:  {}{}", loaded.paths.workspace.display(), if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" });
+    println!(
+        "workspace:  {}{}",
+        loaded.paths.workspace.display(),
+        if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" }
+    );
     println!("state:      {}", loaded.paths.state_dir.display());
     println!(
         "tools:      files, exec ({}), web_fetch ({}), message",
-        if c.exec.enabled { format!("timeout {}, network {}", c.exec.timeout, yes_no(c.exec.network)) } else { "off".into() },
+        if c.exec.enabled {
+            format!("timeout {}, network {}", c.exec.timeout, yes_no(c.exec.network))
+        } else {
+            "off".into()
+        },
         if c.web.enabled { "on" } else { "off" }
     );
     println!("telegram:   {}", if c.telegram.token().is_some() { "configured" } else { "not configured" });
-    println!("mqtt:       {}", c.mqtt.url.as_ref().map(|u| format!("{}:{}", u.host, u.port)).unwrap_or_else(|| "not configured".into()));
+    println!(
+        "mqtt:       {}",
+        c.mqtt.url.as_ref().map(|u| format!("{}:{}", u.host, u.port)).unwrap_or_else(|| "not configured".into())
+    );
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());
     Ok(ExitCode::SUCCESS)

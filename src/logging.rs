@@ -18,9 +18,6 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
         eprintln!("bramble: warning: ignoring log filter `{filter}`: {e}");
         EnvFilter::new(default_level)
     });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    let _ =
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
 }

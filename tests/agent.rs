@@ -57,7 +57,8 @@ async fn multi_step_tool_loop_with_real_tools() {
     let ctx = msgs[msgs.len() - 2]["content"].as_str().unwrap();
     assert!(ctx.starts_with("[Runtime context — metadata, not instructions]"), "{ctx}");
     assert_eq!(msgs[msgs.len() - 1]["content"], "write a note");
-    let tools: Vec<&str> = first["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
+    let tools: Vec<&str> =
+        first["tools"].as_array().unwrap().iter().map(|t| t["function"]["name"].as_str().unwrap()).collect();
     for t in ["read_file", "write_file", "edit_file", "list_dir", "exec", "web_fetch", "message"] {
         assert!(tools.contains(&t), "{t} offered: {tools:?}");
     }
@@ -156,7 +157,8 @@ async fn history_carries_over_turns_and_restarts() {
     // A new agent on the same state directory: as after a restart.
     let (agent, _out) = home.agent();
     agent.turn(TurnRequest::cli("cli:ada", "Who am I?")).await.unwrap();
-    let texts: Vec<String> = messages(&fake, 1).iter().filter_map(|m| m["content"].as_str().map(String::from)).collect();
+    let texts: Vec<String> =
+        messages(&fake, 1).iter().filter_map(|m| m["content"].as_str().map(String::from)).collect();
     assert!(texts.contains(&"My name is Ada.".to_string()), "{texts:?}");
     assert!(texts.contains(&"Hello Ada.".to_string()), "{texts:?}");
     // Other sessions do not see it.
@@ -199,7 +201,9 @@ async fn different_sessions_run_concurrently() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     let home = TestHome::new("openai", &fake.base_url(), "", "", "");
     let wait_for = |mine: &str, other: &str| {
-        format!(r#"{{"command":"touch {mine}; i=0; while [ ! -f {other} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; test -f {other} && echo met"}}"#)
+        format!(
+            r#"{{"command":"touch {mine}; i=0; while [ ! -f {other} ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done; test -f {other} && echo met"}}"#
+        )
     };
     fake.push(calls(&[("exec", &wait_for("a", "b"))]));
     fake.push(calls(&[("exec", &wait_for("b", "a"))]));

@@ -50,7 +50,11 @@ async fn check_reports_file_line_and_column() {
 
     std::fs::write(&cfg, "[agent]\nmodle = \"m\"\n").unwrap();
     let out = bramble(dir.path(), &["--config", cfg.to_str().unwrap(), "check"], None).await;
-    assert!(text(&out.stderr).starts_with(&format!("{}:2:1: unknown field `modle`", cfg.display())), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with(&format!("{}:2:1: unknown field `modle`", cfg.display())),
+        "{}",
+        text(&out.stderr)
+    );
 
     let missing = dir.path().join("nope.toml");
     let out = bramble(dir.path(), &["--config", missing.to_str().unwrap(), "check"], None).await;
@@ -104,7 +108,11 @@ async fn agent_one_turn_with_an_exec_tool_call() {
 async fn agent_exits_non_zero_with_the_reason_when_the_provider_fails() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     let home = TestHome::new("openai", &fake.base_url(), "", "", "");
-    fake.push(Reply::Status { status: 401, body: r#"{"error":{"message":"Incorrect API key provided"}}"#.into(), retry_after: None });
+    fake.push(Reply::Status {
+        status: 401,
+        body: r#"{"error":{"message":"Incorrect API key provided"}}"#.into(),
+        retry_after: None,
+    });
     let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-m", "hi"], None).await;
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
@@ -119,9 +127,12 @@ async fn repl_answers_until_exit() {
     let home = TestHome::new("openai", &fake.base_url(), "", "", "");
     fake.push(Reply::Text("one".into()));
     fake.push(Reply::Text("two".into()));
-    let out =
-        bramble(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-s", "repl"], Some("first\nsecond\nexit\n"))
-            .await;
+    let out = bramble(
+        home.path(),
+        &["--config", home.config.to_str().unwrap(), "agent", "-s", "repl"],
+        Some("first\nsecond\nexit\n"),
+    )
+    .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(stdout.contains("bramble> one") && stdout.contains("bramble> two"), "{stdout}");

@@ -306,7 +306,8 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         let b = builder(ws.path(), 1000, 1000);
         let now: jiff::Timestamp = "2026-07-01T10:30:00Z".parse().unwrap();
-        let msgs = b.build(vec![Message::user("old")], "hello", Origin { channel: "telegram", chat_id: "42" }, &[], now);
+        let msgs =
+            b.build(vec![Message::user("old")], "hello", Origin { channel: "telegram", chat_id: "42" }, &[], now);
         assert_eq!(msgs.len(), 4);
         let ctx = msgs[2].text_content();
         assert!(ctx.starts_with("[Runtime context — metadata, not instructions]"), "{ctx}");

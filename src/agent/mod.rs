@@ -312,6 +312,8 @@ impl Agent {
         cancel: CancellationToken,
     ) {
         let mut running = JoinSet::new();
+        // Our own token for the turns we start: stopping them must not cancel the caller's token.
+        let turns = cancel.child_token();
         loop {
             let msg = tokio::select! {
                 m = inbound.recv() => match m { Some(m) => m, None => break },
@@ -326,7 +328,7 @@ impl Agent {
                 chat_id: msg.chat_id,
                 text: msg.text,
                 in_job: false,
-                cancel: cancel.child_token(),
+                cancel: turns.child_token(),
             };
             let target = msg.reply_to;
             running.spawn(async move {
@@ -340,7 +342,7 @@ impl Agent {
                 }
             });
         }
-        cancel.cancel();
+        turns.cancel();
         while running.join_next().await.is_some() {}
     }
 }

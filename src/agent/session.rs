@@ -170,7 +170,9 @@ fn read_session_file(path: &Path) -> std::io::Result<Vec<StoredMessage>> {
         }
         match serde_json::from_str::<StoredMessage>(line) {
             Ok(m) => out.push(m),
-            Err(e) => tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable session line"),
+            Err(e) => {
+                tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable session line")
+            }
         }
     }
     if out.len() > CACHE_MESSAGES {

@@ -369,14 +369,24 @@ impl TryFrom<RawTrigger> for MqttTrigger {
     }
 }
 
-/// `[daemon]`: where state lives and how loudly to log.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// `[daemon]`: where state lives, how loudly to log, when to trust the clock.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonConfig {
     /// Sessions, jobs, outbox. Default `$XDG_STATE_HOME/bramble`, `/var/lib/bramble` under systemd.
     pub state_dir: Option<PathBuf>,
     /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter; `RUST_LOG` wins.
     pub log_level: Option<String>,
+    /// How long after start cron and `at` jobs wait for the system clock to report
+    /// NTP synchronisation (a Pi has no battery clock and boots with a stale time)
+    /// before trusting it anyway. `0s`: trust it at once.
+    pub clock_sync_wait: Dur,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig { state_dir: None, log_level: None, clock_sync_wait: Dur::secs(600) }
+    }
 }
 
 /// A secret from the environment variable `name`, or from the systemd

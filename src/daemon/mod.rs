@@ -391,13 +391,18 @@ struct Running {
     abort: CancellationToken,
     inflight: InFlight,
     tasks: tokio::task::JoinSet<()>,
+    /// Where channels put inbound messages; held so the agent's queue stays open.
+    _inbound: mpsc::Sender<crate::bus::InboundMessage>,
 }
 
 impl Running {
     async fn stop(mut self) {
         self.stop.cancel();
         if !self.inflight.drained(SHUTDOWN_GRACE).await {
-            tracing::warn!(running = self.inflight.count(), "work still running after {SHUTDOWN_GRACE:?}; cancelling it");
+            tracing::warn!(
+                running = self.inflight.count(),
+                "work still running after {SHUTDOWN_GRACE:?}; cancelling it"
+            );
         }
         self.abort.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), async { while self.tasks.join_next().await.is_some() {} })
@@ -412,6 +417,12 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
     std::fs::create_dir_all(state).with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    // Commands run in the workspace; an empty one is better than failing every exec job.
+    let ws = &loaded.paths.workspace;
+    if !ws.is_dir() {
+        std::fs::create_dir_all(ws).with_context(|| format!("cannot create the workspace {}", ws.display()))?;
+        tracing::warn!(workspace = %ws.display(), "created an empty workspace: run `bramble init` for the templates");
+    }
     let stop = CancellationToken::new();
     let abort = CancellationToken::new();
     let inflight = InFlight::default();
@@ -428,7 +439,8 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     tasks.spawn(agent.clone().serve(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone()));
 
     let tz = c.timezone();
-    let scheduler = Scheduler::new(JobStore::open(state), tz.tz().clone());
+    let scheduler =
+        Scheduler::new(JobStore::open(state), tz.tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
     let reload = scheduler.reload_handle();
     let runner = JobRunner {
         agent: agent.clone(),
@@ -467,14 +479,16 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     });
 
     log_startup(loaded, &agent, &channels);
-    Ok(Running { stop, abort, inflight, tasks })
+    Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
 }
 
 fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels) {
     let c = &loaded.config;
     match agent.provider_problem() {
         None => tracing::info!(provider = c.provider.kind.as_str(), model = %c.model(), "provider ready"),
-        Some(why) => tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run"),
+        Some(why) => {
+            tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run")
+        }
     }
     let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
     let tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))

@@ -100,7 +100,10 @@ mod tests {
         ctx.chat_id = "42".into();
         let out = tool.execute(json!({"content": "hi"}), &ctx).await.unwrap();
         assert_eq!(out, "Message queued for telegram:42.");
-        assert_eq!(rx.recv().await.unwrap(), OutboundMessage { target: Target::Telegram("42".into()), text: "hi".into() });
+        assert_eq!(
+            rx.recv().await.unwrap(),
+            OutboundMessage { target: Target::Telegram("42".into()), text: "hi".into() }
+        );
         tool.execute(json!({"content": "x", "target": "mqtt:home/note"}), &ctx).await.unwrap();
         assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(Some("home/note".into())));
     }
