@@ -557,7 +557,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     );
     println!("state:      {}", loaded.paths.state_dir.display());
     println!(
-        "tools:      files, exec ({}), web_fetch ({}), message",
+        "tools:      files, exec ({}), web_fetch ({}), message, cron",
         if c.exec.enabled {
             format!("timeout {}, network {}", c.exec.timeout, yes_no(c.exec.network))
         } else {
@@ -572,6 +572,52 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     );
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());
+    let synced = crate::scheduler::clock_synchronized();
+    println!(
+        "clock:      {}",
+        if synced {
+            "synchronised".to_string()
+        } else {
+            format!(
+                "not reported as synchronised (cron and at jobs wait up to {} after start)",
+                c.daemon.clock_sync_wait
+            )
+        }
+    );
+    let hb_tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))
+        .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len())
+        .unwrap_or(0);
+    let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
+    let tz = c.timezone();
+    println!(
+        "heartbeat:  {}",
+        if c.heartbeat.enabled {
+            format!("every {}, {hb_tasks} active tasks, last run {}", c.heartbeat.every, when(hb_last, &tz))
+        } else {
+            "off".into()
+        }
+    );
+    match crate::scheduler::JobStore::open(&loaded.paths.state_dir).list() {
+        Ok(jobs) => {
+            println!("jobs:       {}", jobs.len());
+            for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
+                println!("  {:<20} next {}", j.name, when(j.state.next_run, &tz));
+            }
+        }
+        Err(e) => println!("jobs:       error: {e}"),
+    }
+    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+    match outbox.pending() {
+        Ok(p) if p.is_empty() => println!("outbox:     nothing undelivered"),
+        Ok(p) => {
+            println!("outbox:     {} undelivered", p.len());
+            for e in p.iter().take(5) {
+                let err = e.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+                println!("  {} from {}, {} attempts{err}", e.target, e.source, e.attempts);
+            }
+        }
+        Err(e) => println!("outbox:     error: {e}"),
+    }
     Ok(ExitCode::SUCCESS)
 }
 

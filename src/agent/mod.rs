@@ -372,6 +372,10 @@ impl Agent {
             }
         }
         tools.register(Arc::new(crate::tools::message::MessageTool::new(outbound)));
+        tools.register(Arc::new(crate::tools::cron::CronTool::new(
+            crate::scheduler::JobStore::open(&loaded.paths.state_dir),
+            c.timezone(),
+        )));
         let context = ContextBuilder::new(
             ws,
             c.timezone(),

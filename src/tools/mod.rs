@@ -12,6 +12,7 @@
 //! - [`web`]: `web_fetch` with an SSRF guard.
 //! - [`message`]: `message`, a report to a delivery target.
 
+pub mod cron;
 pub mod exec;
 pub mod fs;
 pub mod message;

@@ -1,0 +1,278 @@
+//! `cron`: the agent schedules work itself — "remind me at 9", "check the
+//! garden sensor every morning".
+//!
+//! Jobs go into the same store as `bramble cron add` (the daemon picks them up
+//! at once). A job made in a chat remembers that chat and reports back to it
+//! unless `deliver` says otherwise. Creating jobs is refused inside a job run
+//! or heartbeat: a reminder that schedules a reminder is how feedback loops
+//! start (nanobot #1441).
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{parse_args, Tool, ToolContext, ToolError};
+use crate::bus::Target;
+use crate::config::TzName;
+use crate::provider::BoxFuture;
+use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Origin, Schedule};
+
+pub struct CronTool {
+    store: JobStore,
+    tz: TzName,
+}
+
+impl CronTool {
+    pub fn new(store: JobStore, tz: TzName) -> Self {
+        CronTool { store, tz }
+    }
+
+    fn add(&self, a: Args, ctx: &ToolContext) -> Result<String, ToolError> {
+        if ctx.in_job {
+            return Err(ToolError::new(
+                "jobs cannot be created from inside a scheduled job or heartbeat (that is how feedback loops start)",
+            ));
+        }
+        let now = jiff::Timestamp::now();
+        let schedule = match (a.every.as_deref(), a.cron.as_deref(), a.at.as_deref()) {
+            (Some(every), None, None) => {
+                Schedule::Every { every: sched::parse_every(every).map_err(err)?, anchor: now }
+            }
+            (None, Some(expr), None) => sched::parse_cron(expr, a.tz.as_deref()).map_err(err)?,
+            (None, None, Some(at)) => Schedule::At { at: sched::parse_at(at, self.tz.tz()).map_err(err)? },
+            _ => return Err(ToolError::new("give exactly one of `every`, `cron` or `at`")),
+        };
+        let kind =
+            match (a.message, a.remind) {
+                (Some(text), None) => JobKind::Message { text },
+                (None, Some(text)) => JobKind::Remind { text },
+                _ => return Err(ToolError::new(
+                    "give exactly one of `message` (a task you will do when it is due) or `remind` (text sent as is)",
+                )),
+            };
+        let deliver =
+            a.deliver.iter().map(|t| t.parse::<Target>().map_err(ToolError)).collect::<Result<Vec<_>, _>>()?;
+        let name = match a.name {
+            Some(n) => n,
+            None => default_name(&kind),
+        };
+        let mut job = Job::new(&name, schedule, kind, deliver, now, self.tz.tz()).map_err(err)?;
+        if let Some(policy) = a.catch_up {
+            job.catch_up = policy.parse::<CatchUp>().map_err(err)?;
+        }
+        job.origin = Some(Origin {
+            channel: ctx.channel.clone(),
+            chat_id: ctx.chat_id.clone(),
+            session_key: ctx.session_key.clone(),
+        });
+        let targets: Vec<String> = crate::daemon::job_targets(&job).iter().map(ToString::to_string).collect();
+        let job = self.store.add(job).map_err(err)?;
+        Ok(format!(
+            "Scheduled `{}` (id {}): {}. Next run: {}. Reports go to {}.",
+            job.name,
+            job.id,
+            job.schedule.describe(self.tz.tz()),
+            when(job.state.next_run, &self.tz),
+            targets.join(", ")
+        ))
+    }
+
+    fn list(&self) -> Result<String, ToolError> {
+        let jobs = self.store.list().map_err(err)?;
+        if jobs.is_empty() {
+            return Ok("No jobs.".into());
+        }
+        let lines: Vec<String> = jobs
+            .iter()
+            .map(|j| {
+                let what = match &j.kind {
+                    JobKind::Message { text } => format!("task: {text}"),
+                    JobKind::Remind { text } => format!("reminder: {text}"),
+                    JobKind::Exec { command } => format!("command: {command}"),
+                };
+                let state = if j.state.done {
+                    "done".to_string()
+                } else if !j.enabled {
+                    "disabled".to_string()
+                } else {
+                    format!("next {}", when(j.state.next_run, &self.tz))
+                };
+                format!("- {} (id {}): {}; {}; {}", j.name, j.id, j.schedule.describe(self.tz.tz()), state, what)
+            })
+            .collect();
+        Ok(lines.join("\n"))
+    }
+
+    fn remove(&self, key: Option<String>) -> Result<String, ToolError> {
+        let key = key.ok_or_else(|| ToolError::new("`job` (the id or name to remove) is required"))?;
+        let job = self.store.remove(&key).map_err(err)?;
+        Ok(format!("Removed `{}` (id {}).", job.name, job.id))
+    }
+}
+
+fn err(e: impl std::fmt::Display) -> ToolError {
+    ToolError::new(e.to_string())
+}
+
+fn when(t: Option<jiff::Timestamp>, tz: &TzName) -> String {
+    t.map(|t| t.to_zoned(tz.tz().clone()).strftime("%Y-%m-%d %H:%M %Z").to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// A name from the first words of the text plus a few random characters.
+fn default_name(kind: &JobKind) -> String {
+    let text = match kind {
+        JobKind::Message { text } | JobKind::Remind { text } => text.as_str(),
+        JobKind::Exec { command } => command.as_str(),
+    };
+    let mut slug: String = text
+        .split_whitespace()
+        .take(4)
+        .collect::<Vec<_>>()
+        .join("-")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(40)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if slug.is_empty() {
+        slug = "job".into();
+    }
+    format!("{slug}-{}", &sched::job::new_id()[..4])
+}
+
+#[derive(Deserialize)]
+struct Args {
+    action: String,
+    name: Option<String>,
+    message: Option<String>,
+    remind: Option<String>,
+    every: Option<String>,
+    cron: Option<String>,
+    tz: Option<String>,
+    at: Option<String>,
+    #[serde(default)]
+    deliver: Vec<String>,
+    catch_up: Option<String>,
+    job: Option<String>,
+}
+
+impl Tool for CronTool {
+    fn name(&self) -> &'static str {
+        "cron"
+    }
+
+    fn description(&self) -> &'static str {
+        "Schedule, list or remove jobs. `add` needs one schedule (`every` like \"2h\", `cron` like \"0 9 * * 1-5\" \
+         with optional `tz`, or `at` like \"2026-05-01 09:00\" in the user's time zone) and one action: `remind` \
+         (text delivered as is at that time: use this for plain reminders) or `message` (a task you will carry out \
+         then, with your tools). Results go back to this chat unless `deliver` names targets."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["add", "list", "remove"]},
+                "name": {"type": "string", "description": "Unique job name (letters, digits, - and _); made up if omitted"},
+                "remind": {"type": "string", "description": "Reminder text, delivered verbatim"},
+                "message": {"type": "string", "description": "Task to carry out when due"},
+                "every": {"type": "string", "description": "Interval: 90s, 10m, 2h, 1d"},
+                "cron": {"type": "string", "description": "Cron expression, 5 fields (or 6 with seconds first)"},
+                "tz": {"type": "string", "description": "IANA time zone for `cron`; default the user's"},
+                "at": {"type": "string", "description": "One-shot time: YYYY-MM-DD HH:MM (user's zone) or RFC 3339"},
+                "deliver": {"type": "array", "items": {"type": "string"},
+                            "description": "Targets: telegram:<chat_id>, mqtt, mqtt:<topic>, log; default this chat"},
+                "catch_up": {"type": "string", "description": "Missed runs: skip, once, or a window like 2h"},
+                "job": {"type": "string", "description": "For remove: the job's id or name"}
+            },
+            "required": ["action"]
+        })
+    }
+
+    fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let a: Args = parse_args("cron", args)?;
+            match a.action.as_str() {
+                "add" => self.add(a, ctx),
+                "list" => self.list(),
+                "remove" => self.remove(a.job.or(a.name)),
+                other => Err(ToolError::new(format!("unknown action `{other}`: use add, list or remove"))),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(dir: &std::path::Path) -> CronTool {
+        CronTool::new(JobStore::open(dir), "Europe/Berlin".parse().unwrap())
+    }
+
+    fn telegram_ctx() -> ToolContext {
+        let mut ctx = ToolContext::detached("telegram:42");
+        ctx.channel = "telegram".into();
+        ctx.chat_id = "42".into();
+        ctx
+    }
+
+    #[tokio::test]
+    async fn a_reminder_made_in_a_chat_reports_back_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path());
+        let out = t
+            .execute(json!({"action":"add","name":"tea","every":"1h","remind":"Drink tea"}), &telegram_ctx())
+            .await
+            .unwrap();
+        assert!(out.contains("Scheduled `tea`") && out.contains("Reports go to telegram:42"), "{out}");
+        let job = JobStore::open(dir.path()).get("tea").unwrap();
+        assert_eq!(job.kind, JobKind::Remind { text: "Drink tea".into() });
+        assert_eq!(crate::daemon::job_targets(&job), vec![Target::Telegram("42".into())]);
+        assert_eq!(job.origin.unwrap().session_key, "telegram:42");
+        let list = t.execute(json!({"action":"list"}), &telegram_ctx()).await.unwrap();
+        assert!(list.contains("tea") && list.contains("reminder: Drink tea"), "{list}");
+        let out = t.execute(json!({"action":"remove","job":"tea"}), &telegram_ctx()).await.unwrap();
+        assert!(out.starts_with("Removed `tea`"));
+        assert!(JobStore::open(dir.path()).list().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn refused_inside_a_job_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ctx = telegram_ctx();
+        ctx.in_job = true;
+        let e = tool(dir.path()).execute(json!({"action":"add","every":"1m","remind":"x"}), &ctx).await.unwrap_err();
+        assert!(e.0.contains("cannot be created from inside a scheduled job"), "{e}");
+        assert!(JobStore::open(dir.path()).list().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn bad_input_explains_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path());
+        let ctx = telegram_ctx();
+        let e =
+            t.execute(json!({"action":"add","every":"1h","cron":"* * * * *","remind":"x"}), &ctx).await.unwrap_err();
+        assert!(e.0.contains("exactly one of `every`, `cron` or `at`"), "{e}");
+        let e = t.execute(json!({"action":"add","cron":"61 * * * *","remind":"x"}), &ctx).await.unwrap_err();
+        assert!(!e.0.is_empty());
+        let e = t.execute(json!({"action":"add","every":"1h"}), &ctx).await.unwrap_err();
+        assert!(e.0.contains("`message`"), "{e}");
+        let e = t.execute(json!({"action":"add","at":"2001-01-01 09:00","remind":"x"}), &ctx).await.unwrap_err();
+        assert!(!e.0.is_empty());
+        let e = t.execute(json!({"action":"pause"}), &ctx).await.unwrap_err();
+        assert!(e.0.contains("unknown action"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn names_are_made_up_when_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = tool(dir.path())
+            .execute(json!({"action":"add","every":"1d","message":"Check the garden sensor!"}), &telegram_ctx())
+            .await
+            .unwrap();
+        let job = &JobStore::open(dir.path()).list().unwrap()[0];
+        assert!(job.name.starts_with("check-the-garden-sensor-"), "{}", job.name);
+        assert!(out.contains(&job.name));
+    }
+}
