@@ -130,6 +130,17 @@ pub enum CronCommand {
     },
 }
 
+impl Command {
+    /// Commands that print something and exit (no children, no long-lived connections).
+    pub fn prints_and_exits(&self) -> bool {
+        match self {
+            Command::Init { .. } | Command::Status | Command::Check => true,
+            Command::Cron(c) => !matches!(c, CronCommand::Run { .. }),
+            Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
+        }
+    }
+}
+
 /// Parse the process's arguments (exits with usage on error, as clap does).
 pub fn parse() -> Cli {
     Cli::parse()

@@ -6,6 +6,14 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     bramble::install_crypto();
     let cli = bramble::cli::parse();
+    if cli.command.prints_and_exits() {
+        // `bramble cron list | head` should end quietly like any Unix tool, not
+        // panic on a closed pipe. Only for commands that just print: the daemon
+        // and the agent write to pipes of child processes, where EPIPE must
+        // stay an error instead of killing bramble.
+        // SAFETY: called before any thread is started; SIG_DFL is a valid disposition.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     // One thread runs all async work: a Pi has few cores and the daemon is I/O bound.
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
