@@ -115,6 +115,8 @@ pub struct Agent {
     sessions: SessionStore,
     context: ContextBuilder,
     settings: AgentSettings,
+    /// The tools' specs, built once: they do not change while the agent lives.
+    specs: Vec<ToolSpec>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     turn_slots: Semaphore,
 }
@@ -131,6 +133,7 @@ impl Agent {
     ) -> Agent {
         Agent {
             provider,
+            specs: tools.specs(),
             tools,
             sessions,
             context,
@@ -186,7 +189,7 @@ impl Agent {
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
         let session_err = |source| TurnError::Session { key: req.session_key.clone(), source };
         let history = self.sessions.history(&req.session_key, self.settings.history_messages).map_err(session_err)?;
-        let specs: Vec<ToolSpec> = self.tools.specs();
+        let specs = &self.specs;
         let names = self.tools.names();
         let origin = Origin { channel: &req.channel, chat_id: &req.chat_id };
         let mut messages = self.context.build(history, &req.text, origin, &names, jiff::Timestamp::now());
@@ -219,7 +222,7 @@ impl Agent {
             let request = ChatRequest {
                 model: &self.settings.model,
                 messages: &messages,
-                tools: &specs,
+                tools: specs,
                 max_tokens: self.settings.max_tokens,
                 temperature: self.settings.temperature,
             };

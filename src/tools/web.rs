@@ -183,7 +183,10 @@ fn embedded_v4(ip: IpAddr) -> Option<Ipv4Addr> {
 
 /// The `web_fetch` tool.
 pub struct WebFetch {
-    client: reqwest::Client,
+    /// Built on first use: loading the system's CA certificates costs time and
+    /// memory that a turn which never fetches should not pay.
+    client: std::sync::OnceLock<reqwest::Client>,
+    timeout: std::time::Duration,
     guard: AddressGuard,
     max_chars: usize,
 }
@@ -196,9 +199,23 @@ struct FetchArgs {
 
 impl WebFetch {
     pub fn new(cfg: &WebConfig) -> Result<Self, ToolError> {
-        crate::install_crypto();
         let guard = AddressGuard { allow_private: cfg.allow_private.clone().into() };
-        let redirect_guard = guard.clone();
+        Ok(WebFetch {
+            client: std::sync::OnceLock::new(),
+            timeout: cfg.timeout.get(),
+            guard,
+            max_chars: cfg.max_chars.max(MIN_CHARS),
+        })
+    }
+
+    /// The guarded client: our resolver (checks and pins addresses), a
+    /// redirect policy that re-checks every hop, no proxy.
+    fn client(&self) -> Result<&reqwest::Client, ToolError> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        crate::install_crypto();
+        let redirect_guard = self.guard.clone();
         let policy = Policy::custom(move |attempt| {
             // `previous` holds the original URL plus every hop so far.
             if attempt.previous().len() > MAX_REDIRECTS {
@@ -213,14 +230,14 @@ impl WebFetch {
             }
         });
         let client = reqwest::Client::builder()
-            .dns_resolver(Arc::new(GuardedResolver { guard: guard.clone() }))
+            .dns_resolver(Arc::new(GuardedResolver { guard: self.guard.clone() }))
             .redirect(policy)
             .no_proxy()
-            .timeout(cfg.timeout.get())
+            .timeout(self.timeout)
             .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION"), " (web_fetch)"))
             .build()
             .map_err(|e| ToolError::new(format!("cannot build the HTTP client: {e}")))?;
-        Ok(WebFetch { client, guard, max_chars: cfg.max_chars.max(MIN_CHARS) })
+        Ok(self.client.get_or_init(|| client))
     }
 
     async fn fetch(&self, args: FetchArgs) -> Result<String, ToolError> {
@@ -230,7 +247,7 @@ impl WebFetch {
         let limit = args.max_chars.unwrap_or(self.max_chars).clamp(MIN_CHARS, self.max_chars);
 
         let mut resp = self
-            .client
+            .client()?
             .get(url.clone())
             .header(ACCEPT, "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,*/*;q=0.5")
             .send()

@@ -140,6 +140,8 @@ impl TestServer {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, _)) => {
+                            // A zero-latency fake: no Nagle delay on our side either.
+                            let _ = stream.set_nodelay(true);
                             connections.spawn(serve_connection(stream, handler.clone()));
                         }
                         Err(e) => eprintln!("test server: accept failed: {e}"),
@@ -304,8 +306,10 @@ async fn write_response(stream: &mut TcpStream, resp: &Response, keep_alive: boo
         head.push_str("connection: close\r\n");
     }
     head.push_str("\r\n");
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&resp.body).await?;
+    // One write: a separate body write would wait for the client's delayed ACK (Nagle), ~40 ms.
+    let mut out = head.into_bytes();
+    out.extend_from_slice(&resp.body);
+    stream.write_all(&out).await?;
     stream.flush().await
 }
 
