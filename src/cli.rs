@@ -361,6 +361,10 @@ async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
         HeartbeatOutcome::Reported { text, targets: t } => {
             println!("{text}\n\n(queued for {}; the daemon delivers it)", targets(&t))
         }
+        HeartbeatOutcome::Cancelled => {
+            println!("(stopped)");
+            return Ok(ExitCode::from(130));
+        }
         HeartbeatOutcome::Failed(why) => {
             eprintln!("bramble: error: {why}");
             return Ok(ExitCode::FAILURE);
@@ -401,6 +405,19 @@ async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
             }
             let job = store.add(job)?;
             println!("added job {} ({})", job.name, job.id);
+            for t in &job.deliver {
+                let configured = match t {
+                    Target::Telegram(_) => loaded.config.telegram.token().is_some(),
+                    Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
+                    Target::Log | Target::Cli => true,
+                };
+                if !configured {
+                    eprintln!(
+                        "warning: {} is not configured: reports for {t} wait in the outbox until it is",
+                        t.channel()
+                    );
+                }
+            }
             println!("  schedule: {}", job.schedule.describe(tz.tz()));
             println!("  next run: {}", when(job.state.next_run, &tz));
         }
@@ -469,6 +486,13 @@ async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
 async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str) -> anyhow::Result<ExitCode> {
     use crate::scheduler::{engine, RunStatus};
     let job = store.get(key)?;
+    if let Some(since) = job.state.running_since {
+        anyhow::bail!(
+            "job {} is running right now (since {}) in the daemon; try again when it has finished",
+            job.name,
+            when(Some(since), &loaded.config.timezone())
+        );
+    }
     let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
     let bus = Bus::new();
     let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
@@ -494,8 +518,14 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
     let outcome = runner.run_job(&job).await;
     stop.abort();
     drop(runner);
+    let interrupted = abort.is_cancelled();
     abort.cancel();
     let _ = pump.await;
+    if interrupted {
+        // Ctrl-C: nothing recorded, nothing reported; the job keeps its schedule.
+        eprintln!("(stopped)");
+        return Ok(ExitCode::from(130));
+    }
     let tz = loaded.config.timezone();
     store.update(|jobs| {
         if let Some(i) = crate::scheduler::store::find(jobs, &job.id) {

@@ -238,3 +238,67 @@ async fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     assert!(log.contains(&format!("{}:2:11", cfg.display())), "the error names file, line and column: {log}");
     assert_eq!(log.matches("bramble 0.1.0 running").count(), 3, "{log}");
 }
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_state_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Daemon::start(dir.path(), None);
+    let state = dir.path().join(".local/state/bramble");
+    assert!(wait_until(10, || state.join("daemon.lock").exists()).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = bramble(dir.path(), &["run"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another bramble daemon is already running"), "{err}");
+    let (code, _) = first.stop().await;
+    assert_eq!(code, Some(0));
+}
+
+/// A job still running at SIGTERM gets the grace period, is recorded, and
+/// does not run again after the restart.
+#[tokio::test]
+async fn a_job_running_at_shutdown_finishes_and_is_recorded_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let cfg = trust_the_clock(home);
+    let at = in_secs(1);
+    let out =
+        bramble(home, &["cron", "add", "slow", "--at", &at, "--exec", "sleep 2; echo finished >> done.txt"]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = Daemon::start(home, Some(&cfg));
+    let state = home.join(".local/state/bramble");
+    // Wait until it has started, then stop the daemon mid-run.
+    assert!(wait_until(15, || JobStore::open(&state).get("slow").is_ok_and(|j| j.state.running_since.is_some())).await);
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    let done = home.join(".local/share/bramble/workspace/done.txt");
+    assert_eq!(std::fs::read_to_string(&done).unwrap_or_default(), "finished\n", "{log}");
+    let job = JobStore::open(&state).get("slow").unwrap();
+    assert!(job.state.done, "{job:?}");
+    assert_eq!(job.state.history.len(), 1, "{:?}", job.state.history);
+    // Restarted: not run again.
+    let daemon = Daemon::start(home, Some(&cfg));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    daemon.stop().await;
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "finished\n");
+}
+
+/// Reports for a channel that is not configured wait in the outbox without a
+/// write per attempt (SD cards), and are kept.
+#[tokio::test]
+async fn reports_for_an_unconfigured_channel_wait_without_rewrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let state = home.join(".local/state/bramble");
+    let outbox = Outbox::new(&state);
+    outbox.enqueue(bramble::bus::Target::Telegram("42".into()), "for telegram", "agent").unwrap();
+    let before = std::fs::metadata(outbox.path()).unwrap().modified().unwrap();
+    let daemon = Daemon::start(home, None);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, log) = daemon.stop().await;
+    let pending = outbox.pending().unwrap();
+    assert_eq!(pending.len(), 1, "{log}");
+    assert_eq!(pending[0].attempts, 0);
+    assert_eq!(std::fs::metadata(outbox.path()).unwrap().modified().unwrap(), before, "no rewrite: {log}");
+    assert!(log.contains("no `telegram` channel is configured"), "{log}");
+}

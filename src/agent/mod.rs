@@ -170,20 +170,18 @@ impl Agent {
             Ok(p) => Arc::clone(p),
             Err(why) => return Err(ProviderError::NotConfigured(why.clone()).into()),
         };
-        let lock = self.session_lock(&req.session_key);
-        let result = {
-            let _slot = tokio::select! {
-                s = self.turn_slots.acquire() => s.map_err(|_| TurnError::Cancelled)?,
-                _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-            };
-            let _session = tokio::select! {
-                g = lock.lock() => g,
-                _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-            };
-            self.turn_locked(provider.as_ref(), &req).await
+        // The session first, then a slot: turns queued on one busy chat must not
+        // hold slots that other sessions (the heartbeat, jobs) need.
+        let session = SessionLock::new(self, &req.session_key);
+        let _in_session = tokio::select! {
+            g = session.lock.lock() => g,
+            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
         };
-        self.release_session_lock(&req.session_key, lock);
-        result
+        let _slot = tokio::select! {
+            s = self.turn_slots.acquire() => s.map_err(|_| TurnError::Cancelled)?,
+            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+        };
+        self.turn_locked(provider.as_ref(), &req).await
     }
 
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
@@ -291,36 +289,39 @@ impl Agent {
         Ok(TurnReport { text, end, usage, model_calls, tool_calls })
     }
 
-    fn session_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(locks.entry(key.to_string()).or_default())
-    }
-
-    /// Forget a session's lock once nobody else holds or waits for it.
-    fn release_session_lock(&self, key: &str, lock: Arc<tokio::sync::Mutex<()>>) {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        // One reference in the map, one here: nobody else is queued.
-        if Arc::strong_count(&lock) == 2 {
-            locks.remove(key);
-        }
-    }
-
     /// Serve the bus: every inbound message becomes a turn; its answer (or the
     /// reason there is none) goes to the message's reply target. Returns when
     /// `cancel` fires or the inbound queue closes, after running turns end.
     pub async fn serve(
         self: Arc<Self>,
-        mut inbound: mpsc::Receiver<InboundMessage>,
+        inbound: mpsc::Receiver<InboundMessage>,
         outbound: mpsc::Sender<OutboundMessage>,
         cancel: CancellationToken,
     ) {
+        self.serve_until(inbound, outbound, cancel.clone(), cancel).await
+    }
+
+    /// Like [`serve`](Agent::serve), with a grace period: `stop` ends taking
+    /// messages, running turns go on until they finish or `abort` fires.
+    pub async fn serve_until(
+        self: Arc<Self>,
+        mut inbound: mpsc::Receiver<InboundMessage>,
+        outbound: mpsc::Sender<OutboundMessage>,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) {
+        // Turns started but not finished, bounded like the bus itself: when all
+        // are taken, messages wait in the bounded queue instead of in memory here.
+        let started = Arc::new(Semaphore::new(crate::bus::BUS_CAPACITY));
         let mut running = JoinSet::new();
-        // Our own token for the turns we start: stopping them must not cancel the caller's token.
-        let turns = cancel.child_token();
         loop {
+            let permit = tokio::select! {
+                p = started.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                _ = stop.cancelled() => break,
+            };
             let msg = tokio::select! {
                 m = inbound.recv() => match m { Some(m) => m, None => break },
-                _ = cancel.cancelled() => break,
+                _ = stop.cancelled() => break,
                 Some(_) = running.join_next(), if !running.is_empty() => continue,
             };
             let agent = Arc::clone(&self);
@@ -331,10 +332,11 @@ impl Agent {
                 chat_id: msg.chat_id,
                 text: msg.text,
                 in_job: false,
-                cancel: turns.child_token(),
+                cancel: abort.child_token(),
             };
             let target = msg.reply_to;
             running.spawn(async move {
+                let _permit = permit;
                 let text = match agent.turn(req).await {
                     Ok(report) => report.text,
                     Err(TurnError::Cancelled) => return,
@@ -345,8 +347,33 @@ impl Agent {
                 }
             });
         }
-        turns.cancel();
         while running.join_next().await.is_some() {}
+    }
+}
+
+/// A session's turn lock, taken from the agent's map and given back on drop
+/// (on every path, cancellation included), so the map holds only live sessions.
+struct SessionLock<'a> {
+    agent: &'a Agent,
+    key: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'a> SessionLock<'a> {
+    fn new(agent: &'a Agent, key: &str) -> Self {
+        let mut locks = agent.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = Arc::clone(locks.entry(key.to_string()).or_default());
+        SessionLock { agent, key: key.to_string(), lock }
+    }
+}
+
+impl Drop for SessionLock<'_> {
+    fn drop(&mut self) {
+        let mut locks = self.agent.locks.lock().unwrap_or_else(|p| p.into_inner());
+        // One reference in the map, one here: nobody else holds or waits for it.
+        if Arc::strong_count(&self.lock) == 2 {
+            locks.remove(&self.key);
+        }
     }
 }
 

@@ -19,8 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::fsutil;
 use crate::provider::{Message, Role, Usage};
 
-/// Messages of a session kept in memory; older ones stay on disk only.
-const CACHE_MESSAGES: usize = 1000;
+/// Messages of a session kept in memory (the prompt window is smaller);
+/// older ones stay on disk only.
+const CACHE_MESSAGES: usize = 200;
 
 /// A message as stored on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,7 +47,9 @@ struct MetadataLine {
 /// Session files in one directory, with a small in-memory cache of their tails.
 pub struct SessionStore {
     dir: PathBuf,
-    cache: Mutex<HashMap<String, Vec<StoredMessage>>>,
+    /// Per session: the file length the tail was read at, and the tail. A
+    /// different length on disk means another process appended: read again.
+    cache: Mutex<HashMap<String, (u64, Vec<StoredMessage>)>>,
 }
 
 impl SessionStore {
@@ -69,15 +72,18 @@ impl SessionStore {
         self.dir.join(format!("{name}.jsonl"))
     }
 
-    /// All stored messages of a session (the cached tail once loaded).
+    /// The session's most recent messages (up to a few hundred).
     pub fn messages(&self, key: &str) -> std::io::Result<Vec<StoredMessage>> {
-        if let Some(cached) = self.lock().get(key) {
-            return Ok(cached.clone());
+        let path = self.path(key);
+        let len = file_len(&path)?;
+        if let Some((cached_len, cached)) = self.lock().get(key) {
+            if *cached_len == len {
+                return Ok(cached.clone());
+            }
         }
-        let loaded = read_session_file(&self.path(key))?;
-        let mut cache = self.lock();
-        let entry = cache.entry(key.to_string()).or_insert(loaded);
-        Ok(entry.clone())
+        let loaded = read_session_file(&path)?;
+        self.lock().insert(key.to_string(), (len, loaded.clone()));
+        Ok(loaded)
     }
 
     /// The last `max` messages for the prompt, starting at a user message so
@@ -97,7 +103,13 @@ impl SessionStore {
             return Ok(());
         }
         let path = self.path(key);
+        // Bring the cache up to date with the file before extending both.
+        let mut cached = self.messages(key)?;
         let mut buf = Vec::with_capacity(256 * messages.len());
+        if ends_torn(&path)? {
+            // A power cut left half a line: end it, so our first line stays whole.
+            buf.push(b'\n');
+        }
         if !path.exists() {
             let meta = MetadataLine { kind: "metadata".into(), key: key.into(), created_at: now_rfc3339() };
             serde_json::to_writer(&mut buf, &meta).map_err(std::io::Error::other)?;
@@ -107,16 +119,19 @@ impl SessionStore {
             serde_json::to_writer(&mut buf, m).map_err(std::io::Error::other)?;
             buf.push(b'\n');
         }
-        // Make sure the cache holds the file's earlier content before we extend it.
-        self.messages(key)?;
+        let new_file = !path.exists();
         fsutil::append_durable(&path, &buf)?;
-        let mut cache = self.lock();
-        let cached = cache.entry(key.to_string()).or_default();
+        if new_file {
+            if let Some(dir) = path.parent() {
+                fsutil::sync_dir(dir)?;
+            }
+        }
         cached.extend_from_slice(messages);
         if cached.len() > CACHE_MESSAGES {
             let excess = cached.len() - CACHE_MESSAGES;
             cached.drain(..excess);
         }
+        self.lock().insert(key.to_string(), (file_len(&path)?, cached));
         Ok(())
     }
 
@@ -131,10 +146,36 @@ impl SessionStore {
         keys
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<StoredMessage>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Vec<StoredMessage>)>> {
         // A poisoned cache only means another turn panicked mid-update; the data is still usable.
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The file's length, 0 when it does not exist.
+fn file_len(path: &Path) -> std::io::Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether the file is non-empty and does not end with a newline.
+fn ends_torn(path: &Path) -> std::io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    if f.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    f.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
 }
 
 fn decode_key(name: &str) -> String {
@@ -255,6 +296,21 @@ mod tests {
         fsutil::append_durable(&s.path("k"), b"{\"role\":\"user\",\"conte").unwrap();
         let fresh = SessionStore::new(dir.path());
         assert_eq!(fresh.history("k", 10).unwrap().len(), 2);
+        // The next turn after the power cut is kept whole, its first line included.
+        fresh.append_turn("k", &[stored(Message::user("three")), stored(Message::assistant("four"))]).unwrap();
+        let again = SessionStore::new(dir.path());
+        let texts: Vec<String> = again.history("k", 10).unwrap().iter().map(|m| m.text_content().to_string()).collect();
+        assert_eq!(texts, ["one", "two", "three", "four"]);
+    }
+
+    #[test]
+    fn appends_by_another_process_are_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = SessionStore::new(dir.path());
+        let cli = SessionStore::new(dir.path());
+        daemon.append_turn("k", &[stored(Message::user("a")), stored(Message::assistant("b"))]).unwrap();
+        cli.append_turn("k", &[stored(Message::user("c")), stored(Message::assistant("d"))]).unwrap();
+        assert_eq!(daemon.history("k", 10).unwrap().len(), 4);
     }
 
     #[test]

@@ -66,50 +66,82 @@ impl Channels {
 
 /// Deliver due outbox entries until cancelled. Wakes when `wake` is notified
 /// (a new entry) or when the earliest backoff ends — not on a fixed tick.
-pub async fn run_outbox(outbox: Outbox, channels: Channels, wake: Arc<Notify>, cancel: CancellationToken) {
-    // Warn once per missing channel, not once per attempt.
+///
+/// Reports for a channel that is not configured stay in the outbox untouched
+/// (no write per attempt) until a reload brings the channel. An outcome that
+/// could not be written is remembered and written on the next pass, and the
+/// report is not delivered again meanwhile. `poll` (set when the state-dir
+/// watcher is unavailable) caps the sleep at a minute so reports queued by CLI
+/// processes are still noticed.
+pub async fn run_outbox(
+    outbox: Outbox,
+    channels: Channels,
+    wake: Arc<Notify>,
+    poll: Arc<std::sync::atomic::AtomicBool>,
+    cancel: CancellationToken,
+) {
     let mut warned: Vec<&'static str> = Vec::new();
+    let mut unrecorded: HashMap<u64, Attempt> = HashMap::new();
     loop {
-        let now = Timestamp::now();
-        match outbox.due(now) {
-            Ok(due) => {
-                for entry in due {
-                    let attempt = match channels.for_target(&entry.target) {
-                        None => {
-                            let name = entry.target.channel();
-                            if !warned.contains(&name) {
-                                warned.push(name);
-                                tracing::warn!(
-                                    target = %entry.target,
-                                    "no `{name}` channel is configured: reports for it wait in the outbox"
-                                );
-                            }
-                            Attempt::Retry(format!("the {name} channel is not configured"))
-                        }
-                        Some(ch) => match ch.deliver(&entry.target, &entry.text).await {
-                            Ok(()) => Attempt::Delivered,
-                            Err(e) if e.retryable => {
-                                tracing::warn!(target = %entry.target, attempt = entry.attempts + 1, error = %e, "delivery failed; will retry");
-                                Attempt::Retry(e.message)
-                            }
-                            Err(e) => {
-                                tracing::error!(target = %entry.target, error = %e, "delivery refused; report dropped");
-                                Attempt::Drop(e.message)
-                            }
-                        },
-                    };
-                    if let Err(e) = outbox.record(entry.id, attempt, Timestamp::now()) {
-                        tracing::error!("{e}");
-                    }
-                }
+        let mut write_failed = false;
+        // Outcomes from earlier passes that could not be written yet.
+        unrecorded.retain(|id, attempt| match outbox.record(*id, attempt.clone(), Timestamp::now()) {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::error!("{e}");
+                write_failed = true;
+                true
             }
-            Err(e) => tracing::error!("{e}"),
+        });
+        let due = outbox.due(Timestamp::now()).unwrap_or_else(|e| {
+            tracing::error!("{e}");
+            write_failed = true;
+            Vec::new()
+        });
+        let mut waiting_for_channel = false;
+        for entry in due {
+            if unrecorded.contains_key(&entry.id) {
+                continue;
+            }
+            let Some(ch) = channels.for_target(&entry.target) else {
+                let name = entry.target.channel();
+                if !warned.contains(&name) {
+                    warned.push(name);
+                    tracing::warn!(target = %entry.target, "no `{name}` channel is configured: its reports wait in the outbox");
+                }
+                waiting_for_channel = true;
+                continue;
+            };
+            let attempt = match ch.deliver(&entry.target, &entry.text).await {
+                Ok(()) => Attempt::Delivered,
+                Err(e) if e.retryable => {
+                    tracing::warn!(target = %entry.target, attempt = entry.attempts + 1, error = %e, "delivery failed; will retry");
+                    Attempt::Retry(e.message)
+                }
+                Err(e) => {
+                    tracing::error!(target = %entry.target, error = %e, "delivery refused; report dropped");
+                    Attempt::Drop(e.message)
+                }
+            };
+            if let Err(e) = outbox.record(entry.id, attempt.clone(), Timestamp::now()) {
+                tracing::error!("{e}");
+                unrecorded.insert(entry.id, attempt);
+                write_failed = true;
+            }
         }
-        let sleep = match outbox.next_due() {
+        let mut sleep = match outbox.next_due_for(|t| channels.for_target(t).is_some()) {
             Ok(Some(t)) => Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO),
             _ => Duration::from_secs(3600),
+        };
+        if write_failed {
+            // A full or failing disk: do not spin on it.
+            sleep = sleep.max(outbox::backoff(1));
         }
-        .clamp(Duration::from_millis(50), Duration::from_secs(3600));
+        if poll.load(std::sync::atomic::Ordering::Relaxed) {
+            sleep = sleep.min(Duration::from_secs(60));
+        }
+        let _ = waiting_for_channel;
+        let sleep = sleep.clamp(Duration::from_millis(50), Duration::from_secs(3600));
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
             _ = wake.notified() => {}
@@ -119,21 +151,26 @@ pub async fn run_outbox(outbox: Outbox, channels: Channels, wake: Arc<Notify>, c
 }
 
 /// Move messages the agent sends (answers, the `message` tool) into the outbox.
+/// On cancel, what is already queued is still written before returning.
 pub async fn pump_outbound(
     mut rx: mpsc::Receiver<OutboundMessage>,
     outbox: Outbox,
     wake: Arc<Notify>,
     cancel: CancellationToken,
 ) {
+    let save = |msg: OutboundMessage| match outbox.enqueue(msg.target, &msg.text, "agent") {
+        Ok(_) => wake.notify_one(),
+        Err(e) => tracing::error!("a message could not be queued: {e}"),
+    };
     loop {
-        let msg = tokio::select! {
-            m = rx.recv() => match m { Some(m) => m, None => return },
-            _ = cancel.cancelled() => return,
-        };
-        match outbox.enqueue(msg.target, &msg.text, "agent") {
-            Ok(_) => wake.notify_one(),
-            Err(e) => tracing::error!("a message could not be queued: {e}"),
+        tokio::select! {
+            biased;
+            m = rx.recv() => match m { Some(m) => save(m), None => return },
+            _ = cancel.cancelled() => break,
         }
+    }
+    while let Ok(m) = rx.try_recv() {
+        save(m);
     }
 }
 
@@ -152,6 +189,8 @@ pub enum HeartbeatOutcome {
     Reported { text: String, targets: Vec<Target> },
     /// The turn failed; the reason was queued as the report.
     Failed(String),
+    /// Interrupted by shutdown: nothing reported, the tick is not counted.
+    Cancelled,
 }
 
 /// Everything a heartbeat tick needs.
@@ -166,7 +205,7 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// Run one tick now.
+    /// Run one tick now. `cancel` interrupts the turn.
     pub async fn tick(&self, agent: &Agent, dry_run: bool, cancel: &CancellationToken) -> HeartbeatOutcome {
         let file = std::fs::read_to_string(self.workspace.join("HEARTBEAT.md")).ok();
         let local = Timestamp::now().to_zoned(self.tz.tz().clone());
@@ -188,6 +227,7 @@ impl Heartbeat {
             cancel: cancel.child_token(),
         };
         let (status, outcome) = match agent.turn(req).await {
+            Err(crate::agent::TurnError::Cancelled) => return HeartbeatOutcome::Cancelled,
             Ok(r) if heartbeat::is_ok_reply(&r.text) => ("ok", HeartbeatOutcome::NothingToReport),
             Ok(r) => ("reported", HeartbeatOutcome::Reported { text: r.text, targets: self.config.deliver.clone() }),
             Err(e) => ("error", HeartbeatOutcome::Failed(format!("The heartbeat could not run: {e}"))),
@@ -213,8 +253,9 @@ impl Heartbeat {
     }
 
     /// Tick every `every`, anchored on the last run that called the model
-    /// (persisted), so restarts do not reset the interval.
-    pub async fn run(self, agent: Arc<Agent>, cancel: CancellationToken) {
+    /// (persisted), so restarts do not reset the interval. `stop` ends the
+    /// loop between ticks; `abort` interrupts a tick in progress.
+    pub async fn run(self, agent: Arc<Agent>, stop: CancellationToken, abort: CancellationToken, inflight: InFlight) {
         if !self.config.enabled {
             tracing::info!("heartbeat disabled");
             return;
@@ -223,14 +264,31 @@ impl Heartbeat {
         let mut anchor = self.state.load().last_run;
         loop {
             let now = Timestamp::now();
-            let due = heartbeat::next_due(anchor, every, now);
-            let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = cancel.cancelled() => return,
+            // A last run "in the future" means the clock was wrong (a board
+            // without RTC before NTP sync): treat it as due now.
+            if anchor.is_some_and(|a| a > now) {
+                anchor = None;
             }
-            let outcome = self.tick(&agent, false, &cancel).await;
+            let due = heartbeat::next_due(anchor, every, now);
+            // Sleep in steps of at most a minute: the wall clock may jump meanwhile.
+            let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
+            if !wait.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait.min(Duration::from_secs(60))) => continue,
+                    _ = stop.cancelled() => return,
+                }
+            }
+            if stop.is_cancelled() {
+                return;
+            }
+            let outcome = {
+                let _busy = inflight.enter();
+                self.tick(&agent, false, &abort).await
+            };
             tracing::debug!(?outcome, "heartbeat tick");
+            if outcome == HeartbeatOutcome::Cancelled {
+                return;
+            }
             anchor = Some(Timestamp::now());
         }
     }
@@ -314,6 +372,10 @@ impl JobRunner {
                     .and_then(|(ok, text)| if ok { Ok(text) } else { Err(text) })
             }
         };
+        if self.abort.is_cancelled() {
+            // Stopped by shutdown or Ctrl-C: no report; the scheduler tries a one-shot again.
+            return RunOutcome::cancelled();
+        }
         let (report, outcome) = match result {
             Ok(text) => (text.clone(), RunOutcome::ok(text)),
             Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
@@ -360,9 +422,19 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
+    let _lock = lock_state_dir(&first.paths.state_dir)?;
     let mut loaded = first;
+    let mut previous: Option<crate::config::Loaded> = None;
     loop {
-        let running = start(&loaded)?;
+        let running = match (start(&loaded), previous.take()) {
+            (Ok(r), _) => r,
+            (Err(e), Some(old)) => {
+                tracing::error!("cannot start with the new config ({e:#}); going on with the old one");
+                loaded = old;
+                start(&loaded)?
+            }
+            (Err(e), None) => return Err(e),
+        };
         let stop = tokio::select! {
             _ = term.recv() => Stop::Exit,
             _ = int.recv() => Stop::Exit,
@@ -377,10 +449,44 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
             return Ok(());
         }
         match crate::config::load(explicit_config) {
-            Ok(new) => loaded = new,
+            Ok(new) if new.paths.state_dir != loaded.paths.state_dir => tracing::error!(
+                "the new config moves the state directory to {}: that needs a restart, keeping the old config",
+                new.paths.state_dir.display()
+            ),
+            Ok(new) => previous = Some(std::mem::replace(&mut loaded, new)),
             Err(e) => tracing::error!("the new config has an error, keeping the old one: {e}"),
         }
     }
+}
+
+/// Take `<state>/daemon.lock` for this process: two daemons on one state
+/// directory would run every job twice.
+fn lock_state_dir(state: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    use anyhow::Context as _;
+    std::fs::create_dir_all(state).with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    let path = state.join("daemon.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        if e == nix::errno::Errno::EWOULDBLOCK {
+            anyhow::anyhow!(
+                "another bramble daemon is already running with the state directory {} (is the systemd service running?)",
+                state.display()
+            )
+        } else {
+            anyhow::anyhow!("cannot lock {}: {e}", path.display())
+        }
+    })
+}
+
+/// Whether a daemon holds the state directory (for CLI commands that would race it).
+pub fn daemon_running(state: &std::path::Path) -> bool {
+    let Ok(file) = std::fs::OpenOptions::new().write(true).open(state.join("daemon.lock")) else { return false };
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
 }
 
 /// One generation of running components.
@@ -434,9 +540,10 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
     let channels = Channels::with_log();
 
+    let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tasks.spawn(pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
-    tasks.spawn(run_outbox(outbox.clone(), channels.clone(), wake.clone(), abort.clone()));
-    tasks.spawn(agent.clone().serve(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone()));
+    tasks.spawn(run_outbox(outbox.clone(), channels.clone(), wake.clone(), poll.clone(), abort.clone()));
+    tasks.spawn(agent.clone().serve_until(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone(), abort.clone()));
 
     let tz = c.timezone();
     let scheduler =
@@ -461,20 +568,17 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         outbox: outbox.clone(),
         wake: wake.clone(),
     };
-    let hb_inflight = inflight.clone();
-    let hb_agent = agent.clone();
-    let hb_stop = stop.clone();
-    tasks.spawn(async move {
-        let _ = &hb_inflight;
-        heartbeat.run(hb_agent, hb_stop).await
-    });
+    tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone(), inflight.clone()));
 
     let watch_dir = state.clone();
     let watch_stop = stop.clone();
+    let poll_outbox = poll.clone();
     tasks.spawn(async move {
+        let poll = poll_outbox;
         let watched = vec![("jobs.json", reload), ("outbox.json", wake)];
         if let Err(e) = watch::watch_state_dir(watch_dir, watched, watch_stop).await {
             tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
+            poll.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     });
 

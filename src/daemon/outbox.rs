@@ -141,7 +141,18 @@ impl Outbox {
 
     /// The earliest time a pending entry may be tried, if any.
     pub fn next_due(&self) -> Result<Option<Timestamp>, OutboxError> {
-        Ok(self.read()?.pending.iter().map(|e| e.next_attempt.unwrap_or(e.created)).min())
+        self.next_due_for(|_| true)
+    }
+
+    /// The earliest time a pending entry whose target passes `deliverable` may be tried.
+    pub fn next_due_for(&self, deliverable: impl Fn(&Target) -> bool) -> Result<Option<Timestamp>, OutboxError> {
+        Ok(self
+            .read()?
+            .pending
+            .iter()
+            .filter(|e| deliverable(&e.target))
+            .map(|e| e.next_attempt.unwrap_or(e.created))
+            .min())
     }
 
     /// Record the outcome of an attempt on entry `id`.
@@ -178,7 +189,15 @@ impl Outbox {
     /// Read-modify-write under the lock.
     fn update<T>(&self, change: impl FnOnce(&mut OutboxFile) -> T) -> Result<T, OutboxError> {
         let _lock = self.lock()?;
-        let mut file = self.read_unlocked()?;
+        let mut file = match self.read_unlocked() {
+            Ok(f) => f,
+            // Kept aside already; start a new file with this change rather than losing it.
+            Err(e @ OutboxError::Corrupt { .. }) => {
+                tracing::error!("{e}");
+                OutboxFile::default()
+            }
+            Err(e) => return Err(e),
+        };
         let out = change(&mut file);
         file.version = 1;
         let data = serde_json::to_vec_pretty(&file).map_err(|e| self.io(std::io::Error::other(e)))?;
@@ -299,6 +318,20 @@ mod tests {
         // A fresh outbox starts after that.
         o.enqueue(Target::Log, "new", "agent").unwrap();
         assert_eq!(o.pending().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_report_queued_onto_a_corrupt_outbox_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        std::fs::write(o.path(), b"\x00garbage").unwrap();
+        o.enqueue(Target::Log, "must survive", "job:x").unwrap();
+        assert_eq!(o.pending().unwrap()[0].text, "must survive");
+        let kept = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .any(|e| e.file_name().to_string_lossy().starts_with("outbox.json.corrupt-"));
+        assert!(kept, "the corrupt file is kept aside");
     }
 
     #[test]

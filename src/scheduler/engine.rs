@@ -317,6 +317,12 @@ pub fn mark_finished(
         job.state.push(missed_record(m, started));
     }
     job.state.push(RunRecord { scheduled, started, finished: now, status, summary: summary.to_string() });
+    if status == RunStatus::Cancelled {
+        // Interrupted by shutdown: a one-shot keeps its write-ahead (tried once
+        // more after the restart); a recurring job keeps its schedule, so the
+        // restart plans this occurrence again (on time, or by its catch-up policy).
+        return;
+    }
     job.state.last_error = error.map(str::to_string);
     job.state.running_since = None;
     if job.schedule.is_one_shot() {

@@ -133,6 +133,8 @@ pub enum RunStatus {
     Skipped,
     /// Occurrences that passed without a run, per the catch-up policy.
     Missed,
+    /// Interrupted by shutdown: a one-shot is tried again after the restart.
+    Cancelled,
 }
 
 impl fmt::Display for RunStatus {
@@ -142,6 +144,7 @@ impl fmt::Display for RunStatus {
             RunStatus::Error => "error",
             RunStatus::Skipped => "skipped",
             RunStatus::Missed => "missed",
+            RunStatus::Cancelled => "cancelled",
         })
     }
 }

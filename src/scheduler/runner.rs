@@ -77,7 +77,16 @@ impl RunOutcome {
     pub fn skipped(reason: impl Into<String>) -> RunOutcome {
         RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None }
     }
+
+    /// Interrupted by shutdown before it could finish.
+    pub fn cancelled() -> RunOutcome {
+        RunOutcome { status: RunStatus::Cancelled, summary: "interrupted by shutdown".into(), error: None }
+    }
 }
+
+/// How long a stopping scheduler waits for runs in flight to end (the daemon
+/// cancels them after its own, shorter grace period).
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(20);
 
 /// Runs a due job: the daemon's bridge to the agent, the sandbox and delivery.
 ///
@@ -225,9 +234,27 @@ impl Scheduler {
                 _ = tokio::time::sleep(pass.wake) => {}
             }
         }
+        // Record the runs still going as they end (the daemon bounds how long
+        // they may take and cancels them after its grace period), so a run that
+        // finished during shutdown is not run again after the restart.
         let left = lp.inflight.len();
-        lp.tasks.detach_all();
-        info!(runs_in_flight = left, "scheduler stopped");
+        let drain = async {
+            while let Some(done) = lp.tasks.join_next_with_id().await {
+                let (task, outcome) = match done {
+                    Ok((task, outcome)) => (task, outcome),
+                    Err(e) => (e.id(), RunOutcome::cancelled()),
+                };
+                if let Some(id) = lp.task_jobs.remove(&task) {
+                    lp.finished(&id, outcome);
+                }
+            }
+        };
+        // Bounded: an executor that ignores cancellation cannot hold shutdown forever.
+        if tokio::time::timeout(SHUTDOWN_DRAIN, drain).await.is_err() {
+            warn!(runs = lp.inflight.len(), "runs still going at shutdown; leaving them unrecorded");
+            lp.tasks.detach_all();
+        }
+        info!(runs_in_flight_at_stop = left, "scheduler stopped");
     }
 }
 
@@ -717,7 +744,18 @@ mod tests {
         // 35–60; then 60 is on time (40 and 50 reported missed). Never two at once.
         assert_eq!(slow, [t("00:10"), t("00:30"), t("01:00")]);
         let hist: Vec<_> = h.job("slow").state.history.iter().map(|r| (r.status, r.scheduled)).collect();
-        assert_eq!(hist, [(RunStatus::Ok, t("00:10")), (RunStatus::Missed, t("00:20")), (RunStatus::Ok, t("00:30"))]);
+        // The 01:00 run was still going when the scheduler stopped: it is waited
+        // for and recorded (with the occurrences it had skipped), not lost.
+        assert_eq!(
+            hist,
+            [
+                (RunStatus::Ok, t("00:10")),
+                (RunStatus::Missed, t("00:20")),
+                (RunStatus::Ok, t("00:30")),
+                (RunStatus::Missed, t("00:50")),
+                (RunStatus::Ok, t("01:00"))
+            ]
+        );
     }
 
     /// A store whose jobs were planned long ago: the daemon was down from 08:05 to 13:05.
