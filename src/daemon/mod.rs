@@ -270,11 +270,12 @@ impl Heartbeat {
                 anchor = None;
             }
             let due = heartbeat::next_due(anchor, every, now);
-            // Sleep in steps of at most a minute: the wall clock may jump meanwhile.
+            // Sleep in steps of at most ten minutes: the wall clock may jump
+            // meanwhile (NTP after boot), and the anchor is wall time.
             let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
             if !wait.is_zero() {
                 tokio::select! {
-                    _ = tokio::time::sleep(wait.min(Duration::from_secs(60))) => continue,
+                    _ = tokio::time::sleep(wait.min(Duration::from_secs(600))) => continue,
                     _ = stop.cancelled() => return,
                 }
             }
