@@ -36,14 +36,29 @@ impl Daemon {
         Daemon { child: cmd.spawn().expect("spawn bramble run") }
     }
 
-    fn signal(&self, sig: nix::sys::signal::Signal) {
+    /// Wait until the daemon catches SIGTERM and SIGHUP (`SigCgt` in
+    /// /proc), so a signal is never sent before its handler is installed.
+    async fn handlers_ready(&self) {
+        let pid = self.child.id().expect("running");
+        let caught = || {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| s.lines().find_map(|l| l.strip_prefix("SigCgt:").map(|v| v.trim().to_string())))
+                .and_then(|hex| u64::from_str_radix(&hex, 16).ok())
+                .is_some_and(|mask| mask & (1 << 14) != 0 && mask & 1 != 0)
+        };
+        assert!(wait_until(20, caught).await, "the daemon installed its signal handlers");
+    }
+
+    async fn signal(&self, sig: nix::sys::signal::Signal) {
+        self.handlers_ready().await;
         let pid = nix::unistd::Pid::from_raw(self.child.id().expect("running") as i32);
         nix::sys::signal::kill(pid, sig).expect("signal");
     }
 
     /// SIGTERM, then the exit status and everything it logged.
     async fn stop(self) -> (Option<i32>, String) {
-        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.signal(nix::sys::signal::Signal::SIGTERM).await;
         let out = tokio::time::timeout(Duration::from_secs(20), self.child.wait_with_output())
             .await
             .expect("daemon stops within 20 s")
@@ -227,10 +242,10 @@ async fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     let daemon = Daemon::start(dir.path(), Some(&cfg));
     tokio::time::sleep(Duration::from_millis(800)).await;
     std::fs::write(&cfg, "[heartbeat]\nenabled = nope\n").unwrap();
-    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    daemon.signal(nix::sys::signal::Signal::SIGHUP).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     std::fs::write(&cfg, "[heartbeat]\nenabled = false\n[exec]\ntimeout = \"5s\"\n").unwrap();
-    daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    daemon.signal(nix::sys::signal::Signal::SIGHUP).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     let (code, log) = daemon.stop().await;
     assert_eq!(code, Some(0), "{log}");
