@@ -31,6 +31,17 @@ pub enum Target {
 }
 
 impl Target {
+    /// The target that means "back to the chat a message came from".
+    pub fn origin(channel: &str, chat_id: &str) -> Target {
+        match channel {
+            "telegram" => Target::Telegram(chat_id.to_string()),
+            "mqtt" if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
+            "mqtt" => Target::Mqtt(None),
+            "cli" => Target::Cli,
+            _ => Target::Log,
+        }
+    }
+
     /// The channel that delivers to this target.
     pub fn channel(&self) -> &'static str {
         match self {

@@ -165,7 +165,8 @@ fn read_prompt_file(path: &Path) -> Option<String> {
     meaningful.then(|| text.trim().to_string())
 }
 
-fn strip_html_comments(text: &str) -> String {
+/// `text` without `<!-- … -->` comments (an unclosed one runs to the end).
+pub fn strip_html_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("<!--") {

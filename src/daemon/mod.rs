@@ -396,11 +396,8 @@ pub fn job_targets(job: &Job) -> Vec<Target> {
     if !job.deliver.is_empty() {
         return job.deliver.clone();
     }
-    let origin = job.origin.as_ref().map(|o| match o.channel.as_str() {
-        "telegram" => Target::Telegram(o.chat_id.clone()),
-        "mqtt" => Target::Mqtt(Some(o.chat_id.clone()).filter(|c| !c.is_empty())),
-        _ => Target::Log,
-    });
+    // A job made in the terminal has no terminal to report to later: the log.
+    let origin = job.origin.as_ref().map(|o| Target::origin(&o.channel, &o.chat_id)).filter(|t| *t != Target::Cli);
     vec![origin.unwrap_or(Target::Log)]
 }
 

@@ -26,7 +26,7 @@ pub const HEARTBEAT_OK: &str = "HEARTBEAT_OK";
 
 /// The tasks listed under `## Active Tasks`.
 pub fn active_tasks(markdown: &str) -> Vec<String> {
-    let text = strip_comments(markdown);
+    let text = crate::agent::context::strip_html_comments(markdown);
     let mut tasks = Vec::new();
     let mut in_section = false;
     for line in text.lines() {
@@ -49,20 +49,6 @@ pub fn active_tasks(markdown: &str) -> Vec<String> {
         tasks.push(t.to_string());
     }
     tasks
-}
-
-fn strip_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("<!--") {
-        out.push_str(&rest[..start]);
-        rest = match rest[start..].find("-->") {
-            Some(end) => &rest[start + end + 3..],
-            None => "",
-        };
-    }
-    out.push_str(rest);
-    out
 }
 
 /// What a heartbeat tick should do.

@@ -28,17 +28,6 @@ impl MessageTool {
     }
 }
 
-/// The target that means "the chat this turn came from".
-pub fn origin_target(ctx: &ToolContext) -> Target {
-    match ctx.channel.as_str() {
-        "telegram" => Target::Telegram(ctx.chat_id.clone()),
-        "mqtt" if !ctx.chat_id.is_empty() => Target::Mqtt(Some(ctx.chat_id.clone())),
-        "mqtt" => Target::Mqtt(None),
-        "cli" => Target::Cli,
-        _ => Target::Log,
-    }
-}
-
 #[derive(Deserialize)]
 struct Args {
     content: String,
@@ -75,7 +64,7 @@ impl Tool for MessageTool {
             }
             let target = match args.target.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
                 Some(t) => t.parse::<Target>().map_err(ToolError)?,
-                None => origin_target(ctx),
+                None => Target::origin(&ctx.channel, &ctx.chat_id),
             };
             let msg = OutboundMessage { target: target.clone(), text: args.content };
             match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(msg)).await {
