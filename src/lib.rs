@@ -25,6 +25,7 @@ pub mod logging;
 pub mod provider;
 pub mod sandbox;
 pub mod scheduler;
+pub mod timer;
 pub mod tools;
 
 /// Install rustls' ring crypto provider as the process default.

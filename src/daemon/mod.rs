@@ -143,7 +143,7 @@ pub async fn run_outbox(
         let _ = waiting_for_channel;
         let sleep = sleep.clamp(Duration::from_millis(50), Duration::from_secs(3600));
         tokio::select! {
-            _ = tokio::time::sleep(sleep) => {}
+            _ = crate::timer::sleep(sleep) => {}
             _ = wake.notified() => {}
             _ = cancel.cancelled() => return,
         }
@@ -275,7 +275,7 @@ impl Heartbeat {
             let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
             if !wait.is_zero() {
                 tokio::select! {
-                    _ = tokio::time::sleep(wait.min(Duration::from_secs(600))) => continue,
+                    _ = crate::timer::sleep(wait.min(Duration::from_secs(600))) => continue,
                     _ = stop.cancelled() => return,
                 }
             }

@@ -231,7 +231,7 @@ impl Scheduler {
                 }
                 _ = reload.notified() => force_reload = true,
                 Some(key) = run_now_rx.recv() => lp.manual.push(key),
-                _ = tokio::time::sleep(pass.wake) => {}
+                _ = crate::timer::sleep(pass.wake) => {}
             }
         }
         // Record the runs still going as they end (the daemon bounds how long
