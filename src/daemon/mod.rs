@@ -13,6 +13,7 @@
 //! reminders and exec jobs still run.
 
 pub mod outbox;
+pub mod systemd;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -439,8 +440,14 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
             _ = hup.recv() => Stop::Reload,
         };
         match stop {
-            Stop::Exit => tracing::info!("stopping"),
-            Stop::Reload => tracing::info!("SIGHUP: reloading the config and jobs"),
+            Stop::Exit => {
+                tracing::info!("stopping");
+                systemd::stopping();
+            }
+            Stop::Reload => {
+                tracing::info!("SIGHUP: reloading the config and jobs");
+                systemd::reloading();
+            }
         }
         running.stop().await;
         if stop == Stop::Exit {
@@ -580,11 +587,14 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         }
     });
 
-    log_startup(loaded, &agent, &channels);
+    tasks.spawn(systemd::watchdog(abort.clone()));
+    let summary = log_startup(loaded, &agent, &channels);
+    systemd::ready(&summary);
     Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
 }
 
-fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels) {
+/// Log what runs and what is missing; returns a one-line status for systemd.
+fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels) -> String {
     let c = &loaded.config;
     match agent.provider_problem() {
         None => tracing::info!(provider = c.provider.kind.as_str(), model = %c.model(), "provider ready"),
@@ -605,4 +615,10 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
         channels = %channels.names().join(", "),
         "bramble {} running", env!("CARGO_PKG_VERSION")
     );
+    format!(
+        "running: {jobs} jobs, heartbeat {}, channels {}{}",
+        if c.heartbeat.enabled { c.heartbeat.every.to_string() } else { "off".into() },
+        channels.names().join(", "),
+        if agent.provider_problem().is_some() { ", no LLM provider" } else { "" }
+    )
 }

@@ -1,0 +1,93 @@
+//! Talking to systemd: `Type=notify` readiness, status lines, the watchdog.
+//!
+//! Everything here is a no-op outside systemd (no `NOTIFY_SOCKET`), so the
+//! daemon behaves the same from a terminal. READY=1 is sent only once the
+//! scheduler, heartbeat, outbox and channels have been started, so
+//! `systemctl start` returns when bramble is really up.
+//!
+//! The watchdog is pinged by a task on the same single-threaded runtime that
+//! runs everything else: if that runtime hangs, the pings stop and systemd
+//! restarts the service (`WatchdogSec=` in the unit).
+
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio_util::sync::CancellationToken;
+
+fn send(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::debug!("sd_notify failed: {e}");
+    }
+}
+
+/// All components are up.
+pub fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// A status line for `systemctl status`.
+pub fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
+}
+
+/// Reloading the config (SIGHUP); `ready` follows when done.
+pub fn reloading() {
+    send(&[NotifyState::Reloading, NotifyState::Status("reloading")]);
+}
+
+/// Shutting down.
+pub fn stopping() {
+    send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+}
+
+/// Ping the watchdog at half its interval until cancelled. Returns at once when
+/// systemd did not enable a watchdog for this process.
+pub async fn watchdog(cancel: CancellationToken) {
+    let Some(interval) = sd_notify::watchdog_enabled() else { return };
+    let every = (interval / 2).max(Duration::from_millis(100));
+    tracing::debug!(?every, "systemd watchdog enabled");
+    loop {
+        send(&[NotifyState::Watchdog]);
+        tokio::select! {
+            _ = crate::timer::sleep(every) => {}
+            _ = cancel.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixDatagram;
+
+    /// A fake systemd notify socket receives what the daemon would send.
+    /// (One test touches the process environment, so all cases live here.
+    /// Multi-threaded: the blocking `recv` must not stall the pinging task.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn notifications_reach_the_notify_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify.sock");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        std::env::set_var("NOTIFY_SOCKET", &path);
+        std::env::set_var("WATCHDOG_USEC", "400000");
+        std::env::remove_var("WATCHDOG_PID");
+        let recv = || {
+            let mut buf = [0u8; 512];
+            let n = sock.recv(&mut buf).unwrap();
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        };
+        ready("running: 3 jobs");
+        assert_eq!(recv(), "READY=1\nSTATUS=running: 3 jobs\n");
+        stopping();
+        assert_eq!(recv(), "STOPPING=1\nSTATUS=stopping\n");
+        let cancel = CancellationToken::new();
+        let pinger = tokio::spawn(watchdog(cancel.clone()));
+        assert_eq!(recv(), "WATCHDOG=1\n");
+        assert_eq!(recv(), "WATCHDOG=1\n", "pinged again at half the interval");
+        cancel.cancel();
+        pinger.await.unwrap();
+        std::env::remove_var("NOTIFY_SOCKET");
+        std::env::remove_var("WATCHDOG_USEC");
+    }
+}
