@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Cross-build release binaries for Raspberry Pi boards on a Debian 12 x86-64
+# machine, with Debian's own Rust (rustc-web) and multiarch standard libraries:
+#
+#   cross/build.sh aarch64     # Pi 3/4/5, Zero 2 W on 64-bit Raspberry Pi OS
+#   cross/build.sh armv7       # 32-bit Raspberry Pi OS on ARMv7 boards (Pi 2/3/4)
+#   cross/build.sh --install aarch64   # first install the toolchain (root, apt-get)
+#
+# Output: target-cross/<triple>/release/bramble, checked with `file` and
+# `readelf -A` (the field has shipped "armv6" binaries that were really ARMv7).
+# ARMv6 boards (Pi Zero W, Pi 1) are not served by the armv7 binary.
+# Needs glibc >= 2.34 on the board: Raspberry Pi OS bookworm (2.36) works,
+# bullseye (2.31) does not.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+install=0
+if [ "${1:-}" = "--install" ]; then install=1; shift; fi
+arch="${1:-aarch64}"
+case "$arch" in
+    aarch64|arm64) triple=aarch64-unknown-linux-gnu; deb=arm64; gcc=aarch64-linux-gnu-gcc; libc=libc6-dev-arm64-cross
+                   env_triple=AARCH64_UNKNOWN_LINUX_GNU; cc_var=CC_aarch64_unknown_linux_gnu; want="AArch64" ;;
+    armv7|armhf)   triple=armv7-unknown-linux-gnueabihf; deb=armhf; gcc=arm-linux-gnueabihf-gcc; libc=libc6-dev-armhf-cross
+                   env_triple=ARMV7_UNKNOWN_LINUX_GNUEABIHF; cc_var=CC_armv7_unknown_linux_gnueabihf; want="v7" ;;
+    *) echo "usage: $0 [--install] aarch64|armv7" >&2; exit 2 ;;
+esac
+
+if [ "$install" = 1 ]; then
+    dpkg --add-architecture "$deb"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        rustc-web cargo-web "libstd-rust-web-dev:$deb" "gcc-${gcc%-gcc}" "$libc" qemu-user-static file binutils
+fi
+
+command -v "$gcc" >/dev/null || { echo "$gcc not found: run $0 --install $arch" >&2; exit 1; }
+[ -x /usr/bin/rustc ] || { echo "/usr/bin/rustc (Debian's rustc-web) not found: run $0 --install $arch" >&2; exit 1; }
+
+# A target dir of its own: a different rustc would otherwise rebuild the native artifacts.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-cross}"
+export RUSTC=/usr/bin/rustc
+export "CARGO_TARGET_${env_triple}_LINKER=$gcc"
+export "$cc_var=$gcc"
+cargo build --release --locked --target "$triple"
+
+bin="$CARGO_TARGET_DIR/$triple/release/bramble"
+file "$bin"
+if [ "$arch" = armv7 ] || [ "$arch" = armhf ]; then
+    readelf -A "$bin" | grep -E "Tag_CPU_arch:" || true
+    readelf -A "$bin" | grep -q "Tag_CPU_arch: v7" || { echo "error: $bin is not an ARMv7 binary" >&2; exit 1; }
+else
+    file "$bin" | grep -q "ARM aarch64" || { echo "error: $bin is not an aarch64 binary" >&2; exit 1; }
+fi
+echo "glibc needed: $(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
+ls -l "$bin"
