@@ -99,7 +99,6 @@ pub async fn run_outbox(
             write_failed = true;
             Vec::new()
         });
-        let mut waiting_for_channel = false;
         for entry in due {
             if unrecorded.contains_key(&entry.id) {
                 continue;
@@ -110,7 +109,6 @@ pub async fn run_outbox(
                     warned.push(name);
                     tracing::warn!(target = %entry.target, "no `{name}` channel is configured: its reports wait in the outbox");
                 }
-                waiting_for_channel = true;
                 continue;
             };
             let attempt = match ch.deliver(&entry.target, &entry.text).await {
@@ -141,7 +139,6 @@ pub async fn run_outbox(
         if poll.load(std::sync::atomic::Ordering::Relaxed) {
             sleep = sleep.min(Duration::from_secs(60));
         }
-        let _ = waiting_for_channel;
         let sleep = sleep.clamp(Duration::from_millis(50), Duration::from_secs(3600));
         tokio::select! {
             _ = crate::timer::sleep(sleep) => {}
