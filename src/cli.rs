@@ -499,6 +499,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
     let abort = tokio_util::sync::CancellationToken::new();
     let wake = Arc::new(tokio::sync::Notify::new());
     let pump = tokio::spawn(crate::daemon::pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
+    let inflight = agent.inflight().clone();
     let runner = crate::daemon::JobRunner {
         agent,
         outbox,
@@ -506,7 +507,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
         exec: loaded.config.exec.clone(),
         workspace: loaded.paths.workspace.clone(),
         abort: abort.clone(),
-        inflight: Default::default(),
+        inflight,
     };
     let started = jiff::Timestamp::now();
     let ctrl_c = abort.clone();

@@ -273,3 +273,25 @@ async fn the_bus_turns_inbound_messages_into_replies() {
     cancel.cancel();
     serve.await.unwrap();
 }
+
+/// Shutdown's grace period waits for turns: a running turn counts as work in flight.
+#[tokio::test]
+async fn a_running_turn_counts_as_work_in_flight() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    fake.push(calls(&[("exec", r#"{"command":"sleep 0.4"}"#)]));
+    fake.push(Reply::Text("ok".into()));
+    let (agent, _out) = home.agent();
+    assert_eq!(agent.inflight().count(), 0);
+    let watcher = async {
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        let during = agent.inflight().count();
+        let drained = agent.inflight().drained(std::time::Duration::from_secs(10)).await;
+        (during, drained)
+    };
+    let (report, (during, drained)) = tokio::join!(agent.turn(TurnRequest::cli("s", "go")), watcher);
+    report.unwrap();
+    assert_eq!(during, 1, "counted while running");
+    assert!(drained, "drained once the turn ended");
+    assert_eq!(agent.inflight().count(), 0);
+}

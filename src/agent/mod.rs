@@ -21,7 +21,7 @@ pub mod session;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -108,6 +108,44 @@ pub enum TurnError {
     Cancelled,
 }
 
+/// Counts work in flight so shutdown can give it a grace period: every turn
+/// enters it, and the daemon's job runner adds reminders and exec jobs.
+#[derive(Clone, Default)]
+pub struct InFlight(Arc<(std::sync::atomic::AtomicUsize, Notify)>);
+
+/// Held while one piece of work runs.
+pub struct InFlightGuard(InFlight);
+
+impl InFlight {
+    pub fn enter(&self) -> InFlightGuard {
+        self.0 .0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+    pub fn count(&self) -> usize {
+        self.0 .0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// Wait until nothing is in flight, or `limit` passes. Returns whether it drained.
+    pub async fn drained(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.0 .1.notified();
+            if self.count() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.count() == 0;
+            }
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0 .0 .0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0 .0 .1.notify_waiters();
+    }
+}
+
 /// The agent: provider, tools, sessions and the context builder.
 pub struct Agent {
     provider: Result<Arc<dyn Provider>, String>,
@@ -119,6 +157,7 @@ pub struct Agent {
     specs: Vec<ToolSpec>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     turn_slots: Semaphore,
+    inflight: InFlight,
 }
 
 impl Agent {
@@ -140,6 +179,7 @@ impl Agent {
             settings,
             locks: Mutex::new(HashMap::new()),
             turn_slots: Semaphore::new(MAX_CONCURRENT_TURNS),
+            inflight: InFlight::default(),
         }
     }
 
@@ -159,6 +199,11 @@ impl Agent {
         &self.context
     }
 
+    /// Work in flight: turns running or queued for their session.
+    pub fn inflight(&self) -> &InFlight {
+        &self.inflight
+    }
+
     /// Why there is no provider, if there is none.
     pub fn provider_problem(&self) -> Option<&str> {
         self.provider.as_ref().err().map(String::as_str)
@@ -170,6 +215,7 @@ impl Agent {
             Ok(p) => Arc::clone(p),
             Err(why) => return Err(ProviderError::NotConfigured(why.clone()).into()),
         };
+        let _busy = self.inflight.enter();
         // The session first, then a slot: turns queued on one busy chat must not
         // hold slots that other sessions (the heartbeat, jobs) need.
         let session = SessionLock::new(self, &req.session_key);

@@ -25,7 +25,7 @@ use jiff::Timestamp;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, TurnRequest};
+use crate::agent::{Agent, InFlight, TurnRequest};
 use crate::bus::{OutboundMessage, Target};
 use crate::channels::{log::LogChannel, Channel};
 use crate::config::{HeartbeatConfig, TzName};
@@ -253,7 +253,7 @@ impl Heartbeat {
     /// Tick every `every`, anchored on the last run that called the model
     /// (persisted), so restarts do not reset the interval. `stop` ends the
     /// loop between ticks; `abort` interrupts a tick in progress.
-    pub async fn run(self, agent: Arc<Agent>, stop: CancellationToken, abort: CancellationToken, inflight: InFlight) {
+    pub async fn run(self, agent: Arc<Agent>, stop: CancellationToken, abort: CancellationToken) {
         if !self.config.enabled {
             tracing::info!("heartbeat disabled");
             return;
@@ -280,53 +280,14 @@ impl Heartbeat {
             if stop.is_cancelled() {
                 return;
             }
-            let outcome = {
-                let _busy = inflight.enter();
-                self.tick(&agent, false, &abort).await
-            };
+            // The turn counts itself as work in flight (see `Agent::inflight`).
+            let outcome = self.tick(&agent, false, &abort).await;
             tracing::debug!(?outcome, "heartbeat tick");
             if outcome == HeartbeatOutcome::Cancelled {
                 return;
             }
             anchor = Some(Timestamp::now());
         }
-    }
-}
-
-/// Counts work in flight (job runs, heartbeat turns) so shutdown can wait for it.
-#[derive(Clone, Default)]
-pub struct InFlight(Arc<(std::sync::atomic::AtomicUsize, Notify)>);
-
-/// Held while one piece of work runs.
-pub struct InFlightGuard(InFlight);
-
-impl InFlight {
-    pub fn enter(&self) -> InFlightGuard {
-        self.0 .0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        InFlightGuard(self.clone())
-    }
-    pub fn count(&self) -> usize {
-        self.0 .0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-    /// Wait until nothing is in flight, or `limit` passes. Returns whether it drained.
-    pub async fn drained(&self, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.0 .1.notified();
-            if self.count() == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.count() == 0;
-            }
-        }
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0 .0 .0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        self.0 .0 .1.notify_waiters();
     }
 }
 
@@ -340,6 +301,7 @@ pub struct JobRunner {
     pub workspace: PathBuf,
     /// Cancelled when running work must stop (shutdown after the grace period).
     pub abort: CancellationToken,
+    /// The agent's counter: reminders and exec jobs count as work in flight too.
     pub inflight: InFlight,
 }
 
@@ -533,13 +495,14 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     }
     let stop = CancellationToken::new();
     let abort = CancellationToken::new();
-    let inflight = InFlight::default();
     let mut tasks = tokio::task::JoinSet::new();
 
     let outbox = Outbox::new(state);
     let wake = Arc::new(Notify::new());
     let bus = crate::bus::Bus::new();
     let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+    // Turns (chat, jobs, heartbeat), reminders and exec jobs: what shutdown waits for.
+    let inflight = agent.inflight().clone();
     let channels = Channels::with_log();
 
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -570,7 +533,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         outbox: outbox.clone(),
         wake: wake.clone(),
     };
-    tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone(), inflight.clone()));
+    tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone()));
 
     let watch_dir = state.clone();
     let watch_stop = stop.clone();
