@@ -320,32 +320,51 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// An agent for a one-off command (`heartbeat`, `cron run`): what it sends
+/// (the `message` tool) goes into the outbox, for the daemon to deliver.
+struct QueuedAgent {
+    agent: Arc<Agent>,
+    outbox: crate::daemon::outbox::Outbox,
+    wake: Arc<tokio::sync::Notify>,
+    /// Cancels the work (Ctrl-C) and, at the end, the outbox pump.
+    cancel: tokio_util::sync::CancellationToken,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl QueuedAgent {
+    fn new(loaded: &Loaded) -> QueuedAgent {
+        let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+        let bus = Bus::new();
+        let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let pump =
+            tokio::spawn(crate::daemon::pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), cancel.clone()));
+        QueuedAgent { agent, outbox, wake, cancel, pump }
+    }
+
+    /// Stop the pump once everything queued so far is in the outbox.
+    async fn finish(self) {
+        drop(self.agent);
+        self.cancel.cancel();
+        let _ = self.pump.await;
+    }
+}
+
 async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
     use crate::daemon::{Heartbeat, HeartbeatOutcome};
     let c = &loaded.config;
-    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
-    let bus = Bus::new();
-    let agent = Agent::from_config(loaded, bus.outbound_tx.clone());
-    let cancel = tokio_util::sync::CancellationToken::new();
-    // What the agent sends with the `message` tool waits in the outbox for the daemon.
-    let pump = tokio::spawn(crate::daemon::pump_outbound(
-        bus.outbound_rx,
-        outbox.clone(),
-        Arc::new(tokio::sync::Notify::new()),
-        cancel.clone(),
-    ));
+    let run = QueuedAgent::new(loaded);
     let hb = Heartbeat {
         config: c.heartbeat.clone(),
         workspace: loaded.paths.workspace.clone(),
         tz: c.timezone(),
         state: crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir),
-        outbox,
-        wake: Arc::new(tokio::sync::Notify::new()),
+        outbox: run.outbox.clone(),
+        wake: run.wake.clone(),
     };
-    let outcome = hb.tick(&agent, dry_run, &cancel).await;
-    drop(agent);
-    cancel.cancel();
-    let _ = pump.await;
+    let outcome = hb.tick(&run.agent, dry_run, &run.cancel).await;
+    run.finish().await;
     let targets = |t: &[Target]| t.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     let hb_file = loaded.paths.workspace.join("HEARTBEAT.md");
     match outcome {
@@ -493,21 +512,16 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
             when(Some(since), &loaded.config.timezone())
         );
     }
-    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
-    let bus = Bus::new();
-    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
-    let abort = tokio_util::sync::CancellationToken::new();
-    let wake = Arc::new(tokio::sync::Notify::new());
-    let pump = tokio::spawn(crate::daemon::pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
-    let inflight = agent.inflight().clone();
+    let run = QueuedAgent::new(loaded);
+    let abort = run.cancel.clone();
     let runner = crate::daemon::JobRunner {
-        agent,
-        outbox,
-        wake,
+        agent: run.agent.clone(),
+        outbox: run.outbox.clone(),
+        wake: run.wake.clone(),
         exec: loaded.config.exec.clone(),
         workspace: loaded.paths.workspace.clone(),
         abort: abort.clone(),
-        inflight,
+        inflight: run.agent.inflight().clone(),
     };
     let started = jiff::Timestamp::now();
     let ctrl_c = abort.clone();
@@ -520,8 +534,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
     stop.abort();
     drop(runner);
     let interrupted = abort.is_cancelled();
-    abort.cancel();
-    let _ = pump.await;
+    run.finish().await;
     if interrupted {
         // Ctrl-C: nothing recorded, nothing reported; the job keeps its schedule.
         eprintln!("(stopped)");
@@ -570,10 +583,7 @@ fn kind_name(k: &crate::scheduler::JobKind) -> &'static str {
 
 /// A time in the configured zone, or `-`.
 fn when(t: Option<jiff::Timestamp>, tz: &config::TzName) -> String {
-    match t {
-        Some(t) => t.to_zoned(tz.tz().clone()).strftime("%Y-%m-%d %H:%M:%S %Z").to_string(),
-        None => "-".into(),
-    }
+    crate::scheduler::schedule::local_time(t, tz.tz())
 }
 
 fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {

@@ -161,7 +161,7 @@ impl Schedule {
     pub fn describe(&self, default_tz: &TimeZone) -> String {
         match self {
             Schedule::Every { every, anchor } => {
-                format!("every {every} (from {})", anchor.to_zoned(default_tz.clone()).strftime("%Y-%m-%d %H:%M:%S %Z"))
+                format!("every {every} (from {})", local_time(Some(*anchor), default_tz))
             }
             Schedule::Cron { expr, tz } => {
                 let zone = tz.as_deref().unwrap_or_else(|| default_tz.iana_name().unwrap_or("local"));
@@ -171,7 +171,7 @@ impl Schedule {
                 }
             }
             Schedule::At { at } => {
-                format!("once at {}", at.to_zoned(default_tz.clone()).strftime("%Y-%m-%d %H:%M:%S %Z"))
+                format!("once at {}", local_time(Some(*at), default_tz))
             }
         }
     }
@@ -206,6 +206,14 @@ fn check_every(text: &str, every: Dur) -> Result<Dur, ScheduleError> {
 }
 
 /// Read an interval for `--every`: `90s`, `10m`, `2h`, `1d`, `1h30m` (at least 1 s, whole seconds).
+/// A time as users read it in `zone` (`2026-11-22 09:00:00 CET`), or `-` for none.
+pub fn local_time(t: Option<Timestamp>, zone: &TimeZone) -> String {
+    match t {
+        Some(t) => t.to_zoned(zone.clone()).strftime("%Y-%m-%d %H:%M:%S %Z").to_string(),
+        None => "-".into(),
+    }
+}
+
 pub fn parse_every(text: &str) -> Result<Dur, ScheduleError> {
     let every: Dur = text.parse().map_err(|reason: String| ScheduleError::Every { text: text.to_string(), reason })?;
     check_every(text, every)

@@ -114,7 +114,7 @@ fn err(e: impl std::fmt::Display) -> ToolError {
 }
 
 fn when(t: Option<jiff::Timestamp>, tz: &TzName) -> String {
-    t.map(|t| t.to_zoned(tz.tz().clone()).strftime("%Y-%m-%d %H:%M %Z").to_string()).unwrap_or_else(|| "-".into())
+    sched::schedule::local_time(t, tz.tz())
 }
 
 /// A name from the first words of the text plus a few random characters.
