@@ -2,8 +2,7 @@
 //! systemd). Always available, so a report has somewhere to go even on a board
 //! with no Telegram or MQTT configured.
 
-use super::{Channel, DeliveryError};
-use crate::bus::Target;
+use super::{Channel, DeliveryError, Report};
 use crate::provider::BoxFuture;
 
 pub struct LogChannel;
@@ -13,9 +12,9 @@ impl Channel for LogChannel {
         "log"
     }
 
-    fn deliver<'a>(&'a self, _target: &'a Target, text: &'a str) -> BoxFuture<'a, Result<(), DeliveryError>> {
+    fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            tracing::info!(channel = "log", "report: {text}");
+            tracing::info!(channel = "log", source = report.source, "report: {}", report.text);
             Ok(())
         })
     }

@@ -30,10 +30,21 @@ impl DeliveryError {
     }
 }
 
+/// One report to deliver: where, what, and what produced it.
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a> {
+    pub target: &'a Target,
+    pub text: &'a str,
+    /// What produced it: `agent` (an answer or the `message` tool), `heartbeat`,
+    /// `job:<name>`, `trigger:<topic>`. A channel may route on it (MQTT publishes
+    /// heartbeat reports on `<prefix>/heartbeat`).
+    pub source: &'a str,
+}
+
 /// Something that can deliver text to some targets.
 pub trait Channel: Send + Sync {
     /// `telegram`, `mqtt`, `log`: matches [`Target::channel`].
     fn name(&self) -> &'static str;
-    /// Deliver one message. Ok means the other side accepted it.
-    fn deliver<'a>(&'a self, target: &'a Target, text: &'a str) -> BoxFuture<'a, Result<(), DeliveryError>>;
+    /// Deliver one report. Ok means the other side accepted it.
+    fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>>;
 }

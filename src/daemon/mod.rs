@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, InFlight, TurnRequest};
 use crate::bus::{OutboundMessage, Target};
-use crate::channels::{log::LogChannel, Channel};
+use crate::channels::{log::LogChannel, Channel, Report};
 use crate::config::{HeartbeatConfig, TzName};
 use crate::scheduler::heartbeat::{self, Decision, HeartbeatState, StateFile};
 use crate::scheduler::{Job, JobExecutor, JobKind, JobStore, RunOutcome, Scheduler};
@@ -111,7 +111,10 @@ pub async fn run_outbox(
                 }
                 continue;
             };
-            let attempt = match ch.deliver(&entry.target, &entry.text).await {
+            let attempt = match ch
+                .deliver(Report { target: &entry.target, text: &entry.text, source: &entry.source })
+                .await
+            {
                 Ok(()) => Attempt::Delivered,
                 Err(e) if e.retryable => {
                     tracing::warn!(target = %entry.target, attempt = entry.attempts + 1, error = %e, "delivery failed; will retry");
