@@ -179,10 +179,20 @@ fn check(explicit: Option<&Path>) -> ExitCode {
         Some(p) => println!("{}: ok", p.display()),
         None => println!("no config file at {} (all defaults): ok", config::default_config_path().display()),
     }
+    println!("telegram: {}", telegram_summary(&loaded.config.telegram));
     for w in config::warnings(&loaded) {
         println!("warning: {w}");
     }
     ExitCode::SUCCESS
+}
+
+/// Whether Telegram is configured and who may use it (no network).
+fn telegram_summary(t: &config::TelegramConfig) -> String {
+    match (t.token(), t.allow_from.len()) {
+        (None, _) => "not configured".into(),
+        (Some(_), 0) => "configured, but allow_from is empty: it answers nobody".into(),
+        (Some(_), n) => format!("configured, {n} allowed user{}", if n == 1 { "" } else { "s" }),
+    }
 }
 
 fn init(explicit: Option<&Path>, workspace: Option<&Path>) -> anyhow::Result<ExitCode> {
@@ -284,7 +294,10 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
     if let Some(why) = agent.provider_problem() {
         eprintln!("warning: {why}");
     }
-    eprintln!("bramble {} — session `{session}`. Type a message; `exit` or Ctrl-D to quit.", env!("CARGO_PKG_VERSION"));
+    eprintln!(
+        "bramble {} — session `{session}`. Type a message; /help for commands; `exit` or Ctrl-D to quit.",
+        env!("CARGO_PKG_VERSION")
+    );
     loop {
         print!("you> ");
         std::io::stdout().flush().ok();
@@ -302,6 +315,10 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         if text.is_empty() {
+            continue;
+        }
+        if let Some(inv) = crate::agent::commands::parse(text) {
+            println!("bramble> {}\n", crate::agent::commands::execute(agent, session, &inv).await);
             continue;
         }
         let req = TurnRequest::cli(session, text);
@@ -617,7 +634,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         },
         if c.web.enabled { "on" } else { "off" }
     );
-    println!("telegram:   {}", if c.telegram.token().is_some() { "configured" } else { "not configured" });
+    println!("telegram:   {}", telegram_summary(&c.telegram));
     println!(
         "mqtt:       {}",
         c.mqtt.url.as_ref().map(|u| format!("{}:{}", u.host, u.port)).unwrap_or_else(|| "not configured".into())

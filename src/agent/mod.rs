@@ -15,6 +15,7 @@
 //! - A turn's messages reach the session file in one append when the turn
 //!   ends; a failed or cancelled turn leaves the session as it was.
 
+pub mod commands;
 pub mod context;
 pub mod session;
 
@@ -158,6 +159,13 @@ pub struct Agent {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     turn_slots: Semaphore,
     inflight: InFlight,
+    /// Cancel tokens of turns running or queued, by session (for `/stop`).
+    active: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
+    next_turn: std::sync::atomic::AtomicU64,
+    /// The job store and zone, for `/jobs` and `/run` (set by `from_config`).
+    jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
+    /// The daemon's scheduler, for `/run` (unset outside the daemon).
+    scheduler: std::sync::OnceLock<crate::scheduler::SchedulerHandle>,
 }
 
 impl Agent {
@@ -180,7 +188,67 @@ impl Agent {
             locks: Mutex::new(HashMap::new()),
             turn_slots: Semaphore::new(MAX_CONCURRENT_TURNS),
             inflight: InFlight::default(),
+            active: Mutex::new(HashMap::new()),
+            next_turn: std::sync::atomic::AtomicU64::new(0),
+            jobs: None,
+            scheduler: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Give the agent the job store (for `/jobs` and `/run`), with the zone times are shown in.
+    pub fn with_jobs(mut self, store: crate::scheduler::JobStore, tz: jiff::tz::TimeZone) -> Agent {
+        self.jobs = Some((store, tz));
+        self
+    }
+
+    /// The job store and display zone, if set.
+    pub fn jobs(&self) -> Option<&(crate::scheduler::JobStore, jiff::tz::TimeZone)> {
+        self.jobs.as_ref()
+    }
+
+    /// Let `/run` start jobs through the daemon's scheduler (set once, by `daemon::start`).
+    pub fn set_scheduler(&self, handle: crate::scheduler::SchedulerHandle) {
+        let _ = self.scheduler.set(handle);
+    }
+
+    /// The daemon's scheduler, if this agent runs in the daemon.
+    pub fn scheduler(&self) -> Option<&crate::scheduler::SchedulerHandle> {
+        self.scheduler.get()
+    }
+
+    /// Cancel every turn of `session_key`, running or queued; returns how many.
+    /// A cancelled turn's exec children are killed with their process group.
+    pub fn stop_session(&self, session_key: &str) -> usize {
+        let tokens = self.active_lock().remove(session_key).unwrap_or_default();
+        for (_, t) in &tokens {
+            t.cancel();
+        }
+        if !tokens.is_empty() {
+            tracing::info!(session = %session_key, turns = tokens.len(), "turns stopped");
+        }
+        tokens.len()
+    }
+
+    /// Whether a turn of `session_key` is running or queued.
+    pub fn session_busy(&self, session_key: &str) -> bool {
+        self.active_lock().get(session_key).is_some_and(|v| !v.is_empty())
+    }
+
+    /// Turns running or queued, over all sessions.
+    pub fn active_turns(&self) -> usize {
+        self.active_lock().values().map(Vec::len).sum()
+    }
+
+    /// Start `session_key` afresh: once its running turn (if any) has ended,
+    /// the session file is moved to `sessions/archive/`. Returns the archived file.
+    pub async fn new_session(&self, session_key: &str) -> std::io::Result<Option<std::path::PathBuf>> {
+        let session = SessionLock::new(self, session_key);
+        let _held = session.lock.lock().await;
+        self.sessions.archive(session_key)
+    }
+
+    fn active_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(u64, CancellationToken)>>> {
+        self.active.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn settings(&self) -> &AgentSettings {
@@ -216,6 +284,7 @@ impl Agent {
             Err(why) => return Err(ProviderError::NotConfigured(why.clone()).into()),
         };
         let _busy = self.inflight.enter();
+        let _stoppable = ActiveTurn::new(self, &req.session_key, &req.cancel);
         // The session first, then a slot: turns queued on one busy chat must not
         // hold slots that other sessions (the heartbeat, jobs) need.
         let session = SessionLock::new(self, &req.session_key);
@@ -372,6 +441,22 @@ impl Agent {
             };
             let agent = Arc::clone(&self);
             let outbound = outbound.clone();
+            // Commands are answered here, ahead of the session's queue: `/stop` must
+            // not wait behind the turn it stops.
+            if let Some(inv) = commands::parse(&msg.text) {
+                let (key, target) = (msg.session_key, msg.reply_to);
+                let name = inv.name.to_string();
+                let args = inv.args.to_string();
+                running.spawn(async move {
+                    let _permit = permit;
+                    let inv = commands::Invocation { name: &name, args: &args };
+                    let text = commands::execute(&agent, &key, &inv).await;
+                    if outbound.send(OutboundMessage { target, text }).await.is_err() {
+                        tracing::warn!("outbound queue closed; a command's answer was dropped");
+                    }
+                });
+                continue;
+            }
             let req = TurnRequest {
                 session_key: msg.session_key,
                 channel: msg.channel,
@@ -394,6 +479,33 @@ impl Agent {
             });
         }
         while running.join_next().await.is_some() {}
+    }
+}
+
+/// A turn's entry in the agent's table of stoppable turns, removed on drop.
+struct ActiveTurn<'a> {
+    agent: &'a Agent,
+    key: String,
+    id: u64,
+}
+
+impl<'a> ActiveTurn<'a> {
+    fn new(agent: &'a Agent, key: &str, cancel: &CancellationToken) -> Self {
+        let id = agent.next_turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        agent.active_lock().entry(key.to_string()).or_default().push((id, cancel.clone()));
+        ActiveTurn { agent, key: key.to_string(), id }
+    }
+}
+
+impl Drop for ActiveTurn<'_> {
+    fn drop(&mut self) {
+        let mut active = self.agent.active_lock();
+        if let Some(list) = active.get_mut(&self.key) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                active.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -468,5 +580,6 @@ impl Agent {
             history_messages: c.agent.history_messages,
         };
         Agent::new(provider, tools, SessionStore::new(&loaded.paths.state_dir), context, settings)
+            .with_jobs(crate::scheduler::JobStore::open(&loaded.paths.state_dir), c.timezone().tz().clone())
     }
 }

@@ -135,6 +135,25 @@ impl SessionStore {
         Ok(())
     }
 
+    /// Move the session's file to `archive/<file>.<time>.jsonl` (nothing is
+    /// deleted); the next turn starts a fresh file. `None` when there was no file.
+    pub fn archive(&self, key: &str) -> std::io::Result<Option<PathBuf>> {
+        let path = self.path(key);
+        self.lock().remove(key);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let archive = self.dir.join("archive");
+        std::fs::create_dir_all(&archive)?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("session");
+        let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%S%.3fZ").to_string();
+        let dest = archive.join(format!("{stem}.{stamp}.jsonl"));
+        std::fs::rename(&path, &dest)?;
+        fsutil::sync_dir(&self.dir)?;
+        fsutil::sync_dir(&archive)?;
+        Ok(Some(dest))
+    }
+
     /// Session keys with a file on disk.
     pub fn keys(&self) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
@@ -301,6 +320,19 @@ mod tests {
         let again = SessionStore::new(dir.path());
         let texts: Vec<String> = again.history("k", 10).unwrap().iter().map(|m| m.text_content().to_string()).collect();
         assert_eq!(texts, ["one", "two", "three", "four"]);
+    }
+
+    #[test]
+    fn archiving_keeps_the_old_file_and_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        assert_eq!(s.archive("k").unwrap(), None);
+        s.append_turn("k", &[stored(Message::user("a")), stored(Message::assistant("b"))]).unwrap();
+        let archived = s.archive("k").unwrap().unwrap();
+        assert!(archived.starts_with(dir.path().join("sessions/archive")), "{}", archived.display());
+        assert!(std::fs::read_to_string(&archived).unwrap().contains("\"a\""));
+        assert!(s.history("k", 10).unwrap().is_empty());
+        assert!(s.keys().is_empty(), "archived sessions are not listed");
     }
 
     #[test]

@@ -384,6 +384,8 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
     let mut int = signal(SignalKind::interrupt())?;
     let mut hup = signal(SignalKind::hangup())?;
     let _lock = lock_state_dir(&first.paths.state_dir)?;
+    // A refused Telegram token is fatal at start; an unreachable Telegram is not.
+    crate::channels::telegram::check_token(&first.config.telegram).await?;
     let mut loaded = first;
     let mut previous: Option<crate::config::Loaded> = None;
     loop {
@@ -506,7 +508,11 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
     // Turns (chat, jobs, heartbeat), reminders and exec jobs: what shutdown waits for.
     let inflight = agent.inflight().clone();
-    let channels = Channels::with_log();
+    let mut channels = Channels::with_log();
+    if let Some(telegram) = crate::channels::telegram::Telegram::from_config(&c.telegram, state)? {
+        channels.add(telegram.channel());
+        tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.clone(), stop.clone()));
+    }
 
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tasks.spawn(pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
@@ -517,6 +523,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let scheduler =
         Scheduler::new(JobStore::open(state), tz.tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
     let reload = scheduler.reload_handle();
+    agent.set_scheduler(scheduler.handle());
     let runner = JobRunner {
         agent: agent.clone(),
         outbox: outbox.clone(),

@@ -312,7 +312,7 @@ async fn post_json(
 
 /// A reqwest error as one line: its own text and every cause below it
 /// (`error sending request: client error (Connect): tcp connect error: Connection refused`).
-fn transport_message(e: reqwest::Error) -> String {
+pub(crate) fn transport_message(e: reqwest::Error) -> String {
     let timed_out = e.is_timeout();
     let e = e.without_url();
     let mut parts: Vec<String> = vec![e.to_string()];
@@ -382,7 +382,7 @@ fn excerpt(body: &[u8], max: usize) -> String {
 }
 
 /// `text` with every occurrence of the secret replaced by `***`.
-fn redact(text: &str, secret: Option<&crate::config::Secret>) -> String {
+pub(crate) fn redact(text: &str, secret: Option<&crate::config::Secret>) -> String {
     match secret.map(|s| s.expose()).filter(|s| s.len() >= 4) {
         Some(key) => text.replace(key, "***"),
         None => text.to_string(),

@@ -1,0 +1,252 @@
+//! Slash commands: `/new`, `/status`, `/stop`, `/help`, `/jobs`, `/run <job>`.
+//!
+//! Channel-independent: Telegram, MQTT `<prefix>/in` and the terminal all send
+//! text; [`Agent::serve_until`](super::Agent::serve_until) recognises a command
+//! with [`parse`] *before* the message waits for its session lock, so `/stop`
+//! reaches a running turn instead of queueing behind it. A command never calls
+//! the model; an unknown one gets a "did you mean" answer.
+//!
+//! The commands are a table ([`COMMANDS`]): adding one (`/compact`, `/model`,
+//! `/history`) is one handler function and one row. Telegram's command menu
+//! (`setMyCommands`) is built from the same table.
+
+use super::Agent;
+use crate::provider::BoxFuture;
+
+/// A command as typed: `/name args`, with any `@botname` suffix removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Invocation<'a> {
+    /// Lower-cased, without the slash.
+    pub name: &'a str,
+    /// The rest of the message, trimmed.
+    pub args: &'a str,
+}
+
+/// A handler: the agent, the session the command was sent in, its arguments.
+type Handler = for<'a> fn(&'a Agent, &'a str, &'a str) -> BoxFuture<'a, String>;
+
+/// One row of the command table.
+pub struct Command {
+    pub name: &'static str,
+    /// Arguments, for `/help` (`<job>`), or empty.
+    pub args: &'static str,
+    /// One line for `/help` and Telegram's menu.
+    pub about: &'static str,
+    handler: Handler,
+}
+
+/// Every command. Order is the order of `/help` and of Telegram's menu.
+pub const COMMANDS: &[Command] = &[
+    Command { name: "new", args: "", about: "Start a fresh conversation (the old one is archived)", handler: new },
+    Command { name: "stop", args: "", about: "Stop what I am doing in this chat", handler: stop },
+    Command { name: "status", args: "", about: "Model, provider, session, jobs", handler: status },
+    Command { name: "jobs", args: "", about: "List scheduled jobs", handler: jobs },
+    Command { name: "run", args: "<job>", about: "Run a job now", handler: run },
+    Command { name: "help", args: "", about: "List the commands", handler: help },
+];
+
+/// The command in `text`, if it is one: `/word` (letters, digits, `_`),
+/// optionally `@botname`, then whitespace or the end. `/etc/hosts` is not one.
+pub fn parse(text: &str) -> Option<Invocation<'_>> {
+    let text = text.trim();
+    let body = text.strip_prefix('/')?;
+    let end = body.find(char::is_whitespace).unwrap_or(body.len());
+    let (word, args) = (&body[..end], body[end..].trim());
+    let name = word.split_once('@').map_or(word, |(n, _)| n);
+    let valid = !name.is_empty()
+        && name.len() <= 32
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && word[name.len()..]
+            .strip_prefix('@')
+            .is_none_or(|bot| bot.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    valid.then_some(Invocation { name, args })
+}
+
+/// Run a command in `session_key` and return the answer.
+pub async fn execute(agent: &Agent, session_key: &str, inv: &Invocation<'_>) -> String {
+    let name = inv.name.to_ascii_lowercase();
+    match COMMANDS.iter().find(|c| c.name == name) {
+        Some(cmd) => (cmd.handler)(agent, session_key, inv.args).await,
+        None => unknown(&name),
+    }
+}
+
+/// `(command, description)` pairs for Telegram's `setMyCommands`.
+pub fn menu() -> Vec<(&'static str, &'static str)> {
+    COMMANDS.iter().map(|c| (c.name, c.about)).collect()
+}
+
+fn unknown(name: &str) -> String {
+    let best = COMMANDS.iter().map(|c| (edit_distance(name, c.name), c.name)).min();
+    match best {
+        Some((d, cmd)) if d <= 2 || cmd.starts_with(name) => {
+            format!("Unknown command /{name} — did you mean /{cmd}?")
+        }
+        _ => format!("Unknown command /{name} — /help lists the commands."),
+    }
+}
+
+/// Levenshtein distance (short strings only).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+fn new<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        match agent.new_session(key).await {
+            Ok(Some(_)) => "Started a new conversation. (The previous one is archived.)".into(),
+            Ok(None) => "Started a new conversation.".into(),
+            Err(e) => format!("Could not start a new conversation: {e}"),
+        }
+    })
+}
+
+fn stop<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        match agent.stop_session(key) {
+            0 => "Nothing is running here.".into(),
+            1 => "Stopped.".into(),
+            n => format!("Stopped {n} turns (the running one and those queued behind it)."),
+        }
+    })
+}
+
+fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        let provider = match agent.provider_problem() {
+            None => "ready".to_string(),
+            Some(why) => format!("not usable: {why}"),
+        };
+        let messages = agent.sessions().messages(key).map(|m| m.len()).unwrap_or(0);
+        let jobs = match agent.jobs().map(|(store, _)| store.list()) {
+            Some(Ok(list)) => {
+                let on = list.iter().filter(|j| j.enabled && !j.state.done).count();
+                format!("{} ({on} active)", list.len())
+            }
+            Some(Err(e)) => format!("unreadable: {e}"),
+            None => "unknown".into(),
+        };
+        format!(
+            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}",
+            env!("CARGO_PKG_VERSION"),
+            agent.settings().model,
+            agent.active_turns(),
+        )
+    })
+}
+
+fn jobs<'a>(agent: &'a Agent, _: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        let Some((store, tz)) = agent.jobs() else { return "Jobs are not available here.".into() };
+        let list = match store.list() {
+            Ok(l) => l,
+            Err(e) => return format!("Cannot read the jobs: {e}"),
+        };
+        if list.is_empty() {
+            return "No jobs yet. Ask me to schedule something.".into();
+        }
+        let lines: Vec<String> = list
+            .iter()
+            .map(|j| {
+                let next = if j.state.done {
+                    "done".to_string()
+                } else if !j.enabled {
+                    "disabled".to_string()
+                } else {
+                    format!("next {}", crate::scheduler::schedule::local_time(j.state.next_run, tz))
+                };
+                let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
+                format!("• {} — {} — {next}{last}", j.name, j.schedule.describe(tz))
+            })
+            .collect();
+        lines.join("\n")
+    })
+}
+
+fn run<'a>(agent: &'a Agent, _: &'a str, args: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        let name = args.split_whitespace().next().unwrap_or("");
+        if name.is_empty() {
+            return "Usage: /run <job> — /jobs lists them.".into();
+        }
+        let Some(handle) = agent.scheduler() else {
+            return format!("Jobs run in the daemon; here use `bramble cron run {name}`.");
+        };
+        let job = match agent.jobs().map(|(store, _)| store.get(name)) {
+            Some(Ok(job)) => job,
+            Some(Err(e)) => return format!("{e}. /jobs lists them."),
+            None => return "Jobs are not available here.".into(),
+        };
+        if handle.run_now(&job.id) {
+            let targets: Vec<String> = crate::daemon::job_targets(&job).iter().map(ToString::to_string).collect();
+            format!("Running job {} now; its report goes to {}.", job.name, targets.join(", "))
+        } else {
+            "The scheduler is busy or stopping; try again in a moment.".into()
+        }
+    })
+}
+
+fn help<'a>(_: &'a Agent, _: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        let mut out = String::from("Commands:\n");
+        for c in COMMANDS {
+            let args = if c.args.is_empty() { String::new() } else { format!(" {}", c.args) };
+            out.push_str(&format!("/{}{args} — {}\n", c.name, c.about));
+        }
+        out.push_str("Anything else is a message for me.");
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_commands_and_not_paths() {
+        assert_eq!(parse("/help"), Some(Invocation { name: "help", args: "" }));
+        assert_eq!(parse("  /run  backup now "), Some(Invocation { name: "run", args: "backup now" }));
+        assert_eq!(parse("/stop@bramble_bot"), Some(Invocation { name: "stop", args: "" }));
+        assert_eq!(parse("/run@bramble_bot backup"), Some(Invocation { name: "run", args: "backup" }));
+        assert_eq!(parse("/etc/hosts is broken"), None);
+        assert_eq!(parse("hello /help"), None);
+        assert_eq!(parse("/"), None);
+        assert_eq!(parse("/@bot"), None);
+        assert_eq!(parse("/héllo"), None);
+    }
+
+    #[test]
+    fn table_names_are_valid_telegram_commands() {
+        for c in COMMANDS {
+            assert!(parse(&format!("/{}", c.name)).is_some(), "{}", c.name);
+            assert!(c.name.len() <= 32 && c.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert!(!c.about.is_empty() && c.about.len() <= 256);
+        }
+        assert_eq!(menu().len(), COMMANDS.len());
+    }
+
+    #[test]
+    fn unknown_commands_suggest_the_nearest() {
+        assert_eq!(unknown("stpo"), "Unknown command /stpo — did you mean /stop?");
+        assert_eq!(unknown("stat"), "Unknown command /stat — did you mean /status?");
+        assert_eq!(unknown("jbos"), "Unknown command /jbos — did you mean /jobs?");
+        assert_eq!(unknown("frobnicate"), "Unknown command /frobnicate — /help lists the commands.");
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("same", "same"), 0);
+    }
+}
