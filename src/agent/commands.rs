@@ -115,7 +115,7 @@ fn stop<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String>
     Box::pin(async move {
         match agent.stop_session(key) {
             0 => "Nothing is running here.".into(),
-            1 => "Stopped.".into(),
+            1 => "Stopped 1 turn.".into(),
             n => format!("Stopped {n} turns (the running one and those queued behind it)."),
         }
     })
@@ -241,6 +241,78 @@ mod tests {
         assert_eq!(unknown("stat"), "Unknown command /stat — did you mean /status?");
         assert_eq!(unknown("jbos"), "Unknown command /jbos — did you mean /jobs?");
         assert_eq!(unknown("frobnicate"), "Unknown command /frobnicate — /help lists the commands.");
+    }
+
+    /// An agent without a provider over a temp state dir, with a job store.
+    fn agent(dir: &std::path::Path) -> Agent {
+        use crate::agent::{context, session::SessionStore, AgentSettings};
+        let settings = AgentSettings {
+            model: "m".into(),
+            max_iterations: 1,
+            max_tokens: 1,
+            temperature: None,
+            history_messages: 10,
+        };
+        let limits = context::ContextLimits { per_file_chars: 100, total_chars: 100 };
+        let ctx = context::ContextBuilder::new(dir.to_path_buf(), crate::config::TzName::system(), limits);
+        let tools = crate::tools::ToolRegistry::new(1000);
+        Agent::new(Err("no provider in this test".into()), tools, SessionStore::new(dir), ctx, settings)
+            .with_jobs(crate::scheduler::JobStore::open(dir), jiff::tz::TimeZone::UTC)
+    }
+
+    async fn say(agent: &Agent, text: &str) -> String {
+        execute(agent, "telegram:1", &parse(text).unwrap()).await
+    }
+
+    #[tokio::test]
+    async fn stop_cancels_the_sessions_turns_and_says_how_many() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = agent(dir.path());
+        assert_eq!(say(&agent, "/stop").await, "Nothing is running here.");
+        let (a, b, other) = (Default::default(), Default::default(), Default::default());
+        let _t1 = super::super::ActiveTurn::new(&agent, "telegram:1", &a);
+        let _t2 = super::super::ActiveTurn::new(&agent, "telegram:1", &b);
+        let _t3 = super::super::ActiveTurn::new(&agent, "telegram:2", &other);
+        assert!(agent.session_busy("telegram:1"));
+        assert!(say(&agent, "/status").await.contains("Turns running or queued: 3"));
+        assert!(say(&agent, "/stop").await.starts_with("Stopped 2 turns"));
+        let cancelled: [&tokio_util::sync::CancellationToken; 3] = [&a, &b, &other];
+        assert_eq!(cancelled.map(|t| t.is_cancelled()), [true, true, false], "only this session's turns");
+        assert!(!agent.session_busy("telegram:1") && agent.session_busy("telegram:2"));
+    }
+
+    #[tokio::test]
+    async fn run_needs_the_daemon_and_a_known_job() {
+        use crate::scheduler::{Job, JobKind, Schedule};
+        let dir = tempfile::tempdir().unwrap();
+        let agent = agent(dir.path());
+        assert!(say(&agent, "/run").await.starts_with("Usage: /run <job>"));
+        assert_eq!(say(&agent, "/run backup").await, "Jobs run in the daemon; here use `bramble cron run backup`.");
+        let now = jiff::Timestamp::now();
+        let every = Schedule::Every { every: crate::scheduler::parse_every("1h").unwrap(), anchor: now };
+        let job =
+            Job::new("backup", every, JobKind::Remind { text: "x".into() }, vec![], now, &jiff::tz::TimeZone::UTC);
+        agent.jobs().unwrap().0.add(job.unwrap()).unwrap();
+        let listed = say(&agent, "/jobs").await;
+        assert!(listed.starts_with("• backup — every 1h") && listed.contains(" — next 20"), "{listed}");
+        let scheduler =
+            crate::scheduler::Scheduler::new(crate::scheduler::JobStore::open(dir.path()), jiff::tz::TimeZone::UTC);
+        agent.set_scheduler(scheduler.handle());
+        assert_eq!(say(&agent, "/run backup").await, "Running job backup now; its report goes to log.");
+        assert!(say(&agent, "/run nope").await.contains("/jobs lists them"));
+    }
+
+    #[tokio::test]
+    async fn new_archives_help_lists_and_unknown_suggests() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = agent(dir.path());
+        assert_eq!(say(&agent, "/new").await, "Started a new conversation.");
+        let help = say(&agent, "/HELP").await;
+        for c in COMMANDS {
+            assert!(help.contains(&format!("/{}", c.name)), "{help}");
+        }
+        assert_eq!(say(&agent, "/hlep").await, "Unknown command /hlep — did you mean /help?");
+        assert!(say(&agent, "/status").await.contains("Provider: not usable: no provider in this test"));
     }
 
     #[test]

@@ -5,8 +5,12 @@
 //!
 //! - [`http`]: `TestServer`, a request/response server on 127.0.0.1 for fake remote APIs.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
+//! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
+//! - [`daemon`]: a real `bramble run` process.
 #![allow(dead_code)]
 
+pub mod daemon;
 pub mod fake_llm;
 pub mod http;
 pub mod setup;
+pub mod telegram;

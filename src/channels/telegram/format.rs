@@ -259,10 +259,8 @@ fn delimited(rest: &str, delim: &str, tag: &str, before: &str) -> Option<(String
     while let Some(pos) = body[from..].find(delim) {
         let end = from + pos;
         let after = &body[end + delim.len()..];
-        let closes = end > 0
-            && !body[..end].ends_with(char::is_whitespace)
-            && !(single && after.starts_with(delim))
-            && !(underscore && after.starts_with(char::is_alphanumeric));
+        let glued = (single && after.starts_with(delim)) || (underscore && after.starts_with(char::is_alphanumeric));
+        let closes = end > 0 && !body[..end].ends_with(char::is_whitespace) && !glued;
         if closes {
             return Some((format!("<{tag}>{}</{tag}>", inline(&body[..end])), delim.len() * 2 + end));
         }

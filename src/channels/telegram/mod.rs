@@ -49,6 +49,8 @@ use api::{Api, ApiError, Message, User};
 const TYPING_EVERY: Duration = Duration::from_secs(4);
 /// Strangers remembered for "logged once"; the set is cleared when full.
 const MAX_STRANGERS: usize = 1024;
+/// How long the start-up token check may take.
+const START_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Backoff after a failed poll: from 1 s, doubling, to this.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -357,7 +359,11 @@ impl OffsetFile {
 pub async fn check_token(cfg: &TelegramConfig) -> Result<Option<User>, TelegramError> {
     let Some(token) = cfg.token() else { return Ok(None) };
     let api = Api::new(&cfg.api_base.0, token)?;
-    match api.get_me().await {
+    // Bounded: a network that swallows packets must not hold up the daemon's start.
+    let answer = tokio::time::timeout(START_CHECK_TIMEOUT, api.get_me())
+        .await
+        .unwrap_or_else(|_| Err(ApiError::Transport(format!("no answer within {START_CHECK_TIMEOUT:?}"))));
+    match answer {
         Ok(me) => Ok(Some(me)),
         Err(e) if e.is_unauthorized() => Err(TelegramError::InvalidToken(e.to_string())),
         Err(e) => {

@@ -1,0 +1,269 @@
+//! A fake Telegram Bot API on 127.0.0.1, speaking the published JSON.
+//!
+//! `POST /bot<token>/<method>` with a JSON body; answers `{"ok": true,
+//! "result": …}` or `{"ok": false, "error_code", "description", "parameters"}`.
+//! Implemented: `getMe`, `getUpdates` (a real long poll: it holds the request
+//! until an update arrives or `timeout` passes), `sendMessage` (with an HTML
+//! check like Telegram's "can't parse entities" and the 4096 limit),
+//! `sendChatAction`, `setMyCommands`, `deleteWebhook`. A wrong token gets 401.
+//!
+//! Stricter than Telegram in one way: it never forgets an update, so a client
+//! that polls with an offset it already moved past sees the update again —
+//! which is exactly what persisting the offset must prevent.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use super::http::{Request, Response, TestServer};
+
+pub const BOT_ID: i64 = 424242;
+pub const BOT_USERNAME: &str = "bramble_test_bot";
+
+/// A call the fake received.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: String,
+    pub body: Value,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    updates: Vec<Value>,
+    next_update_id: i64,
+    next_message_id: i64,
+    calls: Vec<Call>,
+    /// Scripted answers per method, used before the normal behaviour.
+    script: HashMap<String, VecDeque<Response>>,
+    /// Refuse HTML messages as Telegram does when it cannot parse them.
+    reject_html: bool,
+}
+
+pub struct FakeTelegram {
+    server: TestServer,
+    state: Arc<Mutex<State>>,
+    arrived: Arc<Notify>,
+    pub token: String,
+}
+
+impl FakeTelegram {
+    pub async fn start(token: &str) -> FakeTelegram {
+        let state = Arc::new(Mutex::new(State { next_update_id: 1000, next_message_id: 1, ..Default::default() }));
+        let arrived = Arc::new(Notify::new());
+        let (st, notify, tok) = (state.clone(), arrived.clone(), token.to_string());
+        let server = TestServer::start_async(move |req| handle(req, st.clone(), notify.clone(), tok.clone())).await;
+        FakeTelegram { server, state, arrived, token: token.into() }
+    }
+
+    /// `api_base` for the config.
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A user's message arrives; returns its update id.
+    pub fn push_message(&self, chat_id: i64, chat_type: &str, from_id: i64, username: &str, text: &str) -> i64 {
+        self.push(json!({
+            "message_id": 0, "date": 1_700_000_000,
+            "chat": {"id": chat_id, "type": chat_type},
+            "from": {"id": from_id, "is_bot": false, "first_name": username, "username": username},
+            "text": text,
+        }))
+    }
+
+    /// A message object (its ids are filled in) arrives as an update.
+    pub fn push(&self, mut message: Value) -> i64 {
+        let id = {
+            let mut st = self.lock();
+            st.next_update_id += 1;
+            st.next_message_id += 1;
+            message["message_id"] = json!(st.next_message_id);
+            let id = st.next_update_id;
+            st.updates.push(json!({"update_id": id, "message": message}));
+            id
+        };
+        self.arrived.notify_waiters();
+        id
+    }
+
+    /// The next answer to `method` is `status` with this error (and `retry_after`).
+    pub fn fail_next(&self, method: &str, code: u16, description: &str, retry_after: Option<u64>) {
+        let mut body = json!({"ok": false, "error_code": code, "description": description});
+        if let Some(s) = retry_after {
+            body["parameters"] = json!({"retry_after": s});
+        }
+        self.lock().script.entry(method.into()).or_default().push_back(Response::json(code, &body));
+    }
+
+    pub fn reject_html(&self, yes: bool) {
+        self.lock().reject_html = yes;
+    }
+
+    pub fn calls(&self, method: &str) -> Vec<Call> {
+        self.lock().calls.iter().filter(|c| c.method == method).cloned().collect()
+    }
+
+    /// Messages accepted by `sendMessage` (bodies), in order.
+    pub fn sent(&self) -> Vec<Value> {
+        self.lock().calls.iter().filter(|c| c.method == "sendMessage#ok").map(|c| c.body.clone()).collect()
+    }
+
+    pub fn sent_texts(&self) -> Vec<String> {
+        self.sent().iter().map(|b| b["text"].as_str().unwrap_or_default().to_string()).collect()
+    }
+
+    /// Wait up to `secs` until at least `n` messages were sent.
+    pub async fn wait_sent(&self, n: usize, secs: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if self.sent().len() >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        self.sent().len() >= n
+    }
+
+    /// Offsets asked for by `getUpdates`, in order.
+    pub fn offsets(&self) -> Vec<i64> {
+        self.calls("getUpdates").iter().map(|c| c.body["offset"].as_i64().unwrap_or(0)).collect()
+    }
+}
+
+fn refuse(code: u16, description: &str) -> Response {
+    Response::json(code, &json!({"ok": false, "error_code": code, "description": description}))
+}
+
+fn ok(result: Value) -> Response {
+    Response::json(200, &json!({"ok": true, "result": result}))
+}
+
+async fn handle(req: Request, state: Arc<Mutex<State>>, arrived: Arc<Notify>, token: String) -> Response {
+    let lock = || state.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(rest) = req.path_only().strip_prefix("/bot") else { return refuse(404, "Not Found") };
+    let Some((tok, method)) = rest.split_once('/') else { return refuse(404, "Not Found") };
+    if tok != token {
+        return refuse(401, "Unauthorized");
+    }
+    if req.method != "POST" || !req.header("content-type").is_some_and(|c| c.contains("application/json")) {
+        return refuse(400, "Bad Request: expected a JSON POST");
+    }
+    let body = req.json().unwrap_or(Value::Null);
+    let method = method.to_string();
+    {
+        let mut st = lock();
+        st.calls.push(Call { method: method.clone(), body: body.clone(), at: Instant::now() });
+        if let Some(r) = st.script.get_mut(&method).and_then(VecDeque::pop_front) {
+            return r;
+        }
+    }
+    match method.as_str() {
+        "getMe" => ok(json!({"id": BOT_ID, "is_bot": true, "first_name": "Bramble", "username": BOT_USERNAME,
+                             "can_join_groups": true, "supports_inline_queries": false})),
+        "getUpdates" => {
+            let offset = body["offset"].as_i64().unwrap_or(0);
+            let timeout = body["timeout"].as_u64().unwrap_or(0).min(60);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+            loop {
+                let notified = arrived.notified();
+                let ready: Vec<Value> =
+                    lock().updates.iter().filter(|u| u["update_id"].as_i64().unwrap_or(0) >= offset).cloned().collect();
+                if !ready.is_empty() {
+                    return ok(Value::Array(ready));
+                }
+                if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                    return ok(json!([]));
+                }
+            }
+        }
+        "sendMessage" => {
+            let (Some(chat), Some(text)) = (body.get("chat_id").filter(|c| !c.is_null()), body["text"].as_str()) else {
+                return refuse(400, "Bad Request: chat_id and text are required");
+            };
+            if text.trim().is_empty() {
+                return refuse(400, "Bad Request: message text is empty");
+            }
+            if text.encode_utf16().count() > 4096 {
+                return refuse(400, "Bad Request: message is too long");
+            }
+            if chat.as_i64() == Some(404) {
+                return refuse(400, "Bad Request: chat not found");
+            }
+            if body["parse_mode"] == "HTML" {
+                if let Err(why) = check_html(text) {
+                    return refuse(400, &format!("Bad Request: can't parse entities: {why}"));
+                }
+                if lock().reject_html {
+                    return refuse(400, "Bad Request: can't parse entities: unsupported start tag");
+                }
+            }
+            let mut st = lock();
+            st.next_message_id += 1;
+            let id = st.next_message_id;
+            st.calls.push(Call { method: "sendMessage#ok".into(), body: body.clone(), at: Instant::now() });
+            ok(json!({"message_id": id, "date": 1_700_000_000, "chat": {"id": chat, "type": "private"}, "text": text}))
+        }
+        "sendChatAction" | "setMyCommands" | "deleteWebhook" => ok(json!(true)),
+        _ => refuse(404, "Not Found: method not found"),
+    }
+}
+
+/// Telegram's HTML rules, the part that matters: only known tags, balanced, and
+/// `<`/`&` escaped elsewhere.
+fn check_html(text: &str) -> Result<(), String> {
+    const TAGS: &[&str] = &[
+        "b",
+        "strong",
+        "i",
+        "em",
+        "u",
+        "ins",
+        "s",
+        "strike",
+        "del",
+        "a",
+        "code",
+        "pre",
+        "blockquote",
+        "tg-spoiler",
+        "span",
+    ];
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(['<', '&']) {
+        let tail = &rest[i..];
+        if tail.starts_with('&') {
+            let end = tail.find(';').ok_or("unterminated entity")?;
+            if !matches!(&tail[..=end], "&lt;" | "&gt;" | "&amp;" | "&quot;") {
+                return Err(format!("unsupported entity {}", &tail[..=end]));
+            }
+            rest = &tail[end + 1..];
+            continue;
+        }
+        let end = tail.find('>').ok_or("unclosed start tag")?;
+        let tag = &tail[1..end];
+        if let Some(name) = tag.strip_prefix('/') {
+            if stack.pop().as_deref() != Some(name) {
+                return Err(format!("unexpected end tag {name}"));
+            }
+        } else {
+            let name = tag.split_whitespace().next().unwrap_or("");
+            if !TAGS.contains(&name) {
+                return Err(format!("unsupported start tag \"{name}\""));
+            }
+            stack.push(name.to_string());
+        }
+        rest = &tail[end + 1..];
+    }
+    match stack.pop() {
+        Some(open) => Err(format!("can't find end tag corresponding to start tag \"{open}\"")),
+        None => Ok(()),
+    }
+}
