@@ -163,3 +163,30 @@ async fn help_on_every_level() {
     let out = bramble(dir.path(), &["--version"], None).await;
     assert_eq!(text(&out.stdout), format!("bramble {}\n", env!("CARGO_PKG_VERSION")));
 }
+
+#[tokio::test]
+async fn repl_handles_slash_commands_without_the_model() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "[telegram]\ntoken = \"1:x\"\nallow_from = [\"7\"]\n");
+    fake.push(Reply::Text("noted".into()));
+    let cfg = home.config.to_str().unwrap();
+    let out = bramble(
+        home.path(),
+        &["--config", cfg, "agent", "-s", "repl"],
+        Some("remember me\n/status\n/stpo\n/run backup\n/new\n/status\nexit\n"),
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(fake.request_count(), 1, "{stdout}");
+    assert!(stdout.contains("This session: 2 messages"), "{stdout}");
+    assert!(stdout.contains("Unknown command /stpo — did you mean /stop?"), "{stdout}");
+    assert!(stdout.contains("here use `bramble cron run backup`"), "{stdout}");
+    assert!(stdout.contains("Started a new conversation. (The previous one is archived.)"), "{stdout}");
+    assert!(stdout.contains("This session: 0 messages"), "{stdout}");
+    // `status` and `check` say whether Telegram is configured, without any network.
+    let status = text(&bramble(home.path(), &["--config", cfg, "status"], None).await.stdout);
+    assert!(status.contains("telegram:   configured, 1 allowed user"), "{status}");
+    let check = text(&bramble(home.path(), &["--config", cfg, "check"], None).await.stdout);
+    assert!(check.contains("telegram: configured, 1 allowed user"), "{check}");
+}

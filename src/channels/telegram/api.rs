@@ -244,17 +244,21 @@ impl Api {
     ) -> Result<T, ApiError> {
         let url = format!("{}{method}", self.base);
         let scrub = |text: String| crate::provider::redact(&text, Some(&self.token));
-        let resp = self
-            .client
-            .post(&url)
-            .json(body)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| ApiError::Transport(scrub(crate::provider::transport_message(e))))?;
-        let status = resp.status().as_u16();
-        let bytes =
-            resp.bytes().await.map_err(|e| ApiError::Transport(scrub(crate::provider::transport_message(e))))?;
+        let transport = |e: reqwest::Error| ApiError::Transport(scrub(crate::provider::transport_message(e)));
+        let exchange = async {
+            let resp = self.client.post(&url).json(body).send().await.map_err(transport)?;
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await.map_err(transport)?;
+            Ok::<_, ApiError>((status, bytes))
+        };
+        // The limit is a kernel timer (one wake-up) rather than reqwest's, which
+        // sits in tokio's timer wheel and wakes an idle poller several times per poll.
+        let (status, bytes) = tokio::select! {
+            r = exchange => r?,
+            _ = crate::timer::sleep(timeout) => {
+                return Err(ApiError::Transport(format!("no answer to {method} within {timeout:?}")));
+            }
+        };
         let envelope: Envelope = serde_json::from_slice(&bytes).map_err(|e| {
             if status >= 400 {
                 // A proxy's HTML error page, say: report the status.
@@ -315,6 +319,30 @@ mod tests {
     fn chat_ids_are_numbers_or_names() {
         assert_eq!(chat_id_value("-100123"), json!(-100123));
         assert_eq!(chat_id_value("@news"), json!("@news"));
+    }
+
+    /// The stall watchdog: a server that accepts and then says nothing.
+    #[tokio::test]
+    async fn a_silent_server_times_out_without_leaking_the_token() {
+        crate::install_crypto();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let api = Api::new(&format!("http://{addr}"), Secret::new("123:SECRET")).unwrap();
+        let err = api.call::<Value>("getUpdates", &json!({}), Duration::from_millis(300)).await.unwrap_err();
+        assert!(matches!(err, ApiError::Transport(_)) && err.is_retryable(), "{err}");
+        assert!(err.to_string().contains("no answer to getUpdates"), "{err}");
+        assert!(!err.to_string().contains("SECRET"));
+        // A refused connection names no URL either.
+        hold.abort();
+        let refused = Api::new("http://127.0.0.1:1", Secret::new("123:SECRET")).unwrap();
+        let err = refused.get_me().await.unwrap_err();
+        assert!(!err.to_string().contains("SECRET") && !err.to_string().contains("/bot"), "{err}");
     }
 
     #[test]
