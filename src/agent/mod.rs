@@ -353,7 +353,11 @@ impl Agent {
                 messages.push(Message::assistant_tool_calls(content, calls.clone()));
                 for call in &calls {
                     tool_calls += 1;
-                    let outcome = self.tools.execute(call, &tool_ctx).await;
+                    // `/stop` ends any tool at once (a dropped exec kills its process group).
+                    let outcome = tokio::select! {
+                        o = self.tools.execute(call, &tool_ctx) => o,
+                        _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+                    };
                     tracing::debug!(
                         session = %req.session_key, tool = %call.function.name, error = outcome.is_error,
                         "tool call finished"
