@@ -282,3 +282,34 @@ async fn an_unreachable_telegram_at_start_is_not_fatal() {
     assert!(log.contains("cannot reach Telegram now"), "{log}");
     assert!(!log.contains("TEST-token"), "{log}");
 }
+
+#[tokio::test]
+async fn a_409_deletes_the_webhook_and_polling_goes_on() {
+    let s = setup("").await;
+    s.tg.fail_next("getUpdates", 409, "Conflict: can't use getUpdates method while webhook is active", None);
+    s.llm.push(Reply::text("still here"));
+    let daemon = s.daemon();
+    s.tg.push_message(ALICE, "private", ALICE, "alice", "hello?");
+    assert!(s.tg.wait_sent(1, 15).await);
+    let (_, log) = daemon.stop().await;
+    assert_eq!(s.tg.calls("deleteWebhook").len(), 1, "{log}");
+    assert_eq!(s.tg.sent_texts(), ["still here"]);
+}
+
+#[tokio::test]
+async fn typing_is_refreshed_while_the_turn_runs_and_stops_after() {
+    let s = setup("").await;
+    s.llm.push(Reply::Delayed(Duration::from_millis(5000), Box::new(Reply::text("slow answer"))));
+    let daemon = s.daemon();
+    s.tg.push_message(ALICE, "private", ALICE, "alice", "think hard");
+    assert!(s.tg.wait_sent(1, 20).await);
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let (_, log) = daemon.stop().await;
+    let typing = s.tg.calls("sendChatAction");
+    let answered = s.tg.calls("sendMessage")[0].at;
+    assert!(typing.len() >= 2, "refreshed: {typing:?} {log}");
+    assert!(typing.iter().all(|t| t.body["action"] == "typing" && t.body["chat_id"] == ALICE));
+    let gap = typing[1].at - typing[0].at;
+    assert!(gap >= Duration::from_millis(3900) && gap < Duration::from_secs(6), "{gap:?}");
+    assert!(typing.iter().all(|t| t.at < answered), "no typing after the answer");
+}

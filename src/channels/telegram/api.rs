@@ -160,8 +160,7 @@ impl std::fmt::Debug for Api {
 impl Api {
     /// A client for `token` at `api_base` (`https://api.telegram.org`, a local Bot API server, a test fake).
     pub fn new(api_base: &str, token: Secret) -> Result<Api, ApiError> {
-        // No total timeout on the client: each call sets its own (the long poll needs > 50 s).
-        let client = crate::provider::http_client(Duration::ZERO).map_err(|e| ApiError::Transport(e.to_string()))?;
+        let client = shared_client()?;
         let base = format!("{}/bot{}/", api_base.trim_end_matches('/'), token.expose());
         Ok(Api { client, base, token })
     }
@@ -279,6 +278,19 @@ impl Api {
         serde_json::from_value(envelope.result.unwrap_or(Value::Null))
             .map_err(|e| ApiError::Decode { method, message: scrub(e.to_string()) })
     }
+}
+
+/// One HTTP client for every `Api` in the process: the start-up token check,
+/// the poller and the channel, across reloads. Each client loads the system's
+/// CA store; memory freed by a dropped one is not given back to the OS.
+fn shared_client() -> Result<reqwest::Client, ApiError> {
+    static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    // No total timeout on the client: each call sets its own (the long poll needs > 50 s).
+    let client = crate::provider::http_client(Duration::ZERO).map_err(|e| ApiError::Transport(e.to_string()))?;
+    Ok(CLIENT.get_or_init(|| client).clone())
 }
 
 /// A chat id as the API wants it: a number, or a `@channelname` string.
