@@ -24,7 +24,8 @@
 //!
 //! Only `[telegram] allow_from` (numeric user ids or `@usernames`; empty means
 //! nobody). Strangers are logged once per user and never reach the agent. In
-//! groups, only messages that mention the bot or reply to it count.
+//! groups, only messages that mention the bot, reply to it, or are commands
+//! (`/stop`, or `/stop@thisbot` but not `/stop@otherbot`) count.
 
 pub mod api;
 pub mod format;
@@ -252,8 +253,19 @@ impl Poller<'_> {
         })
     }
 
-    /// In a group: the bot is @mentioned, or the message replies to the bot.
+    /// In a group: the bot is @mentioned, the message replies to the bot, or it
+    /// is a command for every bot (`/help`) or for this one (`/help@bramble_bot`).
     fn addressed(&self, m: &Message, text: &str) -> bool {
+        if crate::agent::commands::parse(text).is_some() {
+            let word = text.split_whitespace().next().unwrap_or("");
+            let ours = match word.split_once('@') {
+                None => true,
+                Some((_, bot)) => self.me.username.as_ref().is_some_and(|u| u.eq_ignore_ascii_case(bot)),
+            };
+            if ours {
+                return true;
+            }
+        }
         let replied = m.reply_to_message.as_ref().and_then(|r| r.from.as_ref()).is_some_and(|u| u.id == self.me.id);
         let mentioned = self.me.username.as_ref().is_some_and(|name| {
             let needle = format!("@{}", name.to_ascii_lowercase());
@@ -463,6 +475,9 @@ mod tests {
         };
         assert!(p.accept(message("supergroup", 7, "hello all")).is_none());
         assert!(p.accept(message("supergroup", 7, "@bramble_bot2 hi")).is_none());
+        assert!(p.accept(message("supergroup", 7, "/help")).is_some(), "a command for every bot");
+        assert!(p.accept(message("supergroup", 7, "/stop@Bramble_Bot")).is_some());
+        assert!(p.accept(message("supergroup", 7, "/stop@other_bot")).is_none(), "another bot's command");
         let m = p.accept(message("supergroup", 7, "hey @bramble_bot, status?")).unwrap();
         assert_eq!((m.session_key.as_str(), m.reply_to.to_string().as_str()), ("telegram:-100", "telegram:-100"));
         let mut reply = message("group", 7, "and this?");
