@@ -13,7 +13,8 @@
 //!   wants `x-api-key` (401 without) and `anthropic-version`, `max_tokens`,
 //!   messages alternating user/assistant starting with user, no empty text
 //!   blocks, `tool_use.input` objects, and `tool_result`s that answer exactly
-//!   the previous assistant's `tool_use`s. A rejected request gets a 400 in the
+//!   the previous assistant's `tool_use`s. A `tool_choice` must name an offered
+//!   tool in both dialects. A rejected request gets a 400 in the
 //!   dialect's error format and does **not** consume a scripted reply.
 //! - When the script is exhausted the fake answers HTTP 500
 //!   `{"error":{"message":"fake LLM: no scripted reply left"}}`, so a test that
@@ -362,6 +363,25 @@ fn validate_openai(body: &Value) -> Check {
             }
         }
     }
+    if let Some(choice) = body.get("tool_choice") {
+        let names: Vec<&str> = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+            .collect();
+        let ok = match choice {
+            Value::String(s) => matches!(s.as_str(), "none" | "auto" | "required"),
+            _ => {
+                choice.get("type").and_then(Value::as_str) == Some("function")
+                    && choice.pointer("/function/name").and_then(Value::as_str).is_some_and(|n| names.contains(&n))
+            }
+        };
+        if !ok {
+            return bad("'tool_choice' must be none/auto/required or name a function in 'tools'");
+        }
+    }
     // Tool call ids the last assistant message asked for and no tool message answered yet.
     let mut pending: HashSet<String> = HashSet::new();
     for (i, m) in messages.iter().enumerate() {
@@ -452,6 +472,19 @@ fn validate_anthropic(req: &Request, body: &Value) -> Check {
         }
         if !tools.is_array() {
             return bad("tools: must be an array");
+        }
+    }
+    if let Some(choice) = body.get("tool_choice") {
+        let named = |n: &str| {
+            body.get("tools").and_then(Value::as_array).into_iter().flatten().any(|t| t["name"].as_str() == Some(n))
+        };
+        let ok = match choice.get("type").and_then(Value::as_str) {
+            Some("auto" | "any" | "none") => true,
+            Some("tool") => choice.get("name").and_then(Value::as_str).is_some_and(named),
+            _ => false,
+        };
+        if !ok {
+            return bad("tool_choice: must be {type: auto|any|none} or {type: tool, name} naming a tool");
         }
     }
     let Some(messages) = body.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()) else {
