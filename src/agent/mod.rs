@@ -291,7 +291,9 @@ impl Agent {
         if let Some(path) = record {
             // Cut off by shutdown: the session is unchanged and the message stays pending.
             let keep = matches!(result, Err(TurnError::Cancelled)) && self.inflight.is_shutting_down();
-            if !keep {
+            if keep {
+                self.pending.release(&path);
+            } else {
                 self.pending.finish(&path);
             }
         }
@@ -338,6 +340,7 @@ impl Agent {
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
             max_iterations: self.settings.max_iterations,
+            limit_setting: "[agent] max_iterations",
             tool_ctx: &tool_ctx,
             label: &req.session_key,
         };
@@ -518,6 +521,8 @@ pub(crate) struct LoopSpec<'a> {
     pub max_tokens: u32,
     pub temperature: Option<f32>,
     pub max_iterations: u32,
+    /// The setting that sets `max_iterations`, for the message at the limit.
+    pub limit_setting: &'static str,
     /// Its `cancel` stops the loop.
     pub tool_ctx: &'a ToolContext,
     /// For logs.
@@ -555,7 +560,8 @@ pub(crate) async fn run_loop(
             return Ok((
                 format!(
                     "I stopped after {n} rounds of tool calls without reaching a final answer \
-                     (the limit is {n}). Ask me to continue, or split the task."
+                     (the limit is {} = {n}). Ask me to continue, or split the task.",
+                    spec.limit_setting
                 ),
                 TurnEnd::MaxIterations,
             ));

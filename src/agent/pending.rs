@@ -12,9 +12,13 @@
 //! A record names its process by pid *and* start time (from `/proc`), so a
 //! record of a turn still running in another bramble process (the daemon,
 //! while `bramble agent` starts) is never taken, and pid reuse cannot fool it.
+//! Within the process, records of turns still running are remembered, so a
+//! daemon reload (SIGHUP) takes the records its stopped turns left behind.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -63,6 +67,12 @@ pub struct PendingStore {
 
 /// Names records within this process.
 static NEXT: AtomicU64 = AtomicU64::new(1);
+/// Records of this process's turns that are still running.
+static ACTIVE: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+fn active() -> std::sync::MutexGuard<'static, BTreeSet<PathBuf>> {
+    ACTIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 impl PendingStore {
     pub fn new(state_dir: &Path) -> PendingStore {
@@ -84,11 +94,18 @@ impl PendingStore {
         let path = self.dir.join(format!("{pid}-{}.json", NEXT.fetch_add(1, Ordering::Relaxed)));
         let body = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
         fsutil::write_atomic(&path, &body)?;
+        active().insert(path.clone());
         Ok(path)
+    }
+
+    /// The turn ended without an answer (cut off by shutdown): the record stays for the next start.
+    pub fn release(&self, path: &Path) {
+        active().remove(path);
     }
 
     /// The turn was committed or answered: forget it.
     pub fn finish(&self, path: &Path) {
+        active().remove(path);
         match std::fs::remove_file(path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -115,7 +132,12 @@ impl PendingStore {
                 }
                 Err(_) => continue,
             };
-            if is_alive(record.pid, record.proc_start) || !wanted(&record) {
+            let running = if record.pid == std::process::id() {
+                active().contains(&path)
+            } else {
+                is_alive(record.pid, record.proc_start)
+            };
+            if running || !wanted(&record) {
                 continue;
             }
             self.finish(&path);
@@ -151,7 +173,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = PendingStore::new(dir.path());
         let mine = store.begin("telegram:1", "telegram", "1", "turn on the heater").unwrap();
-        assert!(store.take_orphans(|_| true).is_empty(), "this process is alive");
+        assert!(store.take_orphans(|_| true).is_empty(), "this turn is running");
+        let cut_off = store.begin("telegram:1", "telegram", "1", "cut off by a reload").unwrap();
+        store.release(&cut_off);
+        let taken = store.take_orphans(|_| true);
+        assert_eq!(taken.len(), 1, "a released record of this process is taken");
+        assert_eq!(taken[0].text, "cut off by a reload");
 
         // A record from a process that is gone (a pid that cannot exist).
         let dead = PendingTurn {

@@ -230,6 +230,7 @@ impl Hub {
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
             max_iterations: self.settings.max_iterations,
+            limit_setting: "[agent] subagent_max_iterations",
             tool_ctx: &tool_ctx,
             label: "subagent",
         };

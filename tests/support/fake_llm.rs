@@ -26,6 +26,9 @@
 //! [`COMPLETION_TOKENS_PER_PART`] × the parts of the reply (the text, if any,
 //! and each tool call).
 //!
+//! [`FakeLlm::route`] answers some requests by their content instead (sub-agents,
+//! benchmarks).
+//!
 //! Tool call ids are `call_1`, `call_2`, … (OpenAI) or `toolu_1`, … (Anthropic),
 //! counted over the fake's lifetime.
 
@@ -86,10 +89,14 @@ impl Reply {
     }
 }
 
+/// Picks a reply from the request itself, before the script is consulted.
+type Router = Arc<dyn Fn(&Value) -> Option<Reply> + Send + Sync>;
+
 /// What the fake has seen and has left to say.
 #[derive(Default)]
 struct State {
     script: VecDeque<Reply>,
+    router: Option<Router>,
     requests: Vec<Value>,
     headers: Vec<Vec<(String, String)>>,
     paths: Vec<String>,
@@ -141,6 +148,14 @@ impl FakeLlm {
     /// Script the next reply (served in FIFO order).
     pub fn push(&self, reply: Reply) {
         self.lock().script.push_back(reply);
+    }
+
+    /// Answer requests for which `router` returns a reply with that reply (the
+    /// script is not consumed); others still take the next scripted reply.
+    /// For concurrent callers (sub-agents) whose order is not deterministic,
+    /// and for benchmarks that run many turns.
+    pub fn route(&self, router: impl Fn(&Value) -> Option<Reply> + Send + Sync + 'static) {
+        self.lock().router = Some(Arc::new(router));
     }
 
     /// The JSON bodies received, in order (`null` for a body that was not JSON).
@@ -208,6 +223,9 @@ fn handle(dialect: Dialect, state: &Mutex<State>, req: Request) -> (Response, Op
         return (error(dialect, status, kind, &format!("fake LLM: {message}")), None);
     }
 
+    if let Some(reply) = st.router.clone().and_then(|r| r(&body)) {
+        return render(dialect, &mut st, &body, reply);
+    }
     let Some(reply) = st.script.pop_front() else {
         let body = json!({"error": {"message": "fake LLM: no scripted reply left"}});
         return (Response::json(500, &body), None);
