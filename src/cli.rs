@@ -268,9 +268,11 @@ async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> any
         Some(text) => one_turn(&agent, &session, text).await,
         None => repl(&agent, &session).await,
     };
-    if result.as_ref().is_ok_and(|code| *code == ExitCode::SUCCESS) && agent.subagents_running() > 0 {
+    if result.as_ref().is_ok_and(|code| *code == ExitCode::SUCCESS) {
         // `-m` or the end of a chat: let sub-agents report before the process ends (Ctrl-C stops them).
-        eprintln!("(waiting for {} sub-agent(s) to report; Ctrl-C stops them)", agent.subagents_running());
+        if agent.subagents_running() > 0 {
+            eprintln!("(waiting for {} sub-agent(s) to report; Ctrl-C stops them)", agent.subagents_running());
+        }
         tokio::select! {
             _ = agent.wait_subagents() => {}
             _ = tokio::signal::ctrl_c() => agent.inflight().begin_shutdown(),

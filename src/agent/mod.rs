@@ -318,11 +318,15 @@ impl Agent {
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
         let session_err = |source| TurnError::Session { key: req.session_key.clone(), source };
         let model = self.session_model(&req.session_key);
-        self.maybe_consolidate(provider, &model, &req.session_key, &req.text).await;
-        let history = self.sessions.history(&req.session_key, self.settings.history_messages).map_err(session_err)?;
-        let names = self.tools.names();
-        let origin = Origin { channel: &req.channel, chat_id: &req.chat_id };
-        let mut messages = self.context.build(history, &req.text, origin, &names, jiff::Timestamp::now());
+        let mut messages = self.prompt(req).map_err(session_err)?;
+        if self.needs_consolidation(&req.session_key, &messages) {
+            tokio::select! {
+                () = self.auto_consolidate(provider, &model, &req.session_key, &messages) => {}
+                // Nothing is written before the summary is back: stopping here changes nothing.
+                _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+            }
+            messages = self.prompt(req).map_err(session_err)?;
+        }
         // Everything from the user's message on is this turn's and will be saved.
         let turn_start = messages.len() - 1;
         let tool_ctx = ToolContext {
@@ -709,28 +713,35 @@ impl std::fmt::Display for SessionStatus {
 }
 
 impl Agent {
-    /// Consolidate when the session's next prompt would pass `[agent] context_tokens`
-    /// or its messages no longer fit the history window. Failures are logged; the turn goes on.
-    async fn maybe_consolidate(&self, provider: &dyn Provider, model: &str, key: &str, incoming: &str) {
-        let session = match self.sessions.load(key) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(session = %key, "cannot read the session to check its size: {e}");
-                return;
-            }
-        };
-        let count = session.messages.len() + session.skipped;
-        let base = self.base_prompt_tokens() + memory::estimate_tokens(&[Message::user(incoming)]);
-        let history = self.sessions.history(key, self.settings.history_messages).unwrap_or_default();
-        let estimate = base + memory::estimate_tokens(&history);
-        if count <= self.settings.history_messages && estimate <= self.settings.context_tokens {
-            return;
-        }
+    /// The messages of a turn's first model call.
+    fn prompt(&self, req: &TurnRequest) -> std::io::Result<Vec<Message>> {
+        let history = self.sessions.history(&req.session_key, self.settings.history_messages)?;
+        let names = self.tools.names();
+        let origin = Origin { channel: &req.channel, chat_id: &req.chat_id };
+        Ok(self.context.build(history, &req.text, origin, &names, jiff::Timestamp::now()))
+    }
+
+    /// Whether the prompt passes `[agent] context_tokens`, or the session has
+    /// more messages than the history window holds (they would drop out of the
+    /// prompt without being remembered).
+    fn needs_consolidation(&self, key: &str, prompt: &[Message]) -> bool {
+        let count = self.sessions.load(key).map(|s| s.messages.len() + s.skipped).unwrap_or(0);
+        let estimate = memory::estimate_tokens(prompt) + memory::estimate_spec_tokens(&self.specs);
+        count > self.settings.history_messages || estimate > self.settings.context_tokens
+    }
+
+    /// Consolidate the older part of a session before a turn. Failures are
+    /// logged; the turn goes on with the session as it is.
+    async fn auto_consolidate(&self, provider: &dyn Provider, model: &str, key: &str, prompt: &[Message]) {
+        // What every prompt carries besides the history: system prompt, tools, runtime context, the new text.
+        let fixed = prompt.first().map_or(0, |m| memory::estimate_tokens(std::slice::from_ref(m)))
+            + prompt.iter().rev().take(2).map(|m| memory::estimate_tokens(std::slice::from_ref(m))).sum::<usize>()
+            + memory::estimate_spec_tokens(&self.specs);
         let keep = Keep::Recent {
             messages: (self.settings.history_messages / 2).max(1),
-            tokens: self.settings.context_tokens.saturating_sub(base) / 2,
+            tokens: self.settings.context_tokens.saturating_sub(fixed) / 2,
         };
-        tracing::info!(session = %key, messages = count, estimate, "consolidating the session's older part");
+        tracing::info!(session = %key, "consolidating the session's older part");
         match self.consolidate_locked(Some(provider), model, key, keep).await {
             Ok(c) => tracing::info!(session = %key, "{c}"),
             Err(e) => tracing::error!(session = %key, "consolidation failed, the session is unchanged: {e}"),
