@@ -666,6 +666,26 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     );
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());
+    let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();
+    println!(
+        "tokens:     {} today{}",
+        today.total(),
+        match c.agent.daily_token_budget {
+            0 => String::new(),
+            b => format!(" (budget {b})"),
+        }
+    );
+    let (skills, skill_errors) = crate::agent::skills::load(&loaded.paths.workspace);
+    println!(
+        "skills:     {} ({} available{})",
+        skills.len(),
+        skills.iter().filter(|s| s.available()).count(),
+        if skill_errors.is_empty() {
+            String::new()
+        } else {
+            format!(", {} with errors: run `bramble check`", skill_errors.len())
+        }
+    );
     let synced = crate::scheduler::clock_synchronized();
     println!(
         "clock:      {}",

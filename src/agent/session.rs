@@ -76,7 +76,7 @@ pub struct Session {
     pub checkpoint: Option<Checkpoint>,
     /// The last messages after the checkpoint (at most a few hundred).
     pub messages: Vec<StoredMessage>,
-    /// Messages after the checkpoint that are on disk but not in `messages`.
+    /// Lines of messages after the checkpoint that are on disk but not in `messages`.
     pub skipped: usize,
 }
 
@@ -324,31 +324,48 @@ fn decode_key(name: &str) -> String {
 /// skipping the metadata line and any unreadable line (logged), so a torn tail
 /// after a power cut costs one line, not the session.
 fn read_all(path: &Path) -> std::io::Result<(Option<Checkpoint>, Vec<StoredMessage>)> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, Vec::new())),
-        Err(e) => return Err(e),
+    let (checkpoint, lines) = match read_lines(path)? {
+        Some(text) => scan(path, &text, usize::MAX),
+        None => return Ok((None, Vec::new())),
     };
+    Ok((checkpoint, lines.0))
+}
+
+/// The file's text, `None` when it does not exist.
+fn read_lines(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The last checkpoint, the last `keep` messages after it (parsed), and how
+/// many message lines after it were not parsed. Only the kept lines are
+/// decoded: a long session loads in the time of its tail.
+fn scan(path: &Path, text: &str, keep: usize) -> (Option<Checkpoint>, (Vec<StoredMessage>, usize)) {
+    let lines: Vec<(usize, &str)> = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).collect();
     let mut checkpoint = None;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        if line.starts_with("{\"_type\"") {
-            if line.starts_with("{\"_type\":\"checkpoint\"") {
-                match serde_json::from_str::<CheckpointLine>(line) {
-                    Ok(c) => {
-                        checkpoint = Some(c.checkpoint);
-                        out.clear();
-                    }
-                    Err(e) => {
-                        tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable checkpoint")
-                    }
+    let mut start = 0;
+    for (i, (n, line)) in lines.iter().enumerate().rev() {
+        if line.starts_with("{\"_type\":\"checkpoint\"") {
+            match serde_json::from_str::<CheckpointLine>(line) {
+                Ok(c) => {
+                    checkpoint = Some(c.checkpoint);
+                    start = i + 1;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable checkpoint")
                 }
             }
-            continue;
         }
+    }
+    let messages: Vec<(usize, &str)> =
+        lines[start..].iter().filter(|(_, l)| !l.starts_with("{\"_type\"")).copied().collect();
+    let skipped = messages.len().saturating_sub(keep);
+    let mut out = Vec::with_capacity(messages.len() - skipped);
+    for (n, line) in &messages[skipped..] {
         match serde_json::from_str::<StoredMessage>(line) {
             Ok(m) => out.push(m),
             Err(e) => {
@@ -356,14 +373,13 @@ fn read_all(path: &Path) -> std::io::Result<(Option<Checkpoint>, Vec<StoredMessa
             }
         }
     }
-    Ok((checkpoint, out))
+    (checkpoint, (out, skipped))
 }
 
-/// [`read_all`], keeping only the tail in memory.
+/// [`read_all`], decoding only the tail kept in memory.
 fn read_session_file(path: &Path) -> std::io::Result<Session> {
-    let (checkpoint, mut messages) = read_all(path)?;
-    let skipped = messages.len().saturating_sub(CACHE_MESSAGES);
-    messages.drain(..skipped);
+    let Some(text) = read_lines(path)? else { return Ok(Session::default()) };
+    let (checkpoint, (messages, skipped)) = scan(path, &text, CACHE_MESSAGES);
     Ok(Session { checkpoint, messages, skipped })
 }
 
@@ -456,6 +472,37 @@ mod tests {
         daemon.append_turn("k", &[stored(Message::user("a")), stored(Message::assistant("b"))]).unwrap();
         cli.append_turn("k", &[stored(Message::user("c")), stored(Message::assistant("d"))]).unwrap();
         assert_eq!(daemon.history("k", 10).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn checkpoints_replace_the_prefix_and_long_files_load_their_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        let turn = |i: usize| [stored(Message::user(format!("q{i}"))), stored(Message::assistant(format!("a{i}")))];
+        for i in 0..150 {
+            s.append_turn("k", &turn(i)).unwrap();
+        }
+        let fresh = SessionStore::new(dir.path());
+        let loaded = fresh.load("k").unwrap();
+        assert_eq!((loaded.messages.len(), loaded.skipped), (CACHE_MESSAGES, 100));
+        assert_eq!(loaded.messages[0].message.text_content(), "q50");
+        let all = fresh.load_all("k").unwrap();
+        assert_eq!(all.messages.len(), 300);
+
+        // Someone else's view of the prefix: refused, nothing written.
+        let wrong = [stored(Message::user("not in the file"))];
+        assert_eq!(fresh.replace_prefix("k", 1, &wrong, None).unwrap(), None);
+        let cp = Checkpoint { summary: "earlier talk".into(), timestamp: now_rfc3339(), archived: 296 };
+        let dropped = fresh.replace_prefix("k", 296, &all.messages[290..296], Some(cp.clone())).unwrap().unwrap();
+        assert_eq!(dropped.len(), 296);
+        s.append_turn("k", &turn(150)).unwrap();
+        let again = SessionStore::new(dir.path()).load("k").unwrap();
+        assert_eq!(again.checkpoint, Some(cp));
+        let texts: Vec<&str> = again.messages.iter().map(|m| m.message.text_content()).collect();
+        assert_eq!(texts, ["q148", "a148", "q149", "a149", "q150", "a150"]);
+        let h = s.history("k", 4).unwrap();
+        assert!(h[0].text_content().starts_with("[Summary of the earlier conversation (296 messages"), "{h:?}");
+        assert_eq!(h.len(), 5);
     }
 
     #[test]
