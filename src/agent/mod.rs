@@ -287,14 +287,14 @@ impl Agent {
                 }
             }
         };
+        // Dropped unfinished (the turn's future abandoned): the record stays for the next start.
+        let record = record.map(|path| PendingGuard { store: &self.pending, path });
         let result = self.turn_queued(provider.as_ref(), &req).await;
-        if let Some(path) = record {
+        if let Some(record) = record {
             // Cut off by shutdown: the session is unchanged and the message stays pending.
             let keep = matches!(result, Err(TurnError::Cancelled)) && self.inflight.is_shutting_down();
-            if keep {
-                self.pending.release(&path);
-            } else {
-                self.pending.finish(&path);
+            if !keep {
+                self.pending.finish(&record.path);
             }
         }
         result
@@ -487,6 +487,19 @@ impl Agent {
             });
         }
         while running.join_next().await.is_some() {}
+    }
+}
+
+/// A turn's pending record, released (kept on disk for the next start) when
+/// the turn ends without [`PendingStore::finish`].
+struct PendingGuard<'a> {
+    store: &'a PendingStore,
+    path: std::path::PathBuf,
+}
+
+impl Drop for PendingGuard<'_> {
+    fn drop(&mut self) {
+        self.store.release(&self.path);
     }
 }
 

@@ -98,7 +98,8 @@ impl PendingStore {
         Ok(path)
     }
 
-    /// The turn ended without an answer (cut off by shutdown): the record stays for the next start.
+    /// The turn ended without an answer (cut off by shutdown): the record stays
+    /// for the next start. After [`finish`](Self::finish) this does nothing.
     pub fn release(&self, path: &Path) {
         active().remove(path);
     }
