@@ -112,6 +112,34 @@ async fn the_older_part_is_consolidated_through_a_forced_save_memory_call() {
 }
 
 #[tokio::test]
+async fn a_prompt_over_context_tokens_is_consolidated() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    // What every prompt carries (system prompt, tool specs), measured on an empty session.
+    let probe = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let base = probe.agent().0.session_status("x").unwrap().estimated_tokens;
+    let home = TestHome::new("openai", &fake.base_url(), &format!("context_tokens = {}", base + 2500), "", "");
+    let (agent, _out) = home.agent();
+    // Messages of ~1,000 tokens: the third turn's prompt passes the limit long
+    // before the 40-message window fills.
+    let big = |c: char| c.to_string().repeat(4000);
+    for c in ['a', 'b'] {
+        fake.push(Reply::text("ok"));
+        agent.turn(TurnRequest::cli("s", big(c))).await.unwrap();
+    }
+    assert_eq!(fake.request_count(), 2, "still under the limit");
+    fake.push(save_memory("[2026-05-01 10:00] Two long messages.", ""));
+    fake.push(Reply::text("ok"));
+    agent.turn(TurnRequest::cli("s", big('c'))).await.unwrap();
+    let reqs = fake.requests();
+    assert!(reqs[2].get("tool_choice").is_some(), "the third turn consolidated first");
+    let excerpt = reqs[2]["messages"][1]["content"].as_str().unwrap();
+    assert!(excerpt.contains("aaaa") && !excerpt.contains("bbbb"), "the older turn only");
+    let st = agent.session_status("s").unwrap();
+    assert!(st.consolidated && st.messages == 4, "{st:?}");
+    assert!(st.estimated_tokens <= st.context_tokens, "{st:?}");
+}
+
+#[tokio::test]
 async fn a_failed_summary_archives_the_raw_messages_instead() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     let home = TestHome::new("openai", &fake.base_url(), "history_messages = 4", "max_retries = 0", "");
