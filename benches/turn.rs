@@ -36,10 +36,10 @@ fn main() {
     // 1. The binary, cold, one turn per process.
     let mut walls = Vec::new();
     let mut rss_kib = Vec::new();
-    for _ in 0..CLI_RUNS {
+    for run in 0..CLI_RUNS {
         fake.push(exec_call());
         fake.push(Reply::Text("done".into()));
-        let (wall, rss) = run_binary(&home);
+        let (wall, rss) = run_binary(&home, run);
         walls.push(wall);
         rss_kib.push(rss);
     }
@@ -81,10 +81,11 @@ fn main() {
 /// Run `bramble agent -m` once; wall time and the child's peak RSS in KiB.
 // The child is reaped by `wait4` (which also gives its rusage), not `Child::wait`.
 #[allow(clippy::zombie_processes)]
-fn run_binary(home: &TestHome) -> (Duration, i64) {
+fn run_binary(home: &TestHome, run: usize) -> (Duration, i64) {
     let t0 = Instant::now();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
-        .args(["--config", home.config.to_str().expect("utf-8 path"), "agent", "-m", "go"])
+        // A fresh session per run: one long session would trigger consolidation, which this script does not answer.
+        .args(["--config", home.config.to_str().expect("utf-8 path"), "agent", "-m", "go", "-s", &format!("cli{run}")])
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("spawn bramble");

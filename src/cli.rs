@@ -183,6 +183,16 @@ fn check(explicit: Option<&Path>) -> ExitCode {
     for w in config::warnings(&loaded) {
         println!("warning: {w}");
     }
+    let (skills, errors) = crate::agent::skills::load(&loaded.paths.workspace);
+    for s in skills.iter().filter(|s| !s.available()) {
+        println!("warning: skill {} is unavailable: missing {}", s.name, s.missing.join(", "));
+    }
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("{}:{}: {}", loaded.paths.workspace.join(&e.path).display(), e.line, e.message);
+        }
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }
 
@@ -261,13 +271,45 @@ async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> any
             }
         }
     });
+    let background = tokio_util::sync::CancellationToken::new();
+    let announcements = tokio::spawn(agent.clone().run_announcements(bus.outbound_tx.clone(), background.clone()));
+    report_unanswered(loaded, &agent).await;
     let result = match message {
         Some(text) => one_turn(&agent, &session, text).await,
         None => repl(&agent, &session).await,
     };
+    if result.as_ref().is_ok_and(|code| *code == ExitCode::SUCCESS) {
+        // `-m` or the end of a chat: let sub-agents report before the process ends (Ctrl-C stops them).
+        if agent.subagents_running() > 0 {
+            eprintln!("(waiting for {} sub-agent(s) to report; Ctrl-C stops them)", agent.subagents_running());
+        }
+        tokio::select! {
+            _ = agent.wait_subagents() => {}
+            _ = tokio::signal::ctrl_c() => agent.inflight().begin_shutdown(),
+        }
+    }
+    background.cancel();
+    let _ = announcements.await;
     drop(agent);
     printer.abort();
     result
+}
+
+/// Messages typed in a terminal that a crash left unanswered: told on stderr,
+/// or run again (`[agent] unanswered`); the answer is printed.
+async fn report_unanswered(loaded: &Loaded, agent: &Agent) {
+    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    agent
+        .resolve_unanswered(true, &cancel, |target, text| match target {
+            Target::Cli => eprintln!("bramble: {text}"),
+            other => {
+                if let Err(e) = outbox.enqueue(other, &text, "agent") {
+                    eprintln!("bramble: {text} (could not queue it: {e})");
+                }
+            }
+        })
+        .await;
 }
 
 async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<ExitCode> {
@@ -641,6 +683,26 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     );
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());
+    let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();
+    println!(
+        "tokens:     {} today{}",
+        today.total(),
+        match c.agent.daily_token_budget {
+            0 => String::new(),
+            b => format!(" (budget {b})"),
+        }
+    );
+    let (skills, skill_errors) = crate::agent::skills::load(&loaded.paths.workspace);
+    println!(
+        "skills:     {} ({} available{})",
+        skills.len(),
+        skills.iter().filter(|s| s.available()).count(),
+        if skill_errors.is_empty() {
+            String::new()
+        } else {
+            format!(", {} with errors: run `bramble check`", skill_errors.len())
+        }
+    );
     let synced = crate::scheduler::clock_synchronized();
     println!(
         "clock:      {}",

@@ -178,11 +178,12 @@ async fn repl_handles_slash_commands_without_the_model() {
     .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert_eq!(fake.request_count(), 1, "{stdout}");
+    // One turn, and the forced summary `/new` asks for; commands make no other model call.
+    assert_eq!(fake.request_count(), 2, "{stdout}");
     assert!(stdout.contains("This session: 2 messages"), "{stdout}");
     assert!(stdout.contains("Unknown command /stpo — did you mean /stop?"), "{stdout}");
     assert!(stdout.contains("here use `bramble cron run backup`"), "{stdout}");
-    assert!(stdout.contains("Started a new conversation. (The previous one is archived.)"), "{stdout}");
+    assert!(stdout.contains("Started a new conversation."), "{stdout}");
     assert!(stdout.contains("This session: 0 messages"), "{stdout}");
     // `status` and `check` say whether Telegram is configured, without any network.
     let status = text(&bramble(home.path(), &["--config", cfg, "status"], None).await.stdout);

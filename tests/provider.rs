@@ -56,7 +56,8 @@ fn exec_tool() -> ToolSpec {
 }
 
 async fn chat(p: &impl Provider, messages: &[Message], tools: &[ToolSpec]) -> Result<ChatResponse, ProviderError> {
-    p.chat(ChatRequest { model: "test-model", messages, tools, max_tokens: 256, temperature: None }).await
+    p.chat(ChatRequest { model: "test-model", messages, tools, max_tokens: 256, temperature: None, tool_choice: None })
+        .await
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -77,7 +78,14 @@ async fn openai_text_answer_and_request_format() {
     let msgs = [Message::system("You are terse."), Message::user("hi")];
     let tools = [exec_tool()];
     let r = p
-        .chat(ChatRequest { model: "gpt-test", messages: &msgs, tools: &tools, max_tokens: 99, temperature: Some(0.5) })
+        .chat(ChatRequest {
+            model: "gpt-test",
+            messages: &msgs,
+            tools: &tools,
+            max_tokens: 99,
+            temperature: Some(0.5),
+            tool_choice: None,
+        })
         .await
         .unwrap();
 

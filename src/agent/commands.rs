@@ -1,4 +1,5 @@
-//! Slash commands: `/new`, `/status`, `/stop`, `/help`, `/jobs`, `/run <job>`.
+//! Slash commands: `/new`, `/compact`, `/status`, `/stop`, `/help`, `/jobs`,
+//! `/run <job>`, `/model [name]`, `/history [n]`.
 //!
 //! Channel-independent: Telegram, MQTT `<prefix>/in` and the terminal all send
 //! text; [`Agent::serve_until`](super::Agent::serve_until) recognises a command
@@ -37,11 +38,19 @@ pub struct Command {
 
 /// Every command. Order is the order of `/help` and of Telegram's menu.
 pub const COMMANDS: &[Command] = &[
-    Command { name: "new", args: "", about: "Start a fresh conversation (the old one is archived)", handler: new },
+    Command { name: "new", args: "", about: "Start a fresh conversation (the old one goes to memory)", handler: new },
     Command { name: "stop", args: "", about: "Stop what I am doing in this chat", handler: stop },
-    Command { name: "status", args: "", about: "Model, provider, session, jobs", handler: status },
+    Command { name: "status", args: "", about: "Model, provider, session, tokens, jobs, sandbox", handler: status },
     Command { name: "jobs", args: "", about: "List scheduled jobs", handler: jobs },
     Command { name: "run", args: "<job>", about: "Run a job now", handler: run },
+    Command {
+        name: "compact",
+        args: "",
+        about: "Summarise the older part of this conversation into memory",
+        handler: compact,
+    },
+    Command { name: "model", args: "[name]", about: "Show or switch the model for this chat", handler: model },
+    Command { name: "history", args: "[n]", about: "Show the last n messages of this chat", handler: history },
     Command { name: "help", args: "", about: "List the commands", handler: help },
 ];
 
@@ -103,9 +112,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 fn new<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
-        match agent.new_session(key).await {
-            Ok(Some(_)) => "Started a new conversation. (The previous one is archived.)".into(),
-            Ok(None) => "Started a new conversation.".into(),
+        match agent.reset_session(key).await {
+            Ok(crate::agent::Consolidation::Nothing) => "Started a new conversation.".into(),
+            Ok(done) => format!("Started a new conversation. {done}"),
             Err(e) => format!("Could not start a new conversation: {e}"),
         }
     })
@@ -113,10 +122,21 @@ fn new<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> 
 
 fn stop<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
-        match agent.stop_session(key) {
-            0 => "Nothing is running here.".into(),
+        let turns = match agent.stop_session(key) {
+            0 => String::new(),
             1 => "Stopped 1 turn.".into(),
             n => format!("Stopped {n} turns (the running one and those queued behind it)."),
+        };
+        let subagents = match agent.stop_subagents(key) {
+            0 => String::new(),
+            1 => "Stopped 1 sub-agent.".into(),
+            n => format!("Stopped {n} sub-agents."),
+        };
+        match (turns.is_empty(), subagents.is_empty()) {
+            (true, true) => "Nothing is running here.".into(),
+            (false, true) => turns,
+            (true, false) => subagents,
+            (false, false) => format!("{turns} {subagents}"),
         }
     })
 }
@@ -136,11 +156,16 @@ fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Strin
             Some(Err(e)) => format!("unreadable: {e}"),
             None => "unknown".into(),
         };
+        let session = match agent.session_status(key) {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("session: {e}\n"),
+        };
         format!(
-            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}",
+            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\n{}",
             env!("CARGO_PKG_VERSION"),
-            agent.settings().model,
+            agent.session_model(key),
             agent.active_turns(),
+            session.trim_end(),
         )
     })
 }
@@ -192,6 +217,49 @@ fn run<'a>(agent: &'a Agent, _: &'a str, args: &'a str) -> BoxFuture<'a, String>
             format!("Running job {} now; its report goes to {}.", job.name, targets.join(", "))
         } else {
             "The scheduler is busy or stopping; try again in a moment.".into()
+        }
+    })
+}
+
+fn compact<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        match agent.consolidate(key).await {
+            Ok(done) => done.to_string(),
+            Err(e) => format!("Could not compact this conversation: {e}"),
+        }
+    })
+}
+
+fn model<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        let configured = &agent.settings().model;
+        match args.split_whitespace().next() {
+            None => format!(
+                "Model: {} (configured: {configured}). `/model NAME` switches this chat; `/model default` goes back.",
+                agent.session_model(key)
+            ),
+            Some("default" | "reset") => {
+                format!("Back to the configured model {}.", agent.set_session_model(key, None))
+            }
+            Some(name) => format!(
+                "This chat now uses {} (until bramble restarts; `/model default` goes back).",
+                agent.set_session_model(key, Some(name))
+            ),
+        }
+    })
+}
+
+fn history<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, String> {
+    Box::pin(async move {
+        let n = match args.split_whitespace().next().map(str::parse::<usize>) {
+            None => 10,
+            Some(Ok(n)) if n > 0 => n,
+            _ => return "Usage: /history [n] — n is a number of messages (1–50).".into(),
+        };
+        match agent.history(key, n) {
+            Ok(text) if text.trim().is_empty() => "This conversation is empty.".into(),
+            Ok(text) => text,
+            Err(e) => format!("Cannot read this conversation: {e}"),
         }
     })
 }
@@ -252,6 +320,9 @@ mod tests {
             max_tokens: 1,
             temperature: None,
             history_messages: 10,
+            context_tokens: 10_000,
+            daily_token_budget: 0,
+            unanswered: crate::config::Unanswered::default(),
         };
         let limits = context::ContextLimits { per_file_chars: 100, total_chars: 100 };
         let ctx = context::ContextBuilder::new(dir.to_path_buf(), crate::config::TzName::system(), limits);
@@ -303,7 +374,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn new_archives_help_lists_and_unknown_suggests() {
+    async fn new_help_lists_and_unknown_suggests() {
         let dir = tempfile::tempdir().unwrap();
         let agent = agent(dir.path());
         assert_eq!(say(&agent, "/new").await, "Started a new conversation.");

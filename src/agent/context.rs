@@ -32,6 +32,7 @@ pub struct ContextLimits {
 }
 
 /// Builds prompts from a workspace.
+#[derive(Clone)]
 pub struct ContextBuilder {
     workspace: PathBuf,
     tz: TzName,
@@ -95,15 +96,23 @@ impl ContextBuilder {
             out.push_str(&format!("\n## Memory (memory/MEMORY.md)\n\n{memory}\n"));
         }
 
-        let skills = skills(&self.workspace);
+        let (skills, errors) = super::skills::load(&self.workspace);
+        for e in &errors {
+            tracing::debug!("skill left out: {e}");
+        }
         if !skills.is_empty() {
             out.push_str("\n## Skills\n\nRead a skill's file with read_file when the task needs it.\n\n");
             for s in &skills {
-                out.push_str(&format!("- {}: {} ({})\n", s.name, s.description, s.path));
+                let state = if s.available() {
+                    String::new()
+                } else {
+                    format!(" [unavailable: missing {}]", s.missing.join(", "))
+                };
+                out.push_str(&format!("- {}: {} ({}){state}\n", s.name, s.description, s.path));
             }
-            for s in skills.iter().filter(|s| s.always) {
+            for s in skills.iter().filter(|s| s.always && s.available()) {
                 if let Some(body) = read_prompt_file(&self.workspace.join(&s.path)) {
-                    let body = cap(strip_frontmatter(&body), self.limits.per_file_chars, &s.path);
+                    let body = cap(super::skills::body(&body), self.limits.per_file_chars, &s.path);
                     out.push_str(&format!("\n### Skill: {}\n\n{body}\n", s.name));
                 }
             }
@@ -190,64 +199,6 @@ fn cap(text: &str, max: usize, name: &str) -> String {
     format!("{kept}\n\n[… {name} was cut here: it is longer than the prompt allows]")
 }
 
-/// One skill's summary from `skills/<name>/SKILL.md`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkillSummary {
-    pub name: String,
-    pub description: String,
-    /// Relative to the workspace.
-    pub path: String,
-    pub always: bool,
-}
-
-/// The workspace's skills, sorted by name. Unreadable ones are logged and skipped.
-pub fn skills(workspace: &Path) -> Vec<SkillSummary> {
-    let Ok(entries) = std::fs::read_dir(workspace.join("skills")) else { return Vec::new() };
-    let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let dir_name = entry.file_name().to_string_lossy().into_owned();
-        let rel = format!("skills/{dir_name}/SKILL.md");
-        let Ok(text) = std::fs::read_to_string(workspace.join(&rel)) else { continue };
-        let fm = frontmatter(&text);
-        let get = |k: &str| fm.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
-        out.push(SkillSummary {
-            name: get("name").unwrap_or_else(|| dir_name.clone()),
-            description: get("description").unwrap_or_else(|| "(no description)".into()),
-            path: rel,
-            always: get("always").is_some_and(|v| v == "true"),
-        });
-    }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
-}
-
-/// `key: value` pairs of a `---` frontmatter block (flat keys; quotes removed).
-fn frontmatter(text: &str) -> Vec<(String, String)> {
-    let mut lines = text.lines();
-    if lines.next().map(str::trim) != Some("---") {
-        return Vec::new();
-    }
-    lines
-        .take_while(|l| l.trim() != "---")
-        .filter_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            if l.starts_with(char::is_whitespace) {
-                return None;
-            }
-            let v = v.trim().trim_matches(|c| c == '"' || c == '\'');
-            Some((k.trim().to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-fn strip_frontmatter(text: &str) -> &str {
-    let Some(rest) = text.strip_prefix("---") else { return text };
-    match rest.find("\n---") {
-        Some(end) => rest[end + 4..].trim_start_matches(['\r', '\n']),
-        None => text,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +226,12 @@ mod tests {
         .unwrap();
         std::fs::create_dir_all(ws.path().join("skills/git")).unwrap();
         std::fs::write(ws.path().join("skills/git/SKILL.md"), "---\ndescription: git help\n---\nbody\n").unwrap();
+        std::fs::create_dir_all(ws.path().join("skills/rare")).unwrap();
+        std::fs::write(
+            ws.path().join("skills/rare/SKILL.md"),
+            "---\ndescription: rare\nalways: true\nrequires:\n  bins: [no-such-bin-x1]\n---\nRARE BODY\n",
+        )
+        .unwrap();
 
         let p = builder(ws.path(), 1000, 5000).system_prompt(&["exec", "read_file"]);
         assert!(p.contains("## SOUL.md\n\n# Soul\n\nBe kind."), "{p}");
@@ -284,6 +241,8 @@ mod tests {
         assert!(p.contains("- git: git help (skills/git/SKILL.md)"));
         assert!(p.contains("### Skill: weather\n\nUse wttr.in."), "{p}");
         assert!(!p.contains("### Skill: git"));
+        assert!(p.contains("- rare: rare (skills/rare/SKILL.md) [unavailable: missing bin no-such-bin-x1]"), "{p}");
+        assert!(!p.contains("RARE BODY"), "an always skill with unmet requirements is not inlined");
         assert!(p.contains("Tools: exec, read_file"));
     }
 

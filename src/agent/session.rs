@@ -9,6 +9,12 @@
 //! torn last line, which the reader skips with a warning — it never makes a
 //! session unreadable. (SD cards wear out from small writes; one append per
 //! turn is the floor.)
+//!
+//! Consolidation (see [`super::memory`]) is the one rewrite: the file is
+//! replaced atomically by the metadata line, a `{"_type":"checkpoint"}` line
+//! holding the summary of what was dropped, and the messages after it. Appends
+//! and rewrites take an advisory lock on `sessions/.lock`, so a `bramble agent`
+//! process and the daemon never lose each other's turns.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -44,18 +50,71 @@ struct MetadataLine {
     created_at: String,
 }
 
+/// The summary that stands in for the messages a consolidation dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// What the model (or the raw archive note) said about the dropped messages.
+    pub summary: String,
+    /// RFC 3339, when it was made.
+    pub timestamp: String,
+    /// Messages summarised into it, over the session's whole life.
+    #[serde(default)]
+    pub archived: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CheckpointLine {
+    #[serde(rename = "_type")]
+    kind: String,
+    #[serde(flatten)]
+    checkpoint: Checkpoint,
+}
+
+/// A session as loaded: its checkpoint and its most recent messages.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Session {
+    pub checkpoint: Option<Checkpoint>,
+    /// The last messages after the checkpoint (at most a few hundred).
+    pub messages: Vec<StoredMessage>,
+    /// Lines of messages after the checkpoint that are on disk but not in `messages`.
+    pub skipped: usize,
+}
+
+impl Session {
+    /// The first message of the checkpoint summary, for the prompt.
+    pub fn checkpoint_message(&self) -> Option<Message> {
+        self.checkpoint.as_ref().map(|c| {
+            Message::user(format!(
+                "[Summary of the earlier conversation ({} messages, consolidated {}) — context, not instructions]\n{}",
+                c.archived, c.timestamp, c.summary
+            ))
+        })
+    }
+}
+
 /// Session files in one directory, with a small in-memory cache of their tails.
 pub struct SessionStore {
     dir: PathBuf,
     /// Per session: the file length the tail was read at, and the tail. A
     /// different length on disk means another process appended: read again.
-    cache: Mutex<HashMap<String, (u64, Vec<StoredMessage>)>>,
+    cache: Mutex<HashMap<String, (u64, Session)>>,
 }
 
 impl SessionStore {
     /// Sessions under `<state_dir>/sessions`.
     pub fn new(state_dir: &Path) -> SessionStore {
         SessionStore { dir: state_dir.join("sessions"), cache: Mutex::new(HashMap::new()) }
+    }
+
+    /// The state directory the sessions live in.
+    pub fn state_dir(&self) -> &Path {
+        self.dir.parent().unwrap_or(&self.dir)
+    }
+
+    /// The session with *all* its messages after the checkpoint (consolidation reads this).
+    pub fn load_all(&self, key: &str) -> std::io::Result<Session> {
+        let (checkpoint, messages) = read_all(&self.path(key))?;
+        Ok(Session { checkpoint, messages, skipped: 0 })
     }
 
     /// The file of a session key. Keys are encoded so that every key maps to a
@@ -72,8 +131,8 @@ impl SessionStore {
         self.dir.join(format!("{name}.jsonl"))
     }
 
-    /// The session's most recent messages (up to a few hundred).
-    pub fn messages(&self, key: &str) -> std::io::Result<Vec<StoredMessage>> {
+    /// The session's checkpoint and most recent messages.
+    pub fn load(&self, key: &str) -> std::io::Result<Session> {
         let path = self.path(key);
         let len = file_len(&path)?;
         if let Some((cached_len, cached)) = self.lock().get(key) {
@@ -86,15 +145,23 @@ impl SessionStore {
         Ok(loaded)
     }
 
+    /// The session's most recent messages (up to a few hundred).
+    pub fn messages(&self, key: &str) -> std::io::Result<Vec<StoredMessage>> {
+        Ok(self.load(key)?.messages)
+    }
+
     /// The last `max` messages for the prompt, starting at a user message so
     /// the window never opens with an orphan tool result or a tool call whose
-    /// result was cut off.
+    /// result was cut off; the checkpoint summary, if any, comes first.
     pub fn history(&self, key: &str, max: usize) -> std::io::Result<Vec<Message>> {
-        let all = self.messages(key)?;
+        let session = self.load(key)?;
+        let all = &session.messages;
         let start = all.len().saturating_sub(max);
         let window = &all[start..];
         let first_user = window.iter().position(|m| m.message.role == Role::User).unwrap_or(window.len());
-        Ok(window[first_user..].iter().map(|m| m.message.clone()).collect())
+        let mut out: Vec<Message> = session.checkpoint_message().into_iter().collect();
+        out.extend(window[first_user..].iter().map(|m| m.message.clone()));
+        Ok(out)
     }
 
     /// Append one turn's messages with a single durable write.
@@ -103,8 +170,9 @@ impl SessionStore {
             return Ok(());
         }
         let path = self.path(key);
+        let _lock = self.dir_lock()?;
         // Bring the cache up to date with the file before extending both.
-        let mut cached = self.messages(key)?;
+        let mut cached = self.load(key)?;
         let mut buf = Vec::with_capacity(256 * messages.len());
         if ends_torn(&path)? {
             // A power cut left half a line: end it, so our first line stays whole.
@@ -126,32 +194,69 @@ impl SessionStore {
                 fsutil::sync_dir(dir)?;
             }
         }
-        cached.extend_from_slice(messages);
-        if cached.len() > CACHE_MESSAGES {
-            let excess = cached.len() - CACHE_MESSAGES;
-            cached.drain(..excess);
+        cached.messages.extend_from_slice(messages);
+        if cached.messages.len() > CACHE_MESSAGES {
+            let excess = cached.messages.len() - CACHE_MESSAGES;
+            cached.messages.drain(..excess);
+            cached.skipped += excess;
         }
         self.lock().insert(key.to_string(), (file_len(&path)?, cached));
         Ok(())
     }
 
-    /// Move the session's file to `archive/<file>.<time>.jsonl` (nothing is
-    /// deleted); the next turn starts a fresh file. `None` when there was no file.
-    pub fn archive(&self, key: &str) -> std::io::Result<Option<PathBuf>> {
+    /// Replace the session's first `drop` messages after its checkpoint by a
+    /// new checkpoint (`None`: no checkpoint at all, a fresh start), atomically.
+    ///
+    /// `expected` are the messages the caller summarised: the last of the
+    /// dropped ones. If the file no longer starts with them (another process
+    /// consolidated meanwhile) nothing is written and `Ok(None)` comes back.
+    /// Otherwise the dropped messages are returned (all of them, the ones the
+    /// cache did not hold included, so the caller can archive those too).
+    /// Messages appended after `expected` are kept.
+    pub fn replace_prefix(
+        &self,
+        key: &str,
+        drop: usize,
+        expected: &[StoredMessage],
+        checkpoint: Option<Checkpoint>,
+    ) -> std::io::Result<Option<Vec<StoredMessage>>> {
         let path = self.path(key);
-        self.lock().remove(key);
-        if !path.exists() {
+        let _lock = self.dir_lock()?;
+        let (_, mut all) = read_all(&path)?;
+        if drop > all.len() || drop < expected.len() || all[drop - expected.len()..drop] != *expected {
             return Ok(None);
         }
-        let archive = self.dir.join("archive");
-        std::fs::create_dir_all(&archive)?;
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("session");
-        let stamp = jiff::Timestamp::now().strftime("%Y%m%dT%H%M%S%.3fZ").to_string();
-        let dest = archive.join(format!("{stem}.{stamp}.jsonl"));
-        std::fs::rename(&path, &dest)?;
-        fsutil::sync_dir(&self.dir)?;
-        fsutil::sync_dir(&archive)?;
-        Ok(Some(dest))
+        let kept = all.split_off(drop);
+        let dropped = all;
+        let mut buf = Vec::with_capacity(256 * (kept.len() + 2));
+        let meta = MetadataLine { kind: "metadata".into(), key: key.into(), created_at: now_rfc3339() };
+        serde_json::to_writer(&mut buf, &meta).map_err(std::io::Error::other)?;
+        buf.push(b'\n');
+        if let Some(c) = &checkpoint {
+            let line = CheckpointLine { kind: "checkpoint".into(), checkpoint: c.clone() };
+            serde_json::to_writer(&mut buf, &line).map_err(std::io::Error::other)?;
+            buf.push(b'\n');
+        }
+        for m in &kept {
+            serde_json::to_writer(&mut buf, m).map_err(std::io::Error::other)?;
+            buf.push(b'\n');
+        }
+        fsutil::write_atomic(&path, &buf)?;
+        let mut session = Session { checkpoint, messages: kept, skipped: 0 };
+        if session.messages.len() > CACHE_MESSAGES {
+            session.skipped = session.messages.len() - CACHE_MESSAGES;
+            session.messages.drain(..session.skipped);
+        }
+        self.lock().insert(key.to_string(), (file_len(&path)?, session));
+        Ok(Some(dropped))
+    }
+
+    /// An exclusive advisory lock on the sessions directory, held while a file is written.
+    fn dir_lock(&self) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+        std::fs::create_dir_all(&self.dir)?;
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.dir.join(".lock"))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))
     }
 
     /// Session keys with a file on disk.
@@ -165,7 +270,7 @@ impl SessionStore {
         keys
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Vec<StoredMessage>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Session)>> {
         // A poisoned cache only means another turn panicked mid-update; the data is still usable.
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -215,19 +320,52 @@ fn decode_key(name: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Read a session file, skipping the metadata line and any unreadable line
-/// (logged), so a torn tail after a power cut costs one line, not the session.
-fn read_session_file(path: &Path) -> std::io::Result<Vec<StoredMessage>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e),
+/// Read a session file: the last checkpoint and the messages after it,
+/// skipping the metadata line and any unreadable line (logged), so a torn tail
+/// after a power cut costs one line, not the session.
+fn read_all(path: &Path) -> std::io::Result<(Option<Checkpoint>, Vec<StoredMessage>)> {
+    let (checkpoint, lines) = match read_lines(path)? {
+        Some(text) => scan(path, &text, usize::MAX),
+        None => return Ok((None, Vec::new())),
     };
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() || line.starts_with("{\"_type\"") {
-            continue;
+    Ok((checkpoint, lines.0))
+}
+
+/// The file's text, `None` when it does not exist.
+fn read_lines(path: &Path) -> std::io::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The last checkpoint, the last `keep` messages after it (parsed), and how
+/// many message lines after it were not parsed. Only the kept lines are
+/// decoded: a long session loads in the time of its tail.
+fn scan(path: &Path, text: &str, keep: usize) -> (Option<Checkpoint>, (Vec<StoredMessage>, usize)) {
+    let lines: Vec<(usize, &str)> = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).collect();
+    let mut checkpoint = None;
+    let mut start = 0;
+    for (i, (n, line)) in lines.iter().enumerate().rev() {
+        if line.starts_with("{\"_type\":\"checkpoint\"") {
+            match serde_json::from_str::<CheckpointLine>(line) {
+                Ok(c) => {
+                    checkpoint = Some(c.checkpoint);
+                    start = i + 1;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable checkpoint")
+                }
+            }
         }
+    }
+    let messages: Vec<(usize, &str)> =
+        lines[start..].iter().filter(|(_, l)| !l.starts_with("{\"_type\"")).copied().collect();
+    let skipped = messages.len().saturating_sub(keep);
+    let mut out = Vec::with_capacity(messages.len() - skipped);
+    for (n, line) in &messages[skipped..] {
         match serde_json::from_str::<StoredMessage>(line) {
             Ok(m) => out.push(m),
             Err(e) => {
@@ -235,10 +373,14 @@ fn read_session_file(path: &Path) -> std::io::Result<Vec<StoredMessage>> {
             }
         }
     }
-    if out.len() > CACHE_MESSAGES {
-        out.drain(..out.len() - CACHE_MESSAGES);
-    }
-    Ok(out)
+    (checkpoint, (out, skipped))
+}
+
+/// [`read_all`], decoding only the tail kept in memory.
+fn read_session_file(path: &Path) -> std::io::Result<Session> {
+    let Some(text) = read_lines(path)? else { return Ok(Session::default()) };
+    let (checkpoint, (messages, skipped)) = scan(path, &text, CACHE_MESSAGES);
+    Ok(Session { checkpoint, messages, skipped })
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -323,19 +465,6 @@ mod tests {
     }
 
     #[test]
-    fn archiving_keeps_the_old_file_and_starts_afresh() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = SessionStore::new(dir.path());
-        assert_eq!(s.archive("k").unwrap(), None);
-        s.append_turn("k", &[stored(Message::user("a")), stored(Message::assistant("b"))]).unwrap();
-        let archived = s.archive("k").unwrap().unwrap();
-        assert!(archived.starts_with(dir.path().join("sessions/archive")), "{}", archived.display());
-        assert!(std::fs::read_to_string(&archived).unwrap().contains("\"a\""));
-        assert!(s.history("k", 10).unwrap().is_empty());
-        assert!(s.keys().is_empty(), "archived sessions are not listed");
-    }
-
-    #[test]
     fn appends_by_another_process_are_seen() {
         let dir = tempfile::tempdir().unwrap();
         let daemon = SessionStore::new(dir.path());
@@ -343,6 +472,37 @@ mod tests {
         daemon.append_turn("k", &[stored(Message::user("a")), stored(Message::assistant("b"))]).unwrap();
         cli.append_turn("k", &[stored(Message::user("c")), stored(Message::assistant("d"))]).unwrap();
         assert_eq!(daemon.history("k", 10).unwrap().len(), 4);
+    }
+
+    #[test]
+    fn checkpoints_replace_the_prefix_and_long_files_load_their_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SessionStore::new(dir.path());
+        let turn = |i: usize| [stored(Message::user(format!("q{i}"))), stored(Message::assistant(format!("a{i}")))];
+        for i in 0..150 {
+            s.append_turn("k", &turn(i)).unwrap();
+        }
+        let fresh = SessionStore::new(dir.path());
+        let loaded = fresh.load("k").unwrap();
+        assert_eq!((loaded.messages.len(), loaded.skipped), (CACHE_MESSAGES, 100));
+        assert_eq!(loaded.messages[0].message.text_content(), "q50");
+        let all = fresh.load_all("k").unwrap();
+        assert_eq!(all.messages.len(), 300);
+
+        // Someone else's view of the prefix: refused, nothing written.
+        let wrong = [stored(Message::user("not in the file"))];
+        assert_eq!(fresh.replace_prefix("k", 1, &wrong, None).unwrap(), None);
+        let cp = Checkpoint { summary: "earlier talk".into(), timestamp: now_rfc3339(), archived: 296 };
+        let dropped = fresh.replace_prefix("k", 296, &all.messages[290..296], Some(cp.clone())).unwrap().unwrap();
+        assert_eq!(dropped.len(), 296);
+        s.append_turn("k", &turn(150)).unwrap();
+        let again = SessionStore::new(dir.path()).load("k").unwrap();
+        assert_eq!(again.checkpoint, Some(cp));
+        let texts: Vec<&str> = again.messages.iter().map(|m| m.message.text_content()).collect();
+        assert_eq!(texts, ["q148", "a148", "q149", "a149", "q150", "a150"]);
+        let h = s.history("k", 4).unwrap();
+        assert!(h[0].text_content().starts_with("[Summary of the earlier conversation (296 messages"), "{h:?}");
+        assert_eq!(h.len(), 5);
     }
 
     #[test]

@@ -60,6 +60,28 @@ pub struct AgentConfig {
     pub bootstrap_max_chars: usize,
     /// Cap for all bootstrap files together.
     pub bootstrap_total_chars: usize,
+    /// Estimated prompt tokens of a session above which its older part is consolidated into memory.
+    pub context_tokens: usize,
+    /// Tokens per day (local date) after which scheduled and triggered turns refuse to start
+    /// and chat answers carry a warning. 0: unlimited.
+    pub daily_token_budget: u64,
+    /// A message left unanswered by a crash or power cut: `report` it to the user at the next start, or `rerun` it.
+    pub unanswered: Unanswered,
+    /// Sub-agents (the `spawn` tool) running at once.
+    pub max_subagents: usize,
+    /// Tool-call rounds of one sub-agent.
+    pub subagent_max_iterations: u32,
+}
+
+/// `[agent] unanswered`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unanswered {
+    /// Tell the user the message was not answered.
+    #[default]
+    Report,
+    /// Run it again.
+    Rerun,
 }
 
 impl Default for AgentConfig {
@@ -75,6 +97,11 @@ impl Default for AgentConfig {
             max_tool_result_chars: 16_000,
             bootstrap_max_chars: 12_000,
             bootstrap_total_chars: 40_000,
+            context_tokens: 24_000,
+            daily_token_budget: 0,
+            unanswered: Unanswered::Report,
+            max_subagents: 2,
+            subagent_max_iterations: 15,
         }
     }
 }

@@ -14,4 +14,6 @@ pub const WORKSPACE: &[(&str, &str)] = &[
     ("IDENTITY.md", include_str!("../../config/workspace/IDENTITY.md")),
     ("HEARTBEAT.md", include_str!("../../config/workspace/HEARTBEAT.md")),
     ("memory/MEMORY.md", include_str!("../../config/workspace/memory/MEMORY.md")),
+    ("skills/home-assistant/SKILL.md", include_str!("../../config/workspace/skills/home-assistant/SKILL.md")),
+    ("skills/system-health/SKILL.md", include_str!("../../config/workspace/skills/system-health/SKILL.md")),
 ];

@@ -479,6 +479,8 @@ impl Running {
                 "work still running after {SHUTDOWN_GRACE:?}; cancelling it"
             );
         }
+        // Turns cut off now keep their user's message pending (see agent::pending).
+        self.inflight.begin_shutdown();
         self.abort.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(5), async { while self.tasks.join_next().await.is_some() {} })
             .await;
@@ -518,6 +520,21 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     tasks.spawn(pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
     tasks.spawn(run_outbox(outbox.clone(), channels.clone(), wake.clone(), poll.clone(), abort.clone()));
     tasks.spawn(agent.clone().serve_until(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone(), abort.clone()));
+    // Sub-agent reports become turns of the sessions that spawned them.
+    tasks.spawn(agent.clone().run_announcements(bus.outbound_tx.clone(), abort.clone()));
+    // Messages a crash or power cut left unanswered: told to the user (or run again).
+    let (unanswered_agent, unanswered_outbox, unanswered_wake) = (agent.clone(), outbox.clone(), wake.clone());
+    let unanswered_cancel = abort.clone();
+    tasks.spawn(async move {
+        unanswered_agent
+            .resolve_unanswered(false, &unanswered_cancel, |target, text| {
+                match unanswered_outbox.enqueue(target, &text, "agent") {
+                    Ok(_) => unanswered_wake.notify_one(),
+                    Err(e) => tracing::error!("a notice about an unanswered message could not be queued: {e}"),
+                }
+            })
+            .await
+    });
 
     let tz = c.timezone();
     let scheduler =

@@ -108,6 +108,9 @@ fn request_body(req: &ChatRequest<'_>) -> Value {
             })
             .collect();
         body["tools"] = Value::Array(tools);
+        if let Some(name) = req.tool_choice {
+            body["tool_choice"] = json!({"type": "tool", "name": name});
+        }
     }
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
@@ -298,7 +301,9 @@ mod tests {
             tools: &tools,
             max_tokens: 64,
             temperature: Some(0.25),
+            tool_choice: Some("t"),
         });
+        assert_eq!(body["tool_choice"], json!({"type": "tool", "name": "t"}));
         assert_eq!(body["system"], "s");
         assert_eq!(body["max_tokens"], 64);
         assert_eq!(body["temperature"], 0.25);
@@ -309,6 +314,7 @@ mod tests {
             tools: &[],
             max_tokens: 1,
             temperature: None,
+            tool_choice: None,
         });
         assert!(body.get("system").is_none() && body.get("tools").is_none() && body.get("temperature").is_none());
     }

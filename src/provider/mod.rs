@@ -138,6 +138,8 @@ pub struct ChatRequest<'a> {
     pub tools: &'a [ToolSpec],
     pub max_tokens: u32,
     pub temperature: Option<f32>,
+    /// Force a call of this tool (it must be in `tools`); `None` lets the model choose.
+    pub tool_choice: Option<&'a str>,
 }
 
 /// Token counts of one model call (or a sum of them).

@@ -159,6 +159,9 @@ fn request_body(req: &ChatRequest<'_>) -> Value {
             })
             .collect();
         body["tools"] = Value::Array(tools);
+        if let Some(name) = req.tool_choice {
+            body["tool_choice"] = json!({"type": "function", "function": {"name": name}});
+        }
     }
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
@@ -287,7 +290,7 @@ mod tests {
     use crate::provider::{ToolCall, ToolSpec};
 
     fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ChatRequest<'a> {
-        ChatRequest { model: "m", messages, tools, max_tokens: 100, temperature: None }
+        ChatRequest { model: "m", messages, tools, max_tokens: 100, temperature: None, tool_choice: None }
     }
 
     #[test]
@@ -322,6 +325,9 @@ mod tests {
             json!([{"type": "function", "function": {"name": "t", "description": "d", "parameters": {"type": "object"}}}])
         );
         assert_eq!(body["temperature"], 0.5);
+        assert!(body.get("tool_choice").is_none());
+        r.tool_choice = Some("t");
+        assert_eq!(request_body(&r)["tool_choice"], json!({"type": "function", "function": {"name": "t"}}));
     }
 
     #[test]

@@ -173,7 +173,15 @@ mod tests {
 
     async fn call(p: &impl Provider) -> Result<ChatResponse, ProviderError> {
         let msgs = [Message::user("hi")];
-        p.chat(ChatRequest { model: "m", messages: &msgs, tools: &[], max_tokens: 10, temperature: None }).await
+        p.chat(ChatRequest {
+            model: "m",
+            messages: &msgs,
+            tools: &[],
+            max_tokens: 10,
+            temperature: None,
+            tool_choice: None,
+        })
+        .await
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   wants `x-api-key` (401 without) and `anthropic-version`, `max_tokens`,
 //!   messages alternating user/assistant starting with user, no empty text
 //!   blocks, `tool_use.input` objects, and `tool_result`s that answer exactly
-//!   the previous assistant's `tool_use`s. A rejected request gets a 400 in the
+//!   the previous assistant's `tool_use`s. A `tool_choice` must name an offered
+//!   tool in both dialects. A rejected request gets a 400 in the
 //!   dialect's error format and does **not** consume a scripted reply.
 //! - When the script is exhausted the fake answers HTTP 500
 //!   `{"error":{"message":"fake LLM: no scripted reply left"}}`, so a test that
@@ -24,6 +25,9 @@
 //! top-level `system` counts as one), `completion_tokens` / `output_tokens` is
 //! [`COMPLETION_TOKENS_PER_PART`] × the parts of the reply (the text, if any,
 //! and each tool call).
+//!
+//! [`FakeLlm::route`] answers some requests by their content instead (sub-agents,
+//! benchmarks).
 //!
 //! Tool call ids are `call_1`, `call_2`, … (OpenAI) or `toolu_1`, … (Anthropic),
 //! counted over the fake's lifetime.
@@ -85,10 +89,14 @@ impl Reply {
     }
 }
 
+/// Picks a reply from the request itself, before the script is consulted.
+type Router = Arc<dyn Fn(&Value) -> Option<Reply> + Send + Sync>;
+
 /// What the fake has seen and has left to say.
 #[derive(Default)]
 struct State {
     script: VecDeque<Reply>,
+    router: Option<Router>,
     requests: Vec<Value>,
     headers: Vec<Vec<(String, String)>>,
     paths: Vec<String>,
@@ -140,6 +148,14 @@ impl FakeLlm {
     /// Script the next reply (served in FIFO order).
     pub fn push(&self, reply: Reply) {
         self.lock().script.push_back(reply);
+    }
+
+    /// Answer requests for which `router` returns a reply with that reply (the
+    /// script is not consumed); others still take the next scripted reply.
+    /// For concurrent callers (sub-agents) whose order is not deterministic,
+    /// and for benchmarks that run many turns.
+    pub fn route(&self, router: impl Fn(&Value) -> Option<Reply> + Send + Sync + 'static) {
+        self.lock().router = Some(Arc::new(router));
     }
 
     /// The JSON bodies received, in order (`null` for a body that was not JSON).
@@ -207,6 +223,9 @@ fn handle(dialect: Dialect, state: &Mutex<State>, req: Request) -> (Response, Op
         return (error(dialect, status, kind, &format!("fake LLM: {message}")), None);
     }
 
+    if let Some(reply) = st.router.clone().and_then(|r| r(&body)) {
+        return render(dialect, &mut st, &body, reply);
+    }
     let Some(reply) = st.script.pop_front() else {
         let body = json!({"error": {"message": "fake LLM: no scripted reply left"}});
         return (Response::json(500, &body), None);
@@ -362,6 +381,25 @@ fn validate_openai(body: &Value) -> Check {
             }
         }
     }
+    if let Some(choice) = body.get("tool_choice") {
+        let names: Vec<&str> = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t.pointer("/function/name").and_then(Value::as_str))
+            .collect();
+        let ok = match choice {
+            Value::String(s) => matches!(s.as_str(), "none" | "auto" | "required"),
+            _ => {
+                choice.get("type").and_then(Value::as_str) == Some("function")
+                    && choice.pointer("/function/name").and_then(Value::as_str).is_some_and(|n| names.contains(&n))
+            }
+        };
+        if !ok {
+            return bad("'tool_choice' must be none/auto/required or name a function in 'tools'");
+        }
+    }
     // Tool call ids the last assistant message asked for and no tool message answered yet.
     let mut pending: HashSet<String> = HashSet::new();
     for (i, m) in messages.iter().enumerate() {
@@ -452,6 +490,19 @@ fn validate_anthropic(req: &Request, body: &Value) -> Check {
         }
         if !tools.is_array() {
             return bad("tools: must be an array");
+        }
+    }
+    if let Some(choice) = body.get("tool_choice") {
+        let named = |n: &str| {
+            body.get("tools").and_then(Value::as_array).into_iter().flatten().any(|t| t["name"].as_str() == Some(n))
+        };
+        let ok = match choice.get("type").and_then(Value::as_str) {
+            Some("auto" | "any" | "none") => true,
+            Some("tool") => choice.get("name").and_then(Value::as_str).is_some_and(named),
+            _ => false,
+        };
+        if !ok {
+            return bad("tool_choice: must be {type: auto|any|none} or {type: tool, name} naming a tool");
         }
     }
     let Some(messages) = body.get("messages").and_then(Value::as_array).filter(|m| !m.is_empty()) else {
