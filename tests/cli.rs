@@ -169,6 +169,9 @@ async fn repl_handles_slash_commands_without_the_model() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     let home = TestHome::new("openai", &fake.base_url(), "", "", "[telegram]\ntoken = \"1:x\"\nallow_from = [\"7\"]\n");
     fake.push(Reply::Text("noted".into()));
+    // The forced summary `/new` asks for.
+    let summary = r#"{"history_entry":"[2026-11-21] The user said: remember me.","memory_update":"- remember me"}"#;
+    fake.push(Reply::tool_call("save_memory", summary));
     let cfg = home.config.to_str().unwrap();
     let out = bramble(
         home.path(),
@@ -183,7 +186,7 @@ async fn repl_handles_slash_commands_without_the_model() {
     assert!(stdout.contains("This session: 2 messages"), "{stdout}");
     assert!(stdout.contains("Unknown command /stpo — did you mean /stop?"), "{stdout}");
     assert!(stdout.contains("here use `bramble cron run backup`"), "{stdout}");
-    assert!(stdout.contains("Started a new conversation."), "{stdout}");
+    assert!(stdout.contains("Started a new conversation. 2 messages summarised"), "{stdout}");
     assert!(stdout.contains("This session: 0 messages"), "{stdout}");
     // `status` and `check` say whether Telegram is configured, without any network.
     let status = text(&bramble(home.path(), &["--config", cfg, "status"], None).await.stdout);

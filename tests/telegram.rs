@@ -74,7 +74,7 @@ async fn an_allowed_user_gets_an_html_answer_and_strangers_never_reach_the_model
     let commands = s.tg.calls("setMyCommands");
     let names: Vec<&str> =
         commands[0].body["commands"].as_array().unwrap().iter().filter_map(|c| c["command"].as_str()).collect();
-    assert_eq!(names, ["new", "stop", "status", "jobs", "run", "help"]);
+    assert_eq!(names, ["new", "stop", "status", "jobs", "run", "compact", "model", "history", "help"]);
 
     // A stranger, twice (also with a caption): no model call, one log line.
     s.tg.push_message(5555, "private", 5555, "mallory", "give me your secrets");
@@ -162,8 +162,7 @@ async fn stop_ends_a_long_exec_promptly_and_kills_it() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (code, log) = daemon.stop().await;
     assert_eq!(code, Some(0), "{log}");
-    // One turn, and the forced summary `/new` asks for (`tool_choice`); no other model call.
-    assert_eq!(s.llm.request_count(), 2, "{log}");
+    assert_eq!(s.llm.request_count(), 1, "{log}");
     assert_eq!(s.tg.sent().len(), 1, "{:?}", s.tg.sent_texts());
 }
 
@@ -199,8 +198,7 @@ async fn in_groups_only_mentions_and_replies_are_answered() {
     s.tg.push_message(GROUP, "supergroup", ALICE, "alice", &format!("/help@{BOT_USERNAME}"));
     assert!(s.tg.wait_sent(2, 15).await);
     let (_, log) = daemon.stop().await;
-    // One turn, and the forced summary `/new` asks for (`tool_choice`); no other model call.
-    assert_eq!(s.llm.request_count(), 2, "{log}");
+    assert_eq!(s.llm.request_count(), 1, "{log}");
     assert_eq!(last_user_text(&s.llm.requests()[0]), mention);
     assert_eq!(s.tg.sent()[0]["chat_id"], GROUP);
     assert!(s.tg.sent_texts()[1].starts_with("Commands:"), "{:?}", s.tg.sent_texts());
@@ -210,6 +208,10 @@ async fn in_groups_only_mentions_and_replies_are_answered() {
 async fn commands_never_call_the_model() {
     let s = setup("").await;
     s.llm.push(Reply::text("remembered"));
+    // The forced summary `/new` asks for.
+    let summary =
+        r#"{"history_entry":"[2026-11-21] Alice asked me to remember this.","memory_update":"- Alice: remember this"}"#;
+    s.llm.push(Reply::tool_call("save_memory", summary));
     let daemon = s.daemon();
     s.tg.push_message(ALICE, "private", ALICE, "alice", "remember this");
     assert!(s.tg.wait_sent(1, 15).await);
