@@ -439,6 +439,7 @@ impl Agent {
             tools.register(tool);
         }
         if c.exec.enabled {
+            crate::sandbox::protect(crate::sandbox::private_paths(loaded));
             tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone())));
         }
         if c.web.enabled {

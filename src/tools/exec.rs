@@ -75,8 +75,15 @@ impl ExecTool {
     }
 
     /// How a command runs: `/bin/sh -c`, the minimal environment, output capped while read.
-    fn spec(&self, command: String, cwd: PathBuf, timeout: Duration, stdin: Option<Vec<u8>>) -> CommandSpec {
-        CommandSpec {
+    /// Wrapped by the kernel sandbox as `[exec]` says ([`crate::sandbox::wrap`]).
+    fn spec(
+        &self,
+        command: String,
+        cwd: PathBuf,
+        timeout: Duration,
+        stdin: Option<Vec<u8>>,
+    ) -> Result<CommandSpec, String> {
+        let plain = CommandSpec {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
             cwd,
@@ -85,6 +92,16 @@ impl ExecTool {
             timeout,
             // Bytes per stream; characters are cut again below. Four bytes cover any UTF-8 character.
             max_output: self.cfg.max_output.saturating_mul(4).max(1024),
+        };
+        crate::sandbox::wrap(plain, &self.cfg, self.workspace.root())
+    }
+
+    /// Start the command and wait for it; `Err` is a message for the model.
+    async fn start(&self, spec: CommandSpec, cancel: &tokio_util::sync::CancellationToken) -> Result<Outcome, String> {
+        let outcome = process::run(spec, cancel).await.map_err(|e| format!("could not start the command: {e}"))?;
+        match crate::sandbox::setup_error(&outcome) {
+            Some(err) => Err(err),
+            None => Ok(outcome),
         }
     }
 
@@ -98,15 +115,13 @@ impl ExecTool {
         };
         let timeout = args.timeout.map_or(self.cfg.timeout.get(), Duration::from_secs);
         let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
-        let spec = self.spec(args.command, cwd, timeout, None);
-        let outcome = process::run(spec, &ctx.cancel)
-            .await
-            .map_err(|e| ToolError::new(format!("could not start the command: {e}")))?;
+        crate::sandbox::deny::check(&args.command).map_err(ToolError::new)?;
+        let spec = self.spec(args.command, cwd, timeout, None).map_err(ToolError::new)?;
+        let outcome = self.start(spec, &ctx.cancel).await.map_err(ToolError::new)?;
         Ok(render(&outcome, timeout, self.cfg.max_output))
     }
 }
 
-/// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
 /// Run `command` as the `exec` tool would (workspace as cwd, minimal
 /// environment, `[exec] timeout`, capped output), for exec jobs and triggers.
 /// Returns whether it exited with status 0, and the output as the tool renders it.
@@ -119,11 +134,12 @@ pub async fn run_shell(
 ) -> std::io::Result<(bool, String)> {
     let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
-    let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
-    let outcome = process::run(spec, cancel).await?;
+    let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin).map_err(std::io::Error::other)?;
+    let outcome = tool.start(spec, cancel).await.map_err(std::io::Error::other)?;
     Ok((matches!(outcome.state, ExitState::Exited(0)), render(&outcome, timeout, cfg.max_output)))
 }
 
+/// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
 fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
     let mut parts: Vec<String> = Vec::new();
     let stdout = outcome.stdout.text.trim_end_matches('\n');
