@@ -127,7 +127,9 @@ async fn write_through_a_planted_symlink_fails() {
     let s = Setup::new(ExecConfig::default());
     std::os::unix::fs::symlink(&s.outside, s.ws.join("out")).unwrap();
     std::os::unix::fs::symlink(s.outside.join("x"), s.ws.join("xl")).unwrap();
-    let out = s.exec("echo pwned > out/new; echo pwned > xl; echo pwned >> out/x; ln -sf /etc/passwd mine; echo >> mine").await;
+    let out = s
+        .exec("echo pwned > out/new; echo pwned > xl; echo pwned >> out/x; ln -sf /etc/passwd mine; echo >> mine")
+        .await;
     assert!(!out.is_error, "{out:?}");
     s.outside_untouched();
 }
@@ -234,7 +236,8 @@ async fn memory_hog_is_refused_memory() {
 #[tokio::test]
 async fn cpu_spin_is_killed_at_the_cpu_limit() {
     layers();
-    let s = Setup::new(ExecConfig { max_cpu_seconds: 1, timeout: bramble::config::Dur::secs(30), ..ExecConfig::default() });
+    let s =
+        Setup::new(ExecConfig { max_cpu_seconds: 1, timeout: bramble::config::Dur::secs(30), ..ExecConfig::default() });
     let started = Instant::now();
     let out = s.exec("while :; do :; done").await;
     assert!(out.text.starts_with("Killed by signal"), "{out:?}");
@@ -292,7 +295,8 @@ async fn secrets_in_the_environment_and_proc_are_unreachable() {
     }
     if p.jail_available() {
         // A fresh /proc for the pid namespace: bramble's pid does not exist in there.
-        let out = s.exec(&format!("test -e /proc/{me} && echo visible || echo absent; ls /proc | grep -c '^[0-9]'")).await;
+        let out =
+            s.exec(&format!("test -e /proc/{me} && echo visible || echo absent; ls /proc | grep -c '^[0-9]'")).await;
         assert!(out.text.starts_with("absent\n"), "{out:?}");
     }
 }
@@ -361,8 +365,7 @@ async fn a_failing_layer_is_an_error_the_model_reads() {
         let s = Setup::new(ExecConfig { run_as_user: "no-such-user-bramble".into(), ..ExecConfig::default() });
         let out = s.exec("echo never").await;
         assert_eq!(
-            out.text,
-            "Error: sandbox: [exec] run_as_user `no-such-user-bramble` does not exist on this system",
+            out.text, "Error: sandbox: [exec] run_as_user `no-such-user-bramble` does not exist on this system",
             "{out:?}"
         );
     }
@@ -450,7 +453,8 @@ impl Rng {
 
 /// Truncations at every char boundary, then random edits drawn from `alphabet`.
 fn mutations(seed: &str, rng: &mut Rng, edits: usize, alphabet: &[&str]) -> Vec<String> {
-    let mut out: Vec<String> = (0..=seed.len()).filter(|&i| seed.is_char_boundary(i)).map(|i| seed[..i].into()).collect();
+    let mut out: Vec<String> =
+        (0..=seed.len()).filter(|&i| seed.is_char_boundary(i)).map(|i| seed[..i].into()).collect();
     for _ in 0..edits {
         let mut s = seed.to_string();
         for _ in 0..1 + rng.below(4) {
@@ -507,7 +511,26 @@ min_interval = "5s"
 fn fuzzed_config_text_never_panics() {
     let path = Path::new("/etc/bramble/config.toml");
     assert!(Config::parse(CONFIG_SEED, path).is_ok(), "the seed is valid");
-    let alphabet = ["[", "]", "=", "\"", "'", "\n", "{", "}", ",", ".", "-", "0", "99999999999999999999", "é", "\u{0}", "[[", "#", "\\u"];
+    let alphabet = [
+        "[",
+        "]",
+        "=",
+        "\"",
+        "'",
+        "\n",
+        "{",
+        "}",
+        ",",
+        ".",
+        "-",
+        "0",
+        "99999999999999999999",
+        "é",
+        "\u{0}",
+        "[[",
+        "#",
+        "\\u",
+    ];
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
     let mut errors = 0;
     for text in mutations(CONFIG_SEED, &mut rng, 3000, &alphabet) {
@@ -577,4 +600,24 @@ fn random_json(rng: &mut Rng, depth: u32) -> serde_json::Value {
             Value::Object(m)
         }
     }
+}
+
+#[tokio::test]
+async fn systemd_layout_workspace_inside_the_hidden_state_dir() {
+    // Under systemd the workspace is /var/lib/bramble/workspace: inside the state directory.
+    require_fs_layer(&layers());
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let state = tmp.path().join("state");
+    let ws = state.join("workspace");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(state.join("outbox.json"), SECRET_IN_STATE).unwrap();
+    bramble::sandbox::protect([state.clone()]);
+    let mut registry = ToolRegistry::new(10_000);
+    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), ws.clone())));
+    let cmd = format!("echo kept > note.txt; cat note.txt; cat {s}/outbox.json; ls {s}", s = state.display());
+    let args = serde_json::json!({ "command": cmd }).to_string();
+    let out = registry.execute(&ToolCall::new("c", "exec", args), &ToolContext::detached("security")).await;
+    assert!(out.text.starts_with("kept\n"), "{out:?}");
+    assert!(!out.text.contains(SECRET_IN_STATE) && !out.text.contains("outbox.json\n"), "{out:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("note.txt")).unwrap(), "kept\n");
 }

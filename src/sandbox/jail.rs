@@ -5,7 +5,9 @@
 //!
 //! - nothing propagates back to the host (`/` becomes a private tree);
 //! - a fresh `/proc` for the new pid namespace: bramble's own
-//!   `/proc/<pid>/environ` (API keys, tokens) does not exist in there;
+//!   `/proc/<pid>/environ` (API keys, tokens) does not exist in there. Where
+//!   the kernel refuses one (a user namespace under a /proc with masked parts,
+//!   e.g. systemd's `ProtectKernelTunables`), an empty `/proc` instead;
 //! - the whole system read-only and `nosuid` (`mount_setattr`, recursive);
 //! - a fresh, size-limited tmpfs on `/tmp`, also bound on `/var/tmp` and
 //!   `/dev/shm`: the per-run temp dir, gone when the command ends;
@@ -51,8 +53,15 @@ pub fn build(o: &Options) -> Result<(), String> {
         Some(ws) => Some((ws.clone(), open_tree(ws)?)),
         None => None,
     };
-    mount(Some("proc"), "/proc", Some("proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None)
-        .map_err(|e| format!("cannot mount a fresh /proc: {e}"))?;
+    let proc_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    match mount(Some("proc"), "/proc", Some("proc"), proc_flags, None) {
+        Ok(()) => {}
+        // A /proc with masked parts (systemd's ProtectKernelTunables, a container) cannot be
+        // mounted again from a user namespace. Then the command gets no /proc at all rather
+        // than the host's, where bramble's own environment is.
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => cover(Path::new("/proc"))?,
+        Err(e) => return Err(format!("cannot mount a fresh /proc: {e}")),
+    }
     if let (Some((_, tree)), Some((uid, gid))) = (&ws, o.run_as) {
         // Root's workspace, used by an unprivileged user: show root's files as theirs.
         // Here, between the fresh /proc (the helper child's pid is ours) and the read-only remount.
@@ -152,7 +161,14 @@ fn idmap(tree: &Fd, uid: u32, gid: u32) -> Result<(), String> {
         let flags = libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE;
         // SAFETY: mount_setattr(fd, "", AT_EMPTY_PATH|AT_RECURSIVE, &attr, size).
         let rc = unsafe {
-            libc::syscall(SYS_MOUNT_SETATTR, tree.0, c"".as_ptr(), flags, &attr as *const MountAttr, size_of::<MountAttr>())
+            libc::syscall(
+                SYS_MOUNT_SETATTR,
+                tree.0,
+                c"".as_ptr(),
+                flags,
+                &attr as *const MountAttr,
+                size_of::<MountAttr>(),
+            )
         };
         if rc < 0 {
             return Err(format!("idmapped mount: {}", std::io::Error::last_os_error()));
@@ -240,7 +256,11 @@ fn open_tree(path: &Path) -> Result<Fd, String> {
     // SAFETY: open_tree(dfd, path, flags) with a valid C string.
     let fd = unsafe { libc::syscall(SYS_OPEN_TREE, libc::AT_FDCWD, c.as_ptr(), flags) };
     if fd < 0 {
-        return Err(format!("cannot clone the workspace mount {}: {}", path.display(), std::io::Error::last_os_error()));
+        return Err(format!(
+            "cannot clone the workspace mount {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(Fd(fd as libc::c_int))
 }

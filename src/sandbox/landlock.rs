@@ -19,9 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
-use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI,
-};
+use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI};
 
 use super::helper::Options;
 

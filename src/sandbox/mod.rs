@@ -114,6 +114,8 @@ pub struct Probe {
     pub helper: Result<PathBuf, String>,
     /// Whether the namespace jail can be built (a real `sandbox-exec --ns` run).
     pub namespaces: Result<(), String>,
+    /// Whether commands get an empty `/proc` (a fresh one could not be mounted).
+    pub proc_hidden: bool,
     /// The kernel's Landlock ABI version.
     pub landlock_abi: Option<i32>,
     /// Whether bramble runs as root (commands then switch user).
@@ -145,16 +147,19 @@ fn run_probe() -> Probe {
         Ok(h) => probe_namespaces(h),
         Err(e) => Err(e.clone()),
     };
-    Probe { helper, namespaces, landlock_abi, root, took: start.elapsed() }
+    let proc_hidden = namespaces.as_ref().is_ok_and(|hidden| *hidden);
+    let namespaces = namespaces.map(|_| ());
+    Probe { helper, namespaces, proc_hidden, landlock_abi, root, took: start.elapsed() }
 }
 
-/// Build a complete jail (with an empty network namespace) around `/bin/true`.
-fn probe_namespaces(helper: &Path) -> Result<(), String> {
+/// Build a complete jail (with an empty network namespace) around a shell that
+/// looks at its `/proc`. `Ok(true)`: the jail works but `/proc` is empty.
+fn probe_namespaces(helper: &Path) -> Result<bool, String> {
     let opts = helper::Options {
         ns: true,
         no_network: true,
         tmp_mb: 1,
-        command: vec!["/bin/true".into()],
+        command: vec!["/bin/sh".into(), "-c".into(), "test -e /proc/self/status || exit 3".into()],
         ..helper::Options::default()
     };
     let mut child = std::process::Command::new(helper)
@@ -170,7 +175,8 @@ fn probe_namespaces(helper: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match child.try_wait() {
-            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) if status.success() => return Ok(false),
+            Ok(Some(status)) if status.code() == Some(3) => return Ok(true),
             Ok(Some(status)) => {
                 let mut err = String::new();
                 if let Some(mut s) = child.stderr.take() {
@@ -199,9 +205,14 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
     match (&p.helper, &p.namespaces) {
         (Err(e), _) => parts.push(format!("NO HELPER ({e}): own process group and minimal environment only")),
         (Ok(_), Ok(())) => parts.push(format!(
-            "namespaces ({}mount, pid, ipc, uts{}), read-only system, private /tmp and /proc, hidden state/config",
+            "namespaces ({}mount, pid, ipc, uts{}), read-only system, private /tmp, {}, hidden state/config",
             if p.root { "" } else { "user, " },
-            if cfg.network { "" } else { ", empty network" }
+            if cfg.network { "" } else { ", empty network" },
+            if p.proc_hidden {
+                "NO /proc (this system masks parts of /proc, e.g. systemd ProtectKernelTunables/ProtectKernelLogs)"
+            } else {
+                "private /proc"
+            }
         )),
         (Ok(_), Err(e)) => parts.push(format!("namespaces UNAVAILABLE ({e})")),
     }
@@ -253,9 +264,7 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     let p = probe();
     if cfg.isolation == Isolation::Required && !p.jail_available() {
         let why = p.namespaces.as_ref().err().or(p.helper.as_ref().err()).cloned().unwrap_or_default();
-        return Err(format!(
-            "sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: {why}"
-        ));
+        return Err(format!("sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: {why}"));
     }
     let Ok(helper) = &p.helper else {
         warn_once(&format!("exec sandbox degraded: {}", layers_summary(cfg)));

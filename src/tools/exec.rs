@@ -134,7 +134,8 @@ pub async fn run_shell(
 ) -> std::io::Result<(bool, String)> {
     let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
-    let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin).map_err(std::io::Error::other)?;
+    let spec =
+        tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin).map_err(std::io::Error::other)?;
     let outcome = tool.start(spec, cancel).await.map_err(std::io::Error::other)?;
     Ok((matches!(outcome.state, ExitState::Exited(0)), render(&outcome, timeout, cfg.max_output)))
 }
