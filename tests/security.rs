@@ -621,3 +621,65 @@ async fn systemd_layout_workspace_inside_the_hidden_state_dir() {
     assert!(!out.text.contains(SECRET_IN_STATE) && !out.text.contains("outbox.json\n"), "{out:?}");
     assert_eq!(std::fs::read_to_string(ws.join("note.txt")).unwrap(), "kept\n");
 }
+
+#[tokio::test]
+async fn masked_proc_gives_an_empty_proc_not_the_hosts() {
+    // systemd's ProtectKernelTunables (and containers) mask parts of /proc from a more privileged
+    // namespace; the kernel then refuses a fresh /proc to a user namespace. The command must get
+    // no /proc at all, never the host's. Staging that needs root (a mount namespace of our own,
+    // then the helper as an unprivileged user); CI runs as root.
+    let p = layers();
+    assert!(p.jail_available(), "this kernel has no namespace jail: {:?}", p.namespaces);
+    if !p.root {
+        eprintln!("NOTE: masked_proc_gives_an_empty_proc_not_the_hosts stages its /proc as root only");
+        return;
+    }
+    // Under /tmp with a copy of the helper: `nobody` must reach both, wherever CI cloned us.
+    let ws = tempfile::tempdir().unwrap();
+    let mode = |m| <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(m);
+    std::fs::set_permissions(ws.path(), mode(0o777)).unwrap();
+    let helper = ws.path().join("bramble");
+    std::fs::copy(env!("CARGO_BIN_EXE_bramble"), &helper).unwrap();
+    std::fs::set_permissions(&helper, mode(0o755)).unwrap();
+    let helper = helper.display();
+    let inner = format!(
+        "mount --bind /proc/sys /proc/sys && setpriv --reuid 65534 --regid 65534 --clear-groups \
+         {helper} sandbox-exec --ns --workspace {w} --cwd {w} -- /bin/sh -c 'ls -A /proc | wc -l; echo ok > f; cat f'",
+        w = ws.path().display()
+    );
+    let out = tokio::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &inner])
+        .output()
+        .await
+        .expect("util-linux unshare");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0\nok\n", "{out:?}");
+}
+
+#[tokio::test]
+async fn status_names_the_active_layers() {
+    let p = layers();
+    let home = TestHome::new("openai", "http://127.0.0.1:9/v1", "", "", "");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", home.config.to_str().unwrap(), "status"])
+        .env_clear()
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("sandbox:")).unwrap_or_else(|| panic!("{text}"));
+    if p.jail_available() {
+        assert!(line.contains("namespaces (") && line.contains("hidden state/config"), "{line}");
+    } else {
+        assert!(line.contains("namespaces UNAVAILABLE"), "{line}");
+    }
+    assert!(line.contains("no_new_privs"), "{line}");
+    match p.landlock_abi {
+        Some(v) => assert!(line.contains(&format!("Landlock ABI {v}")), "{line}"),
+        None => assert!(line.contains("no Landlock"), "{line}"),
+    }
+    if p.root {
+        assert!(line.contains("runs as nobody:nogroup"), "{line}");
+    }
+}

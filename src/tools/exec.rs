@@ -2,14 +2,19 @@
 //!
 //! The command runs through [`crate::sandbox::process::run`], so it gets its
 //! own process group, a time limit, capped output, and nothing it starts
-//! survives it. Its environment is built from scratch — `PATH`, `HOME` (the
+//! survives it; [`crate::sandbox::wrap`] puts it inside the kernel sandbox
+//! (namespaces, read-only system, hidden state and config, rlimits, an
+//! unprivileged user, Landlock — whatever this kernel offers, see SECURITY.md).
+//! A short deny list ([`crate::sandbox::deny`]) answers the obvious
+//! destructive commands early; it is a courtesy, not the boundary. Its environment is built from scratch — `PATH`, `HOME` (the
 //! workspace), `LANG`, `TERM=dumb` and the names listed in `[exec] env_allow` —
 //! so the provider keys and bot tokens in bramble's own environment never
 //! reach a command a model wrote.
 //!
 //! A command that fails is not a tool error: the model reads the exit code
 //! and the output like a person at a terminal would. Only a command that
-//! cannot be started at all is an error.
+//! cannot be started at all — or a sandbox layer that could not be set up —
+//! is an error.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
