@@ -21,7 +21,8 @@
 //!    namespace: background children cannot outlive the command;
 //! 4. the worker switches to the unprivileged user (root only; `setgroups`,
 //!    `setresgid`, `setresuid`), sets `RLIMIT_NPROC`, `PR_SET_NO_NEW_PRIVS`,
-//!    the parent-death signal, Landlock, and `execvp`s the program.
+//!    the parent-death signal, Landlock, the seccomp socket filter (with
+//!    `--no-network`), and `execvp`s the program.
 //!
 //! Every process in the chain has `PR_SET_PDEATHSIG(SIGKILL)`: if bramble dies
 //! the helper dies, then init, and with init the whole pid namespace.
@@ -311,6 +312,9 @@ fn prepare_worker(o: &Options) -> Result<(), String> {
     }
     if o.landlock {
         super::landlock::restrict(o)?;
+    }
+    if o.no_network {
+        super::seccomp::deny_sockets()?;
     }
     Ok(())
 }

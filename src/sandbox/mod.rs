@@ -14,6 +14,7 @@
 //! | user + mount + pid + ipc + uts namespaces, read-only system, private `/tmp` and `/proc`, hidden state/config/credentials ([`jail`]) | init | user namespaces (or root) |
 //! | empty network namespace (`[exec] network = false`) | helper | same |
 //! | Landlock: filesystem, TCP (`network = false`), signal/abstract-socket scoping ([`landlock`]) | worker | Landlock in the kernel |
+//! | seccomp: no sockets but `AF_UNIX` (`network = false`, [`seccomp`]) | worker | x86-64, aarch64, armv7 |
 //!
 //! Which of them this kernel offers is found out once ([`probe`]: one real
 //! helper run) and reported by [`layers_summary`] in the startup log and in
@@ -34,6 +35,7 @@ pub mod helper;
 pub mod jail;
 pub mod landlock;
 pub mod process;
+pub mod seccomp;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once};
@@ -228,6 +230,9 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
         parts.push("no_new_privs".into());
         if p.root {
             parts.push(format!("runs as {}:{}", cfg.run_as_user, cfg.run_as_group));
+        }
+        if !cfg.network && cfg!(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm")) {
+            parts.push("seccomp socket filter".into());
         }
         parts.push(match p.landlock_abi {
             Some(v) => format!("Landlock ABI {v}{}", if cfg.network || v >= 4 { "" } else { " (no TCP rules)" }),
