@@ -685,3 +685,50 @@ async fn status_names_the_active_layers() {
         assert!(line.contains("runs as nobody:nogroup"), "{line}");
     }
 }
+
+/// One `bramble agent -m` turn whose model runs `command` through exec; returns the tool
+/// result the model saw and bramble's stderr.
+async fn agent_exec(extra_config: &str, env: &[(&str, &str)], command: &str) -> (String, String) {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", extra_config);
+    fake.push(Reply::tool_call("exec", serde_json::json!({ "command": command }).to_string()));
+    fake.push(Reply::text("done"));
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+    cmd.args(["--config", home.config.to_str().unwrap(), "agent", "-m", "go"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let requests = fake.requests();
+    let messages = requests[1]["messages"].as_array().cloned().unwrap_or_default();
+    let tool = messages.iter().rev().find(|m| m["role"] == "tool").cloned().unwrap_or_default();
+    (tool["content"].as_str().unwrap_or_default().to_string(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
+    let missing = [("BRAMBLE_SANDBOX_HELPER", "/nonexistent/bramble")];
+    let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &missing, "echo ran").await;
+    assert_eq!(
+        tool,
+        "Error: sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: \
+         helper /nonexistent/bramble does not exist"
+    );
+    // auto: the command runs with what is left, and the log says the sandbox is degraded.
+    let (tool, stderr) = agent_exec("", &missing, "echo ran").await;
+    assert_eq!(tool, "ran\nExit code: 0");
+    assert!(stderr.contains("exec sandbox degraded: NO HELPER"), "{stderr}");
+    // With the real helper, `required` is met on this kernel (or the test says why not).
+    let p = layers();
+    let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &[], "echo ran").await;
+    if p.jail_available() {
+        assert_eq!(tool, "ran\nExit code: 0");
+    } else {
+        assert!(tool.starts_with("Error: sandbox: [exec] isolation = \"required\""), "{tool}");
+    }
+}

@@ -75,8 +75,9 @@ pub fn set_helper(path: impl Into<PathBuf>) {
     s.probe = None;
 }
 
+/// `BRAMBLE_SANDBOX_HELPER` if set, else what [`set_helper`] / [`use_current_exe`] gave.
 fn helper_path() -> Option<PathBuf> {
-    settings().helper.clone().or_else(|| std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()).map(PathBuf::from))
+    std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()).map(PathBuf::from).or_else(|| settings().helper.clone())
 }
 
 /// Hide `paths` from every command started by this process from now on.
