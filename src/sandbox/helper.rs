@@ -199,6 +199,9 @@ fn check(rc: libc::c_int, what: &str) -> Result<(), String> {
 fn run(o: &Options) -> Result<i32, String> {
     set_limits(&o.limits)?;
     set_pdeathsig()?;
+    if unsafe { libc::getppid() } == 1 {
+        return Err("bramble exited before the sandbox was set up".into());
+    }
     if !o.ns {
         // No namespaces: this process becomes the command, in bramble's process group.
         worker(o);
@@ -226,6 +229,7 @@ fn run(o: &Options) -> Result<i32, String> {
     let mut fds = [0 as libc::c_int; 2];
     check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, "pipe")?;
     let (status_r, status_w) = (fds[0], fds[1]);
+    let helper_pid = unsafe { libc::getpid() };
     // SAFETY: single-threaded; the child only calls ordinary code and then exits or execs.
     let init = unsafe { libc::fork() };
     if init < 0 {
@@ -233,7 +237,7 @@ fn run(o: &Options) -> Result<i32, String> {
     }
     if init == 0 {
         unsafe { libc::close(status_r) };
-        let code = match init_process(o, status_w) {
+        let code = match init_process(o, status_w, helper_pid) {
             Ok(()) => 0,
             Err(e) => fail(&e),
         };
@@ -254,8 +258,15 @@ fn run(o: &Options) -> Result<i32, String> {
 }
 
 /// Pid 1 of the new pid namespace: build the view, start the worker, reap.
-fn init_process(o: &Options, status_w: libc::c_int) -> Result<(), String> {
+fn init_process(o: &Options, status_w: libc::c_int, helper_pid: libc::pid_t) -> Result<(), String> {
     set_pdeathsig()?;
+    // The helper may have died between fork and prctl: then nobody waits for us. getppid()
+    // reads 0 across the pid namespace boundary, but /proc is still the parent namespace's.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse::<i32>().ok());
+    if ppid.is_some_and(|p| p != helper_pid) {
+        return Err("the helper exited during setup".into());
+    }
     // Own session: the command has no controlling terminal to inject keystrokes into.
     check(unsafe { libc::setsid() }, "setsid")?;
     jail::build(o)?;
