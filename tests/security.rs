@@ -723,6 +723,17 @@ async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
     let (tool, stderr) = agent_exec("", &missing, "echo ran").await;
     assert_eq!(tool, "ran\nExit code: 0");
     assert!(stderr.contains("exec sandbox degraded: NO HELPER"), "{stderr}");
+    // A helper that exists but cannot be executed (a foreign binary, as under qemu-user):
+    // the first command's failure runs the probe, and the command is retried without it.
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("bramble-aarch64");
+    std::fs::write(&foreign, b"\x7fELF\x02\x01\x01\x00not for this machine").unwrap();
+    std::fs::set_permissions(&foreign, <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755))
+        .unwrap();
+    let foreign_env = [("BRAMBLE_SANDBOX_HELPER", foreign.to_str().unwrap())];
+    let (tool, stderr) = agent_exec("", &foreign_env, "echo ran").await;
+    assert_eq!(tool, "ran\nExit code: 0", "{stderr}");
+    assert!(stderr.contains("exec sandbox degraded: NO HELPER (cannot start the helper"), "{stderr}");
     // With the real helper, `required` is met on this kernel (or the test says why not).
     let p = layers();
     let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &[], "echo ran").await;

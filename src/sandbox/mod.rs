@@ -53,9 +53,11 @@ struct Settings {
     /// Paths commands must not see: state dirs, config files, credentials.
     private: Vec<PathBuf>,
     probe: Option<Arc<Probe>>,
+    /// A cheap guess used until the probe has run (see [`assumed`]).
+    guess: Option<Arc<Probe>>,
 }
 
-static SETTINGS: Mutex<Settings> = Mutex::new(Settings { helper: None, private: Vec::new(), probe: None });
+static SETTINGS: Mutex<Settings> = Mutex::new(Settings { helper: None, private: Vec::new(), probe: None, guess: None });
 
 fn settings() -> std::sync::MutexGuard<'static, Settings> {
     SETTINGS.lock().unwrap_or_else(|p| p.into_inner())
@@ -73,6 +75,7 @@ pub fn set_helper(path: impl Into<PathBuf>) {
     let mut s = settings();
     s.helper = Some(path.into());
     s.probe = None;
+    s.guess = None;
 }
 
 /// `BRAMBLE_SANDBOX_HELPER` if set, else what [`set_helper`] / [`use_current_exe`] gave.
@@ -137,6 +140,56 @@ pub fn probe() -> Arc<Probe> {
     p
 }
 
+/// What commands are wrapped with: the probe if it has run (the daemon runs it at
+/// start for its log line), else a guess from `/proc/sys` that costs no process.
+/// A one-shot `bramble agent -m` thus pays no probe; if the guess was wrong, the
+/// first command's failure triggers the probe and the command is retried ([`recheck`]).
+fn assumed() -> Arc<Probe> {
+    let mut s = settings();
+    if let Some(p) = s.probe.clone().or_else(|| s.guess.clone()) {
+        return p;
+    }
+    drop(s);
+    let guess = Arc::new(guess());
+    s = settings();
+    s.guess = Some(guess.clone());
+    guess
+}
+
+fn guess() -> Probe {
+    let start = Instant::now();
+    let root = nix::unistd::geteuid().is_root();
+    let helper = match helper_path() {
+        None => Err(format!("no helper binary (set {HELPER_ENV})")),
+        Some(p) if p.is_file() => Ok(p),
+        Some(p) => Err(format!("helper {} does not exist", p.display())),
+    };
+    let sysctl = |name: &str| std::fs::read_to_string(name).ok().and_then(|v| v.trim().parse::<i64>().ok());
+    let namespaces = if root {
+        Ok(())
+    } else if sysctl("/proc/sys/user/max_user_namespaces") == Some(0)
+        || sysctl("/proc/sys/kernel/unprivileged_userns_clone") == Some(0)
+        || sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1)
+    {
+        Err("unprivileged user namespaces are disabled (sysctl)".to_string())
+    } else {
+        Ok(())
+    };
+    let landlock_abi = landlock::abi_version();
+    Probe { helper, namespaces, proc_hidden: false, landlock_abi, root, took: start.elapsed() }
+}
+
+/// After a command failed to start or a layer failed: run the probe (once) and
+/// say whether it found less than was assumed, so that the command is worth one retry.
+pub fn recheck() -> bool {
+    if settings().probe.is_some() {
+        return false;
+    }
+    let before = assumed();
+    let now = probe();
+    (before.helper.is_ok() && now.helper.is_err()) || (before.jail_available() && !now.jail_available())
+}
+
 fn run_probe() -> Probe {
     let start = Instant::now();
     let root = nix::unistd::geteuid().is_root();
@@ -146,14 +199,23 @@ fn run_probe() -> Probe {
         Some(p) if p.is_file() => Ok(p),
         Some(p) => Err(format!("helper {} does not exist", p.display())),
     };
+    let mut helper = helper;
     let namespaces = match &helper {
         Ok(h) => probe_namespaces(h),
         Err(e) => Err(e.clone()),
     };
+    if let Err(e) = &namespaces {
+        if e.starts_with(CANNOT_START) {
+            // A helper that cannot even be executed (a foreign binary under qemu-user) is no helper.
+            helper = Err(e.clone());
+        }
+    }
     let proc_hidden = namespaces.as_ref().is_ok_and(|hidden| *hidden);
     let namespaces = namespaces.map(|_| ());
     Probe { helper, namespaces, proc_hidden, landlock_abi, root, took: start.elapsed() }
 }
+
+const CANNOT_START: &str = "cannot start the helper";
 
 /// Build a complete jail (with an empty network namespace) around a shell that
 /// looks at its `/proc`. `Ok(true)`: the jail works but `/proc` is empty.
@@ -174,7 +236,7 @@ fn probe_namespaces(helper: &Path) -> Result<bool, String> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot start the helper {}: {e}", helper.display()))?;
+        .map_err(|e| format!("{CANNOT_START} {}: {e}", helper.display()))?;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match child.try_wait() {
@@ -267,7 +329,7 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     if cfg.isolation == Isolation::Off {
         return Ok(spec);
     }
-    let p = probe();
+    let p = assumed();
     if cfg.isolation == Isolation::Required && !p.jail_available() {
         let why = p.namespaces.as_ref().err().or(p.helper.as_ref().err()).cloned().unwrap_or_default();
         return Err(format!("sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: {why}"));

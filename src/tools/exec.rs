@@ -80,15 +80,9 @@ impl ExecTool {
     }
 
     /// How a command runs: `/bin/sh -c`, the minimal environment, output capped while read.
-    /// Wrapped by the kernel sandbox as `[exec]` says ([`crate::sandbox::wrap`]).
-    fn spec(
-        &self,
-        command: String,
-        cwd: PathBuf,
-        timeout: Duration,
-        stdin: Option<Vec<u8>>,
-    ) -> Result<CommandSpec, String> {
-        let plain = CommandSpec {
+    /// [`ExecTool::start`] wraps it in the kernel sandbox as `[exec]` says.
+    fn spec(&self, command: String, cwd: PathBuf, timeout: Duration, stdin: Option<Vec<u8>>) -> CommandSpec {
+        CommandSpec {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
             cwd,
@@ -97,13 +91,24 @@ impl ExecTool {
             timeout,
             // Bytes per stream; characters are cut again below. Four bytes cover any UTF-8 character.
             max_output: self.cfg.max_output.saturating_mul(4).max(1024),
-        };
-        crate::sandbox::wrap(plain, &self.cfg, self.workspace.root())
+        }
     }
 
-    /// Start the command and wait for it; `Err` is a message for the model.
-    async fn start(&self, spec: CommandSpec, cancel: &tokio_util::sync::CancellationToken) -> Result<Outcome, String> {
-        let outcome = process::run(spec, cancel).await.map_err(|e| format!("could not start the command: {e}"))?;
+    /// Start the command in the sandbox and wait for it; `Err` is a message for the model.
+    ///
+    /// If the helper could not start or a layer failed *and* the sandbox probe then finds
+    /// less than was assumed (see [`crate::sandbox::recheck`]), the command is wrapped
+    /// again with what this system really offers and run once more. Setup fails before
+    /// the command itself starts, so it never runs twice.
+    async fn start(&self, plain: CommandSpec, cancel: &tokio_util::sync::CancellationToken) -> Result<Outcome, String> {
+        let wrapped = crate::sandbox::wrap(plain.clone(), &self.cfg, self.workspace.root())?;
+        let mut outcome = process::run(wrapped, cancel).await;
+        let failed = outcome.as_ref().map_or(true, |o| crate::sandbox::setup_error(o).is_some());
+        if failed && crate::sandbox::recheck() {
+            let wrapped = crate::sandbox::wrap(plain, &self.cfg, self.workspace.root())?;
+            outcome = process::run(wrapped, cancel).await;
+        }
+        let outcome = outcome.map_err(|e| format!("could not start the command: {e}"))?;
         match crate::sandbox::setup_error(&outcome) {
             Some(err) => Err(err),
             None => Ok(outcome),
@@ -121,7 +126,7 @@ impl ExecTool {
         let timeout = args.timeout.map_or(self.cfg.timeout.get(), Duration::from_secs);
         let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
         crate::sandbox::deny::check(&args.command).map_err(ToolError::new)?;
-        let spec = self.spec(args.command, cwd, timeout, None).map_err(ToolError::new)?;
+        let spec = self.spec(args.command, cwd, timeout, None);
         let outcome = self.start(spec, &ctx.cancel).await.map_err(ToolError::new)?;
         Ok(render(&outcome, timeout, self.cfg.max_output))
     }
@@ -139,8 +144,7 @@ pub async fn run_shell(
 ) -> std::io::Result<(bool, String)> {
     let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
-    let spec =
-        tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin).map_err(std::io::Error::other)?;
+    let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
     let outcome = tool.start(spec, cancel).await.map_err(std::io::Error::other)?;
     Ok((matches!(outcome.state, ExitState::Exited(0)), render(&outcome, timeout, cfg.max_output)))
 }
