@@ -18,7 +18,8 @@
 //!
 //! Which of them this kernel offers is found out once ([`probe`]: one real
 //! helper run) and reported by [`layers_summary`] in the startup log and in
-//! `bramble status`. With `[exec] isolation = "auto"` missing layers are
+//! `bramble status`. Commands are wrapped on a cheap guess until then
+//! ([`assumed`]); a wrong guess costs one failed start and a retry ([`recheck`]). With `[exec] isolation = "auto"` missing layers are
 //! skipped (said once, at start); with `"required"` commands are refused
 //! without the namespace jail; `"off"` runs commands with only the
 //! process-group handling of [`process`].
