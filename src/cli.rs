@@ -155,6 +155,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let loaded = config::load(explicit)?;
+    // Commands started by this process never see the state dir, config or credentials.
+    crate::sandbox::protect(crate::sandbox::private_paths(&loaded));
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
     match cli.command {
@@ -676,6 +678,9 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         },
         if c.web.enabled { "on" } else { "off" }
     );
+    if c.exec.enabled {
+        println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));
+    }
     println!("telegram:   {}", telegram_summary(&c.telegram));
     println!(
         "mqtt:       {}",

@@ -4,6 +4,14 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // The hidden exec sandbox helper (`bramble sandbox-exec … -- CMD`): dispatched
+    // before clap, TLS and the runtime, so that it starts in well under a millisecond.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().take(2).collect();
+    if args.get(1).is_some_and(|a| a == "sandbox-exec") {
+        let rest: Vec<std::ffi::OsString> = std::env::args_os().skip(2).collect();
+        std::process::exit(bramble::sandbox::helper::main(&rest));
+    }
+    bramble::sandbox::use_current_exe();
     bramble::install_crypto();
     let cli = bramble::cli::parse();
     if cli.command.prints_and_exits() {

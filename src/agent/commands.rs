@@ -160,8 +160,9 @@ fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Strin
             Ok(s) => s.to_string(),
             Err(e) => format!("session: {e}\n"),
         };
+        let sandbox = agent.sandbox_summary().unwrap_or_else(|| "exec is off".into());
         format!(
-            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\n{}",
+            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\n{}",
             env!("CARGO_PKG_VERSION"),
             agent.session_model(key),
             agent.active_turns(),

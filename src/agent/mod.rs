@@ -207,6 +207,8 @@ pub struct Agent {
     next_turn: std::sync::atomic::AtomicU64,
     /// The job store and zone, for `/jobs` and `/run` (set by `from_config`).
     jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
+    /// `[exec]`, for the sandbox line of `/status` (unset: exec is off).
+    exec: Option<crate::config::ExecConfig>,
     /// The daemon's scheduler, for `/run` (unset outside the daemon).
     scheduler: std::sync::OnceLock<crate::scheduler::SchedulerHandle>,
     journal: Journal,
@@ -244,6 +246,7 @@ impl Agent {
             active: Mutex::new(HashMap::new()),
             next_turn: std::sync::atomic::AtomicU64::new(0),
             jobs: None,
+            exec: None,
             scheduler: std::sync::OnceLock::new(),
             models: Mutex::new(HashMap::new()),
             subagents: None,
@@ -254,6 +257,17 @@ impl Agent {
     pub fn with_jobs(mut self, store: crate::scheduler::JobStore, tz: jiff::tz::TimeZone) -> Agent {
         self.jobs = Some((store, tz));
         self
+    }
+
+    /// Give the agent `[exec]`, so `/status` can say which sandbox layers commands get.
+    pub fn with_exec(mut self, exec: crate::config::ExecConfig) -> Agent {
+        self.exec = Some(exec);
+        self
+    }
+
+    /// The sandbox layers commands get, for `/status`; `None` when exec is off.
+    pub fn sandbox_summary(&self) -> Option<String> {
+        self.exec.as_ref().filter(|c| c.enabled).map(crate::sandbox::layers_summary)
     }
 
     /// The job store and display zone, if set.
@@ -1165,6 +1179,7 @@ impl Agent {
             tools.register(tool);
         }
         if c.exec.enabled {
+            crate::sandbox::protect(crate::sandbox::private_paths(loaded));
             tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone())));
         }
         if c.web.enabled {
@@ -1225,7 +1240,8 @@ impl Agent {
             hub
         });
         let mut agent = Agent::new(provider, tools, SessionStore::new(&loaded.paths.state_dir), context, settings)
-            .with_jobs(crate::scheduler::JobStore::open(&loaded.paths.state_dir), c.timezone().tz().clone());
+            .with_jobs(crate::scheduler::JobStore::open(&loaded.paths.state_dir), c.timezone().tz().clone())
+            .with_exec(c.exec.clone());
         agent.inflight = inflight;
         agent.subagents = hub;
         agent

@@ -221,11 +221,65 @@ pub struct ExecConfig {
     pub network: bool,
     /// Environment variables passed through to commands (besides PATH, HOME, LANG, TERM).
     pub env_allow: Vec<String>,
+    /// The kernel sandbox: `auto` (every layer the kernel offers), `required`
+    /// (refuse to run commands without the namespace jail), `off`.
+    pub isolation: Isolation,
+    /// When bramble runs as root, commands run as this user…
+    pub run_as_user: String,
+    /// …and this group (falls back to the user's own group if it does not exist).
+    pub run_as_group: String,
+    /// CPU seconds per process (`RLIMIT_CPU`); 0: no limit.
+    pub max_cpu_seconds: u64,
+    /// Address space per process in MiB (`RLIMIT_AS`); 0: no limit.
+    pub max_memory_mb: u64,
+    /// Largest file a command may write, in MiB (`RLIMIT_FSIZE`); 0: no limit.
+    pub max_file_size_mb: u64,
+    /// Open files per process (`RLIMIT_NOFILE`); 0: no limit.
+    pub max_open_files: u64,
+    /// Processes of the command's user (`RLIMIT_NPROC`, inside its own user namespace); 0: no limit.
+    pub max_processes: u64,
+    /// Size of the command's private `/tmp` in MiB.
+    pub tmp_size_mb: u64,
+}
+
+/// `[exec] isolation`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    #[default]
+    Auto,
+    Required,
+    Off,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Auto => "auto",
+            Isolation::Required => "required",
+            Isolation::Off => "off",
+        }
+    }
 }
 
 impl Default for ExecConfig {
     fn default() -> Self {
-        ExecConfig { enabled: true, timeout: Dur::secs(60), max_output: 10_000, network: true, env_allow: Vec::new() }
+        ExecConfig {
+            enabled: true,
+            timeout: Dur::secs(60),
+            max_output: 10_000,
+            network: true,
+            env_allow: Vec::new(),
+            isolation: Isolation::Auto,
+            run_as_user: "nobody".into(),
+            run_as_group: "nogroup".into(),
+            max_cpu_seconds: 300,
+            max_memory_mb: 1024,
+            max_file_size_mb: 1024,
+            max_open_files: 1024,
+            max_processes: 128,
+            tmp_size_mb: 64,
+        }
     }
 }
 

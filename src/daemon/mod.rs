@@ -589,6 +589,9 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
             tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run")
         }
     }
+    if c.exec.enabled {
+        crate::sandbox::log_layers(&c.exec);
+    }
     let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
     let tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))
         .map(|t| heartbeat::active_tasks(&t).len())

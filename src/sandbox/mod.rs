@@ -1,9 +1,412 @@
-//! Running commands on behalf of a model.
+//! Running commands on behalf of a model, inside kernel-enforced limits.
 //!
 //! Everything a model asks to run goes through [`process::run`]: its own
 //! process group, a cleared environment, bounded output, a timeout, and no
-//! survivors. Kernel-enforced layers (namespaces, rlimits, Landlock) come later
-//! by re-executing bramble as a `sandbox-exec` helper around the same
-//! [`process::CommandSpec`], so callers do not change when they arrive.
+//! survivors. [`wrap`] turns a plain [`process::CommandSpec`] into one that
+//! starts `bramble sandbox-exec … -- PROGRAM ARGS` ([`helper`]), which sets up
+//! the layers in ordinary code and then execs the program:
+//!
+//! | layer | where | needs |
+//! |---|---|---|
+//! | rlimits: CPU, address space, file size, open files, processes, no core | helper | — |
+//! | `PR_SET_NO_NEW_PRIVS`, parent-death signal, own session | helper | — |
+//! | unprivileged user (`[exec] run_as_user`) when bramble is root | worker | root |
+//! | user + mount + pid + ipc + uts namespaces, read-only system, private `/tmp` and `/proc`, hidden state/config/credentials ([`jail`]) | init | user namespaces (or root) |
+//! | empty network namespace (`[exec] network = false`) | helper | same |
+//! | Landlock: filesystem, TCP (`network = false`), signal/abstract-socket scoping ([`landlock`]) | worker | Landlock in the kernel |
+//! | seccomp: no sockets but `AF_UNIX` (`network = false`, [`seccomp`]) | worker | x86-64, aarch64, armv7 |
+//!
+//! Which of them this kernel offers is found out once ([`probe`]: one real
+//! helper run) and reported by [`layers_summary`] in the startup log and in
+//! `bramble status`. Commands are wrapped on a cheap guess until then
+//! ([`assumed`]); a wrong guess costs one failed start and a retry ([`recheck`]). With `[exec] isolation = "auto"` missing layers are
+//! skipped (said once, at start); with `"required"` commands are refused
+//! without the namespace jail; `"off"` runs commands with only the
+//! process-group handling of [`process`].
+//!
+//! [`deny`] is a short list of friendly early refusals, never the boundary.
+//!
+//! How the helper is found: `/proc/self/exe`, resolved at start by `main`
+//! ([`use_current_exe`]). Tests that use the library in-process are not the
+//! bramble binary, so they point at it with [`set_helper`] or the
+//! `BRAMBLE_SANDBOX_HELPER` environment variable.
 
+pub mod deny;
+pub mod helper;
+pub mod jail;
+pub mod landlock;
 pub mod process;
+pub mod seccomp;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+
+use crate::config::{ExecConfig, Isolation};
+use process::CommandSpec;
+
+/// Environment variable naming the helper binary (tests, unusual installs).
+pub const HELPER_ENV: &str = "BRAMBLE_SANDBOX_HELPER";
+
+#[derive(Default)]
+struct Settings {
+    helper: Option<PathBuf>,
+    /// Paths commands must not see: state dirs, config files, credentials.
+    private: Vec<PathBuf>,
+    probe: Option<Arc<Probe>>,
+    /// A cheap guess used until the probe has run (see [`assumed`]).
+    guess: Option<Arc<Probe>>,
+}
+
+static SETTINGS: Mutex<Settings> = Mutex::new(Settings { helper: None, private: Vec::new(), probe: None, guess: None });
+
+fn settings() -> std::sync::MutexGuard<'static, Settings> {
+    SETTINGS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Use this binary as the helper (called by `main` at start).
+pub fn use_current_exe() {
+    if let Ok(exe) = std::fs::read_link("/proc/self/exe").or_else(|_| std::env::current_exe()) {
+        set_helper(exe);
+    }
+}
+
+/// Use `path` (a bramble binary) as the helper; forgets an earlier probe.
+pub fn set_helper(path: impl Into<PathBuf>) {
+    let mut s = settings();
+    s.helper = Some(path.into());
+    s.probe = None;
+    s.guess = None;
+}
+
+/// `BRAMBLE_SANDBOX_HELPER` if set, else what [`set_helper`] / [`use_current_exe`] gave.
+fn helper_path() -> Option<PathBuf> {
+    std::env::var_os(HELPER_ENV).filter(|v| !v.is_empty()).map(PathBuf::from).or_else(|| settings().helper.clone())
+}
+
+/// Hide `paths` from every command started by this process from now on.
+pub fn protect(paths: impl IntoIterator<Item = PathBuf>) {
+    let mut s = settings();
+    for p in paths {
+        if !p.as_os_str().is_empty() && !s.private.contains(&p) {
+            s.private.push(p);
+        }
+    }
+}
+
+/// What commands must not see of a loaded configuration: its file, the state
+/// directory, and systemd's credentials directory.
+pub fn private_paths(loaded: &crate::config::Loaded) -> Vec<PathBuf> {
+    let mut out = vec![loaded.paths.state_dir.clone()];
+    if let Some(config) = &loaded.path {
+        let config = std::path::absolute(config).unwrap_or_else(|_| config.clone());
+        // The whole config directory when it is bramble's own, else just the file.
+        match config.parent() {
+            Some(dir) if !loaded.paths.workspace.starts_with(dir) && dir.ends_with("bramble") => {
+                out.push(dir.to_path_buf())
+            }
+            _ => out.push(config),
+        }
+    }
+    if let Some(creds) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+        out.push(PathBuf::from(creds));
+    }
+    out
+}
+
+/// What the kernel and the installation offer, found out once by running the helper.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// The helper binary, or why there is none.
+    pub helper: Result<PathBuf, String>,
+    /// Whether the namespace jail can be built (a real `sandbox-exec --ns` run).
+    pub namespaces: Result<(), String>,
+    /// Whether commands get an empty `/proc` (a fresh one could not be mounted).
+    pub proc_hidden: bool,
+    /// The kernel's Landlock ABI version.
+    pub landlock_abi: Option<i32>,
+    /// Whether bramble runs as root (commands then switch user).
+    pub root: bool,
+    /// How long the probe took.
+    pub took: Duration,
+}
+
+/// The probe result, computed on first use.
+pub fn probe() -> Arc<Probe> {
+    if let Some(p) = settings().probe.clone() {
+        return p;
+    }
+    let p = Arc::new(run_probe());
+    settings().probe = Some(p.clone());
+    p
+}
+
+/// What commands are wrapped with: the probe if it has run (the daemon runs it at
+/// start for its log line), else a guess from `/proc/sys` that costs no process.
+/// A one-shot `bramble agent -m` thus pays no probe; if the guess was wrong, the
+/// first command's failure triggers the probe and the command is retried ([`recheck`]).
+fn assumed() -> Arc<Probe> {
+    let mut s = settings();
+    if let Some(p) = s.probe.clone().or_else(|| s.guess.clone()) {
+        return p;
+    }
+    drop(s);
+    let guess = Arc::new(guess());
+    s = settings();
+    s.guess = Some(guess.clone());
+    guess
+}
+
+fn guess() -> Probe {
+    let start = Instant::now();
+    let root = nix::unistd::geteuid().is_root();
+    let helper = match helper_path() {
+        None => Err(format!("no helper binary (set {HELPER_ENV})")),
+        Some(p) if p.is_file() => Ok(p),
+        Some(p) => Err(format!("helper {} does not exist", p.display())),
+    };
+    let sysctl = |name: &str| std::fs::read_to_string(name).ok().and_then(|v| v.trim().parse::<i64>().ok());
+    let namespaces = if root {
+        Ok(())
+    } else if sysctl("/proc/sys/user/max_user_namespaces") == Some(0)
+        || sysctl("/proc/sys/kernel/unprivileged_userns_clone") == Some(0)
+        || sysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == Some(1)
+    {
+        Err("unprivileged user namespaces are disabled (sysctl)".to_string())
+    } else {
+        Ok(())
+    };
+    let landlock_abi = landlock::abi_version();
+    Probe { helper, namespaces, proc_hidden: false, landlock_abi, root, took: start.elapsed() }
+}
+
+/// After a command failed to start or a layer failed: run the probe (once) and
+/// say whether it found less than was assumed, so that the command is worth one retry.
+pub fn recheck() -> bool {
+    if settings().probe.is_some() {
+        return false;
+    }
+    let before = assumed();
+    let now = probe();
+    (before.helper.is_ok() && now.helper.is_err()) || (before.jail_available() && !now.jail_available())
+}
+
+fn run_probe() -> Probe {
+    let start = Instant::now();
+    let root = nix::unistd::geteuid().is_root();
+    let landlock_abi = landlock::abi_version();
+    let helper = match helper_path() {
+        None => Err(format!("no helper binary (set {HELPER_ENV})")),
+        Some(p) if p.is_file() => Ok(p),
+        Some(p) => Err(format!("helper {} does not exist", p.display())),
+    };
+    let mut helper = helper;
+    let namespaces = match &helper {
+        Ok(h) => probe_namespaces(h),
+        Err(e) => Err(e.clone()),
+    };
+    if let Err(e) = &namespaces {
+        if e.starts_with(CANNOT_START) {
+            // A helper that cannot even be executed (a foreign binary under qemu-user) is no helper.
+            helper = Err(e.clone());
+        }
+    }
+    let proc_hidden = namespaces.as_ref().is_ok_and(|hidden| *hidden);
+    let namespaces = namespaces.map(|_| ());
+    Probe { helper, namespaces, proc_hidden, landlock_abi, root, took: start.elapsed() }
+}
+
+const CANNOT_START: &str = "cannot start the helper";
+
+/// Build a complete jail (with an empty network namespace) around a shell that
+/// looks at its `/proc`. `Ok(true)`: the jail works but `/proc` is empty.
+fn probe_namespaces(helper: &Path) -> Result<bool, String> {
+    let opts = helper::Options {
+        ns: true,
+        no_network: true,
+        tmp_mb: 1,
+        command: vec!["/bin/sh".into(), "-c".into(), "test -e /proc/self/status || exit 3".into()],
+        ..helper::Options::default()
+    };
+    let mut child = std::process::Command::new(helper)
+        .arg("sandbox-exec")
+        .args(opts.to_args())
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{CANNOT_START} {}: {e}", helper.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(false),
+            Ok(Some(status)) if status.code() == Some(3) => return Ok(true),
+            Ok(Some(status)) => {
+                let mut err = String::new();
+                if let Some(mut s) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut s, &mut err);
+                }
+                let err = err.trim().trim_start_matches(helper::ERROR_PREFIX);
+                return Err(if err.is_empty() { format!("helper failed ({status})") } else { err.to_string() });
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the helper did not finish within 5 s (emulated CPU?)".into());
+            }
+        }
+    }
+}
+
+/// One line for the startup log and `bramble status`: which layers commands get.
+pub fn layers_summary(cfg: &ExecConfig) -> String {
+    if cfg.isolation == Isolation::Off {
+        return "off ([exec] isolation = \"off\"): own process group, minimal environment, capped output only".into();
+    }
+    let p = probe();
+    let mut parts: Vec<String> = Vec::new();
+    match (&p.helper, &p.namespaces) {
+        (Err(e), _) => parts.push(format!("NO HELPER ({e}): own process group and minimal environment only")),
+        (Ok(_), Ok(())) => parts.push(format!(
+            "namespaces ({}mount, pid, ipc, uts{}), read-only system, private /tmp, {}, hidden state/config",
+            if p.root { "" } else { "user, " },
+            if cfg.network { "" } else { ", empty network" },
+            if p.proc_hidden {
+                "NO /proc (this system masks parts of /proc, e.g. systemd ProtectKernelTunables/ProtectKernelLogs)"
+            } else {
+                "private /proc"
+            }
+        )),
+        (Ok(_), Err(e)) => parts.push(format!("namespaces UNAVAILABLE ({e})")),
+    }
+    if p.helper.is_ok() {
+        parts.push(format!(
+            "rlimits (cpu {}, memory {}, file size {}, open files {}, processes {}, no core dumps)",
+            limit(cfg.max_cpu_seconds, "s"),
+            limit(cfg.max_memory_mb, " MiB"),
+            limit(cfg.max_file_size_mb, " MiB"),
+            limit(cfg.max_open_files, ""),
+            limit(cfg.max_processes, ""),
+        ));
+        parts.push("no_new_privs".into());
+        if p.root {
+            parts.push(format!("runs as {}:{}", cfg.run_as_user, cfg.run_as_group));
+        }
+        if !cfg.network && cfg!(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm")) {
+            parts.push("seccomp socket filter".into());
+        }
+        parts.push(match p.landlock_abi {
+            Some(v) => format!("Landlock ABI {v}{}", if cfg.network || v >= 4 { "" } else { " (no TCP rules)" }),
+            None => "no Landlock in this kernel".into(),
+        });
+    }
+    if cfg.isolation == Isolation::Required && !p.jail_available() {
+        parts.push("isolation = \"required\": commands are REFUSED".into());
+    }
+    parts.join("; ")
+}
+
+fn limit(v: u64, unit: &str) -> String {
+    if v == 0 {
+        "unlimited".into()
+    } else {
+        format!("{v}{unit}")
+    }
+}
+
+impl Probe {
+    /// Whether the namespace jail is available.
+    pub fn jail_available(&self) -> bool {
+        self.helper.is_ok() && self.namespaces.is_ok()
+    }
+}
+
+/// Turn `spec` (a program to run in `workspace`) into a sandboxed one, as `cfg` says.
+/// `Err` only when `[exec] isolation = "required"` cannot be met.
+pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<CommandSpec, String> {
+    if cfg.isolation == Isolation::Off {
+        return Ok(spec);
+    }
+    let p = assumed();
+    if cfg.isolation == Isolation::Required && !p.jail_available() {
+        let why = p.namespaces.as_ref().err().or(p.helper.as_ref().err()).cloned().unwrap_or_default();
+        return Err(format!("sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: {why}"));
+    }
+    let Ok(helper) = &p.helper else {
+        warn_once(&format!("exec sandbox degraded: {}", layers_summary(cfg)));
+        return Ok(spec);
+    };
+    if p.namespaces.is_err() {
+        warn_once(&format!("exec sandbox degraded: {}", layers_summary(cfg)));
+    }
+    let run_as = if p.root { Some(resolve_user(cfg)?) } else { None };
+    let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    let cwd = std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone());
+    let hide: Vec<PathBuf> =
+        settings().private.iter().map(|h| std::fs::canonicalize(h).unwrap_or_else(|_| h.clone())).collect();
+    let mb = |v: u64| v.saturating_mul(1 << 20);
+    let mut command = vec![spec.program.clone().into_os_string()];
+    command.extend(spec.args.iter().cloned());
+    let opts = helper::Options {
+        ns: p.namespaces.is_ok(),
+        no_network: !cfg.network,
+        landlock: p.landlock_abi.is_some(),
+        run_as,
+        limits: helper::Limits {
+            cpu_seconds: cfg.max_cpu_seconds,
+            address_space: mb(cfg.max_memory_mb),
+            file_size: mb(cfg.max_file_size_mb),
+            open_files: cfg.max_open_files,
+            processes: cfg.max_processes,
+        },
+        workspace: Some(workspace),
+        cwd: Some(cwd),
+        hide,
+        tmp_mb: cfg.tmp_size_mb,
+        command,
+    };
+    let mut args = vec!["sandbox-exec".into()];
+    args.extend(opts.to_args());
+    Ok(CommandSpec { program: helper.clone(), args, ..spec })
+}
+
+/// The uid and gid commands run as when bramble is root.
+fn resolve_user(cfg: &ExecConfig) -> Result<(u32, u32), String> {
+    use nix::unistd::{Group, User};
+    let user = User::from_name(&cfg.run_as_user)
+        .ok()
+        .flatten()
+        .ok_or_else(|| format!("sandbox: [exec] run_as_user `{}` does not exist on this system", cfg.run_as_user))?;
+    if user.uid.is_root() {
+        return Err(format!("sandbox: [exec] run_as_user `{}` is root; pick an unprivileged user", cfg.run_as_user));
+    }
+    let gid = Group::from_name(&cfg.run_as_group).ok().flatten().map_or(user.gid, |g| g.gid);
+    Ok((user.uid.as_raw(), gid.as_raw()))
+}
+
+/// If `outcome` is the helper reporting a layer it could not set up, its message.
+pub fn setup_error(outcome: &process::Outcome) -> Option<String> {
+    if outcome.state != process::ExitState::Exited(helper::SETUP_FAILED) {
+        return None;
+    }
+    let line = outcome.stderr.text.lines().find(|l| l.starts_with(helper::ERROR_PREFIX))?;
+    Some(format!("sandbox: {}", line.trim_start_matches(helper::ERROR_PREFIX)))
+}
+
+/// The startup log line: the layers at `info`, a missing jail at `warn` (once per process).
+pub fn log_layers(cfg: &ExecConfig) {
+    let summary = layers_summary(cfg);
+    if cfg.isolation != Isolation::Off && !probe().jail_available() {
+        warn_once(&format!("exec sandbox degraded: {summary}"));
+    } else {
+        tracing::info!("exec sandbox: {summary}");
+    }
+}
+
+fn warn_once(msg: &str) {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| tracing::warn!("{msg}"));
+}

@@ -2,14 +2,19 @@
 //!
 //! The command runs through [`crate::sandbox::process::run`], so it gets its
 //! own process group, a time limit, capped output, and nothing it starts
-//! survives it. Its environment is built from scratch — `PATH`, `HOME` (the
+//! survives it; [`crate::sandbox::wrap`] puts it inside the kernel sandbox
+//! (namespaces, read-only system, hidden state and config, rlimits, an
+//! unprivileged user, Landlock — whatever this kernel offers, see SECURITY.md).
+//! A short deny list ([`crate::sandbox::deny`]) answers the obvious
+//! destructive commands early; it is a courtesy, not the boundary. Its environment is built from scratch — `PATH`, `HOME` (the
 //! workspace), `LANG`, `TERM=dumb` and the names listed in `[exec] env_allow` —
 //! so the provider keys and bot tokens in bramble's own environment never
 //! reach a command a model wrote.
 //!
 //! A command that fails is not a tool error: the model reads the exit code
 //! and the output like a person at a terminal would. Only a command that
-//! cannot be started at all is an error.
+//! cannot be started at all — or a sandbox layer that could not be set up —
+//! is an error.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -75,6 +80,7 @@ impl ExecTool {
     }
 
     /// How a command runs: `/bin/sh -c`, the minimal environment, output capped while read.
+    /// [`ExecTool::start`] wraps it in the kernel sandbox as `[exec]` says.
     fn spec(&self, command: String, cwd: PathBuf, timeout: Duration, stdin: Option<Vec<u8>>) -> CommandSpec {
         CommandSpec {
             program: "/bin/sh".into(),
@@ -88,6 +94,27 @@ impl ExecTool {
         }
     }
 
+    /// Start the command in the sandbox and wait for it; `Err` is a message for the model.
+    ///
+    /// If the helper could not start or a layer failed *and* the sandbox probe then finds
+    /// less than was assumed (see [`crate::sandbox::recheck`]), the command is wrapped
+    /// again with what this system really offers and run once more. Setup fails before
+    /// the command itself starts, so it never runs twice.
+    async fn start(&self, plain: CommandSpec, cancel: &tokio_util::sync::CancellationToken) -> Result<Outcome, String> {
+        let wrapped = crate::sandbox::wrap(plain.clone(), &self.cfg, self.workspace.root())?;
+        let mut outcome = process::run(wrapped, cancel).await;
+        let failed = outcome.as_ref().map_or(true, |o| crate::sandbox::setup_error(o).is_some());
+        if failed && crate::sandbox::recheck() {
+            let wrapped = crate::sandbox::wrap(plain, &self.cfg, self.workspace.root())?;
+            outcome = process::run(wrapped, cancel).await;
+        }
+        let outcome = outcome.map_err(|e| format!("could not start the command: {e}"))?;
+        match crate::sandbox::setup_error(&outcome) {
+            Some(err) => Err(err),
+            None => Ok(outcome),
+        }
+    }
+
     async fn run(&self, args: ExecArgs, ctx: &ToolContext) -> Result<String, ToolError> {
         if args.command.trim().is_empty() {
             return Err(ToolError::new("command is empty"));
@@ -98,15 +125,13 @@ impl ExecTool {
         };
         let timeout = args.timeout.map_or(self.cfg.timeout.get(), Duration::from_secs);
         let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
+        crate::sandbox::deny::check(&args.command).map_err(ToolError::new)?;
         let spec = self.spec(args.command, cwd, timeout, None);
-        let outcome = process::run(spec, &ctx.cancel)
-            .await
-            .map_err(|e| ToolError::new(format!("could not start the command: {e}")))?;
+        let outcome = self.start(spec, &ctx.cancel).await.map_err(ToolError::new)?;
         Ok(render(&outcome, timeout, self.cfg.max_output))
     }
 }
 
-/// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
 /// Run `command` as the `exec` tool would (workspace as cwd, minimal
 /// environment, `[exec] timeout`, capped output), for exec jobs and triggers.
 /// Returns whether it exited with status 0, and the output as the tool renders it.
@@ -120,10 +145,11 @@ pub async fn run_shell(
     let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
     let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
-    let outcome = process::run(spec, cancel).await?;
+    let outcome = tool.start(spec, cancel).await.map_err(std::io::Error::other)?;
     Ok((matches!(outcome.state, ExitState::Exited(0)), render(&outcome, timeout, cfg.max_output)))
 }
 
+/// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
 fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
     let mut parts: Vec<String> = Vec::new();
     let stdout = outcome.stdout.text.trim_end_matches('\n');

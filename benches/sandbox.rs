@@ -1,0 +1,92 @@
+//! Overhead of the exec sandbox per command (figures go to BENCHMARKS.md).
+//!
+//! Spawn-to-exit of `/bin/true` through `sandbox::process::run`, as the exec
+//! tool runs it: plain (`[exec] isolation = "off"`), then through the
+//! `bramble sandbox-exec` helper with more and more layers, ending with what
+//! `sandbox::wrap` builds from the default config (every layer this kernel
+//! offers) and with `network = false` (plus an empty network namespace).
+//!
+//! Run: `cargo bench --bench sandbox` (release profile; the helper is the
+//! release binary).
+
+use std::time::{Duration, Instant};
+
+use bramble::config::ExecConfig;
+use bramble::sandbox::helper::Options;
+use bramble::sandbox::process::{self, CommandSpec, ExitState};
+use tokio_util::sync::CancellationToken;
+
+const RUNS: usize = 300;
+
+fn main() {
+    let helper = env!("CARGO_BIN_EXE_bramble");
+    bramble::sandbox::set_helper(helper);
+    let ws = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    bramble::sandbox::protect([state.path().to_path_buf()]);
+    let probe = bramble::sandbox::probe();
+    println!("kernel: {}", std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim());
+    println!("probe:  {:?} (took {:?})", probe.namespaces, probe.took);
+    println!("layers: {}", bramble::sandbox::layers_summary(&ExecConfig::default()));
+
+    let plain = CommandSpec {
+        program: "/bin/true".into(),
+        args: vec![],
+        cwd: ws.path().to_path_buf(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        stdin: None,
+        timeout: Duration::from_secs(10),
+        max_output: 4096,
+    };
+    let through = |opts: Options| {
+        let mut args = vec!["sandbox-exec".into()];
+        args.extend(Options { command: vec!["/bin/true".into()], ..opts }.to_args());
+        CommandSpec { program: helper.into(), args, ..plain.clone() }
+    };
+    let wrapped = |cfg: ExecConfig| bramble::sandbox::wrap(plain.clone(), &cfg, ws.path()).expect("wrap");
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let cases: Vec<(&str, CommandSpec)> = vec![
+        ("plain /bin/true (isolation = off)", plain.clone()),
+        ("helper: rlimits + no_new_privs", through(Options::default())),
+        ("helper: + Landlock", through(Options { landlock: true, ..Options::default() })),
+        ("wrap(default config): every layer", wrapped(ExecConfig::default())),
+        ("wrap(network = false): + empty netns", wrapped(ExecConfig { network: false, ..ExecConfig::default() })),
+    ];
+    let mut base = Duration::ZERO;
+    println!("\nspawn-to-exit of /bin/true, {RUNS} runs each:");
+    for (name, spec) in cases {
+        let times = rt.block_on(measure(&spec));
+        let p50 = times[RUNS / 2];
+        if base.is_zero() {
+            base = p50;
+        }
+        println!(
+            "  {name:<40} p50 {:>9.3?}  p90 {:>9.3?}  min {:>9.3?}  extra (p50) {:>9.3?}",
+            p50,
+            times[RUNS * 9 / 10],
+            times[0],
+            p50.saturating_sub(base)
+        );
+    }
+}
+
+async fn measure(spec: &CommandSpec) -> Vec<Duration> {
+    let cancel = CancellationToken::new();
+    for _ in 0..10 {
+        run_once(spec, &cancel).await;
+    }
+    let mut times = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        let start = Instant::now();
+        run_once(spec, &cancel).await;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    times
+}
+
+async fn run_once(spec: &CommandSpec, cancel: &CancellationToken) {
+    let out = process::run(spec.clone(), cancel).await.expect("runs");
+    assert_eq!(out.state, ExitState::Exited(0), "{out:?}");
+}

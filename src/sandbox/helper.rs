@@ -1,0 +1,447 @@
+//! `bramble sandbox-exec`: the small program every `exec` child starts as.
+//!
+//! bramble spawns itself (`posix_spawn`, no `pre_exec` hook: a `fork` with a
+//! hook hangs under qemu-user) as `bramble sandbox-exec [options] -- PROGRAM
+//! ARGS…`. This module runs in that fresh, single-threaded process, before any
+//! async runtime exists, so every layer is set up in ordinary code — no
+//! async-signal-safety rules to respect — and then `execve`s the program.
+//!
+//! The order matters:
+//!
+//! 1. rlimits (no core dumps, CPU, address space, file size, open files) —
+//!    inherited by everything below;
+//! 2. with `--ns`: `unshare` new mount, pid, ipc and uts namespaces (and an
+//!    empty network namespace with `--no-network`); as non-root also a user
+//!    namespace mapping only our own uid/gid. Root needs no user namespace: it
+//!    builds the jail with its real privileges and the command drops them;
+//! 3. `fork` → **init**, pid 1 of the new pid namespace, in a new session (no
+//!    controlling terminal). It builds the filesystem view ([`super::jail`]),
+//!    mounts a fresh `/proc`, then forks the **worker** and reaps until the
+//!    worker ends. When init exits the kernel kills everything left in the
+//!    namespace: background children cannot outlive the command;
+//! 4. the worker switches to the unprivileged user (root only; `setgroups`,
+//!    `setresgid`, `setresuid`), sets `RLIMIT_NPROC`, `PR_SET_NO_NEW_PRIVS`,
+//!    the parent-death signal, Landlock, the seccomp socket filter (with
+//!    `--no-network`), and `execvp`s the program.
+//!
+//! Every process in the chain has `PR_SET_PDEATHSIG(SIGKILL)`: if bramble dies
+//! the helper dies, then init, and with init the whole pid namespace.
+//! The helper reports the worker's exit status as its own (re-raising a fatal
+//! signal), so the parent sees the command's real status.
+//!
+//! A layer that cannot be set up ends the helper with [`SETUP_FAILED`] and one
+//! line on stderr starting with [`ERROR_PREFIX`]; the exec tool turns that into
+//! an `Error: …` for the model.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use super::jail;
+
+/// Exit status of the helper when a layer could not be set up.
+pub const SETUP_FAILED: i32 = 125;
+/// First bytes of the helper's one-line error on stderr.
+pub const ERROR_PREFIX: &str = "bramble-sandbox: ";
+
+/// What the parent asked for; the command line of `sandbox-exec`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Build the namespace jail.
+    pub ns: bool,
+    /// A new, empty network namespace (with `ns`); Landlock TCP denial too.
+    pub no_network: bool,
+    /// Apply Landlock (best effort).
+    pub landlock: bool,
+    /// Switch to this uid/gid before exec (set when bramble runs as root).
+    pub run_as: Option<(u32, u32)>,
+    pub limits: Limits,
+    /// Writable: the workspace (bound at its own path).
+    pub workspace: Option<PathBuf>,
+    /// Directory to run in (inside the workspace).
+    pub cwd: Option<PathBuf>,
+    /// Paths made invisible: state dir, config, credentials.
+    pub hide: Vec<PathBuf>,
+    /// Size of the fresh `/tmp` in MiB.
+    pub tmp_mb: u64,
+    /// The program and its arguments.
+    pub command: Vec<OsString>,
+}
+
+/// Resource limits; 0 means "leave as is".
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu_seconds: u64,
+    pub address_space: u64,
+    pub file_size: u64,
+    pub open_files: u64,
+    pub processes: u64,
+}
+
+impl Options {
+    /// The argument list after `sandbox-exec` (the inverse of [`Options::parse`]).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut flag = |name: &str, on: bool| {
+            if on {
+                a.push(name.into());
+            }
+        };
+        flag("--ns", self.ns);
+        flag("--no-network", self.no_network);
+        flag("--landlock", self.landlock);
+        let mut kv = |name: &str, value: OsString| {
+            a.push(name.into());
+            a.push(value);
+        };
+        if let Some((uid, gid)) = self.run_as {
+            kv("--uid", uid.to_string().into());
+            kv("--gid", gid.to_string().into());
+        }
+        let l = &self.limits;
+        for (name, v) in [
+            ("--cpu", l.cpu_seconds),
+            ("--as", l.address_space),
+            ("--fsize", l.file_size),
+            ("--nofile", l.open_files),
+            ("--nproc", l.processes),
+            ("--tmp-mb", self.tmp_mb),
+        ] {
+            if v > 0 {
+                kv(name, v.to_string().into());
+            }
+        }
+        if let Some(ws) = &self.workspace {
+            kv("--workspace", ws.clone().into());
+        }
+        if let Some(cwd) = &self.cwd {
+            kv("--cwd", cwd.clone().into());
+        }
+        for h in &self.hide {
+            kv("--hide", h.clone().into());
+        }
+        a.push("--".into());
+        a.extend(self.command.iter().cloned());
+        a
+    }
+
+    /// Parse the arguments after `sandbox-exec`.
+    pub fn parse(args: &[OsString]) -> Result<Options, String> {
+        let mut o = Options::default();
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let name = arg.to_string_lossy();
+            let mut value = || it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+            let mut number = || -> Result<u64, String> {
+                let v = value()?;
+                v.to_string_lossy().parse::<u64>().map_err(|_| format!("{name}: not a number: {v:?}"))
+            };
+            match name.as_ref() {
+                "--ns" => o.ns = true,
+                "--no-network" => o.no_network = true,
+                "--landlock" => o.landlock = true,
+                "--uid" => o.run_as = Some((number()? as u32, o.run_as.map_or(0, |r| r.1))),
+                "--gid" => o.run_as = Some((o.run_as.map_or(0, |r| r.0), number()? as u32)),
+                "--cpu" => o.limits.cpu_seconds = number()?,
+                "--as" => o.limits.address_space = number()?,
+                "--fsize" => o.limits.file_size = number()?,
+                "--nofile" => o.limits.open_files = number()?,
+                "--nproc" => o.limits.processes = number()?,
+                "--tmp-mb" => o.tmp_mb = number()?,
+                "--workspace" => o.workspace = Some(value()?.into()),
+                "--cwd" => o.cwd = Some(value()?.into()),
+                "--hide" => o.hide.push(value()?.into()),
+                "--" => {
+                    o.command = it.cloned().collect();
+                    break;
+                }
+                other => return Err(format!("unknown option {other}")),
+            }
+        }
+        if o.command.is_empty() {
+            return Err("no command after --".into());
+        }
+        Ok(o)
+    }
+}
+
+/// Entry point of `bramble sandbox-exec`; never returns on success (the program replaces us).
+pub fn main(args: &[OsString]) -> i32 {
+    let opts = match Options::parse(args) {
+        Ok(o) => o,
+        Err(e) => return fail(&format!("bad arguments: {e}")),
+    };
+    match run(&opts) {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+/// Print the one-line setup error and return [`SETUP_FAILED`].
+fn fail(msg: &str) -> i32 {
+    let _ = writeln!(io::stderr(), "{ERROR_PREFIX}{msg}");
+    SETUP_FAILED
+}
+
+fn os_err(what: &str) -> String {
+    format!("{what}: {}", io::Error::last_os_error())
+}
+
+fn check(rc: libc::c_int, what: &str) -> Result<(), String> {
+    if rc < 0 {
+        Err(os_err(what))
+    } else {
+        Ok(())
+    }
+}
+
+fn run(o: &Options) -> Result<i32, String> {
+    set_limits(&o.limits)?;
+    set_pdeathsig()?;
+    if unsafe { libc::getppid() } == 1 {
+        return Err("bramble exited before the sandbox was set up".into());
+    }
+    if !o.ns {
+        // No namespaces: this process becomes the command, in bramble's process group.
+        worker(o);
+    }
+    let root = unsafe { libc::geteuid() } == 0;
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    if o.no_network {
+        flags |= libc::CLONE_NEWNET;
+    }
+    if !root {
+        flags |= libc::CLONE_NEWUSER;
+    }
+    // SAFETY: plain syscall on a single-threaded process.
+    check(unsafe { libc::unshare(flags) }, "cannot create namespaces (unshare)")?;
+    if !root {
+        // Map only ourselves: inside, we keep our uid and gid; nothing else exists.
+        write_file("/proc/self/setgroups", "deny")?;
+        write_file("/proc/self/uid_map", &format!("{uid} {uid} 1"))?;
+        write_file("/proc/self/gid_map", &format!("{gid} {gid} 1"))?;
+    }
+    // A new user namespace changed our credentials, which clears the death signal.
+    set_pdeathsig()?;
+
+    let mut fds = [0 as libc::c_int; 2];
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, "pipe")?;
+    let (status_r, status_w) = (fds[0], fds[1]);
+    let helper_pid = unsafe { libc::getpid() };
+    // SAFETY: single-threaded; the child only calls ordinary code and then exits or execs.
+    let init = unsafe { libc::fork() };
+    if init < 0 {
+        return Err(os_err("fork"));
+    }
+    if init == 0 {
+        unsafe { libc::close(status_r) };
+        let code = match init_process(o, status_w, helper_pid) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        };
+        unsafe { libc::_exit(code) };
+    }
+    unsafe { libc::close(status_w) };
+    let init_status = wait_for(init)?;
+    let mut buf = [0u8; 4];
+    let n = unsafe { libc::read(status_r, buf.as_mut_ptr().cast(), 4) };
+    if n == 4 {
+        mirror(i32::from_ne_bytes(buf))
+    } else if libc::WIFEXITED(init_status) {
+        // Init failed before the worker ended (its error is on stderr).
+        Ok(libc::WEXITSTATUS(init_status))
+    } else {
+        Err("the sandbox's init process was killed".into())
+    }
+}
+
+/// Pid 1 of the new pid namespace: build the view, start the worker, reap.
+fn init_process(o: &Options, status_w: libc::c_int, helper_pid: libc::pid_t) -> Result<(), String> {
+    set_pdeathsig()?;
+    // The helper may have died between fork and prctl: then nobody waits for us. getppid()
+    // reads 0 across the pid namespace boundary, but /proc is still the parent namespace's.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse::<i32>().ok());
+    if ppid.is_some_and(|p| p != helper_pid) {
+        return Err("the helper exited during setup".into());
+    }
+    // Own session: the command has no controlling terminal to inject keystrokes into.
+    check(unsafe { libc::setsid() }, "setsid")?;
+    jail::build(o)?;
+    let name = b"sandbox";
+    unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
+    let worker_pid = unsafe { libc::fork() };
+    if worker_pid < 0 {
+        return Err(os_err("fork"));
+    }
+    if worker_pid == 0 {
+        worker(o);
+    }
+    loop {
+        let mut status = 0;
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid < 0 {
+            return Err(os_err("waitpid"));
+        }
+        if pid == worker_pid {
+            let bytes = status.to_ne_bytes();
+            unsafe { libc::write(status_w, bytes.as_ptr().cast(), 4) };
+            return Ok(());
+        }
+    }
+}
+
+/// Become the command: drop privileges, last layers, exec. Never returns.
+fn worker(o: &Options) -> ! {
+    let code = match prepare_worker(o) {
+        Ok(()) => exec(&o.command),
+        Err(e) => fail(&e),
+    };
+    unsafe { libc::_exit(code) }
+}
+
+fn prepare_worker(o: &Options) -> Result<(), String> {
+    if let Some((uid, gid)) = o.run_as {
+        // SAFETY: plain syscalls; groups first, then gid, then uid (afterwards we could not).
+        check(unsafe { libc::setgroups(1, &gid) }, "setgroups")?;
+        check(unsafe { libc::setresgid(gid, gid, gid) }, &format!("cannot switch to group {gid}"))?;
+        check(unsafe { libc::setresuid(uid, uid, uid) }, &format!("cannot switch to user {uid}"))?;
+        if unsafe { libc::setuid(0) } == 0 {
+            return Err("dropping root did not stick".into());
+        }
+    }
+    if o.limits.processes > 0 {
+        set_limit(libc::RLIMIT_NPROC, o.limits.processes, "processes")?;
+    }
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }, "PR_SET_NO_NEW_PRIVS")?;
+    set_pdeathsig()?;
+    if let Some(cwd) = &o.cwd {
+        let c = cstr(cwd.as_os_str())?;
+        check(unsafe { libc::chdir(c.as_ptr()) }, &format!("cannot enter {}", cwd.display()))?;
+    }
+    if o.landlock {
+        super::landlock::restrict(o)?;
+    }
+    if o.no_network {
+        super::seccomp::deny_sockets()?;
+    }
+    Ok(())
+}
+
+/// `execvp` the command; returns the shell-style exit code on failure.
+fn exec(command: &[OsString]) -> i32 {
+    let args: Result<Vec<CString>, String> = command.iter().map(|a| cstr(a)).collect();
+    let Ok(args) = args else { return fail("a NUL byte in the command") };
+    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    unsafe { libc::execvp(argv[0], argv.as_ptr()) };
+    let err = io::Error::last_os_error();
+    let _ = writeln!(io::stderr(), "{ERROR_PREFIX}cannot run {:?}: {err}", command[0]);
+    if err.kind() == io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    }
+}
+
+/// Exit the way the worker did: same code, or the same fatal signal.
+fn mirror(status: i32) -> Result<i32, String> {
+    if libc::WIFEXITED(status) {
+        return Ok(libc::WEXITSTATUS(status));
+    }
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+        return Ok(128 + sig);
+    }
+    Ok(SETUP_FAILED)
+}
+
+fn wait_for(pid: libc::pid_t) -> Result<i32, String> {
+    let mut status = 0;
+    loop {
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc == pid {
+            return Ok(status);
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return Err(os_err("waitpid"));
+        }
+    }
+}
+
+fn set_pdeathsig() -> Result<(), String> {
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }, "PR_SET_PDEATHSIG")
+}
+
+fn set_limits(l: &Limits) -> Result<(), String> {
+    set_limit(libc::RLIMIT_CORE, 0, "core dumps")?;
+    for (res, v, what) in [
+        (libc::RLIMIT_CPU, l.cpu_seconds, "CPU time"),
+        (libc::RLIMIT_AS, l.address_space, "address space"),
+        (libc::RLIMIT_FSIZE, l.file_size, "file size"),
+        (libc::RLIMIT_NOFILE, l.open_files, "open files"),
+    ] {
+        if v > 0 {
+            set_limit(res, v, what)?;
+        }
+    }
+    Ok(())
+}
+
+/// Lower soft and hard limit to `v` (never raise: an existing lower hard limit stays).
+fn set_limit(res: libc::__rlimit_resource_t, v: u64, what: &str) -> Result<(), String> {
+    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe { libc::getrlimit(res, &mut cur) };
+    let v = (v as libc::rlim_t).min(cur.rlim_max);
+    let new = libc::rlimit { rlim_cur: v, rlim_max: v };
+    check(unsafe { libc::setrlimit(res, &new) }, &format!("cannot limit {what}"))
+}
+
+fn write_file(path: &str, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("cannot write {path}: {e}"))
+}
+
+pub(crate) fn cstr(s: &OsStr) -> Result<CString, String> {
+    CString::new(s.as_bytes()).map_err(|_| format!("a NUL byte in {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_round_trip() {
+        let o = Options {
+            ns: true,
+            no_network: true,
+            landlock: true,
+            run_as: Some((65534, 65533)),
+            limits: Limits { cpu_seconds: 5, address_space: 1 << 30, file_size: 7, open_files: 64, processes: 32 },
+            workspace: Some("/ws".into()),
+            cwd: Some("/ws/sub".into()),
+            hide: vec!["/state".into(), "/etc/bramble".into()],
+            tmp_mb: 64,
+            command: vec!["/bin/sh".into(), "-c".into(), "echo --ns".into()],
+        };
+        assert_eq!(Options::parse(&o.to_args()).unwrap(), o);
+        let minimal = Options { command: vec!["true".into()], ..Options::default() };
+        assert_eq!(minimal.to_args(), [OsString::from("--"), "true".into()]);
+        assert_eq!(Options::parse(&minimal.to_args()).unwrap(), minimal);
+    }
+
+    #[test]
+    fn bad_arguments_are_errors_not_panics() {
+        let p = |a: &[&str]| Options::parse(&a.iter().map(OsString::from).collect::<Vec<_>>());
+        assert_eq!(p(&["--cpu"]).unwrap_err(), "--cpu needs a value");
+        assert_eq!(p(&["--cpu", "x", "--", "a"]).unwrap_err(), "--cpu: not a number: \"x\"");
+        assert_eq!(p(&["--what"]).unwrap_err(), "unknown option --what");
+        assert_eq!(p(&["--ns"]).unwrap_err(), "no command after --");
+        assert_eq!(p(&["--ns", "--"]).unwrap_err(), "no command after --");
+    }
+}

@@ -1,0 +1,300 @@
+//! The filesystem view of a sandboxed command, built inside its new mount
+//! namespace by the helper's init process (see [`super::helper`]).
+//!
+//! Like bubblewrap, without needing it installed:
+//!
+//! - nothing propagates back to the host (`/` becomes a private tree);
+//! - a fresh `/proc` for the new pid namespace: bramble's own
+//!   `/proc/<pid>/environ` (API keys, tokens) does not exist in there. Where
+//!   the kernel refuses one (a user namespace under a /proc with masked parts,
+//!   e.g. systemd's `ProtectKernelTunables`), an empty `/proc` instead;
+//! - the whole system read-only and `nosuid` (`mount_setattr`, recursive);
+//! - a fresh, size-limited tmpfs on `/tmp`, also bound on `/var/tmp` and
+//!   `/dev/shm`: the per-run temp dir, gone when the command ends;
+//! - bramble's state directory, config and credentials covered by empty
+//!   read-only tmpfs (directories) or `/dev/null` (files): not visible at all;
+//! - when the command will run as another user (bramble is root), the first
+//!   ancestor of the workspace that user could not enter (`/root`, a 0700
+//!   temp dir) is covered too, so the path to the workspace exists for it;
+//! - the workspace, cloned with `open_tree` *before* anything covered it,
+//!   attached again at its own path, writable.
+//!
+//! Paths arrive canonical (the parent resolved symlinks).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::helper::{cstr, Options};
+
+// The new mount API has the same numbers on every architecture.
+const SYS_OPEN_TREE: libc::c_long = 428;
+const SYS_MOVE_MOUNT: libc::c_long = 429;
+const SYS_MOUNT_SETATTR: libc::c_long = 442;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Build the view described by `o` in the current (new) mount namespace.
+pub fn build(o: &Options) -> Result<(), String> {
+    mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(|e| format!("cannot make the mount tree private: {e}"))?;
+    // Clone the workspace before anything can cover it (it may live under /tmp or the state dir).
+    let ws = match &o.workspace {
+        Some(ws) => Some((ws.clone(), open_tree(ws)?)),
+        None => None,
+    };
+    let proc_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    match mount(Some("proc"), "/proc", Some("proc"), proc_flags, None) {
+        Ok(()) => {}
+        // A /proc with masked parts (systemd's ProtectKernelTunables, a container) cannot be
+        // mounted again from a user namespace. Then the command gets no /proc at all rather
+        // than the host's, where bramble's own environment is.
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => cover(Path::new("/proc"))?,
+        Err(e) => return Err(format!("cannot mount a fresh /proc: {e}")),
+    }
+    if let (Some((_, tree)), Some((uid, gid))) = (&ws, o.run_as) {
+        // Root's workspace, used by an unprivileged user: show root's files as theirs.
+        // Here, between the fresh /proc (the helper child's pid is ours) and the read-only remount.
+        if let Err(e) = idmap(tree, uid, gid) {
+            eprintln!("{}note: the workspace stays read-only for this command: {e}", super::helper::ERROR_PREFIX);
+        }
+    }
+    set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE)
+        .map_err(|e| format!("cannot make the system read-only: {e}"))?;
+
+    let tmp_size = format!("size={}m,mode=1777", o.tmp_mb.max(1));
+    mount(Some("tmpfs"), "/tmp", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&tmp_size))
+        .map_err(|e| format!("cannot mount a fresh /tmp: {e}"))?;
+    for shared in ["/var/tmp", "/dev/shm"] {
+        if Path::new(shared).is_dir() {
+            bind("/tmp", shared).map_err(|e| format!("cannot mount {shared}: {e}"))?;
+        }
+    }
+
+    // Hide: directories under an empty tmpfs (read-only once the workspace is back), files under /dev/null.
+    // The unreachable ancestor first: what it covers needs no hiding of its own.
+    let mut covers: Vec<PathBuf> = Vec::new();
+    if let (Some((ws, _)), Some((uid, gid))) = (&ws, o.run_as) {
+        if let Some(blocked) = first_unreachable_ancestor(ws, uid, gid) {
+            cover(&blocked)?;
+            covers.push(blocked);
+        }
+    }
+    let mut files: Vec<&Path> = Vec::new();
+    for path in &o.hide {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => {
+                cover(path)?;
+                covers.push(path.clone());
+            }
+            Ok(_) => files.push(path),
+            Err(_) => {} // Nothing there (or already covered), nothing to hide.
+        }
+    }
+    if let Some((ws, tree)) = &ws {
+        std::fs::create_dir_all(ws).map_err(|e| format!("cannot recreate {}: {e}", ws.display()))?;
+        move_mount(tree.0, ws)?;
+    }
+    for c in &covers {
+        mount(None, path_str(c)?, None, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY, None)
+            .map_err(|e| format!("cannot make {} read-only: {e}", c.display()))?;
+    }
+    for f in files {
+        bind("/dev/null", path_str(f)?).map_err(|e| format!("cannot hide {}: {e}", f.display()))?;
+    }
+    Ok(())
+}
+
+/// Make the detached mount `tree` show files owned by root (uid/gid 0) as owned
+/// by `uid`/`gid`, and store what `uid` creates as root's: an idmapped mount.
+/// Needs a user namespace that maps 0 to `uid`; a short-lived child provides it.
+fn idmap(tree: &Fd, uid: u32, gid: u32) -> Result<(), String> {
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    let mut fds = [0 as libc::c_int; 2];
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let (ready_r, ready_w) = (Fd(fds[0]), Fd(fds[1]));
+    // SAFETY: single-threaded; the child only unshares, writes one byte and pauses.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if child == 0 {
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
+            libc::write(ready_w.0, [u8::from(ok)].as_ptr().cast(), 1);
+            loop {
+                libc::pause();
+            }
+        }
+    }
+    drop(ready_w);
+    let result = (|| {
+        let mut byte = [0u8; 1];
+        if unsafe { libc::read(ready_r.0, byte.as_mut_ptr().cast(), 1) } != 1 || byte[0] != 1 {
+            return Err("cannot create a user namespace for the mapping".to_string());
+        }
+        let w = |file: &str, text: String| {
+            std::fs::write(format!("/proc/{child}/{file}"), text).map_err(|e| format!("{file}: {e}"))
+        };
+        w("uid_map", format!("0 {uid} 1"))?;
+        w("gid_map", format!("0 {gid} 1"))?;
+        let ns = std::fs::File::open(format!("/proc/{child}/ns/user")).map_err(|e| format!("ns/user: {e}"))?;
+        let attr = MountAttr {
+            attr_set: MOUNT_ATTR_IDMAP,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: std::os::fd::AsRawFd::as_raw_fd(&ns) as u64,
+        };
+        let flags = libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE;
+        // SAFETY: mount_setattr(fd, "", AT_EMPTY_PATH|AT_RECURSIVE, &attr, size).
+        let rc = unsafe {
+            libc::syscall(
+                SYS_MOUNT_SETATTR,
+                tree.0,
+                c"".as_ptr(),
+                flags,
+                &attr as *const MountAttr,
+                size_of::<MountAttr>(),
+            )
+        };
+        if rc < 0 {
+            return Err(format!("idmapped mount: {}", std::io::Error::last_os_error()));
+        }
+        Ok(())
+    })();
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    result
+}
+
+/// An empty, small tmpfs over `dir` (writable until the caller remounts it read-only).
+fn cover(dir: &Path) -> Result<(), String> {
+    mount(Some("tmpfs"), path_str(dir)?, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("size=1m,mode=755"))
+        .map_err(|e| format!("cannot hide {}: {e}", dir.display()))
+}
+
+/// The first ancestor of `ws` (below `/`) that `uid`/`gid` cannot search.
+fn first_unreachable_ancestor(ws: &Path, uid: u32, gid: u32) -> Option<PathBuf> {
+    let mut dir = PathBuf::from("/");
+    for part in ws.components().skip(1) {
+        dir.push(part);
+        if dir == ws {
+            return None;
+        }
+        let m = std::fs::metadata(&dir).ok()?;
+        let mode = m.mode();
+        let bit = if m.uid() == uid {
+            0o100
+        } else if m.gid() == gid {
+            0o010
+        } else {
+            0o001
+        };
+        if mode & bit == 0 {
+            return Some(dir);
+        }
+    }
+    None
+}
+
+fn path_str(p: &Path) -> Result<&str, String> {
+    p.to_str().ok_or_else(|| format!("not a UTF-8 path: {}", p.display()))
+}
+
+fn bind(from: &str, to: &str) -> Result<(), std::io::Error> {
+    mount(Some(from), to, None, libc::MS_BIND | libc::MS_REC, None)
+}
+
+fn mount(
+    src: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), std::io::Error> {
+    let c = |s: Option<&str>| s.map(|s| std::ffi::CString::new(s).map_err(|_| std::io::ErrorKind::InvalidInput));
+    let (src, fstype, data) = (c(src).transpose()?, c(fstype).transpose()?, c(data).transpose()?);
+    let target = std::ffi::CString::new(target).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    let ptr = |s: &Option<std::ffi::CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: all pointers are valid NUL-terminated strings or null, as mount(2) allows.
+    let rc = unsafe { libc::mount(ptr(&src), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A file descriptor closed on drop.
+struct Fd(libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// A detached copy of the mount tree at `path`.
+fn open_tree(path: &Path) -> Result<Fd, String> {
+    let c = cstr(path.as_os_str())?;
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE;
+    // SAFETY: open_tree(dfd, path, flags) with a valid C string.
+    let fd = unsafe { libc::syscall(SYS_OPEN_TREE, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(format!(
+            "cannot clone the workspace mount {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(Fd(fd as libc::c_int))
+}
+
+fn move_mount(fd: libc::c_int, to: &Path) -> Result<(), String> {
+    let empty = c"";
+    let target = cstr(to.as_os_str())?;
+    // SAFETY: move_mount(from_dfd, "", to_dfd, to_path, F_EMPTY_PATH) with valid strings.
+    let rc = unsafe {
+        libc::syscall(SYS_MOVE_MOUNT, fd, empty.as_ptr(), libc::AT_FDCWD, target.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH)
+    };
+    if rc < 0 {
+        return Err(format!("cannot attach the workspace at {}: {}", to.display(), std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn set_attr(path: &str, set: u64, clear: u64, flags: libc::c_uint) -> Result<(), std::io::Error> {
+    let c = std::ffi::CString::new(path).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    let attr = MountAttr { attr_set: set, attr_clr: clear, propagation: 0, userns_fd: 0 };
+    // SAFETY: mount_setattr(dfd, path, flags, &attr, sizeof attr).
+    let rc = unsafe {
+        libc::syscall(
+            SYS_MOUNT_SETATTR,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

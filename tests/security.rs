@@ -1,0 +1,745 @@
+//! The exec sandbox under attack: every attempt goes through the real `exec`
+//! tool (the `ToolRegistry`, as the agent calls it, with the real
+//! `bramble sandbox-exec` helper) or the real binary, and must fail safely
+//! while bramble keeps running. SECURITY.md has the table of these tests.
+//!
+//! Layers depend on the kernel. [`layers`] reads what this kernel offers and
+//! the tests assert the strongest outcome available; a kernel with neither
+//! the namespace jail nor Landlock fails the filesystem tests loudly instead of
+//! skipping them.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use bramble::config::{Config, ExecConfig, WebConfig};
+use bramble::provider::ToolCall;
+use bramble::sandbox::Probe;
+use bramble::tools::exec::ExecTool;
+use bramble::tools::web::WebFetch;
+use bramble::tools::{ToolContext, ToolOutcome, ToolRegistry};
+use support::fake_llm::{Dialect, FakeLlm, Reply};
+use support::setup::TestHome;
+
+/// Point the library at the real binary as its helper (once: it resets the probe).
+fn layers() -> Arc<Probe> {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| bramble::sandbox::set_helper(env!("CARGO_BIN_EXE_bramble")));
+    let p = bramble::sandbox::probe();
+    assert!(p.helper.is_ok(), "the helper must be found: {:?}", p.helper);
+    p
+}
+
+/// A workspace with bramble's private files next to it and a victim directory outside.
+struct Setup {
+    _tmp: tempfile::TempDir,
+    ws: PathBuf,
+    outside: PathBuf,
+    state: PathBuf,
+    config: PathBuf,
+    registry: ToolRegistry,
+}
+
+const SECRET_IN_CONFIG: &str = "sk-config-secret-0123456789";
+const SECRET_IN_STATE: &str = "state-secret-9876543210";
+
+impl Setup {
+    fn new(cfg: ExecConfig) -> Setup {
+        layers();
+        // Not under /tmp (the command gets a fresh one): here the hidden paths are really covered.
+        let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let ws = tmp.path().join("workspace");
+        let outside = tmp.path().join("outside");
+        let state = tmp.path().join("state");
+        for d in [&ws, &outside, &state] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(outside.join("x"), "original").unwrap();
+        std::fs::write(state.join("session.jsonl"), SECRET_IN_STATE).unwrap();
+        let config = tmp.path().join("config.toml");
+        std::fs::write(&config, format!("[provider]\napi_key = \"{SECRET_IN_CONFIG}\"\n")).unwrap();
+        bramble::sandbox::protect([state.clone(), config.clone()]);
+        let mut registry = ToolRegistry::new(200_000);
+        registry.register(Arc::new(ExecTool::new(cfg, ws.clone())));
+        Setup { _tmp: tmp, ws, outside, state, config, registry }
+    }
+
+    async fn exec(&self, command: &str) -> ToolOutcome {
+        let args = serde_json::json!({ "command": command }).to_string();
+        self.registry.execute(&ToolCall::new("c1", "exec", args), &ToolContext::detached("security")).await
+    }
+
+    fn outside_untouched(&self) {
+        assert_eq!(std::fs::read_to_string(self.outside.join("x")).unwrap(), "original");
+        let mut names: Vec<_> = std::fs::read_dir(&self.outside).unwrap().flatten().map(|e| e.file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["x"], "nothing was created outside");
+    }
+}
+
+/// Both filesystem layers are asserted where they exist; with neither, containment cannot hold.
+fn require_fs_layer(p: &Probe) {
+    assert!(
+        p.jail_available() || p.landlock_abi.is_some(),
+        "this kernel offers neither user namespaces nor Landlock: writes outside the workspace are NOT contained"
+    );
+}
+
+#[tokio::test]
+async fn writing_inside_the_workspace_works() {
+    // The control for every test below: the sandbox does not simply break commands.
+    let s = Setup::new(ExecConfig::default());
+    let out = s.exec("echo ok > inside.txt && mkdir -p d/e && echo deep > d/e/f && cat inside.txt d/e/f").await;
+    assert_eq!(out.text, "ok\ndeep\nExit code: 0", "{out:?}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("inside.txt")).unwrap(), "ok\n");
+    let out = s.exec("echo tmp > /tmp/t && cat /tmp/t && echo > /dev/null && echo devnull").await;
+    assert_eq!(out.text, "tmp\ndevnull\nExit code: 0", "{out:?}");
+}
+
+#[tokio::test]
+async fn write_outside_by_absolute_path_fails() {
+    let p = layers();
+    require_fs_layer(&p);
+    let s = Setup::new(ExecConfig::default());
+    let o = s.outside.display();
+    let out = s.exec(&format!("echo pwned > {o}/x; echo pwned > {o}/new; echo pwned > /etc/bramble-pwned")).await;
+    assert!(!out.is_error, "{out:?}");
+    assert!(!out.text.ends_with("Exit code: 0"), "{out:?}");
+    s.outside_untouched();
+    assert!(!Path::new("/etc/bramble-pwned").exists());
+}
+
+#[tokio::test]
+async fn write_outside_by_dotdot_fails() {
+    require_fs_layer(&layers());
+    let s = Setup::new(ExecConfig::default());
+    let out = s.exec("echo pwned > ../outside/x; cd .. && echo pwned > outside/y; echo pwned > ../../escaped").await;
+    assert!(!out.is_error, "{out:?}");
+    s.outside_untouched();
+    assert!(!s.ws.parent().unwrap().parent().unwrap().join("escaped").exists());
+}
+
+#[tokio::test]
+async fn write_through_a_planted_symlink_fails() {
+    require_fs_layer(&layers());
+    let s = Setup::new(ExecConfig::default());
+    std::os::unix::fs::symlink(&s.outside, s.ws.join("out")).unwrap();
+    std::os::unix::fs::symlink(s.outside.join("x"), s.ws.join("xl")).unwrap();
+    let out = s
+        .exec("echo pwned > out/new; echo pwned > xl; echo pwned >> out/x; ln -sf /etc/passwd mine; echo >> mine")
+        .await;
+    assert!(!out.is_error, "{out:?}");
+    s.outside_untouched();
+}
+
+#[tokio::test]
+async fn hard_links_to_outside_files_cannot_be_made() {
+    require_fs_layer(&layers());
+    let s = Setup::new(ExecConfig::default());
+    let o = s.outside.display();
+    let out = s.exec(&format!("ln ../outside/x hl1; ln {o}/x hl2; ln /etc/passwd hl3; ls")).await;
+    assert!(out.text.ends_with("Exit code: 0") || out.text.contains("Exit code"), "{out:?}");
+    for name in ["hl1", "hl2", "hl3"] {
+        assert!(!s.ws.join(name).exists(), "{name} was created: {out:?}");
+    }
+    s.outside_untouched();
+}
+
+#[tokio::test]
+async fn config_state_and_shadow_cannot_be_read() {
+    require_fs_layer(&layers());
+    let s = Setup::new(ExecConfig::default());
+    let cmd = format!(
+        "cat {c}; ls -la {st}; cat {st}/session.jsonl; cat /etc/shadow; grep -r sk-config {root} 2>/dev/null",
+        c = s.config.display(),
+        st = s.state.display(),
+        root = s.config.parent().unwrap().display()
+    );
+    let out = s.exec(&cmd).await;
+    assert!(!out.text.contains(SECRET_IN_CONFIG), "{out:?}");
+    assert!(!out.text.contains(SECRET_IN_STATE), "{out:?}");
+    // Hidden by the jail (ENOENT, empty) and by Landlock (EACCES), whichever answers first.
+    assert!(out.text.contains(&format!("cat: {}: ", s.config.display())), "{out:?}");
+    assert!(!out.text.contains("root:"), "shadow leaked: {out:?}");
+}
+
+#[tokio::test]
+async fn deny_list_bypasses_are_contained_by_the_kernel() {
+    require_fs_layer(&layers());
+    let s = Setup::new(ExecConfig::default());
+    let o = s.outside.display();
+    for cmd in [format!("rm --recursive --force {o}"), format!("c=rm; $c -rf {o}"), format!("$(echo r)m -rf {o}")] {
+        let out = s.exec(&cmd).await;
+        assert!(!out.is_error, "{cmd}: {out:?}");
+        s.outside_untouched();
+    }
+    // The same tricks work where they are allowed: it is the kernel saying no, not a pattern.
+    std::fs::create_dir_all(s.ws.join("victim/sub")).unwrap();
+    let out = s.exec("$(echo r)m -rf victim && echo gone").await;
+    assert_eq!(out.text, "gone\nExit code: 0");
+    // The friendly early refusal for the obvious form.
+    let out = s.exec("rm -rf /").await;
+    assert!(out.is_error && out.text.starts_with("Error: refused: this looks like deleting"), "{out:?}");
+}
+
+/// Live (non-zombie) processes whose command line contains `marker`.
+fn live_with(marker: &str) -> usize {
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let dir = entry.path();
+        let Ok(cmdline) = std::fs::read(dir.join("cmdline")) else { continue };
+        let zombie = std::fs::read_to_string(dir.join("stat"))
+            .map(|s| s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+            .unwrap_or(true);
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(marker) {
+            n += 1;
+        }
+    }
+    n
+}
+
+async fn assert_none_left(marker: &str) {
+    for _ in 0..100 {
+        if live_with(marker) == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} processes with {marker} still running", live_with(marker));
+}
+
+#[tokio::test]
+async fn fork_bomb_is_contained_and_the_next_command_runs() {
+    layers();
+    let cfg = ExecConfig { max_processes: 64, timeout: bramble::config::Dur::secs(10), ..ExecConfig::default() };
+    let s = Setup::new(cfg);
+    let marker = format!("bomb{}", std::process::id());
+    // A bomb the deny list does not recognise (it only knows the classic `:(){ :|:& };:`).
+    let out = s.exec(&format!("{marker}(){{ {marker}|{marker}& }}; {marker}; sleep 2; echo survived")).await;
+    assert!(!out.is_error, "{out:?}");
+    assert_none_left(&marker).await;
+    let out = s.exec("echo alive").await;
+    assert_eq!(out.text, "alive\nExit code: 0");
+}
+
+#[tokio::test]
+async fn memory_hog_is_refused_memory() {
+    layers();
+    let s = Setup::new(ExecConfig { max_memory_mb: 64, ..ExecConfig::default() });
+    let out = s.exec("x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo len=${#x}").await;
+    assert!(!out.text.contains("len=300000000"), "{out:?}");
+    assert!(!out.text.ends_with("Exit code: 0"), "{out:?}");
+}
+
+#[tokio::test]
+async fn cpu_spin_is_killed_at_the_cpu_limit() {
+    layers();
+    let s =
+        Setup::new(ExecConfig { max_cpu_seconds: 1, timeout: bramble::config::Dur::secs(30), ..ExecConfig::default() });
+    let started = Instant::now();
+    let out = s.exec("while :; do :; done").await;
+    assert!(out.text.starts_with("Killed by signal"), "{out:?}");
+    assert!(!out.text.contains("Timed out"), "{out:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+#[tokio::test]
+async fn background_child_does_not_outlive_the_command() {
+    layers();
+    let s = Setup::new(ExecConfig::default());
+    let marker = format!("1000.{}77", std::process::id());
+    let out = s.exec(&format!("sleep {marker} & echo started")).await;
+    assert_eq!(out.text, "started\nExit code: 0");
+    assert_none_left(&marker).await;
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn hundred_megabytes_of_output_keep_memory_flat() {
+    layers();
+    let s = Setup::new(ExecConfig::default());
+    s.exec("true").await;
+    let before = rss_kib();
+    let out = s.exec("head -c 100000000 /dev/zero | tr '\\0' a; echo; echo END").await;
+    let grew = rss_kib().saturating_sub(before);
+    assert!(out.text.contains("characters truncated") || out.text.contains("bytes truncated"), "{}", out.text.len());
+    assert!(out.text.ends_with("END\nExit code: 0"));
+    assert!(out.text.len() < 100_000, "{}", out.text.len());
+    // The stream passed through a fixed-size buffer: 100 MB did not land in our memory.
+    assert!(grew < 20 * 1024, "RSS grew by {grew} KiB");
+}
+
+#[tokio::test]
+async fn secrets_in_the_environment_and_proc_are_unreachable() {
+    let p = layers();
+    std::env::set_var("OPENAI_API_KEY", "sk-env-secret-424242");
+    std::env::set_var("BRAMBLE_TELEGRAM_TOKEN", "123456:tg-secret-token");
+    let s = Setup::new(ExecConfig::default());
+    let me = std::process::id();
+    let out = s
+        .exec(&format!(
+            "env; tr '\\0' '\\n' < /proc/{me}/environ; tr '\\0' '\\n' < /proc/$PPID/environ; \
+             for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' < $f; done; echo checked"
+        ))
+        .await;
+    assert!(out.text.contains("checked"), "{out:?}");
+    for secret in ["sk-env-secret-424242", "tg-secret-token"] {
+        assert!(!out.text.contains(secret), "{secret} leaked: {out:?}");
+    }
+    if p.jail_available() {
+        // A fresh /proc for the pid namespace: bramble's pid does not exist in there.
+        let out =
+            s.exec(&format!("test -e /proc/{me} && echo visible || echo absent; ls /proc | grep -c '^[0-9]'")).await;
+        assert!(out.text.starts_with("absent\n"), "{out:?}");
+    }
+}
+
+#[tokio::test]
+async fn network_is_off_when_disabled() {
+    let p = layers();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED'");
+
+    // Control: with the network on, the same command reaches the listener.
+    let on = Setup::new(ExecConfig::default());
+    let out = on.exec(&probe).await;
+    assert!(out.text.starts_with("CONNECTED"), "{out:?}");
+    assert!(listener.accept().is_ok(), "the control connection arrived");
+
+    let off = Setup::new(ExecConfig { network: false, ..ExecConfig::default() });
+    let out = off.exec(&probe).await;
+    assert!(!out.text.contains("CONNECTED"), "{out:?}");
+    assert!(listener.accept().is_err(), "no connection arrived");
+    assert!(p.jail_available() || p.landlock_abi.is_some_and(|v| v >= 4), "no layer can take the network away");
+    // The seccomp filter answers first: no socket but AF_UNIX can even be created.
+    assert!(out.text.contains("Address family not supported"), "{out:?}");
+    if p.jail_available() {
+        // An empty network namespace: only a loopback interface that is down.
+        let out = off.exec("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '").await;
+        assert_eq!(out.text, "lo\nExit code: 0");
+    }
+}
+
+#[tokio::test]
+async fn commands_never_run_as_root_or_with_capabilities() {
+    let p = layers();
+    let s = Setup::new(ExecConfig::default());
+    let out = s.exec("id -u; grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status | tr -s '\\t' ' '").await;
+    let lines: Vec<&str> = out.text.lines().collect();
+    let uid: u32 = lines[0].parse().unwrap();
+    if p.root {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap().uid.as_raw();
+        assert_eq!(uid, nobody, "{out:?}");
+        // No user namespace in the root case: this uid is the real one, outside any namespace.
+        let out = s.exec("cat /proc/self/uid_map").await;
+        assert!(out.text.starts_with("         0          0 4294967295"), "{out:?}");
+    } else {
+        assert_eq!(uid, nix::unistd::geteuid().as_raw(), "{out:?}");
+    }
+    assert_ne!(uid, 0);
+    assert!(out.text.contains("CapEff: 0000000000000000"), "{out:?}");
+    assert!(out.text.contains("CapPrm: 0000000000000000"), "{out:?}");
+    assert!(out.text.contains("NoNewPrivs: 1"), "{out:?}");
+}
+
+#[tokio::test]
+async fn a_failing_layer_is_an_error_the_model_reads() {
+    let p = layers();
+    // One open file: the helper cannot even make its status pipe.
+    let s = Setup::new(ExecConfig { max_open_files: 1, ..ExecConfig::default() });
+    let out = s.exec("echo never").await;
+    if p.jail_available() {
+        assert!(out.is_error, "{out:?}");
+        assert!(out.text.starts_with("Error: sandbox: pipe: Too many open files"), "{out:?}");
+    } else {
+        assert!(!out.text.contains("never\nExit code: 0"), "{out:?}");
+    }
+    if p.root {
+        let s = Setup::new(ExecConfig { run_as_user: "no-such-user-bramble".into(), ..ExecConfig::default() });
+        let out = s.exec("echo never").await;
+        assert_eq!(
+            out.text, "Error: sandbox: [exec] run_as_user `no-such-user-bramble` does not exist on this system",
+            "{out:?}"
+        );
+    }
+    // bramble (this process) is fine and the next command runs.
+    let s = Setup::new(ExecConfig::default());
+    assert_eq!(s.exec("echo fine").await.text, "fine\nExit code: 0");
+}
+
+// ---------------------------------------------------------------- SSRF (more in tests/tools.rs)
+
+#[tokio::test]
+async fn web_fetch_refuses_loopback_metadata_and_private_names() {
+    let mut registry = ToolRegistry::new(10_000);
+    bramble::install_crypto();
+    registry.register(Arc::new(WebFetch::new(&WebConfig::default()).unwrap()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    for url in [
+        format!("http://127.0.0.1:{port}/"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        format!("http://localhost:{port}/"),
+        "http://[::1]/".to_string(),
+    ] {
+        let args = serde_json::json!({ "url": url }).to_string();
+        let out = registry.execute(&ToolCall::new("w", "web_fetch", args), &ToolContext::detached("security")).await;
+        assert!(out.is_error && out.text.contains("private"), "{url}: {out:?}");
+    }
+    let accepted = tokio::time::timeout(Duration::from_millis(100), listener.accept()).await;
+    assert!(accepted.is_err(), "web_fetch connected to the loopback listener");
+}
+
+// ---------------------------------------------------------------- the real binary
+
+#[tokio::test]
+async fn agent_binary_exec_cannot_read_its_own_secrets() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    std::fs::create_dir_all(&home.state).unwrap();
+    std::fs::write(home.state.join("secret.txt"), SECRET_IN_STATE).unwrap();
+    let cmd = format!(
+        "cat {cfg}; cat {st}/secret.txt; tr '\\0' '\\n' < /proc/$PPID/environ; env; id -u",
+        cfg = home.config.display(),
+        st = home.state.display()
+    );
+    fake.push(Reply::tool_call("exec", serde_json::json!({ "command": cmd }).to_string()));
+    fake.push(Reply::text("done"));
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", home.config.to_str().unwrap(), "agent", "-m", "try it"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("BRAMBLE_TELEGRAM_TOKEN", "987654:tg-binary-secret")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    let requests = fake.requests();
+    let seen = serde_json::to_string(&requests[1]).unwrap();
+    assert!(seen.contains("Exit code"), "the tool result reached the model: {seen}");
+    for secret in ["test-key", SECRET_IN_STATE, "tg-binary-secret"] {
+        assert!(!seen.contains(secret), "{secret} leaked to the model: {seen}");
+    }
+}
+
+// ---------------------------------------------------------------- fuzz-style (deterministic)
+
+/// xorshift64*: deterministic, no crate needed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn pick<'a>(&mut self, items: &'a [&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+/// Truncations at every char boundary, then random edits drawn from `alphabet`.
+fn mutations(seed: &str, rng: &mut Rng, edits: usize, alphabet: &[&str]) -> Vec<String> {
+    let mut out: Vec<String> =
+        (0..=seed.len()).filter(|&i| seed.is_char_boundary(i)).map(|i| seed[..i].into()).collect();
+    for _ in 0..edits {
+        let mut s = seed.to_string();
+        for _ in 0..1 + rng.below(4) {
+            let mut at = rng.below(s.len() + 1);
+            while !s.is_char_boundary(at) {
+                at -= 1;
+            }
+            match rng.below(3) {
+                0 => s.insert_str(at, rng.pick(alphabet)),
+                1 if at < s.len() => {
+                    let end = (at + 1 + rng.below(8)).min(s.len());
+                    let end = (end..=s.len()).find(|&e| s.is_char_boundary(e)).unwrap_or(s.len());
+                    s.replace_range(at..end, "");
+                }
+                _ => s.truncate(at),
+            }
+        }
+        out.push(s);
+    }
+    out
+}
+
+const CONFIG_SEED: &str = r#"
+[agent]
+model = "llama3.2"
+workspace = "~/ws"
+timezone = "Europe/Berlin"
+max_iterations = 10
+[provider]
+kind = "anthropic"
+base_url = "http://192.168.1.10:11434/v1"
+timeout = "2m"
+extra_headers = { "X-A" = "b" }
+[heartbeat]
+every = "15m"
+deliver = ["telegram:123", "mqtt", "log"]
+quiet_hours = "23:00-07:00"
+[exec]
+network = false
+isolation = "required"
+max_memory_mb = 512
+env_allow = ["TZ"]
+[web]
+allow_private = ["192.168.1.0/24", "fd00::/8"]
+[mqtt]
+url = "mqtts://broker.lan:8883"
+[[mqtt.trigger]]
+topic = "home/door"
+exec = "echo door"
+min_interval = "5s"
+"#;
+
+#[test]
+fn fuzzed_config_text_never_panics() {
+    let path = Path::new("/etc/bramble/config.toml");
+    assert!(Config::parse(CONFIG_SEED, path).is_ok(), "the seed is valid");
+    let alphabet = [
+        "[",
+        "]",
+        "=",
+        "\"",
+        "'",
+        "\n",
+        "{",
+        "}",
+        ",",
+        ".",
+        "-",
+        "0",
+        "99999999999999999999",
+        "é",
+        "\u{0}",
+        "[[",
+        "#",
+        "\\u",
+    ];
+    let mut rng = Rng(0x5eed_1234_abcd_ef01);
+    let mut errors = 0;
+    for text in mutations(CONFIG_SEED, &mut rng, 3000, &alphabet) {
+        if let Err(e) = Config::parse(&text, path) {
+            errors += 1;
+            let msg = e.to_string();
+            assert!(msg.starts_with("/etc/bramble/config.toml:"), "{msg}");
+        }
+    }
+    assert!(errors > 100, "mutations produced errors ({errors})");
+}
+
+#[tokio::test]
+async fn fuzzed_tool_arguments_never_panic() {
+    let s = Setup::new(ExecConfig::default());
+    let mut registry = ToolRegistry::new(10_000);
+    for t in bramble::tools::fs::fs_tools(&s.ws) {
+        registry.register(t);
+    }
+    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), s.ws.clone())));
+    let seeds = [
+        ("exec", r#"{"command":"echo fuzz","timeout":5,"working_dir":""}"#, 60),
+        ("write_file", r#"{"path":"fuzz/a.txt","content":"x\u00e9\n"}"#, 400),
+        ("read_file", r#"{"path":"fuzz/a.txt","offset":1,"limit":2}"#, 400),
+        ("edit_file", r#"{"path":"fuzz/a.txt","old_text":"x","new_text":"y","replace_all":true}"#, 400),
+        ("list_dir", r#"{"path":"fuzz"}"#, 400),
+        ("no_such_tool", r#"{"a":1}"#, 20),
+    ];
+    let alphabet = ["{", "}", "[", "]", "\"", ":", ",", "null", "true", "-1", "1e999", "\\u0000", "\\ud800", "..", "/"];
+    let mut rng = Rng(0xfeed_beef_0000_0001);
+    let ctx = ToolContext::detached("fuzz");
+    let mut calls = 0;
+    for (tool, seed, edits) in seeds {
+        for args in mutations(seed, &mut rng, edits, &alphabet) {
+            let out = registry.execute(&ToolCall::new("f", tool, args), &ctx).await;
+            assert!(!out.text.is_empty());
+            calls += 1;
+        }
+    }
+    // Random JSON values of any shape as arguments.
+    for _ in 0..300 {
+        let value = random_json(&mut rng, 3);
+        let tool = rng.pick(&["read_file", "write_file", "list_dir", "edit_file"]);
+        let out = registry.execute(&ToolCall::new("f", tool, value.to_string()), &ctx).await;
+        assert!(!out.text.is_empty());
+        calls += 1;
+    }
+    assert!(calls > 1500);
+    // Nothing escaped the workspace while fuzzing.
+    s.outside_untouched();
+}
+
+fn random_json(rng: &mut Rng, depth: u32) -> serde_json::Value {
+    use serde_json::{json, Value};
+    match rng.below(if depth == 0 { 4 } else { 6 }) {
+        0 => Value::Null,
+        1 => json!(rng.next() as i64),
+        2 => json!(rng.pick(&["", "a", "../x", "/etc/passwd", "~", "\u{0}", "fuzz/a.txt"])),
+        3 => json!(rng.below(2) == 0),
+        4 => Value::Array((0..rng.below(4)).map(|_| random_json(rng, depth - 1)).collect()),
+        _ => {
+            let keys = ["path", "content", "old_text", "new_text", "offset", "limit", "command", "x"];
+            let mut m = serde_json::Map::new();
+            for _ in 0..rng.below(5) {
+                m.insert(rng.pick(&keys).to_string(), random_json(rng, depth - 1));
+            }
+            Value::Object(m)
+        }
+    }
+}
+
+#[tokio::test]
+async fn systemd_layout_workspace_inside_the_hidden_state_dir() {
+    // Under systemd the workspace is /var/lib/bramble/workspace: inside the state directory.
+    require_fs_layer(&layers());
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let state = tmp.path().join("state");
+    let ws = state.join("workspace");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(state.join("outbox.json"), SECRET_IN_STATE).unwrap();
+    bramble::sandbox::protect([state.clone()]);
+    let mut registry = ToolRegistry::new(10_000);
+    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), ws.clone())));
+    let cmd = format!("echo kept > note.txt; cat note.txt; cat {s}/outbox.json; ls {s}", s = state.display());
+    let args = serde_json::json!({ "command": cmd }).to_string();
+    let out = registry.execute(&ToolCall::new("c", "exec", args), &ToolContext::detached("security")).await;
+    assert!(out.text.starts_with("kept\n"), "{out:?}");
+    assert!(!out.text.contains(SECRET_IN_STATE) && !out.text.contains("outbox.json\n"), "{out:?}");
+    assert_eq!(std::fs::read_to_string(ws.join("note.txt")).unwrap(), "kept\n");
+}
+
+#[tokio::test]
+async fn masked_proc_gives_an_empty_proc_not_the_hosts() {
+    // systemd's ProtectKernelTunables (and containers) mask parts of /proc from a more privileged
+    // namespace; the kernel then refuses a fresh /proc to a user namespace. The command must get
+    // no /proc at all, never the host's. Staging that needs root (a mount namespace of our own,
+    // then the helper as an unprivileged user); CI runs as root.
+    let p = layers();
+    assert!(p.jail_available(), "this kernel has no namespace jail: {:?}", p.namespaces);
+    if !p.root {
+        eprintln!("NOTE: masked_proc_gives_an_empty_proc_not_the_hosts stages its /proc as root only");
+        return;
+    }
+    // Under /tmp with a copy of the helper: `nobody` must reach both, wherever CI cloned us.
+    let ws = tempfile::tempdir().unwrap();
+    let mode = |m| <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(m);
+    std::fs::set_permissions(ws.path(), mode(0o777)).unwrap();
+    let helper = ws.path().join("bramble");
+    std::fs::copy(env!("CARGO_BIN_EXE_bramble"), &helper).unwrap();
+    std::fs::set_permissions(&helper, mode(0o755)).unwrap();
+    let helper = helper.display();
+    let inner = format!(
+        "mount --bind /proc/sys /proc/sys && setpriv --reuid 65534 --regid 65534 --clear-groups \
+         {helper} sandbox-exec --ns --workspace {w} --cwd {w} -- /bin/sh -c 'ls -A /proc | wc -l; echo ok > f; cat f'",
+        w = ws.path().display()
+    );
+    let out = tokio::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &inner])
+        .output()
+        .await
+        .expect("util-linux unshare");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0\nok\n", "{out:?}");
+}
+
+#[tokio::test]
+async fn status_names_the_active_layers() {
+    let p = layers();
+    let home = TestHome::new("openai", "http://127.0.0.1:9/v1", "", "", "");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", home.config.to_str().unwrap(), "status"])
+        .env_clear()
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("sandbox:")).unwrap_or_else(|| panic!("{text}"));
+    if p.jail_available() {
+        assert!(line.contains("namespaces (") && line.contains("hidden state/config"), "{line}");
+    } else {
+        assert!(line.contains("namespaces UNAVAILABLE"), "{line}");
+    }
+    assert!(line.contains("no_new_privs"), "{line}");
+    match p.landlock_abi {
+        Some(v) => assert!(line.contains(&format!("Landlock ABI {v}")), "{line}"),
+        None => assert!(line.contains("no Landlock"), "{line}"),
+    }
+    if p.root {
+        assert!(line.contains("runs as nobody:nogroup"), "{line}");
+    }
+}
+
+/// One `bramble agent -m` turn whose model runs `command` through exec; returns the tool
+/// result the model saw and bramble's stderr.
+async fn agent_exec(extra_config: &str, env: &[(&str, &str)], command: &str) -> (String, String) {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", extra_config);
+    fake.push(Reply::tool_call("exec", serde_json::json!({ "command": command }).to_string()));
+    fake.push(Reply::text("done"));
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+    cmd.args(["--config", home.config.to_str().unwrap(), "agent", "-m", "go"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let requests = fake.requests();
+    let messages = requests[1]["messages"].as_array().cloned().unwrap_or_default();
+    let tool = messages.iter().rev().find(|m| m["role"] == "tool").cloned().unwrap_or_default();
+    (tool["content"].as_str().unwrap_or_default().to_string(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
+    let missing = [("BRAMBLE_SANDBOX_HELPER", "/nonexistent/bramble")];
+    let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &missing, "echo ran").await;
+    assert_eq!(
+        tool,
+        "Error: sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: \
+         helper /nonexistent/bramble does not exist"
+    );
+    // auto: the command runs with what is left, and the log says the sandbox is degraded.
+    let (tool, stderr) = agent_exec("", &missing, "echo ran").await;
+    assert_eq!(tool, "ran\nExit code: 0");
+    assert!(stderr.contains("exec sandbox degraded: NO HELPER"), "{stderr}");
+    // A helper that exists but cannot be executed (a foreign binary, as under qemu-user):
+    // the first command's failure runs the probe, and the command is retried without it.
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("bramble-aarch64");
+    std::fs::write(&foreign, b"\x7fELF\x02\x01\x01\x00not for this machine").unwrap();
+    std::fs::set_permissions(&foreign, <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755))
+        .unwrap();
+    let foreign_env = [("BRAMBLE_SANDBOX_HELPER", foreign.to_str().unwrap())];
+    let (tool, stderr) = agent_exec("", &foreign_env, "echo ran").await;
+    assert_eq!(tool, "ran\nExit code: 0", "{stderr}");
+    assert!(stderr.contains("exec sandbox degraded: NO HELPER (cannot start the helper"), "{stderr}");
+    // With the real helper, `required` is met on this kernel (or the test says why not).
+    let p = layers();
+    let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &[], "echo ran").await;
+    if p.jail_available() {
+        assert_eq!(tool, "ran\nExit code: 0");
+    } else {
+        assert!(tool.starts_with("Error: sandbox: [exec] isolation = \"required\""), "{tool}");
+    }
+}
