@@ -7,6 +7,7 @@
 //! reports failure honestly instead of retrying on its own.
 
 pub mod log;
+pub mod mqtt;
 
 use crate::bus::Target;
 use crate::provider::BoxFuture;

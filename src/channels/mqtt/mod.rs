@@ -1,0 +1,721 @@
+//! The MQTT channel: reports out, commands and triggers in, Home Assistant discovery.
+//!
+//! ## Layout
+//!
+//! - this file: [`Settings`] (from `[mqtt]`), the [`Link`] shared by everything
+//!   that publishes, the connection task ([`spawn`]) and the [`MqttChannel`]
+//!   delivery target (`mqtt`, `mqtt:<topic>`).
+//! - [`triggers`]: `[[mqtt.trigger]]` — templates into agent turns, or commands.
+//! - [`discovery`]: Home Assistant MQTT discovery documents.
+//!
+//! ## Why it is built this way (rumqttc 0.25 traps, see crates.md §2)
+//!
+//! - **No backoff of its own.** After an error from `EventLoop::poll` the next
+//!   poll reconnects at once; a refused connection would be a hot loop. The task
+//!   sleeps itself (1 s doubling to 60 s) and keeps going until shutdown.
+//! - **Nothing survives a reconnect on the client side.** With a broker that
+//!   lost our session, rumqttc drops queued publishes and subscriptions are
+//!   gone. So on *every* ConnAck we subscribe again and publish the retained
+//!   state again (`online`, discovery, job records), and reports are never held
+//!   inside rumqttc: they live in the durable outbox until the broker acked them.
+//! - **Ack tracking.** rumqttc 0.25 has no per-publish ack future. Requests go
+//!   through one FIFO channel and the event loop reports `Outgoing::Publish(pkid)`
+//!   in that order, then `Incoming::PubAck(pkid)`. [`Link`] keeps a waiter per
+//!   publish in the same order, under one lock with the `try_publish` call, so
+//!   `deliver` returns Ok only when the broker acknowledged the report. On a
+//!   connection error the event loop and its request channel are thrown away
+//!   and built anew (the persistent session lives in the broker), so no stale
+//!   request can shift that order; the waiters fail as retryable and the outbox
+//!   sends those reports again (at-least-once).
+//! - **Never `publish().await` in the polling task** (it deadlocks when the
+//!   request channel is full): everything uses `try_publish`; a full channel is
+//!   a retryable delivery failure.
+//! - **10 KiB packet limit by default**: raised to [`MAX_PACKET`] both ways.
+
+pub mod discovery;
+pub mod triggers;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS, Transport};
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::{Channel, DeliveryError, Report};
+use crate::bus::{InboundMessage, Target};
+use crate::config::MqttConfig;
+use crate::provider::BoxFuture;
+use crate::scheduler::{JobStore, SchedulerHandle};
+
+/// Largest packet sent or accepted (rumqttc's default is 10 KiB; an LLM answer is bigger).
+pub const MAX_PACKET: usize = 1024 * 1024;
+/// Requests rumqttc may hold before `try_publish` says "full".
+const REQUEST_QUEUE: usize = 64;
+/// How long a delivery waits for the broker's PubAck.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
+/// Keep-alive (PINGREQ) interval.
+const KEEP_ALIVE: Duration = Duration::from_secs(30);
+/// Reconnect backoff: first and longest wait after an error.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Why MQTT cannot be set up from the config.
+#[derive(Debug, thiserror::Error)]
+pub enum MqttError {
+    #[error("[mqtt] topic_prefix `{0}` must not be empty or contain `+` or `#`")]
+    Prefix(String),
+    #[error("[mqtt] password_env names {0} but it is not set")]
+    PasswordEnv(String),
+    #[error("MQTT over TLS: cannot use the system's certificates: {0}")]
+    Tls(String),
+}
+
+/// Why one publish did not reach the broker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    #[error("not connected to the MQTT broker")]
+    NotConnected,
+    #[error("the MQTT request queue is full")]
+    QueueFull,
+    #[error("the payload ({0} bytes) is larger than the MQTT packet limit")]
+    TooLarge(usize),
+    #[error("the connection to the broker was lost before it acknowledged the message")]
+    Lost,
+    #[error("the broker did not acknowledge the message within {0:?}")]
+    Timeout(Duration),
+}
+
+/// `[mqtt]`, resolved: who we are on the broker and where our topics are.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The device name (client id, discovery node).
+    pub device: String,
+    /// Topic prefix, `bramble/<device>` by default, without a trailing `/`.
+    pub prefix: String,
+    pub client_id: String,
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    pub username: Option<String>,
+    password: Option<crate::config::Secret>,
+    pub discovery: bool,
+}
+
+impl Settings {
+    /// `Ok(None)` when no broker is configured.
+    pub fn from_config(c: &MqttConfig) -> Result<Option<Settings>, MqttError> {
+        let Some(url) = &c.url else { return Ok(None) };
+        let device = c
+            .device
+            .clone()
+            .filter(|d| !d.trim().is_empty())
+            .unwrap_or_else(crate::agent::context::hostname)
+            .trim()
+            .to_string();
+        let device = if device.is_empty() { "bramble".to_string() } else { device };
+        let prefix = c
+            .topic_prefix
+            .clone()
+            .unwrap_or_else(|| format!("bramble/{device}"))
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        if prefix.is_empty() || prefix.contains(['+', '#']) {
+            return Err(MqttError::Prefix(prefix));
+        }
+        let password = match (&c.password, &c.password_env) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(env)) => {
+                Some(crate::config::secret_from_env(env).ok_or_else(|| MqttError::PasswordEnv(env.clone()))?)
+            }
+            (None, None) => None,
+        };
+        Ok(Some(Settings {
+            client_id: device.clone(),
+            device,
+            prefix,
+            host: url.host.clone(),
+            port: url.port,
+            tls: url.tls,
+            username: c.username.clone(),
+            password,
+            discovery: c.discovery,
+        }))
+    }
+
+    /// `<prefix>/<rest>`.
+    pub fn topic(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    /// `host:port` and whether TLS is used, for status lines.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}://{}:{} as `{}`, topics {}/…",
+            if self.tls { "mqtts" } else { "mqtt" },
+            self.host,
+            self.port,
+            self.client_id,
+            self.prefix
+        )
+    }
+
+    /// The rumqttc options: persistent session, last will, raised packet limit.
+    fn options(&self) -> Result<MqttOptions, MqttError> {
+        let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
+        o.set_keep_alive(KEEP_ALIVE)
+            .set_clean_session(false)
+            .set_max_packet_size(MAX_PACKET, MAX_PACKET)
+            .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true));
+        if let Some(user) = &self.username {
+            o.set_credentials(user.clone(), self.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default());
+        }
+        if self.tls {
+            use rustls_platform_verifier::ConfigVerifierExt as _;
+            // Roots and checks from the system, like reqwest; crypto from the
+            // process-wide ring provider (`crate::install_crypto`).
+            let tls = rustls::ClientConfig::with_platform_verifier().map_err(|e| MqttError::Tls(e.to_string()))?;
+            o.set_transport(Transport::tls_with_config(tls.into()));
+        }
+        Ok(o)
+    }
+}
+
+/// Whether `topic` matches the MQTT filter `filter` (`+` one level, `#` the rest).
+pub fn topic_matches(filter: &str, topic: &str) -> bool {
+    let mut f = filter.split('/');
+    let mut t = topic.split('/');
+    loop {
+        match (f.next(), t.next()) {
+            (Some("#"), _) => return true,
+            (Some("+"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The publishing side, shared by the channel, the job observer, discovery and
+/// the `mqtt_publish` tool. See the module docs for how acks are tracked.
+pub struct Link {
+    pub settings: Settings,
+    state: Mutex<LinkState>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// The client of the current connection; `None` while disconnected.
+    client: Option<AsyncClient>,
+    /// Waiters of publishes handed to rumqttc and not yet written, in order.
+    queued: VecDeque<oneshot::Sender<()>>,
+    /// Waiters of publishes written, by packet id, until the PubAck.
+    unacked: HashMap<u16, oneshot::Sender<()>>,
+    /// Retained state published again on every ConnAck (status, discovery,
+    /// job records). An empty payload clears a retained topic.
+    retained: BTreeMap<String, Vec<u8>>,
+}
+
+/// The link of the running daemon in this process, for the `mqtt_publish` tool
+/// (built with the agent, before the connection exists; a reload replaces it).
+static CURRENT: Mutex<Option<Weak<Link>>> = Mutex::new(None);
+
+/// The running MQTT link in this process, if any.
+pub fn current() -> Option<Arc<Link>> {
+    CURRENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(Weak::upgrade)
+}
+
+impl Link {
+    pub fn new(settings: Settings) -> Arc<Link> {
+        let link = Arc::new(Link { settings, state: Mutex::new(LinkState::default()) });
+        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&link));
+        link
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn connected(&self) -> bool {
+        self.lock().client.is_some()
+    }
+
+    /// Hand one QoS 1 publish to rumqttc; the receiver resolves on its PubAck
+    /// and fails if the connection is lost first.
+    pub fn publish(&self, topic: &str, payload: Vec<u8>, retain: bool) -> Result<oneshot::Receiver<()>, PublishError> {
+        // Fixed header, topic length and packet id fit in 16 bytes.
+        if payload.len() + topic.len() + 16 > MAX_PACKET {
+            return Err(PublishError::TooLarge(payload.len()));
+        }
+        let mut st = self.lock();
+        publish_locked(&mut st, topic, payload, retain)
+    }
+
+    /// Publish and wait for the broker's acknowledgement.
+    pub async fn publish_acked(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        retain: bool,
+        limit: Duration,
+    ) -> Result<(), PublishError> {
+        let rx = self.publish(topic, payload, retain)?;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(PublishError::Lost),
+            Err(_) => Err(PublishError::Timeout(limit)),
+        }
+    }
+
+    /// Set a retained topic: published now if connected, and again after every
+    /// reconnect. An empty payload deletes the retained message.
+    pub fn set_retained(&self, topic: &str, payload: Vec<u8>) {
+        let mut st = self.lock();
+        if st.retained.get(topic) == Some(&payload) && st.client.is_some() {
+            return;
+        }
+        st.retained.insert(topic.to_string(), payload.clone());
+        if st.client.is_some() {
+            if let Err(e) = publish_locked(&mut st, topic, payload, true) {
+                tracing::debug!(topic, "retained state not published now ({e}); it is sent after the next connect");
+            }
+        }
+    }
+
+    /// The retained topics we currently hold (for discovery clean-up).
+    fn retained_value(&self, topic: &str) -> Option<Vec<u8>> {
+        self.lock().retained.get(topic).cloned()
+    }
+
+    /// A new connection: take its client, subscribe, publish the retained state.
+    fn on_connack(&self, client: AsyncClient, subscriptions: &[String]) {
+        let mut st = self.lock();
+        for filter in subscriptions {
+            if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                tracing::warn!(filter, "cannot subscribe: {e}");
+            }
+        }
+        st.client = Some(client);
+        st.retained.insert(self.settings.topic("status"), b"online".to_vec());
+        let retained: Vec<(String, Vec<u8>)> = st.retained.iter().map(|(t, p)| (t.clone(), p.clone())).collect();
+        for (topic, payload) in retained {
+            if let Err(e) = publish_locked(&mut st, &topic, payload, true) {
+                tracing::warn!(topic, "retained state not published: {e}");
+            }
+        }
+    }
+
+    /// rumqttc wrote a publish: the oldest waiter belongs to it.
+    fn on_outgoing_publish(&self, pkid: u16) {
+        let mut st = self.lock();
+        if let Some(waiter) = st.queued.pop_front() {
+            if pkid == 0 {
+                let _ = waiter.send(());
+            } else {
+                st.unacked.insert(pkid, waiter);
+            }
+        }
+    }
+
+    fn on_puback(&self, pkid: u16) {
+        if let Some(waiter) = self.lock().unacked.remove(&pkid) {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// The connection is gone: every waiter fails (the outbox retries), new
+    /// publishes are refused until the next ConnAck.
+    fn on_disconnect(&self) {
+        let mut st = self.lock();
+        st.client = None;
+        st.queued.clear();
+        st.unacked.clear();
+    }
+}
+
+fn publish_locked(
+    st: &mut LinkState,
+    topic: &str,
+    payload: Vec<u8>,
+    retain: bool,
+) -> Result<oneshot::Receiver<()>, PublishError> {
+    let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
+    client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
+    let (tx, rx) = oneshot::channel();
+    st.queued.push_back(tx);
+    Ok(rx)
+}
+
+/// The `mqtt` delivery channel: `mqtt` (the device's report topic; heartbeat
+/// reports on `<prefix>/heartbeat`) and `mqtt:<topic>`.
+pub struct MqttChannel {
+    link: Arc<Link>,
+}
+
+impl MqttChannel {
+    pub fn new(link: Arc<Link>) -> MqttChannel {
+        MqttChannel { link }
+    }
+
+    /// The topic a report goes to.
+    pub fn topic_for(settings: &Settings, target: &Target, source: &str) -> Option<String> {
+        match target {
+            Target::Mqtt(Some(topic)) => Some(topic.clone()),
+            Target::Mqtt(None) if source == "heartbeat" => Some(settings.topic("heartbeat")),
+            Target::Mqtt(None) => Some(settings.topic("out")),
+            _ => None,
+        }
+    }
+}
+
+impl Channel for MqttChannel {
+    fn name(&self) -> &'static str {
+        "mqtt"
+    }
+
+    fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let Some(topic) = MqttChannel::topic_for(&self.link.settings, report.target, report.source) else {
+                return Err(DeliveryError::permanent(format!("`{}` is not an MQTT target", report.target)));
+            };
+            match self.link.publish_acked(&topic, report.text.as_bytes().to_vec(), false, ACK_TIMEOUT).await {
+                Ok(()) => Ok(()),
+                Err(e @ PublishError::TooLarge(_)) => Err(DeliveryError::permanent(format!("{topic}: {e}"))),
+                Err(e) => Err(DeliveryError::retryable(format!("{topic}: {e}"))),
+            }
+        })
+    }
+}
+
+/// A `<prefix>/in` payload in JSON form.
+#[derive(Deserialize)]
+struct InPayload {
+    text: String,
+    #[serde(default)]
+    session: Option<String>,
+    #[serde(default)]
+    reply_to: Option<String>,
+}
+
+/// Parse a `<prefix>/in` payload: JSON `{"text","session","reply_to"}` or plain text.
+pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMessage, String> {
+    let raw = String::from_utf8_lossy(payload);
+    let parsed = if raw.trim_start().starts_with('{') {
+        Some(serde_json::from_str::<InPayload>(&raw).map_err(|e| format!("not a valid JSON message ({e})"))?)
+    } else {
+        None
+    };
+    let (text, session, reply_to) = match parsed {
+        Some(p) => (p.text, p.session, p.reply_to),
+        None => (raw.into_owned(), None, None),
+    };
+    let text = text.trim().to_string();
+    if text.is_empty() {
+        return Err("empty message".into());
+    }
+    let reply_topic = match reply_to.map(|r| r.trim().to_string()).filter(|r| !r.is_empty()) {
+        Some(r) if r.contains(['+', '#']) => return Err(format!("reply_to `{r}` contains a wildcard")),
+        Some(r) => r,
+        None => settings.topic("out"),
+    };
+    let session_key = session
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("mqtt:{}", settings.prefix));
+    Ok(InboundMessage {
+        channel: "mqtt".into(),
+        chat_id: reply_topic.clone(),
+        sender: "mqtt".into(),
+        session_key,
+        text,
+        reply_to: Target::Mqtt(Some(reply_topic)),
+    })
+}
+
+/// What the MQTT task needs from the rest of the daemon.
+pub struct Wiring {
+    pub inbound: mpsc::Sender<InboundMessage>,
+    pub scheduler: SchedulerHandle,
+    pub jobs: JobStore,
+    pub state_dir: PathBuf,
+    /// Notified when `jobs.json` changes (discovery, removed job records).
+    pub jobs_changed: Arc<Notify>,
+    /// Notified when `heartbeat.json` changes (the last-heartbeat sensor).
+    pub heartbeat_changed: Arc<Notify>,
+    pub triggers: Option<triggers::TriggerDeps>,
+}
+
+/// Start the connection task and its helpers on `tasks`. `stop` ends them
+/// (publishing `offline` first); trigger runs in flight stop on `abort`.
+pub fn spawn(
+    link: Arc<Link>,
+    config: &MqttConfig,
+    w: Wiring,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+) -> Result<(), MqttError> {
+    let options = link.settings.options()?;
+    let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger);
+    let trigger_set = Arc::new(trigger_set);
+    if let (Some(rx), Some(deps)) = (trigger_rx, w.triggers) {
+        tasks.spawn(triggers::run(trigger_set.clone(), rx, deps, stop.clone(), abort));
+    }
+    let mut subscriptions = vec![link.settings.topic("in"), link.settings.topic("run/+")];
+    subscriptions.extend(trigger_set.filters());
+    if link.settings.discovery {
+        subscriptions.push(discovery::cleanup_filter(&link.settings));
+    }
+    let router = Router {
+        link: link.clone(),
+        inbound: w.inbound,
+        scheduler: w.scheduler,
+        jobs: w.jobs.clone(),
+        triggers: trigger_set,
+    };
+    tasks.spawn(connection(link.clone(), options, subscriptions, router, stop.clone()));
+    tasks.spawn(state_watch(link, w.jobs, w.state_dir, w.jobs_changed, w.heartbeat_changed, stop));
+    Ok(())
+}
+
+/// Poll the event loop until `stop`, reconnecting with backoff.
+async fn connection(
+    link: Arc<Link>,
+    options: MqttOptions,
+    subscriptions: Vec<String>,
+    router: Router,
+    stop: CancellationToken,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let mut was_connected = false;
+    loop {
+        // A fresh client and event loop per connection: see the module docs.
+        let (client, mut events) = AsyncClient::new(options.clone(), REQUEST_QUEUE);
+        let mut client = Some(client);
+        let error = loop {
+            let event = tokio::select! {
+                e = events.poll() => e,
+                _ = stop.cancelled() => {
+                    goodbye(&link, &mut events).await;
+                    return;
+                }
+            };
+            match event {
+                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                    tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
+                    backoff = BACKOFF_MIN;
+                    was_connected = true;
+                    if let Some(c) = client.take() {
+                        link.on_connack(c, &subscriptions);
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => router.dispatch(&p.topic, &p.payload, p.retain),
+                Ok(Event::Incoming(Packet::PubAck(a))) => link.on_puback(a.pkid),
+                Ok(Event::Outgoing(Outgoing::Publish(pkid))) => link.on_outgoing_publish(pkid),
+                Ok(_) => {}
+                Err(e) => break e,
+            }
+        };
+        link.on_disconnect();
+        if was_connected {
+            tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {backoff:?}");
+        } else {
+            tracing::warn!(broker = %link.settings.describe(), error = %error, "cannot connect to the MQTT broker; retrying in {backoff:?}");
+        }
+        was_connected = false;
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// A clean goodbye: `offline` (a graceful disconnect does not fire the last
+/// will), then DISCONNECT, flushed within two seconds.
+async fn goodbye(link: &Link, events: &mut rumqttc::EventLoop) {
+    let client = link.lock().client.clone();
+    let Some(client) = client else { return };
+    let _ = link.publish(&link.settings.topic("status"), b"offline".to_vec(), true);
+    let _ = client.try_disconnect();
+    link.on_disconnect();
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(ev) = events.poll().await {
+            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Keep the retained state that follows files in the state directory
+/// current: discovery and job records (jobs.json), the last heartbeat.
+async fn state_watch(
+    link: Arc<Link>,
+    jobs: JobStore,
+    state_dir: PathBuf,
+    jobs_changed: Arc<Notify>,
+    heartbeat_changed: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let heartbeat = crate::scheduler::heartbeat::StateFile::new(&state_dir);
+    let mut known: Vec<String> = Vec::new();
+    let mut refresh_jobs = true;
+    let mut refresh_heartbeat = true;
+    loop {
+        if refresh_heartbeat {
+            if let Some(t) = heartbeat.load().last_run {
+                link.set_retained(&link.settings.topic("heartbeat/last"), t.to_string().into_bytes());
+            }
+        }
+        if refresh_jobs {
+            match jobs.list() {
+                Ok(list) => {
+                    let names: Vec<String> = list.iter().map(|j| j.name.clone()).collect();
+                    for gone in known.iter().filter(|n| !names.contains(n)) {
+                        // A removed job: its retained record goes too.
+                        link.set_retained(&link.settings.topic(&format!("jobs/{gone}")), Vec::new());
+                    }
+                    if link.settings.discovery {
+                        discovery::publish(&link, &list, &known);
+                    }
+                    known = names;
+                }
+                Err(e) => tracing::warn!("MQTT: cannot read the jobs for discovery: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = jobs_changed.notified() => { refresh_jobs = true; refresh_heartbeat = false; }
+            _ = heartbeat_changed.notified() => { refresh_jobs = false; refresh_heartbeat = true; }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// A job run's record on `<prefix>/jobs/<name>` (retained) and `<prefix>/last_job`.
+pub fn publish_run_record(link: &Link, record: &serde_json::Value, job: &str) {
+    let payload = record.to_string().into_bytes();
+    link.set_retained(&link.settings.topic(&format!("jobs/{job}")), payload.clone());
+    link.set_retained(&link.settings.topic("last_job"), payload);
+}
+
+/// Inbound messages, sorted by topic. Runs inside the polling task, so it
+/// never waits: everything is a `try_send` into a bounded queue.
+struct Router {
+    link: Arc<Link>,
+    inbound: mpsc::Sender<InboundMessage>,
+    scheduler: SchedulerHandle,
+    jobs: JobStore,
+    triggers: Arc<triggers::Triggers>,
+}
+
+impl Router {
+    fn dispatch(&self, topic: &str, payload: &[u8], retained: bool) {
+        let s = &self.link.settings;
+        if topic == s.topic("in") {
+            if retained {
+                // A retained command would run again on every reconnect.
+                tracing::warn!(topic, "ignoring a retained message on the input topic");
+                return;
+            }
+            match inbound_message(s, payload) {
+                Ok(msg) => {
+                    tracing::debug!(session = %msg.session_key, "MQTT message in");
+                    if self.inbound.try_send(msg).is_err() {
+                        tracing::warn!(topic, "the agent's queue is full: MQTT message dropped");
+                    }
+                }
+                Err(e) => tracing::warn!(topic, "MQTT message ignored: {e}"),
+            }
+            return;
+        }
+        if let Some(job) = topic.strip_prefix(&s.topic("run/")) {
+            if retained {
+                tracing::warn!(topic, "ignoring a retained run request");
+                return;
+            }
+            match self.jobs.get(job) {
+                Ok(j) if self.scheduler.run_now(&j.id) => tracing::info!(job, "MQTT: running the job now"),
+                Ok(_) => tracing::warn!(job, "MQTT: the scheduler is busy; run request dropped"),
+                Err(e) => tracing::warn!(job, "MQTT: cannot run the job: {e}"),
+            }
+            return;
+        }
+        if s.discovery && discovery::is_own_config(s, topic) {
+            discovery::check_leftover(&self.link, topic, payload);
+            return;
+        }
+        self.triggers.dispatch(topic, payload);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        let cfg: crate::config::Config = crate::config::Config::parse(
+            "[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\ndevice = \"pi\"\n",
+            "c.toml".as_ref(),
+        )
+        .unwrap();
+        Settings::from_config(&cfg.mqtt).unwrap().unwrap()
+    }
+
+    #[test]
+    fn filters_match_like_a_broker() {
+        assert!(topic_matches("a/b", "a/b"));
+        assert!(!topic_matches("a/b", "a/b/c"));
+        assert!(topic_matches("a/+/c", "a/x/c"));
+        assert!(!topic_matches("a/+/c", "a/x/y"));
+        assert!(topic_matches("a/#", "a/x/y"));
+        assert!(topic_matches("a/#", "a"));
+        assert!(topic_matches("#", "anything/at/all"));
+        assert!(!topic_matches("a/+", "b/x"));
+    }
+
+    #[test]
+    fn defaults_from_the_device_name() {
+        let s = settings();
+        assert_eq!(s.prefix, "bramble/pi");
+        assert_eq!(s.client_id, "pi");
+        assert_eq!(s.topic("status"), "bramble/pi/status");
+    }
+
+    #[test]
+    fn inbound_text_and_json() {
+        let s = settings();
+        let m = inbound_message(&s, b"  hello  ").unwrap();
+        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hello", "mqtt:bramble/pi"));
+        assert_eq!(m.reply_to, Target::Mqtt(Some("bramble/pi/out".into())));
+        let m = inbound_message(&s, br#"{"text":"hi","session":"kitchen","reply_to":"home/kitchen/say"}"#).unwrap();
+        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hi", "kitchen"));
+        assert_eq!(m.reply_to, Target::Mqtt(Some("home/kitchen/say".into())));
+        assert!(inbound_message(&s, br#"{"text":"#).unwrap_err().contains("not a valid JSON"));
+        assert!(inbound_message(&s, br#"{"text":"x","reply_to":"a/#"}"#).unwrap_err().contains("wildcard"));
+        assert!(inbound_message(&s, b"   ").is_err());
+    }
+
+    #[test]
+    fn heartbeat_reports_have_their_own_topic() {
+        let s = settings();
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "heartbeat").unwrap(), "bramble/pi/heartbeat");
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "job:x").unwrap(), "bramble/pi/out");
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(Some("a/b".into())), "heartbeat").unwrap(), "a/b");
+    }
+
+    #[test]
+    fn publishing_while_disconnected_is_refused() {
+        let link = Link::new(settings());
+        assert_eq!(link.publish("a", b"x".to_vec(), false).unwrap_err(), PublishError::NotConnected);
+        assert!(matches!(link.publish("a", vec![0; MAX_PACKET], false).unwrap_err(), PublishError::TooLarge(_)));
+        // Retained state is kept for the next connection.
+        link.set_retained("bramble/pi/jobs/x", b"{}".to_vec());
+        assert_eq!(link.retained_value("bramble/pi/jobs/x"), Some(b"{}".to_vec()));
+    }
+}
