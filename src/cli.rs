@@ -182,6 +182,9 @@ fn check(explicit: Option<&Path>) -> ExitCode {
     for w in config::warnings(&loaded) {
         println!("warning: {w}");
     }
+    for w in crate::channels::mqtt::check_warnings(&loaded.config) {
+        println!("warning: {w}");
+    }
     ExitCode::SUCCESS
 }
 
@@ -618,10 +621,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         if c.web.enabled { "on" } else { "off" }
     );
     println!("telegram:   {}", if c.telegram.token().is_some() { "configured" } else { "not configured" });
-    println!(
-        "mqtt:       {}",
-        c.mqtt.url.as_ref().map(|u| format!("{}:{}", u.host, u.port)).unwrap_or_else(|| "not configured".into())
-    );
+    println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());
     let synced = crate::scheduler::clock_synchronized();

@@ -4,80 +4,14 @@
 mod support;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
+use support::daemon::{wait_until, Daemon};
 use support::fake_llm::{Dialect, FakeLlm, Reply};
 use support::setup::TestHome;
 
 use bramble::daemon::outbox::Outbox;
 use bramble::scheduler::{JobStore, RunStatus};
-
-struct Daemon {
-    child: tokio::process::Child,
-}
-
-impl Daemon {
-    /// `bramble run` with HOME at `home` and the given config (None: no config file at all).
-    fn start(home: &Path, config: Option<&Path>) -> Daemon {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
-        if let Some(c) = config {
-            cmd.arg("--config").arg(c);
-        }
-        cmd.arg("run")
-            .env_clear()
-            .env("HOME", home)
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        Daemon { child: cmd.spawn().expect("spawn bramble run") }
-    }
-
-    /// Wait until the daemon catches SIGTERM and SIGHUP (`SigCgt` in
-    /// /proc), so a signal is never sent before its handler is installed.
-    async fn handlers_ready(&self) {
-        let pid = self.child.id().expect("running");
-        let caught = || {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .ok()
-                .and_then(|s| s.lines().find_map(|l| l.strip_prefix("SigCgt:").map(|v| v.trim().to_string())))
-                .and_then(|hex| u64::from_str_radix(&hex, 16).ok())
-                .is_some_and(|mask| mask & (1 << 14) != 0 && mask & 1 != 0)
-        };
-        assert!(wait_until(20, caught).await, "the daemon installed its signal handlers");
-    }
-
-    async fn signal(&self, sig: nix::sys::signal::Signal) {
-        self.handlers_ready().await;
-        let pid = nix::unistd::Pid::from_raw(self.child.id().expect("running") as i32);
-        nix::sys::signal::kill(pid, sig).expect("signal");
-    }
-
-    /// SIGTERM, then the exit status and everything it logged.
-    async fn stop(self) -> (Option<i32>, String) {
-        self.signal(nix::sys::signal::Signal::SIGTERM).await;
-        let out = tokio::time::timeout(Duration::from_secs(20), self.child.wait_with_output())
-            .await
-            .expect("daemon stops within 20 s")
-            .expect("output");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
-    }
-}
-
-/// Poll `check` every 50 ms for up to `secs` seconds.
-async fn wait_until(secs: u64, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while tokio::time::Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    check()
-}
 
 async fn bramble(home: &Path, args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))

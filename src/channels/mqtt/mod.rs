@@ -185,6 +185,55 @@ impl Settings {
     }
 }
 
+/// `bramble status`: where the broker is, what is on, and whether it answers
+/// on its port right now (a TCP connect, at most two seconds).
+pub fn status_line(c: &MqttConfig) -> String {
+    let s = match Settings::from_config(c) {
+        Ok(None) => return "not configured".into(),
+        Err(e) => return format!("OFF: {e}"),
+        Ok(Some(s)) => s,
+    };
+    let reach = {
+        use std::net::ToSocketAddrs as _;
+        let addr = (s.host.as_str(), s.port).to_socket_addrs().ok().and_then(|mut a| a.next());
+        match addr.map(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2))) {
+            Some(Ok(_)) => "broker reachable".to_string(),
+            Some(Err(e)) => format!("broker NOT reachable: {e}"),
+            None => format!("cannot resolve {}", s.host),
+        }
+    };
+    format!(
+        "{} ({reach}); discovery {}, {} trigger(s), mqtt_publish to {}",
+        s.describe(),
+        if s.discovery { "on" } else { "off" },
+        c.trigger.len(),
+        if c.publish_allow.is_empty() { "nothing".to_string() } else { c.publish_allow.join(", ") }
+    )
+}
+
+/// `bramble check`: what would keep MQTT from working as configured.
+pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
+    let c = &config.mqtt;
+    let mut out = Vec::new();
+    match Settings::from_config(c) {
+        Err(e) => out.push(format!("{e}: MQTT stays off")),
+        Ok(None) if !c.trigger.is_empty() || !c.publish_allow.is_empty() => {
+            out.push("[mqtt] has triggers or publish_allow but no `url`: MQTT stays off".into())
+        }
+        _ => {}
+    }
+    for t in &c.trigger {
+        for target in &t.deliver {
+            if let Target::Telegram(_) = target {
+                if config.telegram.token().is_none() {
+                    out.push(format!("trigger `{}` delivers to {target} but Telegram is not configured", t.topic));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Whether `topic` matches the MQTT filter `filter` (`+` one level, `#` the rest).
 pub fn topic_matches(filter: &str, topic: &str) -> bool {
     let mut f = filter.split('/');
