@@ -2,9 +2,12 @@
 //!
 //! ## Layout
 //!
-//! - this file: [`Settings`] (from `[mqtt]`), the [`Link`] shared by everything
-//!   that publishes, the connection task ([`spawn`]) and the [`MqttChannel`]
-//!   delivery target (`mqtt`, `mqtt:<topic>`).
+//! - this file: [`Settings`] (from `[mqtt]`), the connection task ([`spawn`])
+//!   and the [`MqttChannel`] delivery target (`mqtt`, `mqtt:<topic>`).
+//! - `link.rs`: the [`Link`] shared by everything that publishes; ack tracking;
+//!   the retained state re-published on every connect.
+//! - `inbound.rs`: `<prefix>/in`, `<prefix>/run/<job>`, and the routing of
+//!   everything else to discovery clean-up and triggers.
 //! - [`triggers`]: `[[mqtt.trigger]]` — templates into agent turns, or commands.
 //! - [`discovery`]: Home Assistant MQTT discovery documents.
 //!
@@ -33,16 +36,20 @@
 //! - **10 KiB packet limit by default**: raised to [`MAX_PACKET`] both ways.
 
 pub mod discovery;
+mod inbound;
+mod link;
 pub mod triggers;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+pub use inbound::inbound_message;
+use inbound::Router;
+pub use link::{current, Link, PublishError};
+
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS, Transport};
-use serde::Deserialize;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 use super::{Channel, DeliveryError, Report};
@@ -51,8 +58,12 @@ use crate::config::MqttConfig;
 use crate::provider::BoxFuture;
 use crate::scheduler::{JobStore, SchedulerHandle};
 
-/// Largest packet sent or accepted (rumqttc's default is 10 KiB; an LLM answer is bigger).
+/// Largest packet sent (rumqttc's default is 10 KiB; an LLM answer is bigger).
 pub const MAX_PACKET: usize = 1024 * 1024;
+/// Largest packet accepted. MQTT 3.1.1 cannot tell the broker our limit, and a
+/// bigger message drops the connection — and comes again after the reconnect
+/// if it is retained or queued — so this is generous (a camera snapshot fits).
+const MAX_INCOMING: usize = 8 * 1024 * 1024;
 /// Requests rumqttc may hold before `try_publish` says "full".
 const REQUEST_QUEUE: usize = 64;
 /// How long a delivery waits for the broker's PubAck.
@@ -72,21 +83,6 @@ pub enum MqttError {
     PasswordEnv(String),
     #[error("MQTT over TLS: cannot use the system's certificates: {0}")]
     Tls(String),
-}
-
-/// Why one publish did not reach the broker.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PublishError {
-    #[error("not connected to the MQTT broker")]
-    NotConnected,
-    #[error("the MQTT request queue is full")]
-    QueueFull,
-    #[error("the payload ({0} bytes) is larger than the MQTT packet limit")]
-    TooLarge(usize),
-    #[error("the connection to the broker was lost before it acknowledged the message")]
-    Lost,
-    #[error("the broker did not acknowledge the message within {0:?}")]
-    Timeout(Duration),
 }
 
 /// `[mqtt]`, resolved: who we are on the broker and where our topics are.
@@ -169,7 +165,7 @@ impl Settings {
         let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
         o.set_keep_alive(KEEP_ALIVE)
             .set_clean_session(false)
-            .set_max_packet_size(MAX_PACKET, MAX_PACKET)
+            .set_max_packet_size(MAX_INCOMING, MAX_PACKET)
             .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true));
         if let Some(user) = &self.username {
             o.set_credentials(user.clone(), self.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default());
@@ -249,156 +245,6 @@ pub fn topic_matches(filter: &str, topic: &str) -> bool {
     }
 }
 
-/// The publishing side, shared by the channel, the job observer, discovery and
-/// the `mqtt_publish` tool. See the module docs for how acks are tracked.
-pub struct Link {
-    pub settings: Settings,
-    state: Mutex<LinkState>,
-}
-
-#[derive(Default)]
-struct LinkState {
-    /// The client of the current connection; `None` while disconnected.
-    client: Option<AsyncClient>,
-    /// Waiters of publishes handed to rumqttc and not yet written, in order.
-    queued: VecDeque<oneshot::Sender<()>>,
-    /// Waiters of publishes written, by packet id, until the PubAck.
-    unacked: HashMap<u16, oneshot::Sender<()>>,
-    /// Retained state published again on every ConnAck (status, discovery,
-    /// job records). An empty payload clears a retained topic.
-    retained: BTreeMap<String, Vec<u8>>,
-}
-
-/// The link of the running daemon in this process, for the `mqtt_publish` tool
-/// (built with the agent, before the connection exists; a reload replaces it).
-static CURRENT: Mutex<Option<Weak<Link>>> = Mutex::new(None);
-
-/// The running MQTT link in this process, if any.
-pub fn current() -> Option<Arc<Link>> {
-    CURRENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(Weak::upgrade)
-}
-
-impl Link {
-    pub fn new(settings: Settings) -> Arc<Link> {
-        let link = Arc::new(Link { settings, state: Mutex::new(LinkState::default()) });
-        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&link));
-        link
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn connected(&self) -> bool {
-        self.lock().client.is_some()
-    }
-
-    /// Hand one QoS 1 publish to rumqttc; the receiver resolves on its PubAck
-    /// and fails if the connection is lost first.
-    pub fn publish(&self, topic: &str, payload: Vec<u8>, retain: bool) -> Result<oneshot::Receiver<()>, PublishError> {
-        // Fixed header, topic length and packet id fit in 16 bytes.
-        if payload.len() + topic.len() + 16 > MAX_PACKET {
-            return Err(PublishError::TooLarge(payload.len()));
-        }
-        let mut st = self.lock();
-        publish_locked(&mut st, topic, payload, retain)
-    }
-
-    /// Publish and wait for the broker's acknowledgement.
-    pub async fn publish_acked(
-        &self,
-        topic: &str,
-        payload: Vec<u8>,
-        retain: bool,
-        limit: Duration,
-    ) -> Result<(), PublishError> {
-        let rx = self.publish(topic, payload, retain)?;
-        match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(PublishError::Lost),
-            Err(_) => Err(PublishError::Timeout(limit)),
-        }
-    }
-
-    /// Set a retained topic: published now if connected, and again after every
-    /// reconnect. An empty payload deletes the retained message.
-    pub fn set_retained(&self, topic: &str, payload: Vec<u8>) {
-        let mut st = self.lock();
-        if st.retained.get(topic) == Some(&payload) && st.client.is_some() {
-            return;
-        }
-        st.retained.insert(topic.to_string(), payload.clone());
-        if st.client.is_some() {
-            if let Err(e) = publish_locked(&mut st, topic, payload, true) {
-                tracing::debug!(topic, "retained state not published now ({e}); it is sent after the next connect");
-            }
-        }
-    }
-
-    /// The retained topics we currently hold (for discovery clean-up).
-    fn retained_value(&self, topic: &str) -> Option<Vec<u8>> {
-        self.lock().retained.get(topic).cloned()
-    }
-
-    /// A new connection: take its client, subscribe, publish the retained state.
-    fn on_connack(&self, client: AsyncClient, subscriptions: &[String]) {
-        let mut st = self.lock();
-        for filter in subscriptions {
-            if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
-                tracing::warn!(filter, "cannot subscribe: {e}");
-            }
-        }
-        st.client = Some(client);
-        st.retained.insert(self.settings.topic("status"), b"online".to_vec());
-        let retained: Vec<(String, Vec<u8>)> = st.retained.iter().map(|(t, p)| (t.clone(), p.clone())).collect();
-        for (topic, payload) in retained {
-            if let Err(e) = publish_locked(&mut st, &topic, payload, true) {
-                tracing::warn!(topic, "retained state not published: {e}");
-            }
-        }
-    }
-
-    /// rumqttc wrote a publish: the oldest waiter belongs to it.
-    fn on_outgoing_publish(&self, pkid: u16) {
-        let mut st = self.lock();
-        if let Some(waiter) = st.queued.pop_front() {
-            if pkid == 0 {
-                let _ = waiter.send(());
-            } else {
-                st.unacked.insert(pkid, waiter);
-            }
-        }
-    }
-
-    fn on_puback(&self, pkid: u16) {
-        if let Some(waiter) = self.lock().unacked.remove(&pkid) {
-            let _ = waiter.send(());
-        }
-    }
-
-    /// The connection is gone: every waiter fails (the outbox retries), new
-    /// publishes are refused until the next ConnAck.
-    fn on_disconnect(&self) {
-        let mut st = self.lock();
-        st.client = None;
-        st.queued.clear();
-        st.unacked.clear();
-    }
-}
-
-fn publish_locked(
-    st: &mut LinkState,
-    topic: &str,
-    payload: Vec<u8>,
-    retain: bool,
-) -> Result<oneshot::Receiver<()>, PublishError> {
-    let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
-    client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
-    let (tx, rx) = oneshot::channel();
-    st.queued.push_back(tx);
-    Ok(rx)
-}
-
 /// The `mqtt` delivery channel: `mqtt` (the device's report topic; heartbeat
 /// reports on `<prefix>/heartbeat`) and `mqtt:<topic>`.
 pub struct MqttChannel {
@@ -438,51 +284,6 @@ impl Channel for MqttChannel {
             }
         })
     }
-}
-
-/// A `<prefix>/in` payload in JSON form.
-#[derive(Deserialize)]
-struct InPayload {
-    text: String,
-    #[serde(default)]
-    session: Option<String>,
-    #[serde(default)]
-    reply_to: Option<String>,
-}
-
-/// Parse a `<prefix>/in` payload: JSON `{"text","session","reply_to"}` or plain text.
-pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMessage, String> {
-    let raw = String::from_utf8_lossy(payload);
-    let parsed = if raw.trim_start().starts_with('{') {
-        Some(serde_json::from_str::<InPayload>(&raw).map_err(|e| format!("not a valid JSON message ({e})"))?)
-    } else {
-        None
-    };
-    let (text, session, reply_to) = match parsed {
-        Some(p) => (p.text, p.session, p.reply_to),
-        None => (raw.into_owned(), None, None),
-    };
-    let text = text.trim().to_string();
-    if text.is_empty() {
-        return Err("empty message".into());
-    }
-    let reply_topic = match reply_to.map(|r| r.trim().to_string()).filter(|r| !r.is_empty()) {
-        Some(r) if r.contains(['+', '#']) => return Err(format!("reply_to `{r}` contains a wildcard")),
-        Some(r) => r,
-        None => settings.topic("out"),
-    };
-    let session_key = session
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("mqtt:{}", settings.prefix));
-    Ok(InboundMessage {
-        channel: "mqtt".into(),
-        chat_id: reply_topic.clone(),
-        sender: "mqtt".into(),
-        session_key,
-        text,
-        reply_to: Target::Mqtt(Some(reply_topic)),
-    })
 }
 
 /// What the MQTT task needs from the rest of the daemon.
@@ -587,7 +388,7 @@ async fn connection(
 /// A clean goodbye: `offline` (a graceful disconnect does not fire the last
 /// will), then DISCONNECT, flushed within two seconds.
 async fn goodbye(link: &Link, events: &mut rumqttc::EventLoop) {
-    let client = link.lock().client.clone();
+    let client = link.client();
     let Some(client) = client else { return };
     let _ = link.publish(&link.settings.topic("status"), b"offline".to_vec(), true);
     let _ = client.try_disconnect();
@@ -653,56 +454,6 @@ pub fn publish_run_record(link: &Link, record: &serde_json::Value, job: &str) {
     link.set_retained(&link.settings.topic("last_job"), payload);
 }
 
-/// Inbound messages, sorted by topic. Runs inside the polling task, so it
-/// never waits: everything is a `try_send` into a bounded queue.
-struct Router {
-    link: Arc<Link>,
-    inbound: mpsc::Sender<InboundMessage>,
-    scheduler: SchedulerHandle,
-    jobs: JobStore,
-    triggers: Arc<triggers::Triggers>,
-}
-
-impl Router {
-    fn dispatch(&self, topic: &str, payload: &[u8], retained: bool) {
-        let s = &self.link.settings;
-        if topic == s.topic("in") {
-            if retained {
-                // A retained command would run again on every reconnect.
-                tracing::warn!(topic, "ignoring a retained message on the input topic");
-                return;
-            }
-            match inbound_message(s, payload) {
-                Ok(msg) => {
-                    tracing::debug!(session = %msg.session_key, "MQTT message in");
-                    if self.inbound.try_send(msg).is_err() {
-                        tracing::warn!(topic, "the agent's queue is full: MQTT message dropped");
-                    }
-                }
-                Err(e) => tracing::warn!(topic, "MQTT message ignored: {e}"),
-            }
-            return;
-        }
-        if let Some(job) = topic.strip_prefix(&s.topic("run/")) {
-            if retained {
-                tracing::warn!(topic, "ignoring a retained run request");
-                return;
-            }
-            match self.jobs.get(job) {
-                Ok(j) if self.scheduler.run_now(&j.id) => tracing::info!(job, "MQTT: running the job now"),
-                Ok(_) => tracing::warn!(job, "MQTT: the scheduler is busy; run request dropped"),
-                Err(e) => tracing::warn!(job, "MQTT: cannot run the job: {e}"),
-            }
-            return;
-        }
-        if s.discovery && discovery::is_own_config(s, topic) {
-            discovery::check_leftover(&self.link, topic, payload);
-            return;
-        }
-        self.triggers.dispatch(topic, payload);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -756,6 +507,18 @@ mod tests {
         assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "heartbeat").unwrap(), "bramble/pi/heartbeat");
         assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "job:x").unwrap(), "bramble/pi/out");
         assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(Some("a/b".into())), "heartbeat").unwrap(), "a/b");
+    }
+
+    #[test]
+    fn tls_uses_the_ring_provider_and_system_roots() {
+        crate::install_crypto();
+        let cfg = crate::config::Config::parse("[mqtt]\nurl = \"mqtts://broker.lan\"\n", "c.toml".as_ref()).unwrap();
+        let s = Settings::from_config(&cfg.mqtt).unwrap().unwrap();
+        assert!(s.tls && s.port == 8883);
+        let o = s.options().unwrap();
+        assert!(matches!(o.transport(), Transport::Tls(_)));
+        assert!(!o.clean_session());
+        assert_eq!(o.max_packet_size(), MAX_INCOMING);
     }
 
     #[test]
