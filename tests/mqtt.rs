@@ -190,8 +190,10 @@ min_interval = "0s"
     )
     .await;
     s.fake.push(Reply::text("The door is open."));
-    let daemon = s.start();
     let w = Watcher::start(s.broker.port, &[STATUS, "test/door", "test/exec"]).await;
+    // Old state, retained on the broker: replayed on subscribe, but not an event.
+    w.publish_retained("sensors/raw", "stale retained state").await;
+    let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
 
     for _ in 0..5 {
@@ -213,6 +215,7 @@ min_interval = "0s"
     assert!(w.wait_for(15, "test/exec", |p| p.contains("exec saw 19 bytes")).await, "{}", s.log());
     let stdin = std::fs::read_to_string(s.home.workspace.join("trigger-stdin.txt")).unwrap();
     assert_eq!(stdin, "hello from a sensor");
+    assert_eq!(w.on("test/exec").len(), 1, "the retained message did not run the trigger");
     assert_eq!(s.fake.request_count(), 1, "exec triggers call no LLM");
     daemon.stop().await;
 }

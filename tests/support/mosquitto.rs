@@ -178,6 +178,11 @@ impl Watcher {
         self.client.publish(topic, QoS::AtLeastOnce, false, payload.as_bytes().to_vec()).await.expect("publish");
     }
 
+    /// Publish with the retain flag (the broker keeps it as the topic's state).
+    pub async fn publish_retained(&self, topic: &str, payload: &str) {
+        self.client.publish(topic, QoS::AtLeastOnce, true, payload.as_bytes().to_vec()).await.expect("publish");
+    }
+
     pub fn all(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
