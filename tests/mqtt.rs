@@ -265,5 +265,7 @@ async fn a_broker_outage_loses_nothing() {
     assert!(w.wait_for(60, OUT, |p| p == "queued while the broker was down").await, "{}", s.log());
     assert!(w.wait_for(30, OUT, |p| p == "and this one too").await, "{}", s.log());
     assert!(wait_until(10, || outbox.pending().is_ok_and(|p| p.is_empty())).await);
+    // They did not wait out their backoff: the reconnect made them due.
+    assert!(s.log().contains("MQTT is back: sending the reports that waited"), "{}", s.log());
     daemon.stop().await;
 }

@@ -593,6 +593,8 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
                 workspace: loaded.paths.workspace.clone(),
                 inflight: inflight.clone(),
             }),
+            outbox: outbox.clone(),
+            wake: wake.clone(),
         };
         match crate::channels::mqtt::spawn(link.clone(), &c.mqtt, wiring, &mut tasks, stop.clone(), abort.clone()) {
             Ok(()) => observers.push(Arc::new(move |job: &Job, record: &serde_json::Value| {

@@ -297,6 +297,10 @@ pub struct Wiring {
     /// Notified when `heartbeat.json` changes (the last-heartbeat sensor).
     pub heartbeat_changed: Arc<Notify>,
     pub triggers: Option<triggers::TriggerDeps>,
+    /// The outbox and its wake-up: reports waiting out a backoff are retried
+    /// at once when the broker is back.
+    pub outbox: crate::daemon::outbox::Outbox,
+    pub wake: Arc<Notify>,
 }
 
 /// Start the connection task and its helpers on `tasks`. `stop` ends them
@@ -327,7 +331,8 @@ pub fn spawn(
         jobs: w.jobs.clone(),
         triggers: trigger_set,
     };
-    tasks.spawn(connection(link.clone(), options, subscriptions, router, stop.clone()));
+    let outbox = (w.outbox, w.wake);
+    tasks.spawn(connection(link.clone(), options, subscriptions, router, outbox, stop.clone()));
     tasks.spawn(state_watch(link, w.jobs, w.state_dir, w.jobs_changed, w.heartbeat_changed, stop));
     Ok(())
 }
@@ -338,6 +343,7 @@ async fn connection(
     options: MqttOptions,
     subscriptions: Vec<String>,
     router: Router,
+    (outbox, wake): (crate::daemon::outbox::Outbox, Arc<Notify>),
     stop: CancellationToken,
 ) {
     let mut backoff = BACKOFF_MIN;
@@ -361,6 +367,14 @@ async fn connection(
                     was_connected = true;
                     if let Some(c) = client.take() {
                         link.on_connack(c, &subscriptions);
+                    }
+                    match outbox.retry_now("mqtt") {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!(reports = n, "MQTT is back: sending the reports that waited");
+                            wake.notify_one();
+                        }
+                        Err(e) => tracing::warn!("MQTT: {e}"),
                     }
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => router.dispatch(&p.topic, &p.payload, p.retain),
