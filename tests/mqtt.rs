@@ -129,8 +129,24 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
         Watcher::start(s.broker.port, &[STATUS, "bramble/testpi/jobs/+", "bramble/testpi/last_job", "homeassistant/#"])
             .await;
     s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran-by-mqtt"]).await;
+    // More retained documents than rumqttc's request queue holds at once.
+    let store = bramble::scheduler::JobStore::open(&s.home.state);
+    for i in 0..100 {
+        let schedule = bramble::scheduler::Schedule::Every {
+            every: bramble::scheduler::parse_every("1d").unwrap(),
+            anchor: jiff::Timestamp::now(),
+        };
+        let kind = bramble::scheduler::JobKind::Remind { text: "x".into() };
+        let now = jiff::Timestamp::now();
+        let job =
+            bramble::scheduler::Job::new(&format!("bulk-{i}"), schedule, kind, vec![], now, &jiff::tz::TimeZone::UTC);
+        store.add(job.unwrap()).unwrap();
+    }
     let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    let all_buttons =
+        || (0..100).all(|i| !w.on(&format!("homeassistant/button/bramble_testpi/run_bulk-{i}/config")).is_empty());
+    assert!(wait_until(15, all_buttons).await, "a button for each of 100 jobs: {}", s.log());
 
     // Device, sensors and the job's button.
     assert!(w.wait_for(10, button, |p| p.contains("bramble/testpi/run/ping")).await, "{}", s.log());

@@ -1,7 +1,7 @@
 //! [`Link`]: the publishing side of the MQTT connection, and how a publish
 //! learns that the broker has it (see the parent module's docs on ack tracking).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -43,6 +43,9 @@ struct LinkState {
     /// Retained state published again on every ConnAck (status, discovery,
     /// job records). An empty payload clears a retained topic.
     retained: BTreeMap<String, Vec<u8>>,
+    /// Retained topics not yet handed to rumqttc on this connection (its
+    /// request queue was full): sent as the queue drains.
+    unsent: BTreeSet<String>,
 }
 
 /// The link of the running daemon in this process, for the `mqtt_publish` tool
@@ -105,15 +108,17 @@ impl Link {
     /// reconnect. An empty payload deletes the retained message.
     pub fn set_retained(&self, topic: &str, payload: Vec<u8>) {
         let mut st = self.lock();
-        if st.retained.get(topic) == Some(&payload) && st.client.is_some() {
+        if st.retained.get(topic) == Some(&payload) {
             return;
         }
-        st.retained.insert(topic.to_string(), payload.clone());
-        if st.client.is_some() {
-            if let Err(e) = publish_locked(&mut st, topic, payload, true) {
-                tracing::debug!(topic, "retained state not published now ({e}); it is sent after the next connect");
-            }
-        }
+        st.retained.insert(topic.to_string(), payload);
+        st.unsent.insert(topic.to_string());
+        flush_retained(&mut st);
+    }
+
+    #[cfg(test)]
+    pub(super) fn unsent_count(&self) -> usize {
+        self.lock().unsent.len()
     }
 
     /// The retained topics we currently hold (for discovery clean-up).
@@ -130,13 +135,15 @@ impl Link {
             }
         }
         st.client = Some(client);
-        st.retained.insert(self.settings.topic("status"), b"online".to_vec());
-        let retained: Vec<(String, Vec<u8>)> = st.retained.iter().map(|(t, p)| (t.clone(), p.clone())).collect();
-        for (topic, payload) in retained {
-            if let Err(e) = publish_locked(&mut st, &topic, payload, true) {
-                tracing::warn!(topic, "retained state not published: {e}");
-            }
+        // `online` first, then the rest of the retained state.
+        let status = self.settings.topic("status");
+        st.retained.insert(status.clone(), b"online".to_vec());
+        st.unsent = st.retained.keys().filter(|t| **t != status).cloned().collect();
+        if let Err(e) = publish_locked(&mut st, &status, b"online".to_vec(), true) {
+            tracing::warn!("`online` not published: {e}");
+            st.unsent.insert(status);
         }
+        flush_retained(&mut st);
     }
 
     /// rumqttc wrote a publish: the oldest waiter belongs to it.
@@ -149,6 +156,8 @@ impl Link {
                 st.unacked.insert(pkid, waiter);
             }
         }
+        // A request left rumqttc's queue: room for retained state that waited.
+        flush_retained(&mut st);
     }
 
     pub(super) fn on_puback(&self, pkid: u16) {
@@ -164,6 +173,21 @@ impl Link {
         st.client = None;
         st.queued.clear();
         st.unacked.clear();
+    }
+}
+
+/// Hand waiting retained state to rumqttc until its queue is full.
+fn flush_retained(st: &mut LinkState) {
+    while st.client.is_some() {
+        let Some(topic) = st.unsent.first().cloned() else { return };
+        let Some(payload) = st.retained.get(&topic).cloned() else {
+            st.unsent.remove(&topic);
+            continue;
+        };
+        if publish_locked(st, &topic, payload, true).is_err() {
+            return;
+        }
+        st.unsent.remove(&topic);
     }
 }
 

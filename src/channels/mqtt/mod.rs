@@ -544,4 +544,23 @@ mod tests {
         link.set_retained("bramble/pi/jobs/x", b"{}".to_vec());
         assert_eq!(link.retained_value("bramble/pi/jobs/x"), Some(b"{}".to_vec()));
     }
+
+    #[test]
+    fn retained_state_waits_for_room_in_the_request_queue() {
+        let link = Link::new(settings());
+        for i in 0..10 {
+            link.set_retained(&format!("t/{i}"), b"x".to_vec());
+        }
+        // A connection whose request queue holds 4: `online` and three more go now.
+        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 4);
+        link.on_connack(client, &[]);
+        assert_eq!(link.unsent_count(), 7);
+        // Disconnected, a change waits too; the next ConnAck sends everything again.
+        link.on_disconnect();
+        link.set_retained("t/new", b"y".to_vec());
+        assert_eq!(link.unsent_count(), 8);
+        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 100);
+        link.on_connack(client, &[]);
+        assert_eq!(link.unsent_count(), 0);
+    }
 }
