@@ -285,3 +285,30 @@ async fn a_broker_outage_loses_nothing() {
     assert!(s.log().contains("MQTT is back: sending the reports that waited"), "{}", s.log());
     daemon.stop().await;
 }
+
+#[tokio::test]
+async fn mqtts_verifies_the_broker_certificate() {
+    let (broker, ca) = Mosquitto::start_tls().await;
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let tls_port = broker.tls_port.expect("tls");
+    let extra = format!(
+        "[heartbeat]\nenabled = false\n[mqtt]\nurl = \"mqtts://localhost:{tls_port}\"\ndevice = \"testpi\"\ndiscovery = false\n"
+    );
+    let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
+    let log = home.path().join("daemon.log");
+    let w = Watcher::start(broker.port, &[STATUS]).await;
+
+    // The test CA is not a system root: the connection is refused.
+    let daemon = Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(wait_until(15, || read().contains("cannot connect to the MQTT broker")).await, "{}", read());
+    assert!(read().to_lowercase().contains("certificate"), "says why: {}", read());
+    assert!(w.on(STATUS).is_empty());
+    daemon.stop().await;
+
+    // Trusted (rustls-native-certs reads SSL_CERT_FILE): connected over TLS.
+    let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &log, &[("SSL_CERT_FILE", &ca)]);
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", read());
+    daemon.stop().await;
+    assert!(w.wait_last(5, STATUS, "offline").await);
+}

@@ -12,16 +12,21 @@ pub struct Daemon {
 impl Daemon {
     /// `bramble run` with HOME at `home` and the given config (None: no config file at all).
     pub fn start(home: &Path, config: Option<&Path>) -> Daemon {
-        Daemon::spawn(home, config, Stdio::piped())
+        Daemon::spawn(home, config, Stdio::piped(), &[])
     }
 
     /// Like [`start`](Daemon::start), with the log written to `log` (for long
     /// runs: a pipe nobody reads would fill up and stall the daemon).
     pub fn start_logging_to(home: &Path, config: Option<&Path>, log: &Path) -> Daemon {
-        Daemon::spawn(home, config, std::fs::File::create(log).expect("log file").into())
+        Daemon::start_with_env(home, config, log, &[])
     }
 
-    fn spawn(home: &Path, config: Option<&Path>, stderr: Stdio) -> Daemon {
+    /// Like [`start_logging_to`](Daemon::start_logging_to), with more environment variables.
+    pub fn start_with_env(home: &Path, config: Option<&Path>, log: &Path, env: &[(&str, &Path)]) -> Daemon {
+        Daemon::spawn(home, config, std::fs::File::create(log).expect("log file").into(), env)
+    }
+
+    fn spawn(home: &Path, config: Option<&Path>, stderr: Stdio, env: &[(&str, &Path)]) -> Daemon {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
@@ -34,6 +39,7 @@ impl Daemon {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .kill_on_drop(true);
         Daemon { child: cmd.spawn().expect("spawn bramble run") }
     }

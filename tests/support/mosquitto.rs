@@ -17,7 +17,22 @@ const INSTALL: &str = "install mosquitto: apt-get install mosquitto";
 pub struct Mosquitto {
     child: Option<std::process::Child>,
     pub port: u16,
+    /// With [`start_tls`](Mosquitto::start_tls): the TLS listener's port (`port` stays plain).
+    pub tls_port: Option<u16>,
     dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port()
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("the TLS test needs the openssl command ({e}): apt-get install openssl"));
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn binary() -> PathBuf {
@@ -36,17 +51,75 @@ fn binary() -> PathBuf {
 impl Mosquitto {
     /// Start a broker on a free port of 127.0.0.1 (anonymous, no persistence).
     pub async fn start() -> Mosquitto {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut m = Mosquitto { child: None, port, dir };
+        let mut m = Mosquitto { child: None, port: free_port(), tls_port: None, dir };
         m.launch().await;
         m
     }
 
+    /// A broker with a plain listener (`port`) and a TLS one (`tls_port`) whose
+    /// certificate for `localhost` is signed by a fresh test CA; returns the CA file.
+    pub async fn start_tls() -> (Mosquitto, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // mosquitto started as root drops to its own user before reading certificates.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        let d = dir.path();
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+        openssl(
+            d,
+            &[
+                &["req", "-x509"][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=bramble test CA"],
+            ]
+            .concat(),
+        );
+        openssl(
+            d,
+            &[&["req"][..], &ec, &["-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]].concat(),
+        );
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("ext");
+        openssl(
+            d,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+            ],
+        );
+        for f in ["server.key", "server.pem", "ca.pem"] {
+            std::fs::set_permissions(d.join(f), std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
+        }
+        let ca = d.join("ca.pem");
+        let mut m = Mosquitto { child: None, port: free_port(), tls_port: Some(free_port()), dir };
+        m.launch().await;
+        (m, ca)
+    }
+
     async fn launch(&mut self) {
         let conf = self.dir.path().join("mosquitto.conf");
-        std::fs::write(&conf, format!("listener {} 127.0.0.1\nallow_anonymous true\npersistence false\n", self.port))
-            .expect("mosquitto.conf");
+        let mut text = format!("allow_anonymous true\npersistence false\nlistener {} 127.0.0.1\n", self.port);
+        if let Some(tls) = self.tls_port {
+            let d = self.dir.path().display();
+            text += &format!("listener {tls} 127.0.0.1\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n");
+        }
+        std::fs::write(&conf, text).expect("mosquitto.conf");
         let child = std::process::Command::new(binary())
             .arg("-c")
             .arg(&conf)
@@ -56,13 +129,17 @@ impl Mosquitto {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start mosquitto ({e}): {INSTALL}"));
         self.child = Some(child);
-        for _ in 0..200 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await.is_ok() {
-                return;
+        for port in std::iter::once(self.port).chain(self.tls_port) {
+            let mut up = false;
+            for _ in 0..200 {
+                if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+                    up = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            assert!(up, "mosquitto did not listen on port {port} within 5 s");
         }
-        panic!("mosquitto did not listen on port {} within 5 s", self.port);
     }
 
     /// `mqtt://127.0.0.1:PORT`.
