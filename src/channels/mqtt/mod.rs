@@ -482,6 +482,21 @@ mod tests {
     }
 
     #[test]
+    fn check_says_what_keeps_mqtt_off() {
+        let parse = |t: &str| crate::config::Config::parse(t, "c.toml".as_ref()).unwrap();
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\npassword_env = \"BRAMBLE_TEST_UNSET_PW\"\n");
+        assert_eq!(
+            check_warnings(&c),
+            ["[mqtt] password_env names BRAMBLE_TEST_UNSET_PW but it is not set: MQTT stays off"]
+        );
+        let c = parse("[mqtt]\npublish_allow = [\"a/#\"]\n");
+        assert!(check_warnings(&c)[0].contains("no `url`"));
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\ntopic_prefix = \"a/+\"\n");
+        assert!(check_warnings(&c)[0].contains("topic_prefix `a/+`"));
+        assert!(check_warnings(&parse("")).is_empty());
+    }
+
+    #[test]
     fn filters_match_like_a_broker() {
         assert!(topic_matches("a/b", "a/b"));
         assert!(!topic_matches("a/b", "a/b/c"));
