@@ -10,7 +10,8 @@
 //!    so MQTT, the agent, the session append with fsync and the outbox write
 //!    are all counted; the broker and the fake server are other processes/threads).
 //!
-//! Run: `cargo bench --bench mqtt` (needs mosquitto: `apt-get install mosquitto`).
+//! Run: `cargo bench --bench mqtt` (needs mosquitto: `apt-get install mosquitto`);
+//! `BENCH_BROKER_NODELAY=1` starts the broker with `set_tcp_nodelay true`.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -54,7 +55,11 @@ fn main() {
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async move {
-        let broker = Mosquitto::start().await;
+        // Debian's mosquitto.conf leaves Nagle on: with BENCH_BROKER_NODELAY=1
+        // the broker sets TCP_NODELAY (`set_tcp_nodelay true`).
+        let nodelay = std::env::var("BENCH_BROKER_NODELAY").is_ok_and(|v| v == "1");
+        let broker = Mosquitto::start_with(if nodelay { "set_tcp_nodelay true" } else { "" }).await;
+        println!("broker: mosquitto, set_tcp_nodelay {nodelay}");
         let extra = format!(
             "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
              [mqtt]\nurl = \"{}\"\ndevice = \"bench\"\ndiscovery = true\n",
@@ -62,7 +67,9 @@ fn main() {
         );
         let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
         let log = home.path().join("daemon.log");
-        let daemon = Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+        // Info level, as a board runs it (the test helper's default is debug).
+        let level = std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "info".into());
+        let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &log, &[("RUST_LOG", level.as_ref())]);
         let pid = daemon.child.id().expect("pid");
         let status = Watcher::start(broker.port, &["bramble/bench/status"]).await;
         assert!(status.wait_last(20, "bramble/bench/status", "online").await, "daemon connected");
@@ -77,6 +84,9 @@ fn main() {
         let mut opts = MqttOptions::new("bench-client", "127.0.0.1", broker.port);
         opts.set_max_packet_size(1 << 20, 1 << 20);
         let (client, mut events) = AsyncClient::new(opts, 100);
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        events.set_network_options(net);
         let mut routes: HashMap<String, mpsc::UnboundedSender<()>> = HashMap::new();
         let mut inboxes = Vec::new();
         for k in 0..SESSIONS {
@@ -138,6 +148,9 @@ fn main() {
         let hwm = proc_field(pid, "status", "VmHWM:").expect("VmHWM");
         println!("after the load: VmRSS {rss_after} KiB, peak (VmHWM) {hwm} KiB");
         daemon.stop().await;
+        if let Ok(keep) = std::env::var("BENCH_KEEP_LOG") {
+            let _ = std::fs::copy(&log, keep);
+        }
     });
 }
 

@@ -19,6 +19,8 @@ pub struct Mosquitto {
     pub port: u16,
     /// With [`start_tls`](Mosquitto::start_tls): the TLS listener's port (`port` stays plain).
     pub tls_port: Option<u16>,
+    /// More lines for mosquitto.conf.
+    extra: String,
     dir: tempfile::TempDir,
 }
 
@@ -51,8 +53,13 @@ fn binary() -> PathBuf {
 impl Mosquitto {
     /// Start a broker on a free port of 127.0.0.1 (anonymous, no persistence).
     pub async fn start() -> Mosquitto {
+        Mosquitto::start_with("").await
+    }
+
+    /// Like [`start`](Mosquitto::start), with more config lines (e.g. `set_tcp_nodelay true`).
+    pub async fn start_with(extra: &str) -> Mosquitto {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut m = Mosquitto { child: None, port: free_port(), tls_port: None, dir };
+        let mut m = Mosquitto { child: None, port: free_port(), tls_port: None, extra: extra.into(), dir };
         m.launch().await;
         m
     }
@@ -107,14 +114,16 @@ impl Mosquitto {
             std::fs::set_permissions(d.join(f), std::os::unix::fs::PermissionsExt::from_mode(0o644)).expect("chmod");
         }
         let ca = d.join("ca.pem");
-        let mut m = Mosquitto { child: None, port: free_port(), tls_port: Some(free_port()), dir };
+        let mut m =
+            Mosquitto { child: None, port: free_port(), tls_port: Some(free_port()), extra: String::new(), dir };
         m.launch().await;
         (m, ca)
     }
 
     async fn launch(&mut self) {
         let conf = self.dir.path().join("mosquitto.conf");
-        let mut text = format!("allow_anonymous true\npersistence false\nlistener {} 127.0.0.1\n", self.port);
+        let mut text =
+            format!("allow_anonymous true\npersistence false\n{}\nlistener {} 127.0.0.1\n", self.extra, self.port);
         if let Some(tls) = self.tls_port {
             let d = self.dir.path().display();
             text += &format!("listener {tls} 127.0.0.1\ncertfile {d}/server.pem\nkeyfile {d}/server.key\n");

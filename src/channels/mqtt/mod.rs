@@ -351,6 +351,7 @@ async fn connection(
     loop {
         // A fresh client and event loop per connection: see the module docs.
         let (client, mut events) = AsyncClient::new(options.clone(), REQUEST_QUEUE);
+        events.set_network_options(network_options());
         let mut client = Some(client);
         let error = loop {
             let event = tokio::select! {
@@ -397,6 +398,15 @@ async fn connection(
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
+}
+
+/// TCP options: no Nagle delay (a small PUBLISH or PUBACK would otherwise wait
+/// for the peer's delayed ACK, about 40 ms per exchange), and a connect timeout.
+fn network_options() -> rumqttc::NetworkOptions {
+    let mut n = rumqttc::NetworkOptions::new();
+    n.set_tcp_nodelay(true);
+    n.set_connection_timeout(10);
+    n
 }
 
 /// A clean goodbye: `offline` (a graceful disconnect does not fire the last
