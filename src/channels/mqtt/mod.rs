@@ -68,8 +68,9 @@ const MAX_INCOMING: usize = 8 * 1024 * 1024;
 const REQUEST_QUEUE: usize = 64;
 /// How long a delivery waits for the broker's PubAck.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
-/// Keep-alive (PINGREQ) interval.
-const KEEP_ALIVE: Duration = Duration::from_secs(30);
+/// Keep-alive (PINGREQ) interval: one wake-up a minute when idle; the broker
+/// declares us dead (last will) after 1.5 × this without a packet.
+const KEEP_ALIVE: Duration = Duration::from_secs(60);
 /// Reconnect backoff: first and longest wait after an error.
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
