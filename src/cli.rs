@@ -185,6 +185,9 @@ fn check(explicit: Option<&Path>) -> ExitCode {
     for w in config::warnings(&loaded) {
         println!("warning: {w}");
     }
+    for w in crate::channels::mqtt::check_warnings(&loaded.config) {
+        println!("warning: {w}");
+    }
     let (skills, errors) = crate::agent::skills::load(&loaded.paths.workspace);
     for s in skills.iter().filter(|s| !s.available()) {
         println!("warning: skill {} is unavailable: missing {}", s.name, s.missing.join(", "));
@@ -682,10 +685,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));
     }
     println!("telegram:   {}", telegram_summary(&c.telegram));
-    println!(
-        "mqtt:       {}",
-        c.mqtt.url.as_ref().map(|u| format!("{}:{}", u.host, u.port)).unwrap_or_else(|| "not configured".into())
-    );
+    println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());
     let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();

@@ -1189,6 +1189,9 @@ impl Agent {
             }
         }
         tools.register(Arc::new(crate::tools::message::MessageTool::new(outbound.clone())));
+        if c.mqtt.url.is_some() {
+            tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone())));
+        }
         tools.register(Arc::new(crate::tools::cron::CronTool::new(
             crate::scheduler::JobStore::open(&loaded.paths.state_dir),
             c.timezone(),

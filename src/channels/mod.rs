@@ -7,6 +7,7 @@
 //! reports failure honestly instead of retrying on its own.
 
 pub mod log;
+pub mod mqtt;
 pub mod telegram;
 
 use crate::bus::Target;

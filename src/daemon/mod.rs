@@ -370,6 +370,50 @@ impl JobExecutor for JobRunner {
     }
 }
 
+/// Told about every job run as it ends, with its record
+/// `{"job","status","started","finished","output"}` (MQTT publishes it).
+pub type RunObserver = Arc<dyn Fn(&Job, &serde_json::Value) + Send + Sync>;
+
+/// A [`JobRunner`] whose runs are also reported to observers.
+pub struct ObservedRunner {
+    pub runner: JobRunner,
+    pub observers: Vec<RunObserver>,
+}
+
+impl JobExecutor for ObservedRunner {
+    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::provider::BoxFuture<'a, RunOutcome> {
+        Box::pin(async move {
+            let started = Timestamp::now();
+            let outcome = self.runner.run_job(job).await;
+            if !self.observers.is_empty() {
+                let record = serde_json::json!({
+                    "job": job.name,
+                    "status": outcome.status.to_string(),
+                    "started": started.to_string(),
+                    "finished": Timestamp::now().to_string(),
+                    "output": crate::scheduler::job::truncate(&outcome.summary, 4000),
+                });
+                for observe in &self.observers {
+                    observe(job, &record);
+                }
+            }
+            outcome
+        })
+    }
+}
+
+/// The MQTT link for this config, if a broker is configured and usable.
+fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
+    match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
+        Ok(Some(settings)) => Some(crate::channels::mqtt::Link::new(settings)),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!("MQTT is off: {e}");
+            None
+        }
+    }
+}
+
 /// Why the daemon stopped one generation of its components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -515,6 +559,10 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         channels.add(telegram.channel());
         tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.clone(), stop.clone()));
     }
+    let mqtt = mqtt_link(c);
+    if let Some(link) = &mqtt {
+        channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
+    }
 
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     tasks.spawn(pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
@@ -550,7 +598,36 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         abort: abort.clone(),
         inflight: inflight.clone(),
     };
-    tasks.spawn(scheduler.run(runner, stop.clone()));
+    let mqtt_jobs = Arc::new(Notify::new());
+    let mqtt_heartbeat = Arc::new(Notify::new());
+    let mut observers: Vec<RunObserver> = Vec::new();
+    if let Some(link) = mqtt.clone() {
+        let wiring = crate::channels::mqtt::Wiring {
+            inbound: bus.inbound_tx.clone(),
+            scheduler: scheduler.handle(),
+            jobs: JobStore::open(state),
+            state_dir: state.clone(),
+            jobs_changed: mqtt_jobs.clone(),
+            heartbeat_changed: mqtt_heartbeat.clone(),
+            triggers: Some(crate::channels::mqtt::triggers::TriggerDeps {
+                agent: agent.clone(),
+                outbox: outbox.clone(),
+                wake: wake.clone(),
+                exec: c.exec.clone(),
+                workspace: loaded.paths.workspace.clone(),
+                inflight: inflight.clone(),
+            }),
+            outbox: outbox.clone(),
+            wake: wake.clone(),
+        };
+        match crate::channels::mqtt::spawn(link.clone(), &c.mqtt, wiring, &mut tasks, stop.clone(), abort.clone()) {
+            Ok(()) => observers.push(Arc::new(move |job: &Job, record: &serde_json::Value| {
+                crate::channels::mqtt::publish_run_record(&link, record, &job.name)
+            })),
+            Err(e) => tracing::error!("MQTT is off: {e}"),
+        }
+    }
+    tasks.spawn(scheduler.run(ObservedRunner { runner, observers }, stop.clone()));
 
     let heartbeat = Heartbeat {
         config: c.heartbeat.clone(),
@@ -567,7 +644,12 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let poll_outbox = poll.clone();
     tasks.spawn(async move {
         let poll = poll_outbox;
-        let watched = vec![("jobs.json", reload), ("outbox.json", wake)];
+        let watched = vec![
+            ("jobs.json", reload),
+            ("outbox.json", wake),
+            ("jobs.json", mqtt_jobs),
+            ("heartbeat.json", mqtt_heartbeat),
+        ];
         if let Err(e) = watch::watch_state_dir(watch_dir, watched, watch_stop).await {
             tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
             poll.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -155,6 +155,23 @@ impl Outbox {
             .min())
     }
 
+    /// A channel is back (the MQTT broker reconnected): its reports waiting
+    /// out a backoff become due now. Writes only if there are any. Returns how many.
+    pub fn retry_now(&self, channel: &str) -> Result<usize, OutboxError> {
+        let waiting = |e: &Entry| e.target.channel() == channel && e.next_attempt.is_some();
+        if !self.read()?.pending.iter().any(waiting) {
+            return Ok(0);
+        }
+        self.update(|f| {
+            let mut n = 0;
+            for e in f.pending.iter_mut().filter(|e| waiting(e)) {
+                e.next_attempt = None;
+                n += 1;
+            }
+            n
+        })
+    }
+
     /// Record the outcome of an attempt on entry `id`.
     pub fn record(&self, id: u64, attempt: Attempt, now: Timestamp) -> Result<(), OutboxError> {
         self.update(|f| {
@@ -287,6 +304,23 @@ mod tests {
         assert_eq!(e.attempts, 2);
         assert_eq!(e.last_error.as_deref(), Some("still down"));
         assert_eq!(e.next_attempt, Some(ts("2026-01-01T00:00:15Z")));
+    }
+
+    #[test]
+    fn a_channel_that_is_back_gets_its_reports_retried_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        let now = ts("2026-01-01T00:00:00Z");
+        let m = o.enqueue(Target::Mqtt(None), "r", "heartbeat").unwrap();
+        let t = o.enqueue(Target::Telegram("1".into()), "t", "agent").unwrap();
+        o.record(m, Attempt::Retry("broker down".into()), now).unwrap();
+        o.record(t, Attempt::Retry("network".into()), now).unwrap();
+        assert!(o.due(now).unwrap().is_empty());
+        assert_eq!(o.retry_now("mqtt").unwrap(), 1);
+        let due = o.due(now).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!((due[0].id, due[0].attempts), (m, 1), "the attempt count is kept");
+        assert_eq!(o.retry_now("mqtt").unwrap(), 0, "nothing left to hurry");
     }
 
     #[test]

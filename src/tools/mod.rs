@@ -11,11 +11,13 @@
 //! - [`exec`]: `exec`, a shell command through [`crate::sandbox`].
 //! - [`web`]: `web_fetch` with an SSRF guard.
 //! - [`message`]: `message`, a report to a delivery target.
+//! - [`mqtt`]: `mqtt_publish`, limited to `[mqtt] publish_allow` topics.
 
 pub mod cron;
 pub mod exec;
 pub mod fs;
 pub mod message;
+pub mod mqtt;
 pub mod web;
 
 use std::sync::Arc;

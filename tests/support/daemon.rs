@@ -6,12 +6,27 @@ use std::process::Stdio;
 use std::time::Duration;
 
 pub struct Daemon {
-    child: tokio::process::Child,
+    pub child: tokio::process::Child,
 }
 
 impl Daemon {
     /// `bramble run` with HOME at `home` and the given config (None: no config file at all).
     pub fn start(home: &Path, config: Option<&Path>) -> Daemon {
+        Daemon::spawn(home, config, Stdio::piped(), &[])
+    }
+
+    /// Like [`start`](Daemon::start), with the log written to `log` (for long
+    /// runs: a pipe nobody reads would fill up and stall the daemon).
+    pub fn start_logging_to(home: &Path, config: Option<&Path>, log: &Path) -> Daemon {
+        Daemon::start_with_env(home, config, log, &[])
+    }
+
+    /// Like [`start_logging_to`](Daemon::start_logging_to), with more environment variables.
+    pub fn start_with_env(home: &Path, config: Option<&Path>, log: &Path, env: &[(&str, &Path)]) -> Daemon {
+        Daemon::spawn(home, config, std::fs::File::create(log).expect("log file").into(), env)
+    }
+
+    fn spawn(home: &Path, config: Option<&Path>, stderr: Stdio, env: &[(&str, &Path)]) -> Daemon {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
@@ -23,7 +38,8 @@ impl Daemon {
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
+            .envs(env.iter().map(|(k, v)| (*k, *v)))
             .kill_on_drop(true);
         Daemon { child: cmd.spawn().expect("spawn bramble run") }
     }
@@ -83,4 +99,13 @@ pub async fn wait_until(secs: u64, mut check: impl FnMut() -> bool) -> bool {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     check()
+}
+
+impl Daemon {
+    /// SIGKILL: no goodbye, no last words but the broker's last will.
+    pub async fn kill9(mut self) -> String {
+        let _ = self.child.start_kill();
+        let out = self.child.wait_with_output().await.expect("output");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
 }

@@ -4,6 +4,8 @@
 //! `dead_code` allowance.
 //!
 //! - [`http`]: `TestServer`, a request/response server on 127.0.0.1 for fake remote APIs.
+//! - [`daemon`]: `Daemon`, a real `bramble run` process.
+//! - [`mosquitto`]: `Mosquitto`, Debian's MQTT broker on a free port, and `Watcher`, a test client.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`daemon`]: a real `bramble run` process.
@@ -12,5 +14,6 @@
 pub mod daemon;
 pub mod fake_llm;
 pub mod http;
+pub mod mosquitto;
 pub mod setup;
 pub mod telegram;

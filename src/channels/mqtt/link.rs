@@ -1,0 +1,205 @@
+//! [`Link`]: the publishing side of the MQTT connection, and how a publish
+//! learns that the broker has it (see the parent module's docs on ack tracking).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, QoS};
+use tokio::sync::oneshot;
+
+use super::{Settings, MAX_PACKET};
+
+/// Why one publish did not reach the broker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    #[error("not connected to the MQTT broker")]
+    NotConnected,
+    #[error("the MQTT request queue is full")]
+    QueueFull,
+    #[error("the payload ({0} bytes) is larger than the MQTT packet limit")]
+    TooLarge(usize),
+    #[error("the connection to the broker was lost before it acknowledged the message")]
+    Lost,
+    #[error("the broker did not acknowledge the message within {0:?}")]
+    Timeout(Duration),
+}
+
+/// The publishing side, shared by the channel, the job observer, discovery and
+/// the `mqtt_publish` tool. See the module docs for how acks are tracked.
+pub struct Link {
+    pub settings: Settings,
+    state: Mutex<LinkState>,
+}
+
+#[derive(Default)]
+struct LinkState {
+    /// The client of the current connection; `None` while disconnected.
+    client: Option<AsyncClient>,
+    /// Waiters of publishes handed to rumqttc and not yet written, in order.
+    queued: VecDeque<oneshot::Sender<()>>,
+    /// Waiters of publishes written, by packet id, until the PubAck.
+    unacked: HashMap<u16, oneshot::Sender<()>>,
+    /// Retained state published again on every ConnAck (status, discovery,
+    /// job records). An empty payload clears a retained topic.
+    retained: BTreeMap<String, Vec<u8>>,
+    /// Retained topics not yet handed to rumqttc on this connection (its
+    /// request queue was full): sent as the queue drains.
+    unsent: BTreeSet<String>,
+}
+
+/// The link of the running daemon in this process, for the `mqtt_publish` tool
+/// (built with the agent, before the connection exists; a reload replaces it).
+static CURRENT: Mutex<Option<Weak<Link>>> = Mutex::new(None);
+
+/// The running MQTT link in this process, if any.
+pub fn current() -> Option<Arc<Link>> {
+    CURRENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(Weak::upgrade)
+}
+
+impl Link {
+    pub fn new(settings: Settings) -> Arc<Link> {
+        let link = Arc::new(Link { settings, state: Mutex::new(LinkState::default()) });
+        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&link));
+        link
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current connection's client, if connected.
+    pub(super) fn client(&self) -> Option<AsyncClient> {
+        self.lock().client.clone()
+    }
+
+    pub fn connected(&self) -> bool {
+        self.lock().client.is_some()
+    }
+
+    /// Hand one QoS 1 publish to rumqttc; the receiver resolves on its PubAck
+    /// and fails if the connection is lost first.
+    pub fn publish(&self, topic: &str, payload: Vec<u8>, retain: bool) -> Result<oneshot::Receiver<()>, PublishError> {
+        // Fixed header, topic length and packet id fit in 16 bytes.
+        if payload.len() + topic.len() + 16 > MAX_PACKET {
+            return Err(PublishError::TooLarge(payload.len()));
+        }
+        let mut st = self.lock();
+        publish_locked(&mut st, topic, payload, retain)
+    }
+
+    /// Publish and wait for the broker's acknowledgement.
+    pub async fn publish_acked(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        retain: bool,
+        limit: Duration,
+    ) -> Result<(), PublishError> {
+        let rx = self.publish(topic, payload, retain)?;
+        match tokio::time::timeout(limit, rx).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(PublishError::Lost),
+            Err(_) => Err(PublishError::Timeout(limit)),
+        }
+    }
+
+    /// Set a retained topic: published now if connected, and again after every
+    /// reconnect. An empty payload deletes the retained message.
+    pub fn set_retained(&self, topic: &str, payload: Vec<u8>) {
+        let mut st = self.lock();
+        if st.retained.get(topic) == Some(&payload) {
+            return;
+        }
+        st.retained.insert(topic.to_string(), payload);
+        st.unsent.insert(topic.to_string());
+        flush_retained(&mut st);
+    }
+
+    #[cfg(test)]
+    pub(super) fn unsent_count(&self) -> usize {
+        self.lock().unsent.len()
+    }
+
+    /// The retained topics we currently hold (for discovery clean-up).
+    pub(super) fn retained_value(&self, topic: &str) -> Option<Vec<u8>> {
+        self.lock().retained.get(topic).cloned()
+    }
+
+    /// A new connection: take its client, subscribe, publish the retained state.
+    pub(super) fn on_connack(&self, client: AsyncClient, subscriptions: &[String]) {
+        let mut st = self.lock();
+        for filter in subscriptions {
+            if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                tracing::warn!(filter, "cannot subscribe: {e}");
+            }
+        }
+        st.client = Some(client);
+        // `online` first, then the rest of the retained state.
+        let status = self.settings.topic("status");
+        st.retained.insert(status.clone(), b"online".to_vec());
+        st.unsent = st.retained.keys().filter(|t| **t != status).cloned().collect();
+        if let Err(e) = publish_locked(&mut st, &status, b"online".to_vec(), true) {
+            tracing::warn!("`online` not published: {e}");
+            st.unsent.insert(status);
+        }
+        flush_retained(&mut st);
+    }
+
+    /// rumqttc wrote a publish: the oldest waiter belongs to it.
+    pub(super) fn on_outgoing_publish(&self, pkid: u16) {
+        let mut st = self.lock();
+        if let Some(waiter) = st.queued.pop_front() {
+            if pkid == 0 {
+                let _ = waiter.send(());
+            } else {
+                st.unacked.insert(pkid, waiter);
+            }
+        }
+        // A request left rumqttc's queue: room for retained state that waited.
+        flush_retained(&mut st);
+    }
+
+    pub(super) fn on_puback(&self, pkid: u16) {
+        if let Some(waiter) = self.lock().unacked.remove(&pkid) {
+            let _ = waiter.send(());
+        }
+    }
+
+    /// The connection is gone: every waiter fails (the outbox retries), new
+    /// publishes are refused until the next ConnAck.
+    pub(super) fn on_disconnect(&self) {
+        let mut st = self.lock();
+        st.client = None;
+        st.queued.clear();
+        st.unacked.clear();
+    }
+}
+
+/// Hand waiting retained state to rumqttc until its queue is full.
+fn flush_retained(st: &mut LinkState) {
+    while st.client.is_some() {
+        let Some(topic) = st.unsent.first().cloned() else { return };
+        let Some(payload) = st.retained.get(&topic).cloned() else {
+            st.unsent.remove(&topic);
+            continue;
+        };
+        if publish_locked(st, &topic, payload, true).is_err() {
+            return;
+        }
+        st.unsent.remove(&topic);
+    }
+}
+
+fn publish_locked(
+    st: &mut LinkState,
+    topic: &str,
+    payload: Vec<u8>,
+    retain: bool,
+) -> Result<oneshot::Receiver<()>, PublishError> {
+    let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
+    client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
+    let (tx, rx) = oneshot::channel();
+    st.queued.push_back(tx);
+    Ok(rx)
+}

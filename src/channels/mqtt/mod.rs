@@ -1,0 +1,592 @@
+//! The MQTT channel: reports out, commands and triggers in, Home Assistant discovery.
+//!
+//! ## Layout
+//!
+//! - this file: [`Settings`] (from `[mqtt]`), the connection task ([`spawn`])
+//!   and the [`MqttChannel`] delivery target (`mqtt`, `mqtt:<topic>`).
+//! - `link.rs`: the [`Link`] shared by everything that publishes; ack tracking;
+//!   the retained state re-published on every connect.
+//! - `inbound.rs`: `<prefix>/in`, `<prefix>/run/<job>`, and the routing of
+//!   everything else to discovery clean-up and triggers.
+//! - [`triggers`]: `[[mqtt.trigger]]` — templates into agent turns, or commands.
+//! - [`discovery`]: Home Assistant MQTT discovery documents.
+//!
+//! ## Why it is built this way (rumqttc 0.25 traps, see crates.md §2)
+//!
+//! - **No backoff of its own.** After an error from `EventLoop::poll` the next
+//!   poll reconnects at once; a refused connection would be a hot loop. The task
+//!   sleeps itself (1 s doubling to 60 s) and keeps going until shutdown.
+//! - **Nothing survives a reconnect on the client side.** With a broker that
+//!   lost our session, rumqttc drops queued publishes and subscriptions are
+//!   gone. So on *every* ConnAck we subscribe again and publish the retained
+//!   state again (`online`, discovery, job records), and reports are never held
+//!   inside rumqttc: they live in the durable outbox until the broker acked them.
+//! - **Ack tracking.** rumqttc 0.25 has no per-publish ack future. Requests go
+//!   through one FIFO channel and the event loop reports `Outgoing::Publish(pkid)`
+//!   in that order, then `Incoming::PubAck(pkid)`. [`Link`] keeps a waiter per
+//!   publish in the same order, under one lock with the `try_publish` call, so
+//!   `deliver` returns Ok only when the broker acknowledged the report. On a
+//!   connection error the event loop and its request channel are thrown away
+//!   and built anew (the persistent session lives in the broker), so no stale
+//!   request can shift that order; the waiters fail as retryable and the outbox
+//!   sends those reports again (at-least-once).
+//! - **Never `publish().await` in the polling task** (it deadlocks when the
+//!   request channel is full): everything uses `try_publish`; a full channel is
+//!   a retryable delivery failure.
+//! - **10 KiB packet limit by default**: raised to [`MAX_PACKET`] both ways.
+
+pub mod discovery;
+mod inbound;
+mod link;
+pub mod triggers;
+
+pub use inbound::inbound_message;
+use inbound::Router;
+pub use link::{current, Link, PublishError};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS, Transport};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use super::{Channel, DeliveryError, Report};
+use crate::bus::{InboundMessage, Target};
+use crate::config::MqttConfig;
+use crate::provider::BoxFuture;
+use crate::scheduler::{JobStore, SchedulerHandle};
+
+/// Largest packet sent (rumqttc's default is 10 KiB; an LLM answer is bigger).
+pub const MAX_PACKET: usize = 1024 * 1024;
+/// Largest packet accepted. MQTT 3.1.1 cannot tell the broker our limit, and a
+/// bigger message drops the connection — and comes again after the reconnect
+/// if it is retained or queued — so this is generous (a camera snapshot fits).
+const MAX_INCOMING: usize = 8 * 1024 * 1024;
+/// Requests rumqttc may hold before `try_publish` says "full".
+const REQUEST_QUEUE: usize = 64;
+/// How long a delivery waits for the broker's PubAck.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
+/// Keep-alive (PINGREQ) interval: one wake-up a minute when idle; the broker
+/// declares us dead (last will) after 1.5 × this without a packet.
+const KEEP_ALIVE: Duration = Duration::from_secs(60);
+/// Reconnect backoff: first and longest wait after an error.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Why MQTT cannot be set up from the config.
+#[derive(Debug, thiserror::Error)]
+pub enum MqttError {
+    #[error("[mqtt] topic_prefix `{0}` must not be empty or contain `+` or `#`")]
+    Prefix(String),
+    #[error("[mqtt] password_env names {0} but it is not set")]
+    PasswordEnv(String),
+    #[error("MQTT over TLS: cannot use the system's certificates: {0}")]
+    Tls(String),
+}
+
+/// `[mqtt]`, resolved: who we are on the broker and where our topics are.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The device name (client id, discovery node).
+    pub device: String,
+    /// Topic prefix, `bramble/<device>` by default, without a trailing `/`.
+    pub prefix: String,
+    pub client_id: String,
+    pub host: String,
+    pub port: u16,
+    pub tls: bool,
+    pub username: Option<String>,
+    password: Option<crate::config::Secret>,
+    pub discovery: bool,
+}
+
+impl Settings {
+    /// `Ok(None)` when no broker is configured.
+    pub fn from_config(c: &MqttConfig) -> Result<Option<Settings>, MqttError> {
+        let Some(url) = &c.url else { return Ok(None) };
+        let device = c
+            .device
+            .clone()
+            .filter(|d| !d.trim().is_empty())
+            .unwrap_or_else(crate::agent::context::hostname)
+            .trim()
+            .to_string();
+        let device = if device.is_empty() { "bramble".to_string() } else { device };
+        let prefix = c
+            .topic_prefix
+            .clone()
+            .unwrap_or_else(|| format!("bramble/{device}"))
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        if prefix.is_empty() || prefix.contains(['+', '#']) {
+            return Err(MqttError::Prefix(prefix));
+        }
+        let password = match (&c.password, &c.password_env) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(env)) => {
+                Some(crate::config::secret_from_env(env).ok_or_else(|| MqttError::PasswordEnv(env.clone()))?)
+            }
+            (None, None) => None,
+        };
+        Ok(Some(Settings {
+            client_id: device.clone(),
+            device,
+            prefix,
+            host: url.host.clone(),
+            port: url.port,
+            tls: url.tls,
+            username: c.username.clone(),
+            password,
+            discovery: c.discovery,
+        }))
+    }
+
+    /// `<prefix>/<rest>`.
+    pub fn topic(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    /// `host:port` and whether TLS is used, for status lines.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}://{}:{} as `{}`, topics {}/…",
+            if self.tls { "mqtts" } else { "mqtt" },
+            self.host,
+            self.port,
+            self.client_id,
+            self.prefix
+        )
+    }
+
+    /// The rumqttc options: persistent session, last will, raised packet limit.
+    fn options(&self) -> Result<MqttOptions, MqttError> {
+        let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
+        o.set_keep_alive(KEEP_ALIVE)
+            .set_clean_session(false)
+            .set_max_packet_size(MAX_INCOMING, MAX_PACKET)
+            .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true));
+        if let Some(user) = &self.username {
+            o.set_credentials(user.clone(), self.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default());
+        }
+        if self.tls {
+            use rustls_platform_verifier::ConfigVerifierExt as _;
+            // Roots and checks from the system, like reqwest; crypto from the
+            // process-wide ring provider (`crate::install_crypto`).
+            let tls = rustls::ClientConfig::with_platform_verifier().map_err(|e| MqttError::Tls(e.to_string()))?;
+            o.set_transport(Transport::tls_with_config(tls.into()));
+        }
+        Ok(o)
+    }
+}
+
+/// `bramble status`: where the broker is, what is on, and whether it answers
+/// on its port right now (a TCP connect, at most two seconds).
+pub fn status_line(c: &MqttConfig) -> String {
+    let s = match Settings::from_config(c) {
+        Ok(None) => return "not configured".into(),
+        Err(e) => return format!("OFF: {e}"),
+        Ok(Some(s)) => s,
+    };
+    let reach = {
+        use std::net::ToSocketAddrs as _;
+        let addr = (s.host.as_str(), s.port).to_socket_addrs().ok().and_then(|mut a| a.next());
+        match addr.map(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(2))) {
+            Some(Ok(_)) => "broker reachable".to_string(),
+            Some(Err(e)) => format!("broker NOT reachable: {e}"),
+            None => format!("cannot resolve {}", s.host),
+        }
+    };
+    format!(
+        "{} ({reach}); discovery {}, {} trigger(s), mqtt_publish to {}",
+        s.describe(),
+        if s.discovery { "on" } else { "off" },
+        c.trigger.len(),
+        if c.publish_allow.is_empty() { "nothing".to_string() } else { c.publish_allow.join(", ") }
+    )
+}
+
+/// `bramble check`: what would keep MQTT from working as configured.
+pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
+    let c = &config.mqtt;
+    let mut out = Vec::new();
+    match Settings::from_config(c) {
+        Err(e) => out.push(format!("{e}: MQTT stays off")),
+        Ok(None) if !c.trigger.is_empty() || !c.publish_allow.is_empty() => {
+            out.push("[mqtt] has triggers or publish_allow but no `url`: MQTT stays off".into())
+        }
+        _ => {}
+    }
+    for t in &c.trigger {
+        for target in &t.deliver {
+            if let Target::Telegram(_) = target {
+                if config.telegram.token().is_none() {
+                    out.push(format!("trigger `{}` delivers to {target} but Telegram is not configured", t.topic));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `topic` matches the MQTT filter `filter` (`+` one level, `#` the rest).
+pub fn topic_matches(filter: &str, topic: &str) -> bool {
+    let mut f = filter.split('/');
+    let mut t = topic.split('/');
+    loop {
+        match (f.next(), t.next()) {
+            (Some("#"), _) => return true,
+            (Some("+"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The `mqtt` delivery channel: `mqtt` (the device's report topic; heartbeat
+/// reports on `<prefix>/heartbeat`) and `mqtt:<topic>`.
+pub struct MqttChannel {
+    link: Arc<Link>,
+}
+
+impl MqttChannel {
+    pub fn new(link: Arc<Link>) -> MqttChannel {
+        MqttChannel { link }
+    }
+
+    /// The topic a report goes to.
+    pub fn topic_for(settings: &Settings, target: &Target, source: &str) -> Option<String> {
+        match target {
+            Target::Mqtt(Some(topic)) => Some(topic.clone()),
+            Target::Mqtt(None) if source == "heartbeat" => Some(settings.topic("heartbeat")),
+            Target::Mqtt(None) => Some(settings.topic("out")),
+            _ => None,
+        }
+    }
+}
+
+impl Channel for MqttChannel {
+    fn name(&self) -> &'static str {
+        "mqtt"
+    }
+
+    fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
+        Box::pin(async move {
+            let Some(topic) = MqttChannel::topic_for(&self.link.settings, report.target, report.source) else {
+                return Err(DeliveryError::permanent(format!("`{}` is not an MQTT target", report.target)));
+            };
+            match self.link.publish_acked(&topic, report.text.as_bytes().to_vec(), false, ACK_TIMEOUT).await {
+                Ok(()) => Ok(()),
+                Err(e @ PublishError::TooLarge(_)) => Err(DeliveryError::permanent(format!("{topic}: {e}"))),
+                Err(e) => Err(DeliveryError::retryable(format!("{topic}: {e}"))),
+            }
+        })
+    }
+}
+
+/// What the MQTT task needs from the rest of the daemon.
+pub struct Wiring {
+    pub inbound: mpsc::Sender<InboundMessage>,
+    pub scheduler: SchedulerHandle,
+    pub jobs: JobStore,
+    pub state_dir: PathBuf,
+    /// Notified when `jobs.json` changes (discovery, removed job records).
+    pub jobs_changed: Arc<Notify>,
+    /// Notified when `heartbeat.json` changes (the last-heartbeat sensor).
+    pub heartbeat_changed: Arc<Notify>,
+    pub triggers: Option<triggers::TriggerDeps>,
+    /// The outbox and its wake-up: reports waiting out a backoff are retried
+    /// at once when the broker is back.
+    pub outbox: crate::daemon::outbox::Outbox,
+    pub wake: Arc<Notify>,
+}
+
+/// Start the connection task and its helpers on `tasks`. `stop` ends them
+/// (publishing `offline` first); trigger runs in flight stop on `abort`.
+pub fn spawn(
+    link: Arc<Link>,
+    config: &MqttConfig,
+    w: Wiring,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: CancellationToken,
+    abort: CancellationToken,
+) -> Result<(), MqttError> {
+    let options = link.settings.options()?;
+    let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger);
+    let trigger_set = Arc::new(trigger_set);
+    if let (Some(rx), Some(deps)) = (trigger_rx, w.triggers) {
+        tasks.spawn(triggers::run(trigger_set.clone(), rx, deps, stop.clone(), abort));
+    }
+    let mut subscriptions = vec![link.settings.topic("in"), link.settings.topic("run/+")];
+    subscriptions.extend(trigger_set.filters());
+    if link.settings.discovery {
+        subscriptions.push(discovery::cleanup_filter(&link.settings));
+    }
+    let router = Router {
+        link: link.clone(),
+        inbound: w.inbound,
+        scheduler: w.scheduler,
+        jobs: w.jobs.clone(),
+        triggers: trigger_set,
+    };
+    let outbox = (w.outbox, w.wake);
+    tasks.spawn(connection(link.clone(), options, subscriptions, router, outbox, stop.clone()));
+    tasks.spawn(state_watch(link, w.jobs, w.state_dir, w.jobs_changed, w.heartbeat_changed, stop));
+    Ok(())
+}
+
+/// Poll the event loop until `stop`, reconnecting with backoff.
+async fn connection(
+    link: Arc<Link>,
+    options: MqttOptions,
+    subscriptions: Vec<String>,
+    router: Router,
+    (outbox, wake): (crate::daemon::outbox::Outbox, Arc<Notify>),
+    stop: CancellationToken,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let mut was_connected = false;
+    loop {
+        // A fresh client and event loop per connection: see the module docs.
+        let (client, mut events) = AsyncClient::new(options.clone(), REQUEST_QUEUE);
+        events.set_network_options(network_options());
+        let mut client = Some(client);
+        let error = loop {
+            let event = tokio::select! {
+                e = events.poll() => e,
+                _ = stop.cancelled() => {
+                    goodbye(&link, &mut events).await;
+                    return;
+                }
+            };
+            match event {
+                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                    tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
+                    backoff = BACKOFF_MIN;
+                    was_connected = true;
+                    if let Some(c) = client.take() {
+                        link.on_connack(c, &subscriptions);
+                    }
+                    match outbox.retry_now("mqtt") {
+                        Ok(0) => {}
+                        Ok(n) => {
+                            tracing::info!(reports = n, "MQTT is back: sending the reports that waited");
+                            wake.notify_one();
+                        }
+                        Err(e) => tracing::warn!("MQTT: {e}"),
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => router.dispatch(&p.topic, &p.payload, p.retain),
+                Ok(Event::Incoming(Packet::PubAck(a))) => link.on_puback(a.pkid),
+                Ok(Event::Outgoing(Outgoing::Publish(pkid))) => link.on_outgoing_publish(pkid),
+                Ok(_) => {}
+                Err(e) => break e,
+            }
+        };
+        link.on_disconnect();
+        if was_connected {
+            tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {backoff:?}");
+        } else {
+            tracing::warn!(broker = %link.settings.describe(), error = %error, "cannot connect to the MQTT broker; retrying in {backoff:?}");
+        }
+        was_connected = false;
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.cancelled() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// TCP options: no Nagle delay (a small PUBLISH or PUBACK would otherwise wait
+/// for the peer's delayed ACK, about 40 ms per exchange), and a connect timeout.
+fn network_options() -> rumqttc::NetworkOptions {
+    let mut n = rumqttc::NetworkOptions::new();
+    n.set_tcp_nodelay(true);
+    n.set_connection_timeout(10);
+    n
+}
+
+/// A clean goodbye: `offline` (a graceful disconnect does not fire the last
+/// will), then DISCONNECT, flushed within two seconds.
+async fn goodbye(link: &Link, events: &mut rumqttc::EventLoop) {
+    let client = link.client();
+    let Some(client) = client else { return };
+    let _ = link.publish(&link.settings.topic("status"), b"offline".to_vec(), true);
+    let _ = client.try_disconnect();
+    link.on_disconnect();
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(ev) = events.poll().await {
+            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Keep the retained state that follows files in the state directory
+/// current: discovery and job records (jobs.json), the last heartbeat.
+async fn state_watch(
+    link: Arc<Link>,
+    jobs: JobStore,
+    state_dir: PathBuf,
+    jobs_changed: Arc<Notify>,
+    heartbeat_changed: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let heartbeat = crate::scheduler::heartbeat::StateFile::new(&state_dir);
+    let mut known: Vec<String> = Vec::new();
+    let mut refresh_jobs = true;
+    let mut refresh_heartbeat = true;
+    loop {
+        if refresh_heartbeat {
+            if let Some(t) = heartbeat.load().last_run {
+                link.set_retained(&link.settings.topic("heartbeat/last"), t.to_string().into_bytes());
+            }
+        }
+        if refresh_jobs {
+            match jobs.list() {
+                Ok(list) => {
+                    let names: Vec<String> = list.iter().map(|j| j.name.clone()).collect();
+                    for gone in known.iter().filter(|n| !names.contains(n)) {
+                        // A removed job: its retained record goes too.
+                        link.set_retained(&link.settings.topic(&format!("jobs/{gone}")), Vec::new());
+                    }
+                    if link.settings.discovery {
+                        discovery::publish(&link, &list, &known);
+                    }
+                    known = names;
+                }
+                Err(e) => tracing::warn!("MQTT: cannot read the jobs for discovery: {e}"),
+            }
+        }
+        tokio::select! {
+            _ = jobs_changed.notified() => { refresh_jobs = true; refresh_heartbeat = false; }
+            _ = heartbeat_changed.notified() => { refresh_jobs = false; refresh_heartbeat = true; }
+            _ = stop.cancelled() => return,
+        }
+    }
+}
+
+/// A job run's record on `<prefix>/jobs/<name>` (retained) and `<prefix>/last_job`.
+pub fn publish_run_record(link: &Link, record: &serde_json::Value, job: &str) {
+    let payload = record.to_string().into_bytes();
+    link.set_retained(&link.settings.topic(&format!("jobs/{job}")), payload.clone());
+    link.set_retained(&link.settings.topic("last_job"), payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        let cfg: crate::config::Config = crate::config::Config::parse(
+            "[mqtt]\nurl = \"mqtt://127.0.0.1:1883\"\ndevice = \"pi\"\n",
+            "c.toml".as_ref(),
+        )
+        .unwrap();
+        Settings::from_config(&cfg.mqtt).unwrap().unwrap()
+    }
+
+    #[test]
+    fn check_says_what_keeps_mqtt_off() {
+        let parse = |t: &str| crate::config::Config::parse(t, "c.toml".as_ref()).unwrap();
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\npassword_env = \"BRAMBLE_TEST_UNSET_PW\"\n");
+        assert_eq!(
+            check_warnings(&c),
+            ["[mqtt] password_env names BRAMBLE_TEST_UNSET_PW but it is not set: MQTT stays off"]
+        );
+        let c = parse("[mqtt]\npublish_allow = [\"a/#\"]\n");
+        assert!(check_warnings(&c)[0].contains("no `url`"));
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\ntopic_prefix = \"a/+\"\n");
+        assert!(check_warnings(&c)[0].contains("topic_prefix `a/+`"));
+        assert!(check_warnings(&parse("")).is_empty());
+    }
+
+    #[test]
+    fn filters_match_like_a_broker() {
+        assert!(topic_matches("a/b", "a/b"));
+        assert!(!topic_matches("a/b", "a/b/c"));
+        assert!(topic_matches("a/+/c", "a/x/c"));
+        assert!(!topic_matches("a/+/c", "a/x/y"));
+        assert!(topic_matches("a/#", "a/x/y"));
+        assert!(topic_matches("a/#", "a"));
+        assert!(topic_matches("#", "anything/at/all"));
+        assert!(!topic_matches("a/+", "b/x"));
+    }
+
+    #[test]
+    fn defaults_from_the_device_name() {
+        let s = settings();
+        assert_eq!(s.prefix, "bramble/pi");
+        assert_eq!(s.client_id, "pi");
+        assert_eq!(s.topic("status"), "bramble/pi/status");
+    }
+
+    #[test]
+    fn inbound_text_and_json() {
+        let s = settings();
+        let m = inbound_message(&s, b"  hello  ").unwrap();
+        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hello", "mqtt:bramble/pi"));
+        assert_eq!(m.reply_to, Target::Mqtt(Some("bramble/pi/out".into())));
+        let m = inbound_message(&s, br#"{"text":"hi","session":"kitchen","reply_to":"home/kitchen/say"}"#).unwrap();
+        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hi", "kitchen"));
+        assert_eq!(m.reply_to, Target::Mqtt(Some("home/kitchen/say".into())));
+        assert!(inbound_message(&s, br#"{"text":"#).unwrap_err().contains("not a valid JSON"));
+        assert!(inbound_message(&s, br#"{"text":"x","reply_to":"a/#"}"#).unwrap_err().contains("wildcard"));
+        assert!(inbound_message(&s, b"   ").is_err());
+    }
+
+    #[test]
+    fn heartbeat_reports_have_their_own_topic() {
+        let s = settings();
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "heartbeat").unwrap(), "bramble/pi/heartbeat");
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "job:x").unwrap(), "bramble/pi/out");
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(Some("a/b".into())), "heartbeat").unwrap(), "a/b");
+    }
+
+    #[test]
+    fn tls_uses_the_ring_provider_and_system_roots() {
+        crate::install_crypto();
+        let cfg = crate::config::Config::parse("[mqtt]\nurl = \"mqtts://broker.lan\"\n", "c.toml".as_ref()).unwrap();
+        let s = Settings::from_config(&cfg.mqtt).unwrap().unwrap();
+        assert!(s.tls && s.port == 8883);
+        let o = s.options().unwrap();
+        assert!(matches!(o.transport(), Transport::Tls(_)));
+        assert!(!o.clean_session());
+        assert_eq!(o.max_packet_size(), MAX_INCOMING);
+    }
+
+    #[test]
+    fn publishing_while_disconnected_is_refused() {
+        let link = Link::new(settings());
+        assert_eq!(link.publish("a", b"x".to_vec(), false).unwrap_err(), PublishError::NotConnected);
+        assert!(matches!(link.publish("a", vec![0; MAX_PACKET], false).unwrap_err(), PublishError::TooLarge(_)));
+        // Retained state is kept for the next connection.
+        link.set_retained("bramble/pi/jobs/x", b"{}".to_vec());
+        assert_eq!(link.retained_value("bramble/pi/jobs/x"), Some(b"{}".to_vec()));
+    }
+
+    #[test]
+    fn retained_state_waits_for_room_in_the_request_queue() {
+        let link = Link::new(settings());
+        for i in 0..10 {
+            link.set_retained(&format!("t/{i}"), b"x".to_vec());
+        }
+        // A connection whose request queue holds 4: `online` and three more go now.
+        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 4);
+        link.on_connack(client, &[]);
+        assert_eq!(link.unsent_count(), 7);
+        // Disconnected, a change waits too; the next ConnAck sends everything again.
+        link.on_disconnect();
+        link.set_retained("t/new", b"y".to_vec());
+        assert_eq!(link.unsent_count(), 8);
+        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 100);
+        link.on_connack(client, &[]);
+        assert_eq!(link.unsent_count(), 0);
+    }
+}

@@ -1,0 +1,314 @@
+//! MQTT against a real broker (Debian's mosquitto) and a real `bramble run`:
+//! status and last will, `<prefix>/in`, `<prefix>/run/<job>` and job records,
+//! triggers, `mqtt_publish`, Home Assistant discovery, and a broker outage.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::daemon::{wait_until, Daemon};
+use support::fake_llm::{Dialect, FakeLlm, Reply};
+use support::mosquitto::{Mosquitto, Watcher};
+use support::setup::TestHome;
+
+const STATUS: &str = "bramble/testpi/status";
+const OUT: &str = "bramble/testpi/out";
+
+struct Setup {
+    broker: Mosquitto,
+    fake: FakeLlm,
+    home: TestHome,
+    log: PathBuf,
+}
+
+impl Setup {
+    /// A broker, a fake LLM and a config with `[mqtt]` (plus `mqtt_extra` keys and sections).
+    async fn new(mqtt_extra: &str) -> Setup {
+        let broker = Mosquitto::start().await;
+        let fake = FakeLlm::start(Dialect::OpenAi).await;
+        let extra = format!(
+            "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
+             [mqtt]\nurl = \"{}\"\ndevice = \"testpi\"\n{mqtt_extra}\n",
+            broker.url()
+        );
+        let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
+        let log = home.path().join("daemon.log");
+        Setup { broker, fake, home, log }
+    }
+
+    fn start(&self) -> Daemon {
+        Daemon::start_logging_to(self.home.path(), Some(&self.home.config), &self.log)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn cli(&self, args: &[&str]) -> String {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&self.home.config)
+            .args(args)
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .await
+            .expect("bramble");
+        assert!(out.status.success(), "bramble {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The text of every LLM request, as JSON text (to search in).
+    fn llm_requests(&self) -> Vec<String> {
+        self.fake.requests().iter().map(Value::to_string).collect()
+    }
+}
+
+#[tokio::test]
+async fn status_is_retained_online_and_offline_is_the_last_will() {
+    let s = Setup::new("discovery = false").await;
+    let status = s.cli(&["status"]).await;
+    let expected =
+        format!("mqtt://127.0.0.1:{} as `testpi`, topics bramble/testpi/… (broker reachable)", s.broker.port);
+    assert!(status.contains(&expected), "{status}");
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "online: {}", s.log());
+    // A late subscriber gets the retained status.
+    let late = Watcher::start(s.broker.port, &[STATUS]).await;
+    assert!(late.wait_last(5, STATUS, "online").await);
+    assert!(late.on(STATUS).iter().all(|m| m.retain));
+
+    // Killed without a goodbye: the broker publishes the last will.
+    let log = daemon.kill9().await;
+    assert!(w.wait_last(10, STATUS, "offline").await, "last will: {log}");
+    let late = Watcher::start(s.broker.port, &[STATUS]).await;
+    assert!(late.wait_last(5, STATUS, "offline").await, "the will is retained");
+
+    // A clean stop says `offline` itself (a clean DISCONNECT fires no will).
+    let daemon = s.start();
+    assert!(w.wait_last(15, STATUS, "online").await);
+    let (code, _) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert!(w.wait_last(5, STATUS, "offline").await, "{}", s.log());
+}
+
+#[tokio::test]
+async fn messages_on_in_get_replies_on_out_or_reply_to() {
+    let s = Setup::new("discovery = false").await;
+    s.fake.push(Reply::text("pong one"));
+    s.fake.push(Reply::text("pong two"));
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT, "test/reply"]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+
+    w.publish("bramble/testpi/in", "ping as text").await;
+    assert!(w.wait_for(15, OUT, |p| p == "pong one").await, "{}", s.log());
+    w.publish("bramble/testpi/in", r#"{"text":"ping as json","session":"kitchen","reply_to":"test/reply"}"#).await;
+    assert!(w.wait_for(15, "test/reply", |p| p == "pong two").await, "{}", s.log());
+
+    let reqs = s.llm_requests();
+    assert!(reqs[0].contains("ping as text"), "{}", reqs[0]);
+    assert!(reqs[1].contains("ping as json") && !reqs[1].contains("ping as text"), "own session: {}", reqs[1]);
+    // Bad input is logged and loses nothing else.
+    w.publish("bramble/testpi/in", r#"{"text": broken"#).await;
+    assert!(wait_until(5, || s.log().contains("MQTT message ignored")).await);
+    daemon.stop().await;
+    let sessions = s.home.state.join("sessions");
+    assert!(std::fs::read_dir(&sessions).unwrap().count() >= 2, "two sessions were written");
+}
+
+#[tokio::test]
+async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
+    let s = Setup::new("discovery = true").await;
+    let button = "homeassistant/button/bramble_testpi/run_ping/config";
+    let w =
+        Watcher::start(s.broker.port, &[STATUS, "bramble/testpi/jobs/+", "bramble/testpi/last_job", "homeassistant/#"])
+            .await;
+    s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran-by-mqtt"]).await;
+    // More retained documents than rumqttc's request queue holds at once.
+    let store = bramble::scheduler::JobStore::open(&s.home.state);
+    for i in 0..100 {
+        let schedule = bramble::scheduler::Schedule::Every {
+            every: bramble::scheduler::parse_every("1d").unwrap(),
+            anchor: jiff::Timestamp::now(),
+        };
+        let kind = bramble::scheduler::JobKind::Remind { text: "x".into() };
+        let now = jiff::Timestamp::now();
+        let job =
+            bramble::scheduler::Job::new(&format!("bulk-{i}"), schedule, kind, vec![], now, &jiff::tz::TimeZone::UTC);
+        store.add(job.unwrap()).unwrap();
+    }
+    let daemon = s.start();
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    let all_buttons =
+        || (0..100).all(|i| !w.on(&format!("homeassistant/button/bramble_testpi/run_bulk-{i}/config")).is_empty());
+    assert!(wait_until(15, all_buttons).await, "a button for each of 100 jobs: {}", s.log());
+
+    // Device, sensors and the job's button.
+    assert!(w.wait_for(10, button, |p| p.contains("bramble/testpi/run/ping")).await, "{}", s.log());
+    let status_doc = w.last("homeassistant/binary_sensor/bramble_testpi/status/config").expect("status sensor");
+    let doc: Value = serde_json::from_str(&status_doc).unwrap();
+    assert_eq!(doc["device_class"], "connectivity");
+    assert_eq!(doc["state_topic"], STATUS);
+    assert_eq!(doc["device"]["identifiers"][0], "bramble_testpi");
+    assert!(w.last("homeassistant/sensor/bramble_testpi/last_heartbeat/config").is_some());
+    assert!(w.last("homeassistant/sensor/bramble_testpi/last_job/config").is_some());
+
+    // Pressing the button runs the job; the record is retained JSON.
+    w.publish("bramble/testpi/run/ping", "PRESS").await;
+    assert!(w.wait_for(20, "bramble/testpi/jobs/ping", |p| p.contains("ran-by-mqtt")).await, "{}", s.log());
+    let record: Value = serde_json::from_str(&w.last("bramble/testpi/jobs/ping").unwrap()).unwrap();
+    assert_eq!(record["job"], "ping");
+    assert_eq!(record["status"], "ok");
+    assert!(record["started"].as_str().is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok()), "{record}");
+    assert!(record["finished"].as_str().is_some_and(|t| t.parse::<jiff::Timestamp>().is_ok()), "{record}");
+    assert!(w.wait_for(5, "bramble/testpi/last_job", |p| p.contains("\"ping\"")).await);
+    // A run request for an unknown job is refused in the log.
+    w.publish("bramble/testpi/run/nope", "PRESS").await;
+    assert!(wait_until(5, || s.log().contains("cannot run the job")).await);
+
+    // Removed while running: the button and the record are deleted (empty retained).
+    s.cli(&["cron", "remove", "ping"]).await;
+    assert!(w.wait_last(10, button, "").await, "button cleared: {}", s.log());
+    assert!(w.wait_last(10, "bramble/testpi/jobs/ping", "").await, "record cleared");
+
+    // Removed while the daemon was down: cleared at the next start.
+    s.cli(&["cron", "add", "gone", "--every", "1h", "--remind", "x"]).await;
+    let gone = "homeassistant/button/bramble_testpi/run_gone/config";
+    assert!(w.wait_for(10, gone, |p| !p.is_empty()).await);
+    daemon.stop().await;
+    s.cli(&["cron", "remove", "gone"]).await;
+    let daemon = s.start();
+    assert!(w.wait_last(15, gone, "").await, "leftover cleared: {}", s.log());
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn triggers_render_json_fields_run_commands_and_drop_bursts() {
+    let s = Setup::new(
+        r#"discovery = false
+[[mqtt.trigger]]
+topic = "zigbee/+/door"
+message = "Door contact={payload.contact} on {topic}, battery {payload.battery}%, {payload.missing}"
+deliver = ["mqtt:test/door"]
+min_interval = "1h"
+
+[[mqtt.trigger]]
+topic = "sensors/raw"
+exec = "cat > trigger-stdin.txt; echo exec saw $(wc -c < trigger-stdin.txt) bytes"
+deliver = ["mqtt:test/exec"]
+min_interval = "0s"
+"#,
+    )
+    .await;
+    s.fake.push(Reply::text("The door is open."));
+    let w = Watcher::start(s.broker.port, &[STATUS, "test/door", "test/exec"]).await;
+    // Old state, retained on the broker: replayed on subscribe, but not an event.
+    w.publish_retained("sensors/raw", "stale retained state").await;
+    let daemon = s.start();
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+
+    for _ in 0..5 {
+        w.publish("zigbee/front/door", r#"{"contact":false,"battery":97}"#).await;
+    }
+    assert!(w.wait_for(15, "test/door", |p| p == "The door is open.").await, "{}", s.log());
+    let reqs = s.llm_requests();
+    assert!(
+        reqs[0].contains("Door contact=false on zigbee/front/door, battery 97%, (no field `missing` in the payload)"),
+        "{}",
+        reqs[0]
+    );
+    // The burst: one run, four dropped and logged.
+    assert!(wait_until(5, || s.log().matches("trigger rate-limited").count() == 4).await, "{}", s.log());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(s.fake.request_count(), 1, "one LLM call for the burst");
+
+    w.publish("sensors/raw", "hello from a sensor").await;
+    assert!(w.wait_for(15, "test/exec", |p| p.contains("exec saw 19 bytes")).await, "{}", s.log());
+    let stdin = std::fs::read_to_string(s.home.workspace.join("trigger-stdin.txt")).unwrap();
+    assert_eq!(stdin, "hello from a sensor");
+    assert_eq!(w.on("test/exec").len(), 1, "the retained message did not run the trigger");
+    assert_eq!(s.fake.request_count(), 1, "exec triggers call no LLM");
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn mqtt_publish_is_limited_to_allowed_topics() {
+    let s = Setup::new("discovery = false\npublish_allow = [\"lights/+/set\"]").await;
+    s.fake.push(Reply::tool_call("mqtt_publish", r#"{"topic":"lights/kitchen/set","payload":"ON"}"#));
+    s.fake.push(Reply::tool_call("mqtt_publish", r#"{"topic":"locks/front/set","payload":"OPEN"}"#));
+    s.fake.push(Reply::text("Light on; the lock is not mine to open."));
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT, "lights/#", "locks/#"]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+
+    w.publish("bramble/testpi/in", "light on, unlock the door").await;
+    assert!(w.wait_for(15, OUT, |p| p.starts_with("Light on")).await, "{}", s.log());
+    assert_eq!(w.last("lights/kitchen/set").as_deref(), Some("ON"));
+    assert!(w.on("locks/front/set").is_empty());
+    let reqs = s.llm_requests();
+    assert!(reqs[1].contains("Published 2 bytes to `lights/kitchen/set`"), "{}", reqs[1]);
+    assert!(reqs[2].contains("publishing to `locks/front/set` is not allowed"), "{}", reqs[2]);
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn a_broker_outage_loses_nothing() {
+    let mut s = Setup::new("discovery = false").await;
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT, "bramble/testpi/heartbeat"]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+
+    s.broker.kill();
+    w.clear();
+    assert!(wait_until(10, || s.log().contains("MQTT connection lost")).await, "{}", s.log());
+    let at = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(1)).unwrap().to_string();
+    s.cli(&["cron", "add", "outage", "--at", &at, "--remind", "queued while the broker was down", "--deliver", "mqtt"])
+        .await;
+    s.cli(&["cron", "add", "outage2", "--at", &at, "--remind", "and this one too", "--deliver", "mqtt"]).await;
+    // The reports fail as retryable and stay in the outbox.
+    assert!(wait_until(20, || s.log().matches("delivery failed; will retry").count() >= 2).await, "{}", s.log());
+    let outbox = bramble::daemon::outbox::Outbox::new(&s.home.state);
+    assert_eq!(outbox.pending().unwrap().len(), 2);
+
+    s.broker.restart().await;
+    // Retained state was lost with the broker: the daemon publishes it again.
+    assert!(w.wait_last(30, STATUS, "online").await, "{}", s.log());
+    assert!(w.wait_for(60, OUT, |p| p == "queued while the broker was down").await, "{}", s.log());
+    assert!(w.wait_for(30, OUT, |p| p == "and this one too").await, "{}", s.log());
+    assert!(wait_until(10, || outbox.pending().is_ok_and(|p| p.is_empty())).await);
+    // They did not wait out their backoff: the reconnect made them due.
+    assert!(s.log().contains("MQTT is back: sending the reports that waited"), "{}", s.log());
+    daemon.stop().await;
+}
+
+#[tokio::test]
+async fn mqtts_verifies_the_broker_certificate() {
+    let (broker, ca) = Mosquitto::start_tls().await;
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let tls_port = broker.tls_port.expect("tls");
+    let extra = format!(
+        "[heartbeat]\nenabled = false\n[mqtt]\nurl = \"mqtts://localhost:{tls_port}\"\ndevice = \"testpi\"\ndiscovery = false\n"
+    );
+    let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
+    let log = home.path().join("daemon.log");
+    let w = Watcher::start(broker.port, &[STATUS]).await;
+
+    // The test CA is not a system root: the connection is refused.
+    let daemon = Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(wait_until(15, || read().contains("cannot connect to the MQTT broker")).await, "{}", read());
+    assert!(read().to_lowercase().contains("certificate"), "says why: {}", read());
+    assert!(w.on(STATUS).is_empty());
+    daemon.stop().await;
+
+    // Trusted (rustls-native-certs reads SSL_CERT_FILE): connected over TLS.
+    let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &log, &[("SSL_CERT_FILE", &ca)]);
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", read());
+    daemon.stop().await;
+    assert!(w.wait_last(5, STATUS, "offline").await);
+}
