@@ -1188,7 +1188,10 @@ impl Agent {
                 Err(e) => tracing::warn!("web_fetch is unavailable: {e}"),
             }
         }
-        tools.register(Arc::new(crate::tools::message::MessageTool::new(outbound.clone())));
+        tools.register(Arc::new(crate::tools::message::MessageTool::new(
+            outbound.clone(),
+            c.mqtt.publish_allow.clone(),
+        )));
         if c.mqtt.url.is_some() {
             tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone())));
         }

@@ -20,11 +20,15 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct MessageTool {
     outbound: mpsc::Sender<OutboundMessage>,
+    /// `[mqtt] publish_allow`: `mqtt:<topic>` targets must match one, or this
+    /// tool would be a way around `mqtt_publish`'s limits. (`mqtt`, the
+    /// device's own report topic, is always fine.)
+    mqtt_allow: super::mqtt::MqttPublish,
 }
 
 impl MessageTool {
-    pub fn new(outbound: mpsc::Sender<OutboundMessage>) -> Self {
-        MessageTool { outbound }
+    pub fn new(outbound: mpsc::Sender<OutboundMessage>, mqtt_allow: Vec<String>) -> Self {
+        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow) }
     }
 }
 
@@ -66,6 +70,9 @@ impl Tool for MessageTool {
                 Some(t) => t.parse::<Target>().map_err(ToolError)?,
                 None => Target::origin(&ctx.channel, &ctx.chat_id),
             };
+            if let Target::Mqtt(Some(topic)) = &target {
+                self.mqtt_allow.check(topic)?;
+            }
             let msg = OutboundMessage { target: target.clone(), text: args.content };
             match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(msg)).await {
                 Ok(Ok(())) => Ok(format!("Message queued for {target}.")),
@@ -83,7 +90,7 @@ mod tests {
     #[tokio::test]
     async fn sends_to_the_current_chat_or_a_named_target() {
         let (tx, mut rx) = mpsc::channel(4);
-        let tool = MessageTool::new(tx);
+        let tool = MessageTool::new(tx, vec!["home/#".into()]);
         let mut ctx = ToolContext::detached("telegram:42");
         ctx.channel = "telegram".into();
         ctx.chat_id = "42".into();
@@ -95,12 +102,17 @@ mod tests {
         );
         tool.execute(json!({"content": "x", "target": "mqtt:home/note"}), &ctx).await.unwrap();
         assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(Some("home/note".into())));
+        // `mqtt:<topic>` obeys `[mqtt] publish_allow` like `mqtt_publish` does; `mqtt` is the device's own.
+        let err = tool.execute(json!({"content": "x", "target": "mqtt:garage/door/set"}), &ctx).await.unwrap_err();
+        assert!(err.0.contains("not allowed"), "{err}");
+        tool.execute(json!({"content": "x", "target": "mqtt"}), &ctx).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(None));
     }
 
     #[tokio::test]
     async fn bad_target_and_empty_content_are_errors() {
         let (tx, _rx) = mpsc::channel(4);
-        let tool = MessageTool::new(tx);
+        let tool = MessageTool::new(tx, Vec::new());
         let ctx = ToolContext::detached("k");
         let err = tool.execute(json!({"content": "x", "target": "email:me"}), &ctx).await.unwrap_err();
         assert!(err.0.contains("not a delivery target"), "{err}");
