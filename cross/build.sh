@@ -25,12 +25,36 @@ case "$arch" in
     *) echo "usage: $0 [--install] aarch64|armv7" >&2; exit 2 ;;
 esac
 
-if [ "$install" = 1 ]; then
+# Install what is missing. The standard library must be the very version of
+# Debian's rustc, so it is pinned; a mirror that is down or mid-sync (its index
+# for one architecture lagging the others) fails here, naming the package.
+install_toolchain() {
     dpkg --add-architecture "$deb"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        rustc-web cargo-web "libstd-rust-web-dev:$deb" "gcc-${gcc%-gcc}" "$libc" qemu-user-static file binutils
-fi
+    local pkgs=(rustc-web cargo-web "gcc-${gcc%-gcc}" "$libc" qemu-user-static file binutils) missing=() p v
+    for p in "${pkgs[@]}" "libstd-rust-web-dev:$deb"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ "${#missing[@]}" = 0 ] && { echo "toolchain for $arch: installed"; return 0; }
+    echo "installing: ${missing[*]}"
+    local apt=(apt-get -o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
+    for i in 1 2 3; do
+        "${apt[@]}" update -qq && break
+        echo "apt-get update failed (try $i of 3)" >&2; sleep $((20 * i))
+    done
+    export DEBIAN_FRONTEND=noninteractive
+    "${apt[@]}" install -y -qq --no-install-recommends --no-remove "${pkgs[@]}" ||
+        { echo "error: cannot install the cross toolchain (${pkgs[*]}) from the Debian mirror" >&2; return 1; }
+    v=$(dpkg-query -W -f='${Version}' rustc-web)
+    for i in 1 2 3; do
+        "${apt[@]}" install -y -qq --no-install-recommends --no-remove "libstd-rust-web-dev:$deb=$v" && return 0
+        echo "libstd-rust-web-dev:$deb=$v not installable (try $i of 3)" >&2; sleep $((30 * i))
+        "${apt[@]}" update -qq || true
+    done
+    echo "error: cannot install libstd-rust-web-dev:$deb=$v (the $deb standard library for Debian's rustc $v)." >&2
+    echo "       Is the Debian mirror down, or its $deb index mid-sync? See: apt-cache policy libstd-rust-web-dev:$deb" >&2
+    return 1
+}
+if [ "$install" = 1 ]; then install_toolchain; fi
 
 command -v "$gcc" >/dev/null || { echo "$gcc not found: run $0 --install $arch" >&2; exit 1; }
 [ -x /usr/bin/rustc ] || { echo "/usr/bin/rustc (Debian's rustc-web) not found: run $0 --install $arch" >&2; exit 1; }
