@@ -5,9 +5,12 @@
 #   cross/build.sh aarch64     # Pi 3/4/5, Zero 2 W on 64-bit Raspberry Pi OS
 #   cross/build.sh armv7       # 32-bit Raspberry Pi OS on ARMv7 boards (Pi 2/3/4)
 #   cross/build.sh --install aarch64   # first install the toolchain (root, apt-get)
+#   cross/build.sh --rustup armv7      # rustup's compiler and std instead of Debian's
+#                                      # (rustup target add; only the cross gcc from apt)
 #
-# Output: target-cross/<triple>/release/bramble, checked with `file` and
-# `readelf -A` (the field has shipped "armv6" binaries that were really ARMv7).
+# Output: target-cross/<triple>/release/bramble (target-cross-rustup/… with
+# --rustup; CARGO_TARGET_DIR overrides), checked with `file` and `readelf -A`
+# (the field has shipped "armv6" binaries that were really ARMv7).
 # ARMv6 boards (Pi Zero W, Pi 1) are not served by the armv7 binary.
 # Needs glibc >= 2.34 on the board: Raspberry Pi OS bookworm (2.36) works,
 # bullseye (2.31) does not.
@@ -15,36 +18,83 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 install=0
-if [ "${1:-}" = "--install" ]; then install=1; shift; fi
+rustup=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --install) install=1 ;;
+        --rustup) rustup=1 ;;
+        -*) echo "usage: $0 [--install] [--rustup] aarch64|armv7" >&2; exit 2 ;;
+        *) break ;;
+    esac
+    shift
+done
 arch="${1:-aarch64}"
 case "$arch" in
     aarch64|arm64) triple=aarch64-unknown-linux-gnu; deb=arm64; gcc=aarch64-linux-gnu-gcc; libc=libc6-dev-arm64-cross
-                   env_triple=AARCH64_UNKNOWN_LINUX_GNU; cc_var=CC_aarch64_unknown_linux_gnu; want="AArch64" ;;
+                   env_triple=AARCH64_UNKNOWN_LINUX_GNU; cc_var=CC_aarch64_unknown_linux_gnu ;;
     armv7|armhf)   triple=armv7-unknown-linux-gnueabihf; deb=armhf; gcc=arm-linux-gnueabihf-gcc; libc=libc6-dev-armhf-cross
-                   env_triple=ARMV7_UNKNOWN_LINUX_GNUEABIHF; cc_var=CC_armv7_unknown_linux_gnueabihf; want="v7" ;;
-    *) echo "usage: $0 [--install] aarch64|armv7" >&2; exit 2 ;;
+                   env_triple=ARMV7_UNKNOWN_LINUX_GNUEABIHF; cc_var=CC_armv7_unknown_linux_gnueabihf ;;
+    *) echo "usage: $0 [--install] [--rustup] aarch64|armv7" >&2; exit 2 ;;
 esac
 
-if [ "$install" = 1 ]; then
-    dpkg --add-architecture "$deb"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        rustc-web cargo-web "libstd-rust-web-dev:$deb" "gcc-${gcc%-gcc}" "$libc" qemu-user-static file binutils
-fi
+# Install what is missing. The standard library must be the very version of
+# Debian's rustc, so it is pinned; a mirror that is down or mid-sync (its index
+# for one architecture lagging the others) fails here, naming the package.
+install_toolchain() {
+    local pkgs=("gcc-${gcc%-gcc}" "$libc" qemu-user-static file binutils) std=() missing=() p v
+    if [ "$rustup" = 1 ]; then
+        rustup target add "$triple"
+    else
+        dpkg --add-architecture "$deb"
+        pkgs+=(rustc-web cargo-web)
+        std=("libstd-rust-web-dev:$deb")
+    fi
+    for p in "${pkgs[@]}" "${std[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ "${#missing[@]}" = 0 ] && { echo "toolchain for $arch: installed"; return 0; }
+    echo "installing: ${missing[*]}"
+    local apt=(apt-get -o DPkg::Lock::Timeout=600 -o Acquire::Retries=3)
+    for i in 1 2 3; do
+        "${apt[@]}" update -qq && break
+        echo "apt-get update failed (try $i of 3)" >&2
+        sleep $((20 * i))
+    done
+    export DEBIAN_FRONTEND=noninteractive
+    "${apt[@]}" install -y -qq --no-install-recommends --no-remove "${pkgs[@]}" ||
+        { echo "error: cannot install the cross toolchain (${pkgs[*]}) from the Debian mirror" >&2; return 1; }
+    [ "${#std[@]}" = 0 ] && return 0
+    v=$(dpkg-query -W -f='${Version}' rustc-web)
+    for i in 1 2 3; do
+        "${apt[@]}" install -y -qq --no-install-recommends --no-remove "libstd-rust-web-dev:$deb=$v" && return 0
+        echo "libstd-rust-web-dev:$deb=$v not installable (try $i of 3)" >&2
+        sleep $((30 * i))
+        "${apt[@]}" update -qq || true
+    done
+    echo "error: cannot install libstd-rust-web-dev:$deb=$v (the $deb standard library for Debian's rustc $v)." >&2
+    echo "       Is the Debian mirror down, or its $deb index mid-sync? See: apt-cache policy libstd-rust-web-dev:$deb" >&2
+    echo "       Or build with rustup's std: $0 --install --rustup $arch" >&2
+    return 1
+}
+if [ "$install" = 1 ]; then install_toolchain; fi
 
 command -v "$gcc" >/dev/null || { echo "$gcc not found: run $0 --install $arch" >&2; exit 1; }
-[ -x /usr/bin/rustc ] || { echo "/usr/bin/rustc (Debian's rustc-web) not found: run $0 --install $arch" >&2; exit 1; }
-
-# A target dir of its own: a different rustc would otherwise rebuild the native artifacts.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-cross}"
-export RUSTC=/usr/bin/rustc
+if [ "$rustup" = 1 ]; then
+    # A target dir of its own: the two compilers would rebuild each other's artifacts.
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-cross-rustup}"
+    rustup target list --installed | grep -qx "$triple" || { echo "no rustup std for $triple: run $0 --install --rustup $arch" >&2; exit 1; }
+else
+    [ -x /usr/bin/rustc ] || { echo "/usr/bin/rustc (Debian's rustc-web) not found: run $0 --install $arch" >&2; exit 1; }
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-cross}"
+    export RUSTC=/usr/bin/rustc
+fi
 export "CARGO_TARGET_${env_triple}_LINKER=$gcc"
 export "$cc_var=$gcc"
 cargo build --release --locked --target "$triple"
 
 bin="$CARGO_TARGET_DIR/$triple/release/bramble"
 file "$bin"
-if [ "$arch" = armv7 ] || [ "$arch" = armhf ]; then
+if [ "$deb" = armhf ]; then
     readelf -A "$bin" | grep -E "Tag_CPU_arch:" || true
     readelf -A "$bin" | grep -q "Tag_CPU_arch: v7" || { echo "error: $bin is not an ARMv7 binary" >&2; exit 1; }
 else

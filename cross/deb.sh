@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Build a Debian package from an already-built release binary, with plain
+# dpkg-deb (nothing to download or compile besides bramble itself):
+#
+#   cross/deb.sh amd64     # target/release/bramble            (cargo build --release)
+#   cross/deb.sh arm64     # target-cross/aarch64-…/bramble     (cross/build.sh aarch64)
+#   cross/deb.sh armhf     # target-cross/armv7-…/bramble       (cross/build.sh armv7)
+#
+# BRAMBLE_BIN=path overrides the binary, DEB_VERSION the version (default:
+# Cargo.toml's). OUT_DIR (default: target-deb) is where
+# bramble_<version>_<arch>.deb goes. The package holds:
+#   /usr/bin/bramble
+#   /usr/lib/systemd/system/bramble.service
+#   /usr/lib/sysusers.d/bramble.conf, /usr/lib/tmpfiles.d/bramble.conf
+#   /etc/bramble/config.toml         conffile, 0640 root:bramble (group set by postinst)
+#   /usr/share/bramble/workspace/    templates; postinst copies them to
+#                                    /var/lib/bramble/workspace when that is absent
+#   /usr/share/doc/bramble/          README.md, copyright, changelog
+# The service is not enabled or started on install (it needs an API key first):
+# `systemctl enable --now bramble` does that. Upgrades restart it if it runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+arch="${1:-}"
+case "$arch" in
+    amd64) triple=""; want="x86-64" ;;
+    arm64) triple=aarch64-unknown-linux-gnu; want="ARM aarch64" ;;
+    armhf) triple=armv7-unknown-linux-gnueabihf; want="ARM, EABI5" ;;
+    *) echo "usage: $0 amd64|arm64|armhf" >&2; exit 2 ;;
+esac
+if [ -n "${BRAMBLE_BIN:-}" ]; then
+    bin="$BRAMBLE_BIN"
+elif [ -z "$triple" ]; then
+    bin="${CARGO_TARGET_DIR:-target}/release/bramble"
+else
+    bin="${CARGO_TARGET_DIR:-target-cross}/$triple/release/bramble"
+fi
+[ -f "$bin" ] || { echo "error: no binary at $bin: build it first (see the top of $0)" >&2; exit 1; }
+file -b "$bin" | grep -q "$want" || { echo "error: $bin is not a $arch binary: $(file -b "$bin")" >&2; exit 1; }
+if [ "$arch" = armhf ]; then
+    readelf -A "$bin" | grep -q "Tag_CPU_arch: v7" || { echo "error: $bin is not an ARMv7 binary" >&2; exit 1; }
+fi
+
+version="${DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)}"
+[ -n "$version" ] || { echo "error: no version in Cargo.toml" >&2; exit 1; }
+# The newest glibc symbol version the binary uses, as the libc6 floor (at least 2.34).
+glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
+glibc=$(printf '%s\n2.34\n' "$glibc" | sort -V | tail -1)
+
+# Set DEB_MAINTAINER="Name <mail>" for packages you publish.
+maintainer="${DEB_MAINTAINER:-bramble developers <bramble-dev@example.org>}"
+out="${OUT_DIR:-target-deb}"
+mkdir -p "$out"
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+pkg="$root/bramble"
+
+install -D -m 0755 "$bin" "$pkg/usr/bin/bramble"
+install -D -m 0644 systemd/bramble.service "$pkg/usr/lib/systemd/system/bramble.service"
+install -D -m 0644 systemd/bramble.sysusers "$pkg/usr/lib/sysusers.d/bramble.conf"
+install -D -m 0644 systemd/bramble.tmpfiles "$pkg/usr/lib/tmpfiles.d/bramble.conf"
+
+# The example config with the service's paths filled in, so `bramble` run by
+# hand as the bramble user (`runuser -u bramble -- bramble --config …`) finds the
+# same workspace and state as the service.
+install -d -m 0750 "$pkg/etc/bramble"
+sed -e 's|^# workspace = "~/.local/share/bramble/workspace".*$|workspace = "/var/lib/bramble/workspace"|' \
+    -e 's|^# state_dir = "~/.local/state/bramble".*$|state_dir = "/var/lib/bramble"|' \
+    config/bramble.toml > "$pkg/etc/bramble/config.toml"
+chmod 0640 "$pkg/etc/bramble/config.toml"
+for line in 'workspace = "/var/lib/bramble/workspace"' 'state_dir = "/var/lib/bramble"'; do
+    grep -qxF "$line" "$pkg/etc/bramble/config.toml" ||
+        { echo "error: config/bramble.toml changed: cannot set '$line'" >&2; exit 1; }
+done
+
+(cd config && find workspace -type f) | while read -r f; do
+    install -D -m 0644 "config/$f" "$pkg/usr/share/bramble/$f"
+done
+
+doc="$pkg/usr/share/doc/bramble"
+install -D -m 0644 README.md "$doc/README.md"
+cat > "$doc/copyright" <<EOF
+Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
+Upstream-Name: bramble
+
+Files: *
+Copyright: 2026 the bramble authors
+License: MIT or Apache-2.0
+ On Debian systems the Apache License 2.0 is in
+ /usr/share/common-licenses/Apache-2.0.
+EOF
+printf 'bramble (%s) unstable; urgency=medium\n\n  * Built by cross/deb.sh.\n\n -- %s  %s\n' \
+    "$version" "$maintainer" "$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}")" |
+    gzip -9n > "$doc/changelog.gz"
+chmod 0644 "$doc/changelog.gz"
+
+# /etc/bramble may hold secrets: not world-readable, on purpose.
+install -d "$pkg/usr/share/lintian/overrides"
+printf 'bramble: %s\n' 'non-standard-dir-perm 0750 != 0755 [etc/bramble/]' \
+    'non-standard-file-perm 0640 != 0644 [etc/bramble/config.toml]' > "$pkg/usr/share/lintian/overrides/bramble"
+chmod 0644 "$pkg/usr/share/lintian/overrides/bramble"
+
+install -d "$pkg/DEBIAN"
+cat > "$pkg/DEBIAN/control" <<EOF
+Package: bramble
+Version: $version
+Architecture: $arch
+Maintainer: $maintainer
+Installed-Size: $(du -sk --exclude=DEBIAN "$pkg" | cut -f1)
+Depends: libc6 (>= $glibc), ca-certificates, tzdata, adduser
+Recommends: systemd-timesyncd | time-daemon
+Suggests: mosquitto
+Section: net
+Priority: optional
+Description: small scheduler-first AI agent for Raspberry Pi-class boards
+ bramble runs cron jobs, a heartbeat and an LLM agent loop (OpenAI-compatible
+ or Anthropic models) with tools for files, shell commands and the web, and
+ delivers reports to Telegram, MQTT or the journal through a durable outbox.
+ .
+ The package installs a hardened systemd service (Type=notify, watchdog) that
+ runs as the system user bramble. It is not started until enabled:
+ edit /etc/bramble/config.toml, then run: systemctl enable --now bramble
+EOF
+echo /etc/bramble/config.toml > "$pkg/DEBIAN/conffiles"
+for script in postinst prerm postrm; do
+    install -m 0755 "cross/debian/$script" "$pkg/DEBIAN/$script"
+done
+(cd "$pkg" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) > "$pkg/DEBIAN/md5sums"
+chmod 0644 "$pkg/DEBIAN/md5sums" "$pkg/DEBIAN/control" "$pkg/DEBIAN/conffiles"
+
+deb="$out/bramble_${version}_${arch}.deb"
+dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >/dev/null
+echo "$deb ($(stat -c %s "$deb") bytes; Depends libc6 >= $glibc)"
