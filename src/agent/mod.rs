@@ -738,7 +738,7 @@ pub(crate) async fn run_loop(
                 let outcome = tokio::select! {
                     o = spec.tools.execute(call, spec.tool_ctx) => o,
                     _ = cancel.cancelled() => {
-                        messages.push(Message::tool_result(&call.id, &call.function.name, "Error: stopped while running: the turn was stopped"));
+                        messages.push(Message::tool_result(&call.id, &call.function.name, "Error: cancelled: the turn was stopped while this was running"));
                         for c in &calls[i + 1..] {
                             messages.push(Message::tool_result(&c.id, &c.function.name, "Error: not run: the turn was stopped"));
                         }
