@@ -339,19 +339,22 @@ async fn spawn_runs_limited_subagents_and_announces_into_the_session() {
     assert!(saved.contains("The finder says 42."), "the announcement turn is in the session");
     agent.wait_subagents().await;
 
-    // /stop stops a running sub-agent; its (empty) report still comes back.
+    // /stop stops a running sub-agent, and nothing more happens: no announcement
+    // turn (no model call, no answer to the user who asked for quiet).
     slow.store(true, std::sync::atomic::Ordering::SeqCst);
     fake.push(calls(&[("spawn", json!({"task": "a slow task", "label": "slowpoke"}))]));
     fake.push(Reply::text("Working on it."));
-    fake.push(Reply::text("The slow task was stopped."));
     agent.turn(TurnRequest::cli("s", "do the slow thing")).await.unwrap();
     assert_eq!(agent.session_status("s").unwrap().subagents, 1);
     assert_eq!(agent.stop_subagents("other"), 0);
+    let requests = fake.request_count();
     assert_eq!(agent.stop_subagents("s"), 1);
-    let out = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap();
-    assert_eq!(out.text, "The slow task was stopped.");
-    let last = fake.last_request().unwrap();
-    assert!(serde_json::to_string(&last).unwrap().contains("(stopped before finishing)"));
+    tokio::time::timeout(Duration::from_secs(10), agent.wait_subagents()).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(500), rx.recv()).await.is_err(), "no report after /stop");
+    let announced = fake.requests()[requests..]
+        .iter()
+        .any(|r| serde_json::to_string(r).unwrap().contains("Sub-agent `slowpoke` finished"));
+    assert!(!announced, "no announcement turn after /stop");
     assert_eq!(agent.subagents_running(), 0);
     cancel.cancel();
     announcements.await.unwrap();

@@ -719,10 +719,19 @@ async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
         "Error: sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: \
          helper /nonexistent/bramble does not exist"
     );
-    // auto: the command runs with what is left, and the log says the sandbox is degraded.
+    // auto: without the helper a root bramble refuses (it would run the command as
+    // root, unconfined); otherwise the command runs with what is left, and the log
+    // says the sandbox is degraded.
+    let root = nix::unistd::geteuid().is_root();
+    let refused =
+        |tool: &str| tool.starts_with("Error: sandbox: bramble runs as root and its sandbox helper cannot start");
     let (tool, stderr) = agent_exec("", &missing, "echo ran").await;
-    assert_eq!(tool, "ran\nExit code: 0");
-    assert!(stderr.contains("exec sandbox degraded: NO HELPER"), "{stderr}");
+    if root {
+        assert!(refused(&tool), "{tool}");
+    } else {
+        assert_eq!(tool, "ran\nExit code: 0");
+        assert!(stderr.contains("exec sandbox degraded: NO HELPER"), "{stderr}");
+    }
     // A helper that exists but cannot be executed (a foreign binary, as under qemu-user):
     // the first command's failure runs the probe, and the command is retried without it.
     let dir = tempfile::tempdir().unwrap();
@@ -732,8 +741,16 @@ async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
         .unwrap();
     let foreign_env = [("BRAMBLE_SANDBOX_HELPER", foreign.to_str().unwrap())];
     let (tool, stderr) = agent_exec("", &foreign_env, "echo ran").await;
-    assert_eq!(tool, "ran\nExit code: 0", "{stderr}");
-    assert!(stderr.contains("exec sandbox degraded: NO HELPER (cannot start the helper"), "{stderr}");
+    if root {
+        assert!(refused(&tool), "{tool}");
+        assert!(tool.contains("cannot start the helper"), "{tool}");
+    } else {
+        assert_eq!(tool, "ran\nExit code: 0", "{stderr}");
+        assert!(stderr.contains("exec sandbox degraded: NO HELPER (cannot start the helper"), "{stderr}");
+    }
+    // `isolation = "off"` is the explicit way to accept it.
+    let (tool, _) = agent_exec("[exec]\nisolation = \"off\"\n", &foreign_env, "echo ran").await;
+    assert_eq!(tool, "ran\nExit code: 0");
     // With the real helper, `required` is met on this kernel (or the test says why not).
     let p = layers();
     let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &[], "echo ran").await;

@@ -52,7 +52,12 @@ async fn version_check_and_one_turn_with_an_exec_call() {
     assert!(String::from_utf8_lossy(&out.stdout).contains(": ok"), "{out:?}");
 
     let fake = FakeLlm::start(Dialect::OpenAi).await;
-    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    // Under qemu-user the sandbox helper (a foreign binary, no binfmt here) cannot
+    // start, and as root bramble then refuses to run commands unconfined; this
+    // test is about the emulated binary, the sandbox has tests/security.rs.
+    let emulated = std::env::var("BRAMBLE_SMOKE_RUNNER").is_ok_and(|r| !r.trim().is_empty());
+    let exec = if emulated { "[exec]\nisolation = \"off\"\n" } else { "" };
+    let home = TestHome::new("openai", &fake.base_url(), "", "", exec);
     fake.push(Reply::ToolCalls(vec![("exec".into(), r#"{"command":"uname -m; echo $((40+2))"}"#.into())]));
     fake.push(Reply::Text("done".into()));
     let out = run(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-m", "hi"]).await;

@@ -577,6 +577,21 @@ impl Agent {
                 }
             });
         }
+        // Messages a channel handed over (and may have confirmed to its server)
+        // that no turn took: kept as pending records, so the next start tells the
+        // user (or answers them) instead of losing them.
+        inbound.close();
+        while let Ok(msg) = inbound.try_recv() {
+            if commands::parse(&msg.text).is_some() {
+                continue;
+            }
+            match self.pending.begin(&msg.session_key, &msg.channel, &msg.chat_id, &msg.text) {
+                Ok(path) => self.pending.release(&path),
+                Err(e) => {
+                    tracing::error!(session = %msg.session_key, "a message not answered before the stop is lost: {e}")
+                }
+            }
+        }
         while running.join_next().await.is_some() {}
     }
 }

@@ -189,6 +189,13 @@ impl Hub {
             let _permit = permit;
             let text = hub.run(&task, &origin.1, &origin.2, &cancel).await;
             hub.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            if cancel.is_cancelled() {
+                // Stopped (`/stop`, shutdown): the user asked for quiet, so no
+                // announcement turn — that would call the model and answer anyway.
+                tracing::info!(session = %origin.0, label = %label, "sub-agent stopped; no report");
+                hub.announced();
+                return;
+            }
             let a = Announcement { session_key: origin.0, channel: origin.1, chat_id: origin.2, label, text };
             hub.announce(a).await;
         });

@@ -335,9 +335,21 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
         let why = p.namespaces.as_ref().err().or(p.helper.as_ref().err()).cloned().unwrap_or_default();
         return Err(format!("sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: {why}"));
     }
-    let Ok(helper) = &p.helper else {
-        warn_once(&format!("exec sandbox degraded: {}", layers_summary(cfg)));
-        return Ok(spec);
+    let helper = match &p.helper {
+        Ok(helper) => helper,
+        // Without the helper a root bramble would run the command as root, with
+        // no limits and the state directory in view: refuse rather than fail open.
+        Err(why) if p.root => {
+            return Err(format!(
+                "sandbox: bramble runs as root and its sandbox helper cannot start ({why}), so the command \
+                 would run as root unconfined; refused. Run bramble as an unprivileged user (the packaged \
+                 service does), or set [exec] isolation = \"off\" to accept the risk"
+            ))
+        }
+        Err(_) => {
+            warn_once(&format!("exec sandbox degraded: {}", layers_summary(cfg)));
+            return Ok(spec);
+        }
     };
     if p.namespaces.is_err() {
         warn_once(&format!("exec sandbox degraded: {}", layers_summary(cfg)));

@@ -44,10 +44,19 @@ pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMes
         Some(r) => r,
         None => settings.topic("out"),
     };
-    let session_key = session
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("mqtt:{}", settings.prefix));
+    // A named session lives under this device's MQTT namespace: a publisher on
+    // `<prefix>/in` must not be able to name (read, reset, stop) a Telegram chat's
+    // session. `reply_to` may be any topic: whoever can publish here can publish
+    // there themselves.
+    let session_key = match session.map(|s| s.trim().to_string()).filter(|s| !s.is_empty()) {
+        None => format!("mqtt:{}", settings.prefix),
+        Some(s) if s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) => {
+            format!("mqtt:{}:{s}", settings.prefix)
+        }
+        Some(s) => {
+            return Err(format!("session `{s}` is not a session name: use up to 64 letters, digits, `_`, `-` or `.`"))
+        }
+    };
     Ok(InboundMessage {
         channel: "mqtt".into(),
         chat_id: reply_topic.clone(),

@@ -534,8 +534,11 @@ mod tests {
         assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hello", "mqtt:bramble/pi"));
         assert_eq!(m.reply_to, Target::Mqtt(Some("bramble/pi/out".into())));
         let m = inbound_message(&s, br#"{"text":"hi","session":"kitchen","reply_to":"home/kitchen/say"}"#).unwrap();
-        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hi", "kitchen"));
+        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hi", "mqtt:bramble/pi:kitchen"));
         assert_eq!(m.reply_to, Target::Mqtt(Some("home/kitchen/say".into())));
+        // Another channel's session cannot be named from MQTT.
+        let err = inbound_message(&s, br#"{"text":"/history 50","session":"telegram:12345"}"#).unwrap_err();
+        assert!(err.contains("not a session name"), "{err}");
         assert!(inbound_message(&s, br#"{"text":"#).unwrap_err().contains("not a valid JSON"));
         assert!(inbound_message(&s, br#"{"text":"x","reply_to":"a/#"}"#).unwrap_err().contains("wildcard"));
         assert!(inbound_message(&s, b"   ").is_err());

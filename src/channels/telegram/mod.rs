@@ -185,7 +185,9 @@ impl Telegram {
                     let chat = msg.chat_id.clone();
                     let key = msg.session_key.clone();
                     let is_command = crate::agent::commands::parse(&msg.text).is_some();
-                    let sent = tokio::select! { r = inbound.send(msg) => r.is_ok(), _ = stop.cancelled() => false };
+                    // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
+                    let sent =
+                        tokio::select! { biased; _ = stop.cancelled() => false, r = inbound.send(msg) => r.is_ok() };
                     if !sent {
                         // Not handed over: not confirmed either, Telegram sends it again after a restart.
                         stopped = true;
