@@ -213,7 +213,11 @@ mod tests {
     use super::*;
     use crate::config::types::Dur;
 
-    fn tool(dir: &std::path::Path, cfg: ExecConfig) -> ExecTool {
+    /// The tool without the kernel layers: this unit-test binary cannot serve as
+    /// the `sandbox-exec` helper. tests/security.rs covers the layers through the
+    /// real binary; these tests cover the process layer and the output.
+    fn tool(dir: &std::path::Path, mut cfg: ExecConfig) -> ExecTool {
+        cfg.isolation = crate::config::Isolation::Off;
         ExecTool::new(cfg, dir.to_path_buf())
     }
 

@@ -19,6 +19,7 @@ impl TestHome {
     /// `kind` is `openai` or `anthropic`; `extra` is appended to the config (more sections).
     /// `[agent]` and `[provider]` keys can be added through `agent_extra` / `provider_extra`.
     pub fn new(kind: &str, base_url: &str, agent_extra: &str, provider_extra: &str, extra: &str) -> TestHome {
+        real_sandbox();
         let dir = tempfile::tempdir().expect("tempdir");
         let workspace = dir.path().join("workspace");
         let state = dir.path().join("state");
@@ -54,4 +55,11 @@ impl TestHome {
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// In-process agents run commands through the real `bramble sandbox-exec`
+/// helper (the test binary itself cannot be it).
+pub fn real_sandbox() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| bramble::sandbox::set_helper(env!("CARGO_BIN_EXE_bramble")));
 }
