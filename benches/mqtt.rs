@@ -27,14 +27,12 @@ use support::fake_llm::{Dialect, FakeLlm, Reply};
 use support::mosquitto::{Mosquitto, Watcher};
 use support::setup::TestHome;
 
+mod common;
+use common::proc_field;
+
 const SESSIONS: usize = 4;
 const TURNS_PER_SESSION: usize = 250;
 const WARMUP_PER_SESSION: usize = 5;
-
-fn proc_field(pid: u32, file: &str, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok()?;
-    text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
 
 /// User + system CPU time of a process, from `/proc/<pid>/stat` (in clock ticks).
 fn cpu_ticks(pid: u32) -> u64 {

@@ -10,8 +10,9 @@
 //!
 //! Run: `cargo bench --bench ready` (`BENCH_RUNS`, default 100).
 
+mod common;
+
 use std::os::unix::net::UnixDatagram;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -62,7 +63,7 @@ fn main() {
         times.push(t0.elapsed());
         if run + 1 == runs {
             std::thread::sleep(Duration::from_secs(2));
-            rss_kib = vm_rss(child.id());
+            rss_kib = common::proc_field(child.id(), "status", "VmRSS:").unwrap_or(0);
         }
         let _ =
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGTERM);
@@ -95,14 +96,4 @@ fn wait_for(sock: &UnixDatagram, what: &str) {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn vm_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }

@@ -11,11 +11,13 @@
 //! Run: `cargo bench --bench scheduler`.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 use bramble::bus::Target;
 use bramble::scheduler::{Job, JobKind, JobStore, Schedule};
+use common::{proc_stats, start_daemon, stop_daemon, ProcStats};
 
 fn main() {
     let idle_secs: u64 = std::env::var("BENCH_IDLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
@@ -40,12 +42,12 @@ fn main() {
             Ok(())
         })
         .expect("store");
-    let mut daemon = start(dir.path());
+    let mut daemon = start_daemon(&dir.path().join("config.toml"));
     std::thread::sleep(Duration::from_secs(3));
-    let (rss0, switches0) = proc_stats(daemon.id());
+    let ProcStats { rss: rss0, switches: switches0, .. } = proc_stats(daemon.id());
     std::thread::sleep(Duration::from_secs(idle_secs));
-    let (rss1, switches1) = proc_stats(daemon.id());
-    stop(&mut daemon);
+    let ProcStats { rss: rss1, switches: switches1, .. } = proc_stats(daemon.id());
+    stop_daemon(&mut daemon);
     let per_min = (switches1 - switches0) as f64 * 60.0 / idle_secs as f64;
     println!("idle daemon, 100 jobs, {idle_secs} s:");
     println!("  RSS {} KiB after start, {} KiB after idling", rss0, rss1);
@@ -69,10 +71,10 @@ fn main() {
     let t0 = Instant::now();
     let n = store.load().expect("load").len();
     let load = t0.elapsed();
-    let mut daemon = start(dir.path());
+    let mut daemon = start_daemon(&dir.path().join("config.toml"));
     std::thread::sleep(Duration::from_secs(5));
-    let (rss, _) = proc_stats(daemon.id());
-    stop(&mut daemon);
+    let rss = proc_stats(daemon.id()).rss;
+    stop_daemon(&mut daemon);
     println!("10,000 jobs ({} KiB jobs.json):", size / 1024);
     println!("  load {n} jobs in {load:?} (in process)");
     println!("  idle daemon RSS {rss} KiB");
@@ -81,7 +83,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     write_config(dir.path());
     let store = JobStore::open(&state(dir.path()));
-    let mut daemon = start(dir.path());
+    let mut daemon = start_daemon(&dir.path().join("config.toml"));
     std::thread::sleep(Duration::from_secs(1));
     let due = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 3).expect("time");
     store
@@ -108,7 +110,7 @@ fn main() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    stop(&mut daemon);
+    stop_daemon(&mut daemon);
     jitters.sort_unstable();
     let pct = |p: usize| jitters.get(jitters.len().saturating_sub(1) * p / 100).copied().unwrap_or(-1);
     println!("burst of 200 reminders due at the same second ({} ran):", jitters.len());
@@ -126,43 +128,4 @@ fn write_config(home: &Path) {
         state(home).display()
     );
     std::fs::write(home.join("config.toml"), text).expect("config");
-}
-
-fn start(home: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_bramble"))
-        .arg("--config")
-        .arg(home.join("config.toml"))
-        .arg("run")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn bramble run")
-}
-
-fn stop(child: &mut Child) {
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let _ = child.wait();
-}
-
-/// VmRSS in KiB and the sum of context switches over all threads.
-fn proc_stats(pid: u32) -> (u64, u64) {
-    let field = |text: &str, name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = field(&status, "VmRSS:");
-    let mut switches = 0;
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            switches += field(&s, "voluntary_ctxt_switches:") + field(&s, "nonvoluntary_ctxt_switches:");
-        }
-    }
-    (rss, switches)
 }

@@ -14,12 +14,13 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::fake_llm::{Dialect, FakeLlm, Reply};
 use support::telegram::FakeTelegram;
+
+mod common;
+use common::{proc_stats, start_daemon, stop_daemon, ProcStats};
 
 const TOKEN: &str = "1:bench";
 
@@ -41,15 +42,15 @@ fn main() {
             st = dir.path().join("state").display(),
         );
         std::fs::write(&config, text).expect("config");
-        let mut daemon = start(&config);
+        let mut daemon = start_daemon(&config);
         while tg.calls("getUpdates").is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let (rss0, sw0, _) = proc_stats(daemon.id());
+        let ProcStats { rss: rss0, switches: sw0, .. } = proc_stats(daemon.id());
         let polls0 = tg.calls("getUpdates").len();
         tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-        let (rss1, sw1, _) = proc_stats(daemon.id());
+        let ProcStats { rss: rss1, switches: sw1, .. } = proc_stats(daemon.id());
         let polls = tg.calls("getUpdates").len() - polls0;
         let per_min = (sw1 - sw0) as f64 * 60.0 / idle_secs as f64;
         println!("idle daemon long-polling Telegram, {idle_secs} s:");
@@ -62,50 +63,11 @@ fn main() {
         assert!(tg.wait_sent(1, 30).await, "answered");
         let rtt = t.elapsed();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (rss2, _, hwm) = proc_stats(daemon.id());
+        let ProcStats { rss: rss2, hwm, .. } = proc_stats(daemon.id());
         println!(
             "one message → turn → answer: {:.1} ms; RSS after {rss2} KiB (peak {hwm} KiB)",
             rtt.as_secs_f64() * 1e3
         );
-        stop(&mut daemon);
+        stop_daemon(&mut daemon);
     });
-}
-
-fn start(config: &Path) -> Child {
-    let bin = std::env::var_os("BRAMBLE_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_bramble").into());
-    Command::new(bin)
-        .arg("--config")
-        .arg(config)
-        .arg("run")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn bramble run")
-}
-
-fn stop(child: &mut Child) {
-    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let _ = child.wait();
-}
-
-/// VmRSS and VmHWM in KiB, and the sum of context switches over all threads.
-fn proc_stats(pid: u32) -> (u64, u64, u64) {
-    let field = |text: &str, name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let mut switches = 0;
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            switches += field(&s, "voluntary_ctxt_switches:") + field(&s, "nonvoluntary_ctxt_switches:");
-        }
-    }
-    (field(&status, "VmRSS:"), switches, field(&status, "VmHWM:"))
 }

@@ -18,6 +18,32 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use tokio::io::unix::AsyncFd;
 
+/// Reconnect delays for a link that failed: 1 s, 2 s, 4 s, … up to `max`.
+/// Shared by the channels (Telegram polling, the MQTT connection).
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    attempts: u32,
+    max: Duration,
+}
+
+impl Backoff {
+    pub fn new(max: Duration) -> Backoff {
+        Backoff { attempts: 0, max }
+    }
+
+    /// The next wait; each call doubles it.
+    pub fn next_wait(&mut self) -> Duration {
+        let d = Duration::from_secs(1u64 << self.attempts.min(20)).min(self.max);
+        self.attempts = self.attempts.saturating_add(1);
+        d
+    }
+
+    /// The link works again: the next failure waits 1 s.
+    pub fn reset(&mut self) {
+        self.attempts = 0;
+    }
+}
+
 /// Sleeps at least this long go to the kernel.
 const LONG: Duration = Duration::from_secs(5);
 

@@ -659,6 +659,10 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     tasks.spawn(systemd::watchdog(abort.clone()));
     let summary = log_startup(loaded, &agent, &channels);
     systemd::ready(&summary);
+    // After READY: this probes the kernel with one real jail (a few ms).
+    if c.exec.enabled {
+        crate::sandbox::log_layers(&c.exec);
+    }
     Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
 }
 
@@ -670,9 +674,6 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
         Some(why) => {
             tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run")
         }
-    }
-    if c.exec.enabled {
-        crate::sandbox::log_layers(&c.exec);
     }
     let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
     let tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))

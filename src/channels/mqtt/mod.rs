@@ -71,8 +71,7 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
 /// Keep-alive (PINGREQ) interval: one wake-up a minute when idle; the broker
 /// declares us dead (last will) after 1.5 × this without a packet.
 const KEEP_ALIVE: Duration = Duration::from_secs(60);
-/// Reconnect backoff: first and longest wait after an error.
-const BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// Longest reconnect wait after an error (from 1 s, doubling).
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 /// Why MQTT cannot be set up from the config.
@@ -347,7 +346,7 @@ async fn connection(
     (outbox, wake): (crate::daemon::outbox::Outbox, Arc<Notify>),
     stop: CancellationToken,
 ) {
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = crate::timer::Backoff::new(BACKOFF_MAX);
     let mut was_connected = false;
     loop {
         // A fresh client and event loop per connection: see the module docs.
@@ -365,7 +364,7 @@ async fn connection(
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                     tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
-                    backoff = BACKOFF_MIN;
+                    backoff.reset();
                     was_connected = true;
                     if let Some(c) = client.take() {
                         link.on_connack(c, &subscriptions);
@@ -387,17 +386,17 @@ async fn connection(
             }
         };
         link.on_disconnect();
+        let wait = backoff.next_wait();
         if was_connected {
-            tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {backoff:?}");
+            tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {wait:?}");
         } else {
-            tracing::warn!(broker = %link.settings.describe(), error = %error, "cannot connect to the MQTT broker; retrying in {backoff:?}");
+            tracing::warn!(broker = %link.settings.describe(), error = %error, "cannot connect to the MQTT broker; retrying in {wait:?}");
         }
         was_connected = false;
         tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => return,
         }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 

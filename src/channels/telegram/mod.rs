@@ -30,6 +30,7 @@
 pub mod api;
 pub mod format;
 
+use crate::timer::Backoff;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -122,7 +123,7 @@ impl Telegram {
     /// Poll for messages until `stop`; accepted ones go to `inbound`. `agent`
     /// tells whether a chat's turn still runs (for the typing indicator).
     pub async fn poll(self, inbound: mpsc::Sender<InboundMessage>, agent: Arc<Agent>, stop: CancellationToken) {
-        let mut backoff = Backoff::default();
+        let mut backoff = Backoff::new(MAX_BACKOFF);
         let me = loop {
             let r = tokio::select! { r = self.api.get_me() => r, _ = stop.cancelled() => return };
             match r {
@@ -132,7 +133,7 @@ impl Telegram {
                     return;
                 }
                 Err(e) => {
-                    let wait = backoff.next();
+                    let wait = backoff.next_wait();
                     tracing::warn!(error = %e, retry_in = ?wait, "Telegram is not reachable yet");
                     if sleep_or_stop(wait, &stop).await {
                         return;
@@ -140,7 +141,7 @@ impl Telegram {
                 }
             }
         };
-        backoff = Backoff::default();
+        backoff.reset();
         if let Err(e) = self.api.set_my_commands(&crate::agent::commands::menu()).await {
             tracing::warn!(error = %e, "cannot register the bot's commands with Telegram");
         }
@@ -152,7 +153,7 @@ impl Telegram {
             let r = tokio::select! { r = self.api.get_updates(offset) => r, _ = stop.cancelled() => return };
             let updates = match r {
                 Ok(u) => {
-                    backoff = Backoff::default();
+                    backoff.reset();
                     u
                 }
                 Err(e) if e.is_unauthorized() => {
@@ -160,7 +161,7 @@ impl Telegram {
                     return;
                 }
                 Err(e) => {
-                    let wait = backoff.next();
+                    let wait = backoff.next_wait();
                     if e.code() == Some(409) {
                         tracing::warn!(error = %e, "another poller or a webhook holds this bot; deleting the webhook");
                         if let Err(e) = self.api.delete_webhook().await {
@@ -314,18 +315,6 @@ async fn sleep_or_stop(d: Duration, stop: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => false,
         _ = stop.cancelled() => true,
-    }
-}
-
-/// 1 s, 2 s, 4 s, … up to [`MAX_BACKOFF`].
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    fn next(&mut self) -> Duration {
-        let d = Duration::from_secs(1u64 << self.0.min(6)).min(MAX_BACKOFF);
-        self.0 += 1;
-        d
     }
 }
 
@@ -515,8 +504,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_a_minute() {
-        let mut b = Backoff::default();
-        let secs: Vec<u64> = (0..9).map(|_| b.next().as_secs()).collect();
+        let mut b = Backoff::new(MAX_BACKOFF);
+        let secs: Vec<u64> = (0..9).map(|_| b.next_wait().as_secs()).collect();
         assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        b.reset();
+        assert_eq!(b.next_wait().as_secs(), 1);
     }
 }
