@@ -27,6 +27,7 @@ pub mod sandbox;
 pub mod scheduler;
 pub mod timer;
 pub mod tools;
+pub mod workspace;
 
 /// Install rustls' ring crypto provider as the process default.
 ///
