@@ -59,13 +59,13 @@ fn prompt_over_200_turns() {
     rt.block_on(async {
         for _ in 0..TURNS {
             agent.turn(bramble::agent::TurnRequest::cli("bench", question.clone())).await.expect("turn");
-            let st = agent.session_status("bench").expect("status");
+            let st = agent.session_status("bench").await.expect("status");
             max_estimate = max_estimate.max(st.estimated_tokens);
             estimates.push(st.estimated_tokens);
         }
     });
     let wall = t0.elapsed();
-    let st = agent.session_status("bench").expect("status");
+    let st = rt.block_on(agent.session_status("bench")).expect("status");
     let largest_request = fake
         .requests()
         .iter()

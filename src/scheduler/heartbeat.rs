@@ -20,9 +20,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::QuietHours;
 use crate::fsutil;
+use crate::workspace::Workspace;
 
 /// The reply that means "nothing to report".
 pub const HEARTBEAT_OK: &str = "HEARTBEAT_OK";
+
+/// The file, relative to the workspace.
+pub const HEARTBEAT_FILE: &str = "HEARTBEAT.md";
+/// Bytes of HEARTBEAT.md read at most: a task list, not a library.
+const HEARTBEAT_READ_CAP: usize = 256 * 1024;
+
+/// The text of `HEARTBEAT.md`, read the way bramble reads every workspace
+/// file ([`Workspace::strict`]): a symlink, FIFO or device in its place is
+/// refused (logged) and counts as no file; at most 256 KiB are read. Blocking.
+pub fn read_file(workspace: &Path) -> Option<String> {
+    match Workspace::strict(workspace).read_text(HEARTBEAT_FILE, HEARTBEAT_READ_CAP) {
+        Ok(found) => found.map(|c| c.text),
+        Err(e) => {
+            tracing::warn!("{HEARTBEAT_FILE} ignored: {e}");
+            None
+        }
+    }
+}
 
 /// The tasks listed under `## Active Tasks`.
 pub fn active_tasks(markdown: &str) -> Vec<String> {

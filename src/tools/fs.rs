@@ -416,7 +416,6 @@ fn human_size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
 
     fn lines(n: usize) -> String {
         (1..=n).map(|i| format!("line {i}\n")).collect()
