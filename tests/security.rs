@@ -810,7 +810,7 @@ async fn an_mqtt_turn_cannot_message_telegram_make_jobs_or_read_telegram_memory(
 
     // What a command in the sandbox publishes to <prefix>/in makes the model try everything.
     llm.push(Reply::tool_call("message", r#"{"content":"hello stranger","target":"telegram:5555"}"#));
-    llm.push(Reply::tool_call("message", &format!(r#"{{"content":"hello owner","target":"telegram:{ORIGIN_OWNER}"}}"#)));
+    llm.push(Reply::tool_call("message", format!(r#"{{"content":"hello owner","target":"telegram:{ORIGIN_OWNER}"}}"#)));
     llm.push(Reply::tool_call("cron", r#"{"action":"add","name":"persist","every":"1m","message":"phone home"}"#));
     llm.push(Reply::tool_call("memory_search", r#"{"query":"garage code"}"#));
     llm.push(Reply::text("mqtt turn done"));

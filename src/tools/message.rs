@@ -82,7 +82,7 @@ impl Tool for MessageTool {
             if let Target::Mqtt(Some(topic)) = &target {
                 self.mqtt_allow.check(topic)?;
             }
-            check_delivery(ctx, &[target.clone()], &self.telegram).await?;
+            check_delivery(ctx, std::slice::from_ref(&target), &self.telegram).await?;
             let msg = OutboundMessage { target: target.clone(), text: args.content };
             match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(msg)).await {
                 Ok(Ok(())) => Ok(format!("Message queued for {target}.")),

@@ -133,6 +133,25 @@ pub fn save_pins(state_dir: &Path, pins: &BTreeMap<String, i64>) -> std::io::Res
     crate::fsutil::write_atomic(&pins_path(state_dir), &data)
 }
 
+/// For `bramble status` and `check`: how each `allow_from` username stands
+/// (`@alice pinned to id 123`, `@bob not pinned yet`); `None` without usernames.
+pub fn pins_summary(allow_from: &[String], state_dir: &Path) -> Option<String> {
+    let allow = Allow::new(allow_from).with_pins(state_dir);
+    if allow.names.is_empty() {
+        return None;
+    }
+    let mut names: Vec<&String> = allow.names.iter().collect();
+    names.sort();
+    let parts: Vec<String> = names
+        .into_iter()
+        .map(|n| match allow.pins.get(n) {
+            Some(id) => format!("@{n} pinned to id {id}"),
+            None => format!("@{n} not pinned yet (the first user to write as @{n} will be)"),
+        })
+        .collect();
+    Some(parts.join(", "))
+}
+
 /// The Telegram chats a turn may send to: the private chats of the
 /// `allow_from` users, i.e. the numeric ids, and the ids the listed usernames
 /// are pinned to. Read fresh on each check (the poller pins names while the
@@ -188,6 +207,11 @@ mod tests {
         let chats = AllowedChats::new(&["@alice".into(), "7".into()], dir.path());
         assert!(chats.contains("7") && chats.contains("1"));
         assert!(!chats.contains("2") && !chats.contains("@alice") && !chats.contains("-100"));
+        assert_eq!(
+            pins_summary(&["@alice".into(), "@bob".into(), "7".into()], dir.path()).unwrap(),
+            "@alice pinned to id 1, @bob not pinned yet (the first user to write as @bob will be)"
+        );
+        assert_eq!(pins_summary(&["7".into()], dir.path()), None);
         // A pin for a name no longer listed is dropped.
         assert!(Allow::new(&["@bob".into()]).with_pins(dir.path()).pins().is_empty());
     }
