@@ -111,7 +111,8 @@ impl Origin {
                 self.name()
             )));
         }
-        if self == Origin::Telegram && ctx.channel == "telegram" && *chat == ctx.chat_id {
+        // The chat the turn came from (a group an allowed user wrote in) is its own reply target.
+        if self == Origin::Telegram && *chat == ctx.chat_id {
             return Ok(());
         }
         if chats.contains(chat) {
