@@ -181,7 +181,7 @@ fn check(explicit: Option<&Path>) -> ExitCode {
         Some(p) => println!("{}: ok", p.display()),
         None => println!("no config file at {} (all defaults): ok", config::default_config_path().display()),
     }
-    println!("telegram: {}", telegram_summary(&loaded.config.telegram));
+    println!("telegram: {}", telegram_summary(&loaded.config.telegram, &loaded.paths.state_dir));
     for w in config::warnings(&loaded) {
         println!("warning: {w}");
     }
@@ -202,11 +202,18 @@ fn check(explicit: Option<&Path>) -> ExitCode {
 }
 
 /// Whether Telegram is configured and who may use it (no network).
-fn telegram_summary(t: &config::TelegramConfig) -> String {
+/// Usernames are shown with the id they are pinned to (issue 22).
+fn telegram_summary(t: &config::TelegramConfig, state_dir: &Path) -> String {
     match (t.token(), t.allow_from.len()) {
         (None, _) => "not configured".into(),
         (Some(_), 0) => "configured, but allow_from is empty: it answers nobody".into(),
-        (Some(_), n) => format!("configured, {n} allowed user{}", if n == 1 { "" } else { "s" }),
+        (Some(_), n) => {
+            let mut line = format!("configured, {n} allowed user{}", if n == 1 { "" } else { "s" });
+            if let Some(pins) = crate::channels::telegram::pins::pins_summary(&t.allow_from, state_dir) {
+                line.push_str(&format!(" ({pins})"));
+            }
+            line
+        }
     }
 }
 
@@ -687,7 +694,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     if c.exec.enabled {
         println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));
     }
-    println!("telegram:   {}", telegram_summary(&c.telegram));
+    println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
     println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     println!("sessions:   {}", sessions.len());

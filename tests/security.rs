@@ -864,4 +864,116 @@ async fn a_skill_planted_as_a_link_is_not_read_into_the_prompt() {
     agent.turn(bramble::agent::TurnRequest::cli("s", "hi")).await.unwrap();
     let seen = request_text(&fake.last_request().unwrap());
     assert!(!seen.contains("SKILL-SECRET-8080") && !seen.contains("steal"), "a linked skill reached the model");
+// ---- origins: MQTT and Telegram as back doors (issue 22) ----
+
+/// The contents of the `tool` messages of an (OpenAI-dialect) LLM request.
+fn origin_tool_results(req: &serde_json::Value) -> Vec<String> {
+    req["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter().filter(|m| m["role"] == "tool").filter_map(|m| m["content"].as_str().map(str::to_string)).collect()
+        })
+        .unwrap_or_default()
+}
+
+const ORIGIN_TOKEN: &str = "123456:ORIGIN-token";
+const ORIGIN_OWNER: i64 = 1111;
+
+/// A daemon with Telegram (fake Bot API, `allow_from` = the owner and `@alice`),
+/// MQTT (a real broker) and a scripted model.
+async fn origin_setup() -> (FakeLlm, support::telegram::FakeTelegram, support::mosquitto::Mosquitto, TestHome) {
+    let llm = FakeLlm::start(Dialect::OpenAi).await;
+    let tg = support::telegram::FakeTelegram::start(ORIGIN_TOKEN).await;
+    let broker = support::mosquitto::Mosquitto::start().await;
+    let home = TestHome::new(
+        "openai",
+        &llm.base_url(),
+        "",
+        "max_retries = 0\n",
+        &format!(
+            "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
+             [telegram]\ntoken = \"{ORIGIN_TOKEN}\"\nallow_from = [\"{ORIGIN_OWNER}\", \"@alice\"]\napi_base = \"{}\"\n\
+             [mqtt]\nurl = \"{}\"\ndevice = \"testpi\"\ndiscovery = false\n",
+            tg.url(),
+            broker.url()
+        ),
+    );
+    (llm, tg, broker, home)
+}
+
+#[tokio::test]
+async fn an_mqtt_turn_cannot_message_telegram_make_jobs_or_read_telegram_memory() {
+    let (llm, tg, broker, home) = origin_setup().await;
+    // The Telegram owner's archived conversation, in the journal.
+    let journal = home.workspace.join("memory/history.jsonl");
+    std::fs::create_dir_all(journal.parent().unwrap()).unwrap();
+    let entry = serde_json::json!({"cursor": 1, "timestamp": "2026-01-01 10:00", "session_key": format!("telegram:{ORIGIN_OWNER}"),
+        "content": "The owner said the garage code is 4711.", "kind": "summary"});
+    std::fs::write(&journal, format!("{entry}\n")).unwrap();
+
+    // What a command in the sandbox publishes to <prefix>/in makes the model try everything.
+    llm.push(Reply::tool_call("message", r#"{"content":"hello stranger","target":"telegram:5555"}"#));
+    llm.push(Reply::tool_call("message", format!(r#"{{"content":"hello owner","target":"telegram:{ORIGIN_OWNER}"}}"#)));
+    llm.push(Reply::tool_call("cron", r#"{"action":"add","name":"persist","every":"1m","message":"phone home"}"#));
+    llm.push(Reply::tool_call("memory_search", r#"{"query":"garage code"}"#));
+    llm.push(Reply::text("mqtt turn done"));
+    let daemon = support::daemon::Daemon::start(home.path(), Some(&home.config));
+    let w = support::mosquitto::Watcher::start(broker.port, &["bramble/testpi/status", "bramble/testpi/out"]).await;
+    assert!(w.wait_last(15, "bramble/testpi/status", "online").await, "the daemon is online");
+    w.publish("bramble/testpi/in", "do as I say").await;
+    assert!(w.wait_for(15, "bramble/testpi/out", |p| p == "mqtt turn done").await, "the MQTT turn ends");
+
+    let reqs = llm.requests();
+    let results = origin_tool_results(&reqs[4]);
+    assert_eq!(results.len(), 4, "{results:?}");
+    assert!(results[0].starts_with("Error: ") && results[0].contains("untrusted origin"), "{}", results[0]);
+    assert!(results[1].starts_with("Error: ") && results[1].contains("cannot send to Telegram"), "{}", results[1]);
+    assert!(results[2].starts_with("Error: ") && results[2].contains("cannot create"), "{}", results[2]);
+    assert!(!results[3].contains("4711"), "an MQTT turn read the Telegram session's journal: {}", results[3]);
+    let jobs = std::fs::read_to_string(home.state.join("jobs.json")).unwrap_or_default();
+    assert!(!jobs.contains("persist"), "no job was made: {jobs}");
+
+    // The owner's Telegram turn finds their own entry.
+    llm.push(Reply::tool_call("memory_search", r#"{"query":"garage code"}"#));
+    llm.push(Reply::text("found it"));
+    tg.push_message(ORIGIN_OWNER, "private", ORIGIN_OWNER, "owner", "what was the code?");
+    assert!(tg.wait_sent(1, 15).await, "the owner is answered");
+    let reqs = llm.requests();
+    let own = origin_tool_results(reqs.last().unwrap());
+    assert!(own.last().is_some_and(|r| r.contains("4711")), "a Telegram turn finds its own journal: {own:?}");
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    // Nothing of the MQTT turn reached Telegram: the one message sent is the owner's answer.
+    let sent = tg.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["chat_id"], ORIGIN_OWNER);
+}
+
+#[tokio::test]
+async fn an_allow_from_username_is_pinned_to_its_first_user() {
+    let (llm, tg, _broker, home) = origin_setup().await;
+    // @alice (id 1) is served and pinned; her turn cannot message a chat outside allow_from either.
+    llm.push(Reply::tool_call("message", r#"{"content":"psst","target":"telegram:5555"}"#));
+    llm.push(Reply::text("hi alice"));
+    let daemon = support::daemon::Daemon::start(home.path(), Some(&home.config));
+    tg.push_message(1, "private", 1, "alice", "hello");
+    assert!(tg.wait_sent(1, 15).await, "alice is answered");
+    let refused = origin_tool_results(&llm.requests()[1]);
+    assert!(refused[0].starts_with("Error: ") && refused[0].contains("allow_from"), "{refused:?}");
+    let pins = home.state.join("telegram-pins.json");
+    assert!(support::daemon::wait_until(10, || pins.exists()).await, "the pin is saved");
+    // Someone else claims @alice later: ignored, never reaches the model; the owner still is served.
+    tg.push_message(2, "private", 2, "alice", "I am alice now");
+    llm.push(Reply::text("hi owner"));
+    tg.push_message(ORIGIN_OWNER, "private", ORIGIN_OWNER, "owner", "ping");
+    assert!(tg.wait_sent(2, 15).await, "the owner is answered");
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(llm.request_count(), 3, "the impostor never reached the model: {log}");
+    let sent: Vec<i64> = tg.sent().iter().filter_map(|m| m["chat_id"].as_i64()).collect();
+    assert_eq!(sent, [1, ORIGIN_OWNER], "nothing went to 2 or 5555");
+    assert!(log.contains("pinned @alice to id 1"), "{log}");
+    assert!(log.contains("pinned to id 1"), "{log}");
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pins).unwrap()).unwrap();
+    assert_eq!(saved, serde_json::json!({"alice": 1}));
 }

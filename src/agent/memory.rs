@@ -485,7 +485,8 @@ impl Tool for MemorySearchTool {
     fn description(&self) -> &'static str {
         "Search the history journal (memory/history.jsonl: summaries of past conversations, newest first). \
          Matches words case-insensitively and tolerates small typos. Use it when the user refers to \
-         something from earlier that is not in your context or MEMORY.md."
+         something from earlier that is not in your context or MEMORY.md. Only this conversation's entries are \
+         searched, except from the local terminal."
     }
 
     fn parameters(&self) -> Value {
@@ -511,7 +512,11 @@ impl Tool for MemorySearchTool {
                 return Err(ToolError::new("the query is empty"));
             }
             let limit = a.limit.unwrap_or(10).clamp(1, 50);
-            let session = a.this_session_only.then(|| ctx.session_key.clone());
+            // Scoped to the turn's own session unless the origin may see every
+            // conversation (the local terminal): an MQTT publisher must not read
+            // the Telegram owner's archived chats.
+            let all = ctx.origin.searches_all_sessions() && !a.this_session_only;
+            let session = (!all).then(|| ctx.session_key.clone());
             let journal = self.journal.clone();
             let query = a.query.clone();
             let found = tokio::task::spawn_blocking(move || journal.search(&query, limit, session.as_deref()))

@@ -404,13 +404,8 @@ impl Agent {
         }
         // Everything from the user's message on is this turn's and will be saved.
         let turn_start = messages.len() - 1;
-        let tool_ctx = ToolContext {
-            session_key: req.session_key.clone(),
-            channel: req.channel.clone(),
-            chat_id: req.chat_id.clone(),
-            in_job: req.in_job,
-            cancel: req.cancel.clone(),
-        };
+        // The turn's origin (and so what its tools may do) follows from its channel.
+        let tool_ctx = ToolContext::new(&req.session_key, &req.channel, &req.chat_id, req.in_job, req.cancel.clone());
         let spec = LoopSpec {
             provider,
             tools: &self.tools,
@@ -1230,9 +1225,12 @@ impl Agent {
                 Err(e) => tracing::warn!("web_fetch is unavailable: {e}"),
             }
         }
+        let telegram_chats =
+            crate::channels::telegram::AllowedChats::new(&c.telegram.allow_from, &loaded.paths.state_dir);
         tools.register(Arc::new(crate::tools::message::MessageTool::new(
             outbound.clone(),
             c.mqtt.publish_allow.clone(),
+            telegram_chats.clone(),
         )));
         if c.mqtt.url.is_some() {
             tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone())));
@@ -1240,6 +1238,7 @@ impl Agent {
         tools.register(Arc::new(crate::tools::cron::CronTool::new(
             crate::scheduler::JobStore::open(&loaded.paths.state_dir),
             c.timezone(),
+            telegram_chats,
         )));
         let journal = Journal::new(&ws, c.timezone());
         tools.register(Arc::new(memory::MemorySearchTool::new(journal)));

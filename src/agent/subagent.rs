@@ -222,13 +222,8 @@ impl Hub {
             self.context.runtime_context(Origin { channel, chat_id }, jiff::Timestamp::now()),
             Message::user(task),
         ];
-        let tool_ctx = ToolContext {
-            session_key: format!("subagent:{chat_id}"),
-            channel: channel.to_string(),
-            chat_id: chat_id.to_string(),
-            in_job: true,
-            cancel: cancel.clone(),
-        };
+        // The sub-agent inherits the origin of the turn that spawned it (same channel).
+        let tool_ctx = ToolContext::new(format!("subagent:{chat_id}"), channel, chat_id, true, cancel.clone());
         let spec = LoopSpec {
             provider: self.provider.as_ref(),
             tools: &self.tools,

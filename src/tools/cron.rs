@@ -6,12 +6,18 @@
 //! unless `deliver` says otherwise. Creating jobs is refused inside a job run
 //! or heartbeat: a reminder that schedules a reminder is how feedback loops
 //! start (nanobot #1441).
+//!
+//! Jobs outlive the turn that made them and run with the owner's rights, so
+//! only a trusted [`super::Origin`] may add or remove them (not MQTT: anyone
+//! who can publish to the broker, a sandboxed command included), and a job's
+//! `deliver` list obeys the same Telegram rule as the `message` tool.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::Target;
+use crate::channels::telegram::AllowedChats;
 use crate::config::TzName;
 use crate::provider::BoxFuture;
 use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Origin, Schedule};
@@ -19,14 +25,17 @@ use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Origin, S
 pub struct CronTool {
     store: JobStore,
     tz: TzName,
+    /// The chats of `[telegram] allow_from`: the only Telegram chats a job may deliver to.
+    telegram: AllowedChats,
 }
 
 impl CronTool {
-    pub fn new(store: JobStore, tz: TzName) -> Self {
-        CronTool { store, tz }
+    pub fn new(store: JobStore, tz: TzName, telegram: AllowedChats) -> Self {
+        CronTool { store, tz, telegram }
     }
 
-    fn add(&self, a: Args, ctx: &ToolContext) -> Result<String, ToolError> {
+    async fn add(&self, a: Args, ctx: &ToolContext) -> Result<String, ToolError> {
+        ctx.origin.may_manage_jobs()?;
         if ctx.in_job {
             return Err(ToolError::new(
                 "jobs cannot be created from inside a scheduled job or heartbeat (that is how feedback loops start)",
@@ -51,6 +60,7 @@ impl CronTool {
             };
         let deliver =
             a.deliver.iter().map(|t| t.parse::<Target>().map_err(ToolError)).collect::<Result<Vec<_>, _>>()?;
+        super::message::check_delivery(ctx, &deliver, &self.telegram).await?;
         let name = match a.name {
             Some(n) => n,
             None => default_name(&kind),
@@ -102,7 +112,8 @@ impl CronTool {
         Ok(lines.join("\n"))
     }
 
-    fn remove(&self, key: Option<String>) -> Result<String, ToolError> {
+    fn remove(&self, key: Option<String>, ctx: &ToolContext) -> Result<String, ToolError> {
+        ctx.origin.may_manage_jobs()?;
         let key = key.ok_or_else(|| ToolError::new("`job` (the id or name to remove) is required"))?;
         let job = self.store.remove(&key).map_err(err)?;
         Ok(format!("Removed `{}` (id {}).", job.name, job.id))
@@ -192,9 +203,9 @@ impl Tool for CronTool {
         Box::pin(async move {
             let a: Args = parse_args("cron", args)?;
             match a.action.as_str() {
-                "add" => self.add(a, ctx),
+                "add" => self.add(a, ctx).await,
                 "list" => self.list(),
-                "remove" => self.remove(a.job.or(a.name)),
+                "remove" => self.remove(a.job.or(a.name), ctx),
                 other => Err(ToolError::new(format!("unknown action `{other}`: use add, list or remove"))),
             }
         })
@@ -206,14 +217,35 @@ mod tests {
     use super::*;
 
     fn tool(dir: &std::path::Path) -> CronTool {
-        CronTool::new(JobStore::open(dir), "Europe/Berlin".parse().unwrap())
+        CronTool::new(JobStore::open(dir), "Europe/Berlin".parse().unwrap(), AllowedChats::new(&["7".into()], dir))
     }
 
     fn telegram_ctx() -> ToolContext {
-        let mut ctx = ToolContext::detached("telegram:42");
-        ctx.channel = "telegram".into();
-        ctx.chat_id = "42".into();
-        ctx
+        ToolContext::detached("telegram:42").from_chat("telegram", "42")
+    }
+
+    #[tokio::test]
+    async fn untrusted_origins_cannot_manage_jobs_nor_deliver_to_strangers() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path());
+        let mqtt = ToolContext::detached("mqtt:in").from_chat("mqtt", "");
+        let e = t.execute(json!({"action":"add","every":"1h","remind":"x"}), &mqtt).await.unwrap_err();
+        assert!(e.0.contains("untrusted origin") && e.0.contains("cannot create"), "{e}");
+        assert!(JobStore::open(dir.path()).list().unwrap().is_empty());
+        t.execute(json!({"action":"add","name":"tea","every":"1h","remind":"x"}), &telegram_ctx()).await.unwrap();
+        let e = t.execute(json!({"action":"remove","job":"tea"}), &mqtt).await.unwrap_err();
+        assert!(e.0.contains("untrusted origin"), "{e}");
+        assert!(t.execute(json!({"action":"list"}), &mqtt).await.unwrap().contains("tea"));
+        // deliver: only allow_from chats (7), whoever asks.
+        let e = t
+            .execute(json!({"action":"add","every":"1h","remind":"x","deliver":["telegram:999"]}), &telegram_ctx())
+            .await
+            .unwrap_err();
+        assert!(e.0.contains("allow_from"), "{e}");
+        t.execute(json!({"action":"add","every":"1h","remind":"x","deliver":["telegram:7"]}), &telegram_ctx())
+            .await
+            .unwrap();
+        assert_eq!(JobStore::open(dir.path()).list().unwrap().len(), 2);
     }
 
     #[tokio::test]

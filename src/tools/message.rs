@@ -4,6 +4,12 @@
 //! this tool is for everything else: a progress note, a report to another
 //! chat, a publish to the MQTT report topic. It only puts the message on the
 //! bus — delivery (and retrying it) is the channels' business.
+//!
+//! Because the tool runs with bramble's rights, a target is checked against
+//! the turn's [`super::Origin`] first: Telegram chats only of `allow_from`
+//! users (usernames by their pinned ids), and none at all for an untrusted
+//! origin (MQTT) — a sandboxed command that publishes to `<prefix>/in` must not
+//! be able to write to arbitrary chats through the bot.
 
 use std::time::Duration;
 
@@ -13,6 +19,7 @@ use tokio::sync::mpsc;
 
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::{OutboundMessage, Target};
+use crate::channels::telegram::AllowedChats;
 use crate::provider::BoxFuture;
 
 /// How long to wait for room on a full outbound queue.
@@ -24,11 +31,13 @@ pub struct MessageTool {
     /// tool would be a way around `mqtt_publish`'s limits. (`mqtt`, the
     /// device's own report topic, is always fine.)
     mqtt_allow: super::mqtt::MqttPublish,
+    /// The chats of `[telegram] allow_from`: the only Telegram chats it sends to.
+    telegram: AllowedChats,
 }
 
 impl MessageTool {
-    pub fn new(outbound: mpsc::Sender<OutboundMessage>, mqtt_allow: Vec<String>) -> Self {
-        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow) }
+    pub fn new(outbound: mpsc::Sender<OutboundMessage>, mqtt_allow: Vec<String>, telegram: AllowedChats) -> Self {
+        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow), telegram }
     }
 }
 
@@ -73,6 +82,7 @@ impl Tool for MessageTool {
             if let Target::Mqtt(Some(topic)) = &target {
                 self.mqtt_allow.check(topic)?;
             }
+            check_delivery(ctx, std::slice::from_ref(&target), &self.telegram).await?;
             let msg = OutboundMessage { target: target.clone(), text: args.content };
             match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(msg)).await {
                 Ok(Ok(())) => Ok(format!("Message queued for {target}.")),
@@ -83,6 +93,21 @@ impl Tool for MessageTool {
     }
 }
 
+/// [`super::Origin::check_delivery`] for each target, off the runtime thread (it reads the pins file).
+pub(crate) async fn check_delivery(
+    ctx: &ToolContext,
+    targets: &[Target],
+    chats: &AllowedChats,
+) -> Result<(), ToolError> {
+    if !targets.iter().any(|t| matches!(t, Target::Telegram(_))) {
+        return Ok(());
+    }
+    let (ctx, targets, chats) = (ctx.clone(), targets.to_vec(), chats.clone());
+    tokio::task::spawn_blocking(move || targets.iter().try_for_each(|t| ctx.origin.check_delivery(&ctx, t, &chats)))
+        .await
+        .map_err(|e| ToolError::new(format!("the target check stopped: {e}")))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,10 +115,9 @@ mod tests {
     #[tokio::test]
     async fn sends_to_the_current_chat_or_a_named_target() {
         let (tx, mut rx) = mpsc::channel(4);
-        let tool = MessageTool::new(tx, vec!["home/#".into()]);
-        let mut ctx = ToolContext::detached("telegram:42");
-        ctx.channel = "telegram".into();
-        ctx.chat_id = "42".into();
+        let tool =
+            MessageTool::new(tx, vec!["home/#".into()], AllowedChats::new(&[], std::path::Path::new("/nonexistent")));
+        let ctx = ToolContext::detached("telegram:42").from_chat("telegram", "42");
         let out = tool.execute(json!({"content": "hi"}), &ctx).await.unwrap();
         assert_eq!(out, "Message queued for telegram:42.");
         assert_eq!(
@@ -112,10 +136,41 @@ mod tests {
     #[tokio::test]
     async fn bad_target_and_empty_content_are_errors() {
         let (tx, _rx) = mpsc::channel(4);
-        let tool = MessageTool::new(tx, Vec::new());
+        let tool = MessageTool::new(tx, Vec::new(), AllowedChats::new(&[], std::path::Path::new("/nonexistent")));
         let ctx = ToolContext::detached("k");
         let err = tool.execute(json!({"content": "x", "target": "email:me"}), &ctx).await.unwrap_err();
         assert!(err.0.contains("not a delivery target"), "{err}");
         assert!(tool.execute(json!({"content": "  "}), &ctx).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn telegram_chats_only_of_allowed_users_and_never_from_mqtt() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(4);
+        let chats = AllowedChats::new(&["42".into(), "@alice".into()], dir.path());
+        let tool = MessageTool::new(tx, Vec::new(), chats);
+        let cli = ToolContext::detached("cli:direct");
+        tool.execute(json!({"content": "x", "target": "telegram:42"}), &cli).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Telegram("42".into()));
+        // A chat of nobody in allow_from, and an unpinned name, are refused for every origin.
+        for t in ["telegram:777", "telegram:@alice"] {
+            let err = tool.execute(json!({"content": "x", "target": t}), &cli).await.unwrap_err();
+            assert!(err.0.contains("not the chat of a user in [telegram] allow_from"), "{err}");
+        }
+        // Once @alice is pinned to 5, her chat is reachable.
+        crate::channels::telegram::pins::save_pins(dir.path(), &[("alice".to_string(), 5)].into()).unwrap();
+        tool.execute(json!({"content": "x", "target": "telegram:5"}), &cli).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Telegram("5".into()));
+        // A group chat the turn came from is its own reply target.
+        let group = ToolContext::detached("telegram:-100").from_chat("telegram", "-100");
+        tool.execute(json!({"content": "x"}), &group).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Telegram("-100".into()));
+        // MQTT turns reach no Telegram chat, not even an allowed one; their own topic is fine.
+        let mqtt = ToolContext::detached("mqtt:in").from_chat("mqtt", "");
+        let err = tool.execute(json!({"content": "x", "target": "telegram:42"}), &mqtt).await.unwrap_err();
+        assert!(err.0.contains("untrusted origin"), "{err}");
+        tool.execute(json!({"content": "x"}), &mqtt).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(None));
+        assert!(rx.try_recv().is_err());
     }
 }

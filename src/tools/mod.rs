@@ -12,6 +12,16 @@
 //! - [`web`]: `web_fetch` with an SSRF guard.
 //! - [`message`]: `message`, a report to a delivery target.
 //! - [`mqtt`]: `mqtt_publish`, limited to `[mqtt] publish_allow` topics.
+//!
+//! ## Who is asking: [`Origin`]
+//!
+//! A turn's tools act with bramble's own rights, outside the sandbox, so what
+//! they may do depends on who started the turn. The origin is decided once,
+//! from the channel the turn came in on, when the turn's [`ToolContext`] is
+//! made ([`ToolContext::new`]), and the tools ask it ([`Origin::may_manage_jobs`],
+//! [`Origin::check_delivery`], [`Origin::searches_all_sessions`]). MQTT is not
+//! trusted: anyone who can publish to `<prefix>/in`, a command in the sandbox
+//! included, starts such a turn. Unknown channels count as untrusted too.
 
 pub mod cron;
 pub mod exec;
@@ -28,6 +38,98 @@ use tokio_util::sync::CancellationToken;
 
 use crate::provider::{BoxFuture, ToolCall, ToolSpec};
 
+/// Who started a turn, and so what its tools may do (see the module header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// The local terminal (`bramble agent`): the owner at the keyboard.
+    Cli,
+    /// A Telegram chat, started by an `allow_from` user.
+    Telegram,
+    /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
+    System,
+    /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
+    Mqtt,
+    /// A channel this build does not know: treated like MQTT.
+    Unknown,
+}
+
+impl Origin {
+    /// The origin of a turn that came in on `channel` (`cli`, `telegram`, `system`, `mqtt`).
+    pub fn of_channel(channel: &str) -> Origin {
+        match channel {
+            "cli" => Origin::Cli,
+            "telegram" => Origin::Telegram,
+            "system" => Origin::System,
+            "mqtt" => Origin::Mqtt,
+            _ => Origin::Unknown,
+        }
+    }
+
+    /// Whether the origin is the owner (or acts for them). Untrusted turns may
+    /// not schedule work nor reach Telegram chats.
+    pub fn trusted(self) -> bool {
+        matches!(self, Origin::Cli | Origin::Telegram | Origin::System)
+    }
+
+    /// The name used in refusals and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Cli => "the terminal",
+            Origin::Telegram => "Telegram",
+            Origin::System => "the scheduler",
+            Origin::Mqtt => "MQTT",
+            Origin::Unknown => "an unknown channel",
+        }
+    }
+
+    /// Creating, changing or removing jobs: trusted origins only.
+    pub fn may_manage_jobs(self) -> Result<(), ToolError> {
+        if self.trusted() {
+            return Ok(());
+        }
+        Err(ToolError::new(format!(
+            "this turn came from {} (an untrusted origin): it cannot create, change or remove jobs",
+            self.name()
+        )))
+    }
+
+    /// Whether a turn may send to `target` (the `message` tool, a job's
+    /// `deliver` list). A Telegram chat must be an `allow_from` user's chat
+    /// (`chats`), or the very chat the turn came from; untrusted origins reach
+    /// no Telegram chat at all. Blocking (reads the username pins): call it off
+    /// the runtime thread.
+    pub fn check_delivery(
+        self,
+        ctx: &ToolContext,
+        target: &crate::bus::Target,
+        chats: &crate::channels::telegram::AllowedChats,
+    ) -> Result<(), ToolError> {
+        let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
+        if !self.trusted() {
+            return Err(ToolError::new(format!(
+                "this turn came from {} (an untrusted origin): it cannot send to Telegram chats",
+                self.name()
+            )));
+        }
+        // The chat the turn came from (a group an allowed user wrote in) is its own reply target.
+        if self == Origin::Telegram && *chat == ctx.chat_id {
+            return Ok(());
+        }
+        if chats.contains(chat) {
+            return Ok(());
+        }
+        Err(ToolError::new(format!(
+            "telegram:{chat} is not the chat of a user in [telegram] allow_from: messages go only to allowed users"
+        )))
+    }
+
+    /// Whether `memory_search` may look at every session's journal entries
+    /// (the local terminal), or only at the turn's own session (everyone else).
+    pub fn searches_all_sessions(self) -> bool {
+        self == Origin::Cli
+    }
+}
+
 /// Where a tool call comes from: which session, which chat, and how to stop it.
 #[derive(Debug, Clone)]
 pub struct ToolContext {
@@ -42,9 +144,38 @@ pub struct ToolContext {
     pub in_job: bool,
     /// Cancelled by `/stop` or shutdown; long-running tools watch it.
     pub cancel: CancellationToken,
+    /// Who started the turn ([`Origin::of_channel`] of `channel`).
+    pub origin: Origin,
 }
 
 impl ToolContext {
+    /// The context of a turn; its [`Origin`] follows from `channel`.
+    pub fn new(
+        session_key: impl Into<String>,
+        channel: impl Into<String>,
+        chat_id: impl Into<String>,
+        in_job: bool,
+        cancel: CancellationToken,
+    ) -> Self {
+        let channel = channel.into();
+        ToolContext {
+            session_key: session_key.into(),
+            origin: Origin::of_channel(&channel),
+            channel,
+            chat_id: chat_id.into(),
+            in_job,
+            cancel,
+        }
+    }
+
+    /// The same context as seen from `channel`/`chat_id` (tests).
+    pub fn from_chat(mut self, channel: &str, chat_id: &str) -> Self {
+        self.channel = channel.to_string();
+        self.chat_id = chat_id.to_string();
+        self.origin = Origin::of_channel(channel);
+        self
+    }
+
     /// A context for a turn with no particular chat (tests, one-off runs).
     pub fn detached(session_key: impl Into<String>) -> Self {
         ToolContext {
@@ -53,6 +184,7 @@ impl ToolContext {
             chat_id: "direct".into(),
             in_job: false,
             cancel: CancellationToken::new(),
+            origin: Origin::Cli,
         }
     }
 }

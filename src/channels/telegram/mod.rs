@@ -23,12 +23,14 @@
 //! ## Who is answered
 //!
 //! Only `[telegram] allow_from` (numeric user ids or `@usernames`; empty means
-//! nobody). Strangers are logged once per user and never reach the agent. In
+//! nobody). A username is pinned to the id that first used it ([`pins`]).
+//! Strangers are logged once per user and never reach the agent. In
 //! groups, only messages that mention the bot, reply to it, or are commands
 //! (`/stop`, or `/stop@thisbot` but not `/stop@otherbot`) count.
 
 pub mod api;
 pub mod format;
+pub mod pins;
 
 use crate::timer::Backoff;
 use std::collections::{HashMap, HashSet};
@@ -46,6 +48,7 @@ use crate::bus::{InboundMessage, Target};
 use crate::config::TelegramConfig;
 use crate::provider::BoxFuture;
 use api::{Api, ApiError, Message, User};
+pub use pins::{Allow, AllowedChats, Verdict};
 
 /// The typing indicator lasts ~5 s; it is refreshed this often while a turn runs.
 const TYPING_EVERY: Duration = Duration::from_secs(4);
@@ -63,41 +66,6 @@ pub enum TelegramError {
     InvalidToken(String),
     #[error(transparent)]
     Api(#[from] ApiError),
-}
-
-/// Who may talk to the bot.
-#[derive(Debug, Clone, Default)]
-pub struct Allow {
-    ids: HashSet<i64>,
-    /// Lower-case, without `@`.
-    names: HashSet<String>,
-}
-
-impl Allow {
-    /// From `allow_from`: numeric ids, `@username` or `username`.
-    pub fn new(entries: &[String]) -> Allow {
-        let mut allow = Allow::default();
-        for e in entries {
-            let e = e.trim();
-            match e.parse::<i64>() {
-                Ok(id) => {
-                    allow.ids.insert(id);
-                }
-                Err(_) => {
-                    let name = e.trim_start_matches('@').to_ascii_lowercase();
-                    if !name.is_empty() {
-                        allow.names.insert(name);
-                    }
-                }
-            }
-        }
-        allow
-    }
-
-    pub fn allows(&self, user: &User) -> bool {
-        self.ids.contains(&user.id)
-            || user.username.as_ref().is_some_and(|u| self.names.contains(&u.to_ascii_lowercase()))
-    }
 }
 
 /// Telegram, configured: the delivery side and the poller share one client.
@@ -148,7 +116,15 @@ impl Telegram {
         let offset_file = OffsetFile::new(&self.state_dir, me.id);
         let mut offset = offset_file.load();
         tracing::info!(bot = %me.username.as_deref().unwrap_or("?"), offset, "Telegram polling");
-        let mut poller = Poller { me, allow: &self.allow, strangers: HashSet::new(), typing: HashMap::new() };
+        let (allow, dir) = (self.allow.clone(), self.state_dir.clone());
+        let allow = match tokio::task::spawn_blocking(move || allow.with_pins(&dir)).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot load the Telegram username pins; usernames are pinned afresh");
+                self.allow.clone()
+            }
+        };
+        let mut poller = Poller { me, allow, strangers: HashSet::new(), typing: HashMap::new(), pinned: false };
         loop {
             let r = tokio::select! { r = self.api.get_updates(offset) => r, _ = stop.cancelled() => return };
             let updates = match r {
@@ -200,6 +176,16 @@ impl Telegram {
                 }
                 offset = update.update_id + 1;
             }
+            if std::mem::take(&mut poller.pinned) {
+                let (pins, dir) = (poller.allow.pins().clone(), self.state_dir.clone());
+                match tokio::task::spawn_blocking(move || pins::save_pins(&dir, &pins)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "cannot save the Telegram username pins; they hold until a restart")
+                    }
+                    Err(e) => tracing::error!(error = %e, "cannot save the Telegram username pins"),
+                }
+            }
             if offset != before {
                 if let Err(e) = offset_file.save(offset) {
                     tracing::error!(error = %e, "cannot save the Telegram offset; updates may be handled again after a restart");
@@ -213,14 +199,16 @@ impl Telegram {
 }
 
 /// Per-poller state: who the bot is, who was already logged, typing tasks.
-struct Poller<'a> {
+struct Poller {
     me: User,
-    allow: &'a Allow,
+    allow: Allow,
     strangers: HashSet<i64>,
     typing: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// A username was pinned since the pins were last saved.
+    pinned: bool,
 }
 
-impl Poller<'_> {
+impl Poller {
     /// The message for the agent, if it is one: text or caption, addressed to
     /// the bot (in groups), from an allowed user.
     fn accept(&mut self, m: Message) -> Option<InboundMessage> {
@@ -229,14 +217,32 @@ impl Poller<'_> {
         if matches!(m.chat.kind.as_str(), "group" | "supergroup") && !self.addressed(&m, text) {
             return None;
         }
-        if !self.allow.allows(from) {
+        let refused = match self.allow.check(from) {
+            Verdict::Allowed => None,
+            Verdict::Pinned(name) => {
+                tracing::warn!(
+                    user_id = from.id,
+                    "pinned @{name} to id {}: only this user is served as @{name} from now on",
+                    from.id
+                );
+                self.pinned = true;
+                None
+            }
+            Verdict::NameTaken { name, pinned } => Some(format!(
+                "ignoring a Telegram user presenting @{name}: that allow_from name is pinned to id {pinned}"
+            )),
+            Verdict::Stranger => {
+                Some("ignoring messages from a Telegram user not in [telegram] allow_from".to_string())
+            }
+        };
+        if let Some(why) = refused {
             if self.strangers.len() >= MAX_STRANGERS {
                 self.strangers.clear();
             }
             if self.strangers.insert(from.id) {
                 tracing::warn!(
                     user_id = from.id, username = %from.username.as_deref().unwrap_or("-"), chat_id = m.chat.id,
-                    "ignoring messages from a Telegram user not in [telegram] allow_from"
+                    "{why}"
                 );
             }
             return None;
@@ -460,9 +466,10 @@ mod tests {
         let allow = Allow::new(&["7".into()]);
         let mut p = Poller {
             me: user(99, Some("Bramble_bot")),
-            allow: &allow,
+            allow,
             strangers: HashSet::new(),
             typing: HashMap::new(),
+            pinned: false,
         };
         assert!(p.accept(message("supergroup", 7, "hello all")).is_none());
         assert!(p.accept(message("supergroup", 7, "@bramble_bot2 hi")).is_none());
@@ -482,7 +489,8 @@ mod tests {
     #[test]
     fn captions_count_and_empty_messages_do_not() {
         let allow = Allow::new(&["7".into()]);
-        let mut p = Poller { me: user(99, None), allow: &allow, strangers: HashSet::new(), typing: HashMap::new() };
+        let mut p =
+            Poller { me: user(99, None), allow, strangers: HashSet::new(), typing: HashMap::new(), pinned: false };
         let mut m = message("private", 7, "");
         assert!(p.accept(m.clone()).is_none());
         m.text = None;

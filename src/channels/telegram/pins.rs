@@ -1,0 +1,227 @@
+//! `allow_from` usernames, pinned to the user id that first used them.
+//!
+//! A Telegram username is not an identity: its holder can drop it and anyone
+//! can claim it afterwards. `allow_from = ["@alice"]` therefore serves the
+//! *first* user seen with that name and no one else: on first contact the
+//! name is pinned to that user's numeric id, written to
+//! `<state>/telegram-pins.json` (atomic replace), and from then on only that id
+//! is served for the entry. Someone else presenting `@alice` later is ignored
+//! and logged. Numeric ids in `allow_from` need no pin. To re-pin a name (the
+//! owner's account changed), delete its line from the file, or put the id in
+//! `allow_from` instead.
+//!
+//! The same file tells the tools which chats a username entry stands for: a
+//! message or a job may only go to an `allow_from` user's chat, and an unpinned
+//! name stands for no chat at all (see [`AllowedChats`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use super::api::User;
+
+/// The file name in the state directory.
+pub const PINS_FILE: &str = "telegram-pins.json";
+
+/// What [`Allow::check`] decided about a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Served: a numeric entry, or a name already pinned to this id.
+    Allowed,
+    /// Served, and `name` was pinned to this id just now (save the pins).
+    Pinned(String),
+    /// Presents a listed name that is pinned to another id.
+    NameTaken { name: String, pinned: i64 },
+    /// Not in `allow_from` at all.
+    Stranger,
+}
+
+/// Who may talk to the bot: `allow_from` plus the pins.
+#[derive(Debug, Clone, Default)]
+pub struct Allow {
+    ids: HashSet<i64>,
+    /// Lower-case, without `@`.
+    names: HashSet<String>,
+    /// Name (lower-case, without `@`) → the id it was first seen with.
+    pins: BTreeMap<String, i64>,
+}
+
+impl Allow {
+    /// From `allow_from`: numeric ids, `@username` or `username`. No pins yet.
+    pub fn new(entries: &[String]) -> Allow {
+        let mut allow = Allow::default();
+        for e in entries {
+            let e = e.trim();
+            match e.parse::<i64>() {
+                Ok(id) => {
+                    allow.ids.insert(id);
+                }
+                Err(_) => {
+                    let name = e.trim_start_matches('@').to_ascii_lowercase();
+                    if !name.is_empty() {
+                        allow.names.insert(name);
+                    }
+                }
+            }
+        }
+        allow
+    }
+
+    /// With the pins saved in `state_dir` (only those of names still listed).
+    pub fn with_pins(mut self, state_dir: &Path) -> Allow {
+        let names = &self.names;
+        self.pins = load_pins(state_dir).into_iter().filter(|(n, _)| names.contains(n)).collect();
+        self
+    }
+
+    /// Decide about `user`, pinning a listed name on its first contact.
+    pub fn check(&mut self, user: &User) -> Verdict {
+        if self.ids.contains(&user.id) {
+            return Verdict::Allowed;
+        }
+        let Some(name) = user.username.as_ref().map(|u| u.to_ascii_lowercase()) else {
+            return Verdict::Stranger;
+        };
+        if !self.names.contains(&name) {
+            return Verdict::Stranger;
+        }
+        match self.pins.get(&name) {
+            Some(&pinned) if pinned == user.id => Verdict::Allowed,
+            Some(&pinned) => Verdict::NameTaken { name, pinned },
+            None => {
+                self.pins.insert(name.clone(), user.id);
+                Verdict::Pinned(name)
+            }
+        }
+    }
+
+    /// Whether `user` would be served, without pinning anything.
+    pub fn allows(&self, user: &User) -> bool {
+        let mut probe = self.clone();
+        matches!(probe.check(user), Verdict::Allowed | Verdict::Pinned(_))
+    }
+
+    /// The pins, for saving.
+    pub fn pins(&self) -> &BTreeMap<String, i64> {
+        &self.pins
+    }
+}
+
+fn pins_path(state_dir: &Path) -> PathBuf {
+    state_dir.join(PINS_FILE)
+}
+
+/// The saved pins; a missing or unreadable file is no pins (logged when unreadable).
+pub fn load_pins(state_dir: &Path) -> BTreeMap<String, i64> {
+    let path = pins_path(state_dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return BTreeMap::new(),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot read the Telegram username pins");
+            return BTreeMap::new();
+        }
+    };
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        tracing::warn!(file = %path.display(), error = %e, "unreadable Telegram username pins; no name is pinned");
+        BTreeMap::new()
+    })
+}
+
+/// Write the pins (atomic replace). Blocking: call it off the runtime thread.
+pub fn save_pins(state_dir: &Path, pins: &BTreeMap<String, i64>) -> std::io::Result<()> {
+    let data = serde_json::to_vec_pretty(pins).map_err(std::io::Error::other)?;
+    crate::fsutil::write_atomic(&pins_path(state_dir), &data)
+}
+
+/// For `bramble status` and `check`: how each `allow_from` username stands
+/// (`@alice pinned to id 123`, `@bob not pinned yet`); `None` without usernames.
+pub fn pins_summary(allow_from: &[String], state_dir: &Path) -> Option<String> {
+    let allow = Allow::new(allow_from).with_pins(state_dir);
+    if allow.names.is_empty() {
+        return None;
+    }
+    let mut names: Vec<&String> = allow.names.iter().collect();
+    names.sort();
+    let parts: Vec<String> = names
+        .into_iter()
+        .map(|n| match allow.pins.get(n) {
+            Some(id) => format!("@{n} pinned to id {id}"),
+            None => format!("@{n} not pinned yet (the first user to write as @{n} will be)"),
+        })
+        .collect();
+    Some(parts.join(", "))
+}
+
+/// The Telegram chats a turn may send to: the private chats of the
+/// `allow_from` users, i.e. the numeric ids, and the ids the listed usernames
+/// are pinned to. Read fresh on each check (the poller pins names while the
+/// daemon runs); the read is blocking, so call [`AllowedChats::contains`] off
+/// the runtime thread.
+#[derive(Debug, Clone)]
+pub struct AllowedChats {
+    allow: Allow,
+    state_dir: PathBuf,
+}
+
+impl AllowedChats {
+    pub fn new(allow_from: &[String], state_dir: &Path) -> AllowedChats {
+        AllowedChats { allow: Allow::new(allow_from), state_dir: state_dir.to_path_buf() }
+    }
+
+    /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.
+    pub fn contains(&self, chat: &str) -> bool {
+        let Ok(id) = chat.trim().parse::<i64>() else { return false };
+        if self.allow.ids.contains(&id) {
+            return true;
+        }
+        if self.allow.names.is_empty() {
+            return false;
+        }
+        self.allow.clone().with_pins(&self.state_dir).pins.values().any(|&p| p == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(id: i64, name: Option<&str>) -> User {
+        User { id, username: name.map(Into::into), ..Default::default() }
+    }
+
+    #[test]
+    fn a_name_is_pinned_to_its_first_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut allow = Allow::new(&["@Alice".into(), "7".into()]).with_pins(dir.path());
+        assert_eq!(allow.check(&user(7, None)), Verdict::Allowed);
+        assert_eq!(allow.check(&user(1, Some("alice"))), Verdict::Pinned("alice".into()));
+        assert_eq!(allow.check(&user(1, Some("ALICE"))), Verdict::Allowed);
+        assert_eq!(allow.check(&user(2, Some("alice"))), Verdict::NameTaken { name: "alice".into(), pinned: 1 });
+        assert_eq!(allow.check(&user(3, Some("mallory"))), Verdict::Stranger);
+        save_pins(dir.path(), allow.pins()).unwrap();
+        // After a restart the pin holds.
+        let mut again = Allow::new(&["@alice".into()]).with_pins(dir.path());
+        assert!(!again.allows(&user(2, Some("alice"))));
+        assert_eq!(again.check(&user(1, Some("alice"))), Verdict::Allowed);
+        // The chats a message may go to: ids and pinned names; not the impostor, not text.
+        let chats = AllowedChats::new(&["@alice".into(), "7".into()], dir.path());
+        assert!(chats.contains("7") && chats.contains("1"));
+        assert!(!chats.contains("2") && !chats.contains("@alice") && !chats.contains("-100"));
+        assert_eq!(
+            pins_summary(&["@alice".into(), "@bob".into(), "7".into()], dir.path()).unwrap(),
+            "@alice pinned to id 1, @bob not pinned yet (the first user to write as @bob will be)"
+        );
+        assert_eq!(pins_summary(&["7".into()], dir.path()), None);
+        // A pin for a name no longer listed is dropped.
+        assert!(Allow::new(&["@bob".into()]).with_pins(dir.path()).pins().is_empty());
+    }
+
+    #[test]
+    fn garbage_pins_pin_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(PINS_FILE), "not json").unwrap();
+        let mut allow = Allow::new(&["@alice".into()]).with_pins(dir.path());
+        assert!(allow.pins().is_empty());
+        assert_eq!(allow.check(&user(5, Some("alice"))), Verdict::Pinned("alice".into()));
+    }
+}
