@@ -864,6 +864,8 @@ async fn a_skill_planted_as_a_link_is_not_read_into_the_prompt() {
     agent.turn(bramble::agent::TurnRequest::cli("s", "hi")).await.unwrap();
     let seen = request_text(&fake.last_request().unwrap());
     assert!(!seen.contains("SKILL-SECRET-8080") && !seen.contains("steal"), "a linked skill reached the model");
+}
+
 // ---- origins: MQTT and Telegram as back doors (issue 22) ----
 
 /// The contents of the `tool` messages of an (OpenAI-dialect) LLM request.
