@@ -979,3 +979,111 @@ async fn an_allow_from_username_is_pinned_to_its_first_user() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&pins).unwrap()).unwrap();
     assert_eq!(saved, serde_json::json!({"alice": 1}));
 }
+
+// ---- state files and config (issue 22) ----
+
+/// `bramble ARGS` with the test home's config; stdout and stderr together.
+async fn bramble_output(home: &TestHome, args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .arg("--config")
+        .arg(&home.config)
+        .args(args)
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn mode_of(path: &Path) -> u32 {
+    std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions()) & 0o777
+}
+
+#[tokio::test]
+async fn conversations_are_private_to_brambles_user() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    fake.push(Reply::text("hello"));
+    let (ok, out) = bramble_output(&home, &["agent", "-m", "a private question"]).await;
+    assert!(ok, "{out}");
+    assert_eq!(mode_of(&home.state), 0o700, "the state directory");
+    let sessions = home.state.join("sessions");
+    assert_eq!(mode_of(&sessions), 0o700);
+    let files: Vec<PathBuf> = std::fs::read_dir(&sessions).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(files.iter().any(|f| f.extension().is_some_and(|e| e == "jsonl")), "{files:?}");
+    for f in &files {
+        assert_eq!(mode_of(f), 0o600, "{}", f.display());
+    }
+    for f in std::fs::read_dir(&home.state).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()) {
+        assert_eq!(mode_of(&f), 0o600, "{}", f.display());
+    }
+}
+
+#[tokio::test]
+async fn check_warns_about_readable_inline_secrets_and_a_root_without_isolation() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let set_mode = |m: u32| {
+        std::fs::set_permissions(
+            &home.config,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(m),
+        )
+        .unwrap()
+    };
+    set_mode(0o644);
+    let (_, out) = bramble_output(&home, &["check"]).await;
+    assert!(
+        out.contains("holds secrets inline ([provider] api_key) and is readable by every user on this machine"),
+        "{out}"
+    );
+    assert!(out.contains(&format!("chmod 600 {}", home.config.display())), "{out}");
+    assert!(!out.contains("test-key"), "the warning names the key, never its value: {out}");
+    set_mode(0o600);
+    let (_, out) = bramble_output(&home, &["check"]).await;
+    assert!(!out.contains("holds secrets inline"), "{out}");
+
+    let off = TestHome::new("openai", &fake.base_url(), "", "", "[exec]\nisolation = \"off\"\n");
+    let (_, out) = bramble_output(&off, &["check"]).await;
+    let danger = out.contains("DANGER: [exec] isolation = \"off\" while bramble runs as root");
+    assert_eq!(danger, nix::unistd::geteuid().is_root(), "{out}");
+}
+
+#[tokio::test]
+async fn a_huge_tool_argument_is_stored_capped_and_later_turns_stay_small() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let (agent, _out) = home.agent();
+    // 3 MB is enough to show it: the cap is 64 Ki characters (the red team used 50 MB).
+    let huge = "A".repeat(3 << 20);
+    let args = serde_json::json!({ "path": "big.txt", "content": huge }).to_string();
+    fake.push(Reply::tool_call("write_file", args));
+    fake.push(Reply::text("written"));
+    agent.turn(bramble::agent::TurnRequest::cli("s", "write it")).await.unwrap();
+    assert_eq!(std::fs::metadata(home.workspace.join("big.txt")).unwrap().len(), 3 << 20, "the file is whole");
+    let file = std::fs::read_to_string(agent.sessions().path("s")).unwrap();
+    let longest = file.lines().map(str::len).max().unwrap();
+    assert!(longest < 100_000, "a stored line is {longest} bytes");
+    assert!(file.contains("characters truncated"), "the model can see that it was cut");
+    for line in file.lines() {
+        serde_json::from_str::<serde_json::Value>(line).unwrap();
+    }
+
+    // The next turn's request carries the capped call, and its arguments are still JSON.
+    fake.push(Reply::text("ok"));
+    agent.turn(bramble::agent::TurnRequest::cli("s", "and now?")).await.unwrap();
+    let request = fake.last_request().unwrap();
+    assert!(request_text(&request).len() < 200_000, "the prompt stays small");
+    let call = request["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|m| m["tool_calls"].as_array().and_then(|c| c.first().cloned()))
+        .expect("the earlier tool call is in the history");
+    let arguments: serde_json::Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).expect("still JSON");
+    assert!(arguments["truncated"].as_str().unwrap().contains("characters truncated"), "{arguments}");
+}

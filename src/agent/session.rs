@@ -29,6 +29,15 @@ use crate::provider::{Message, Role, Usage};
 /// older ones stay on disk only.
 const CACHE_MESSAGES: usize = 200;
 
+/// Characters of one stored text (a message's content, a tool call's
+/// arguments) at most. A model can write a 50 MB `write_file` argument, an MQTT
+/// message can carry 8 MiB: stored whole, it would ride along in every later
+/// prompt of the chat and push the daemon past a 256 MB `MemoryMax`. 64 Ki
+/// characters is far above a chat message or a tool result (capped at
+/// `[exec] max_output`, 10,000 by default) and keeps 200 cached messages under
+/// ~50 MB at the very worst.
+pub const STORED_TEXT_CAP: usize = 64 * 1024;
+
 /// A message as stored on disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredMessage {
@@ -183,7 +192,8 @@ impl SessionStore {
             serde_json::to_writer(&mut buf, &meta).map_err(std::io::Error::other)?;
             buf.push(b'\n');
         }
-        for m in messages {
+        let messages: Vec<StoredMessage> = messages.iter().map(capped).collect();
+        for m in &messages {
             serde_json::to_writer(&mut buf, m).map_err(std::io::Error::other)?;
             buf.push(b'\n');
         }
@@ -194,7 +204,7 @@ impl SessionStore {
                 fsutil::sync_dir(dir)?;
             }
         }
-        cached.messages.extend_from_slice(messages);
+        cached.messages.extend(messages);
         if cached.messages.len() > CACHE_MESSAGES {
             let excess = cached.messages.len() - CACHE_MESSAGES;
             cached.messages.drain(..excess);
@@ -253,8 +263,7 @@ impl SessionStore {
 
     /// An exclusive advisory lock on the sessions directory, held while a file is written.
     fn dir_lock(&self) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
-        std::fs::create_dir_all(&self.dir)?;
-        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.dir.join(".lock"))?;
+        let file = fsutil::open_lock_file(&self.dir.join(".lock"))?;
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))
     }
@@ -367,7 +376,8 @@ fn scan(path: &Path, text: &str, keep: usize) -> (Option<Checkpoint>, (Vec<Store
     let mut out = Vec::with_capacity(messages.len() - skipped);
     for (n, line) in &messages[skipped..] {
         match serde_json::from_str::<StoredMessage>(line) {
-            Ok(m) => out.push(m),
+            // A session written before the cap existed is capped as it loads.
+            Ok(m) => out.push(capped(&m)),
             Err(e) => {
                 tracing::warn!(file = %path.display(), line = n + 1, error = %e, "skipping an unreadable session line")
             }
@@ -381,6 +391,25 @@ fn read_session_file(path: &Path) -> std::io::Result<Session> {
     let Some(text) = read_lines(path)? else { return Ok(Session::default()) };
     let (checkpoint, (messages, skipped)) = scan(path, &text, CACHE_MESSAGES);
     Ok(Session { checkpoint, messages, skipped })
+}
+
+/// `m` with its content and tool-call arguments cut to [`STORED_TEXT_CAP`]
+/// characters, head and tail kept. Cut arguments stay valid JSON: the model
+/// reads `{"truncated": "<head> ... <tail>"}` for the call it made.
+pub fn capped(m: &StoredMessage) -> StoredMessage {
+    let mut m = m.clone();
+    if let Some(text) = &m.message.content {
+        if text.len() > STORED_TEXT_CAP {
+            m.message.content = Some(crate::tools::truncate_middle(text, STORED_TEXT_CAP));
+        }
+    }
+    for call in &mut m.message.tool_calls {
+        if call.function.arguments.len() > STORED_TEXT_CAP {
+            let kept = crate::tools::truncate_middle(&call.function.arguments, STORED_TEXT_CAP - 64);
+            call.function.arguments = serde_json::json!({ "truncated": kept }).to_string();
+        }
+    }
+    m
 }
 
 pub(crate) fn now_rfc3339() -> String {

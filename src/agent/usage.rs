@@ -71,14 +71,7 @@ impl UsageLedger {
 
     /// Add one run's usage to today's totals; returns them.
     pub fn add(&self, usage: Usage) -> std::io::Result<DayUsage> {
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.path.with_extension("lock"))?;
+        let lock = crate::fsutil::open_lock_file(&self.path.with_extension("lock"))?;
         let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))?;
         let mut file = self.read();

@@ -615,7 +615,56 @@ pub fn warnings(loaded: &Loaded) -> Vec<String> {
     if c.telegram.token().is_some() && c.telegram.allow_from.is_empty() {
         out.push("[telegram] allow_from is empty: the bot will answer nobody".into());
     }
+    out.extend(security_warnings(loaded));
     out
+}
+
+/// The warnings about who else can reach bramble's secrets or the machine:
+/// `bramble check` prints them and the daemon logs them at every start.
+pub fn security_warnings(loaded: &Loaded) -> Vec<String> {
+    let c = &loaded.config;
+    let mut out = Vec::new();
+    if let Some(path) = &loaded.path {
+        out.extend(exposed_secrets(c, path));
+    }
+    if c.exec.isolation == Isolation::Off && nix::unistd::geteuid().is_root() {
+        out.push(
+            "DANGER: [exec] isolation = \"off\" while bramble runs as root: every command the model, a job or a \
+             trigger runs, runs as root with no sandbox. Use isolation = \"auto\" (the default) or run bramble as \
+             its own user"
+                .into(),
+        );
+    }
+    out
+}
+
+/// A warning when the config file holds secrets inline (`api_key`, `token`,
+/// `password`) and other users may read it.
+fn exposed_secrets(c: &Config, path: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let inline: Vec<&str> = [
+        ("[provider] api_key", c.provider.api_key.is_some()),
+        ("[telegram] token", c.telegram.token.is_some()),
+        ("[mqtt] password", c.mqtt.password.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, set)| set.then_some(name))
+    .collect();
+    if inline.is_empty() {
+        return None;
+    }
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    if mode & 0o044 == 0 {
+        return None;
+    }
+    let who = if mode & 0o004 != 0 { "every user on this machine" } else { "its group" };
+    Some(format!(
+        "{} holds secrets inline ({}) and is readable by {who} (mode {mode:04o}): run `chmod 600 {}`, or move \
+         them to the environment (`api_key_env`, `token_env`, `password_env`)",
+        path.display(),
+        inline.join(", "),
+        path.display()
+    ))
 }
 
 /// 1-based line and column (in characters) of a byte offset.

@@ -477,14 +477,13 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
 /// directory would run every job twice.
 fn lock_state_dir(state: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     use anyhow::Context as _;
-    std::fs::create_dir_all(state).with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    crate::fsutil::create_private_dir(state)
+        .with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    if crate::fsutil::make_private(state).with_context(|| format!("cannot make {} private", state.display()))? {
+        tracing::warn!(state = %state.display(), "the state directory was readable by other users; it is 0700 now");
+    }
     let path = state.join("daemon.lock");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
+    let file = crate::fsutil::open_lock_file(&path).with_context(|| format!("cannot open {}", path.display()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
         if e == nix::errno::Errno::EWOULDBLOCK {
             anyhow::anyhow!(
@@ -538,7 +537,8 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     use anyhow::Context as _;
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
-    std::fs::create_dir_all(state).with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    crate::fsutil::create_private_dir(state)
+        .with_context(|| format!("cannot create the state directory {}", state.display()))?;
     // Commands run in the workspace; an empty one is better than failing every exec job.
     let ws = &loaded.paths.workspace;
     if !ws.is_dir() {
@@ -675,6 +675,9 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
         Some(why) => {
             tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run")
         }
+    }
+    for w in crate::config::security_warnings(loaded) {
+        tracing::warn!("{w}");
     }
     let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
     let tasks = heartbeat::read_file(&loaded.paths.workspace).map(|t| heartbeat::active_tasks(&t).len()).unwrap_or(0);

@@ -15,7 +15,7 @@
 //! board does not wear out its SD card.
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -241,15 +241,7 @@ impl Outbox {
     }
 
     fn lock(&self) -> Result<File, OutboxError> {
-        if let Some(dir) = self.lock_path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
-        }
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.lock_path)
-            .map_err(|e| self.io(e))?;
+        let f = fsutil::open_lock_file(&self.lock_path).map_err(|e| self.io(e))?;
         f.lock().map_err(|e| self.io(e))?;
         Ok(f)
     }

@@ -14,7 +14,7 @@
 //! The daemon notices CLI edits cheaply with [`JobStore::stamp`] (inode, size,
 //! mtime): one `stat` per wake-up instead of a read.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -177,14 +177,7 @@ impl JobStore {
     }
 
     fn lock(&self) -> Result<Flock<File>, StoreError> {
-        if let Some(dir) = self.lock_path.parent() {
-            fs::create_dir_all(dir).map_err(|e| self.io_err(e))?;
-        }
-        let f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.lock_path)
+        let f = crate::fsutil::open_lock_file(&self.lock_path)
             .map_err(|e| StoreError::Io { path: self.lock_path.clone(), source: e })?;
         // flock(2), exclusive: released when the guard is dropped or the process
         // dies. (std's `File::lock` is the same call but needs Rust 1.89; the
