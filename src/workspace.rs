@@ -100,6 +100,11 @@ impl PathError {
         }
     }
 
+    /// The file, or the whole workspace, does not exist.
+    pub fn is_missing(&self) -> bool {
+        matches!(self, PathError::NotFound(_) | PathError::Root { source: Errno::ENOENT, .. })
+    }
+
     pub fn io(err: io::Error, path: &str) -> PathError {
         match err.raw_os_error() {
             Some(code) => PathError::from_errno(Errno::from_raw(code), path),
@@ -395,7 +400,7 @@ impl Workspace {
     pub fn read_text(&self, path: &str, cap: usize) -> Result<Option<Capped>, PathError> {
         let (file, _) = match self.open_regular(path) {
             Ok(opened) => opened,
-            Err(PathError::NotFound(_)) => return Ok(None),
+            Err(e) if e.is_missing() => return Ok(None),
             Err(e) => return Err(e),
         };
         let mut data = Vec::new();
@@ -461,7 +466,7 @@ impl Workspace {
     pub fn subdirectories(&self, path: &str) -> Result<Vec<String>, PathError> {
         let fd = match self.open(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NONBLOCK) {
             Ok(fd) => fd,
-            Err(PathError::NotFound(_)) => return Ok(Vec::new()),
+            Err(e) if e.is_missing() => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
         let stat_fd = fd.try_clone().map_err(|e| PathError::io(e, path))?;
@@ -888,6 +893,9 @@ mod tests {
         let ws = Workspace::strict(&f.root);
         assert_eq!(ws.subdirectories("skills").unwrap(), vec!["a".to_string(), "b".to_string()]);
         assert!(ws.subdirectories("missing").unwrap().is_empty());
+        let nowhere = Workspace::strict(f.root.join("not-made-yet"));
+        assert!(nowhere.subdirectories("skills").unwrap().is_empty(), "no workspace yet: no skills");
+        assert_eq!(nowhere.read_text("AGENTS.md", 10).unwrap(), None);
         std::fs::rename(f.root.join("skills"), f.root.join("real_skills")).unwrap();
         symlink(&f.outside, f.root.join("skills")).unwrap();
         assert!(ws.subdirectories("skills").is_err(), "a linked skills/ is not listed");

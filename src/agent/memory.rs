@@ -144,7 +144,7 @@ impl Journal {
     pub fn entries(&self) -> std::io::Result<Vec<JournalEntry>> {
         let mut file = match self.ws.open_regular(JOURNAL_FILE) {
             Ok((file, _)) => file,
-            Err(PathError::NotFound(_)) => return Ok(Vec::new()),
+            Err(e) if e.is_missing() => return Ok(Vec::new()),
             Err(e) => return Err(into_io(e)),
         };
         let len = file.metadata()?.len();
