@@ -675,7 +675,13 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
             tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run")
         }
     }
-    let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
+    let jobs = JobStore::open(&loaded.paths.state_dir).list().map_or_else(
+        |e| {
+            tracing::error!("{e}");
+            0
+        },
+        |j| j.len(),
+    );
     let tasks = std::fs::read_to_string(loaded.paths.workspace.join("HEARTBEAT.md"))
         .map(|t| heartbeat::active_tasks(&t).len())
         .unwrap_or(0);

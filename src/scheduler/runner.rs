@@ -203,6 +203,9 @@ impl Scheduler {
             went_back: None,
         };
         lp.reload();
+        if let Some(notice) = lp.store.corrupt_notice() {
+            error!("{notice}");
+        }
         info!(jobs = lp.jobs.len(), "scheduler started");
         let mut force_reload = false;
         loop {
