@@ -548,7 +548,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let outbox = Outbox::new(state);
+    let outbox = Outbox::new(state).holding_in_memory();
     let wake = Arc::new(Notify::new());
     let bus = crate::bus::Bus::new();
     let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
