@@ -11,17 +11,20 @@
 //!   change or an unsignalled CLI edit goes unnoticed.
 //! - **Clock jumps.** On each wake the wall-clock time elapsed is compared with
 //!   the monotonic time elapsed; a difference over [`JUMP_THRESHOLD`] is logged
-//!   as a jump. Nothing else is special: every wake re-plans every job with
+//!   as a jump. A backward jump re-anchors `every` jobs by its size (they keep
+//!   their interval in real time); otherwise every wake re-plans every job with
 //!   [`plan`], which applies the catch-up policy to what a forward jump skipped
 //!   and never re-runs what a backward jump repeats.
 //! - **Edits.** The store's stamp is checked on each wake (one `stat`), and
 //!   the reload [`Notify`] (SIGHUP, IPC) makes the loop re-read at once.
-//! - **Writes.** One store write per run (its record and the next plan), plus
-//!   the write-ahead for one-shots, plus one per missed span. Nothing per tick.
+//! - **Writes.** Per wake-up at most one store write, batching everything it
+//!   decided: the write-ahead of the runs it starts (all scheduled runs, so a
+//!   crash cannot repeat an occurrence), new plans, missed spans, re-anchors
+//!   after a backward jump. Then one write per finished run. Nothing per tick.
 //! - **Shutdown.** `cancel` stops the loop at once. Runs in flight are
-//!   detached, not awaited: the executor's own cancellation ends them. Their
-//!   results are not recorded — a one-shot among them runs again at the next
-//!   start (see [`super::engine`]).
+//!   drained for a bounded time; a run still going after that is left
+//!   unrecorded — at the next start a one-shot among them runs again, a
+//!   recurring one is recorded as interrupted (see [`super::engine`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
