@@ -303,3 +303,29 @@ async fn a_recurring_run_killed_mid_run_is_not_run_again_after_the_restart() {
     assert!(log2.contains("run was interrupted"), "{log2}");
     assert!(!scheduled_runs(&log2, "e3").contains(&first[0]), "{} ran twice: {log2}", first[0]);
 }
+
+// ---- issue 23: a corrupt job store is an ERROR in the daemon's log, with the kept copy ----
+
+#[tokio::test]
+async fn a_corrupt_job_store_is_logged_as_an_error_with_the_kept_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let state = home.join(".local/state/bramble");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("jobs.json"), b"{ not json").unwrap();
+    let daemon = Daemon::start(home, None);
+    let kept = || {
+        std::fs::read_dir(&state).ok().and_then(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("jobs.json.corrupt-")))
+        })
+    };
+    let set_aside = wait_until(10, || kept().is_some()).await;
+    daemon.handlers_ready().await;
+    let (_, log) = daemon.stop().await;
+    assert!(set_aside, "{log}");
+    let kept = kept().unwrap().display().to_string();
+    let errors: Vec<_> = log.lines().filter(|l| l.contains("ERROR") && l.contains(&kept)).collect();
+    assert!(!errors.is_empty(), "an ERROR line names {kept}: {log}");
+}
