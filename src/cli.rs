@@ -516,7 +516,11 @@ async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
         }
         CronCommand::List => {
             let jobs = store.list()?;
-            if jobs.is_empty() {
+            let corrupt = store.corrupt_notice();
+            if let Some(notice) = &corrupt {
+                println!("job store: {notice}");
+            }
+            if jobs.is_empty() && corrupt.is_none() {
                 println!("no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"");
             }
             for j in jobs {
@@ -743,9 +747,13 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
             "off".into()
         }
     );
-    match crate::scheduler::JobStore::open(&loaded.paths.state_dir).list() {
+    let jobs_store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+    match jobs_store.list() {
         Ok(jobs) => {
             println!("jobs:       {}", jobs.len());
+            if let Some(notice) = jobs_store.corrupt_notice() {
+                println!("  job store: {notice}");
+            }
             for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
                 println!("  {:<20} next {}", j.name, when(j.state.next_run, &tz));
             }

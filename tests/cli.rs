@@ -194,3 +194,32 @@ async fn repl_handles_slash_commands_without_the_model() {
     let check = text(&bramble(home.path(), &["--config", cfg, "check"], None).await.stdout);
     assert!(check.contains("telegram: configured, 1 allowed user"), "{check}");
 }
+
+// ---- issue 23: a corrupt job store is surfaced by every reader ----
+
+#[tokio::test]
+async fn a_corrupt_job_store_is_reported_by_status_and_cron_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join(".local/state/bramble");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("jobs.json"), b"{\"version\": 1, \"jobs\": [ trunc").unwrap();
+    // The first reader sets the file aside and says so.
+    let first = text(&bramble(dir.path(), &["status"], None).await.stdout);
+    let kept: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("jobs.json.corrupt-")))
+        .collect();
+    assert_eq!(kept.len(), 1, "the corrupt file is kept aside");
+    let kept = kept[0].display().to_string();
+    assert!(first.contains("corrupt") && first.contains(&kept), "{first}");
+    // Every later reader still says so, with the path of the copy.
+    let list = bramble(dir.path(), &["cron", "list"], None).await;
+    assert!(list.status.success(), "{}", text(&list.stderr));
+    let list = text(&list.stdout);
+    assert!(list.contains("was corrupt") && list.contains(&kept), "{list}");
+    assert!(!list.contains("no jobs. Add one"), "{list}");
+    let status = text(&bramble(dir.path(), &["status"], None).await.stdout);
+    assert!(status.contains("was corrupt") && status.contains(&kept), "{status}");
+}

@@ -251,3 +251,81 @@ async fn reports_for_an_unconfigured_channel_wait_without_rewrites() {
     assert_eq!(std::fs::metadata(outbox.path()).unwrap().modified().unwrap(), before, "no rewrite: {log}");
     assert!(log.contains("no `telegram` channel is configured"), "{log}");
 }
+
+// ---- issue 23: a recurring occurrence is not run again after a kill -9 during it ----
+
+/// The `scheduled=` values of the "running job" lines for `job` in a daemon log.
+fn scheduled_runs(log: &str, job: &str) -> Vec<String> {
+    // Drop the ANSI colour codes (ESC [ ... m) of the log lines.
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+        .lines()
+        .filter(|l| l.contains("running job") && l.contains(&format!("job={job}")))
+        .filter_map(|l| l.split("scheduled=").nth(1))
+        .filter_map(|s| s.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_recurring_run_killed_mid_run_is_not_run_again_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let cmd = "echo run >> runs.txt; sleep 30";
+    let out = bramble(home, &["cron", "add", "e3", "--every", "4s", "--exec", cmd]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs = home.join(".local/share/bramble/workspace/runs.txt");
+    let daemon = Daemon::start(home, None);
+    let started = wait_until(20, || std::fs::read_to_string(&runs).is_ok_and(|t| !t.is_empty())).await;
+    let log1 = daemon.kill9().await;
+    assert!(started, "the job started: {log1}");
+    let first = scheduled_runs(&log1, "e3");
+    assert_eq!(first.len(), 1, "{log1}");
+    // Restart at once: the interrupted occurrence is well inside the 60 s grace.
+    let daemon = Daemon::start(home, None);
+    let state = home.join(".local/state/bramble");
+    let recorded = wait_until(20, || {
+        JobStore::open(&state)
+            .get("e3")
+            .is_ok_and(|j| j.state.history.iter().any(|r| r.summary.starts_with("interrupted")))
+    })
+    .await;
+    let (_, log2) = daemon.stop().await;
+    assert!(recorded, "the interrupted run is recorded: {log2}");
+    assert!(log2.contains("run was interrupted"), "{log2}");
+    assert!(!scheduled_runs(&log2, "e3").contains(&first[0]), "{} ran twice: {log2}", first[0]);
+}
+
+// ---- issue 23: a corrupt job store is an ERROR in the daemon's log, with the kept copy ----
+
+#[tokio::test]
+async fn a_corrupt_job_store_is_logged_as_an_error_with_the_kept_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let state = home.join(".local/state/bramble");
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("jobs.json"), b"{ not json").unwrap();
+    let daemon = Daemon::start(home, None);
+    let kept = || {
+        std::fs::read_dir(&state).ok().and_then(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.path())
+                .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("jobs.json.corrupt-")))
+        })
+    };
+    let set_aside = wait_until(10, || kept().is_some()).await;
+    daemon.handlers_ready().await;
+    let (_, log) = daemon.stop().await;
+    assert!(set_aside, "{log}");
+    let kept = kept().unwrap().display().to_string();
+    let errors: Vec<_> = log.lines().filter(|l| l.contains("ERROR") && l.contains(&kept)).collect();
+    assert!(!errors.is_empty(), "an ERROR line names {kept}: {log}");
+}

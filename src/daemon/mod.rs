@@ -549,7 +549,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let outbox = Outbox::new(state);
+    let outbox = Outbox::new(state).holding_in_memory();
     let wake = Arc::new(Notify::new());
     let bus = crate::bus::Bus::new();
     let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
@@ -679,7 +679,13 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
     for w in crate::config::security_warnings(loaded) {
         tracing::warn!("{w}");
     }
-    let jobs = JobStore::open(&loaded.paths.state_dir).list().map(|j| j.len()).unwrap_or(0);
+    let jobs = JobStore::open(&loaded.paths.state_dir).list().map_or_else(
+        |e| {
+            tracing::error!("{e}");
+            0
+        },
+        |j| j.len(),
+    );
     let tasks = heartbeat::read_file(&loaded.paths.workspace).map(|t| heartbeat::active_tasks(&t).len()).unwrap_or(0);
     tracing::info!(
         config = %loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into()),

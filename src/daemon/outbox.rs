@@ -13,10 +13,22 @@
 //! advisory lock on `outbox.lock` and re-reads the file first. It is written
 //! on enqueue and on each delivery outcome — never on a timer — so an idle
 //! board does not wear out its SD card.
+//!
+//! A full disk (or any failed write) must not lose reports either. In the
+//! daemon ([`Outbox::holding_in_memory`]) a report that cannot be written is
+//! kept in memory — at most [`HELD_MAX_REPORTS`] reports and
+//! [`HELD_MAX_BYTES`] bytes of text — and dispatched from there like any
+//! other; every later write (the next report, a delivery outcome) and every
+//! dispatcher wake-up with reports held tries to write them to the file
+//! again. Beyond the bound a report is dropped with an ERROR line naming its
+//! source and target. Held reports die with the process (a crash while the
+//! disk is full loses them). CLI processes do not hold: they exit, so they
+//! report the error instead.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -30,6 +42,10 @@ const RECENT_KEPT: usize = 20;
 /// First retry delay; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
+/// At most this many reports are held in memory while the outbox cannot be written.
+pub const HELD_MAX_REPORTS: usize = 256;
+/// At most this many bytes of report text (and source) are held in memory.
+pub const HELD_MAX_BYTES: usize = 1024 * 1024;
 
 /// One report waiting for delivery.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,11 +95,29 @@ pub enum OutboxError {
     Corrupt { path: PathBuf, kept_as: PathBuf, reason: String },
 }
 
-/// The outbox in a state directory.
+/// The outbox in a state directory. Clones share the reports held in memory.
 #[derive(Debug, Clone)]
 pub struct Outbox {
     path: PathBuf,
     lock_path: PathBuf,
+    /// Reports not yet on disk (the write failed); `None` outside the daemon.
+    held: Option<Arc<Mutex<Held>>>,
+    /// Tests: make every write fail with ENOSPC while set.
+    #[cfg(test)]
+    fail_writes: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Reports waiting in memory for a successful write.
+#[derive(Debug, Default)]
+struct Held {
+    entries: Vec<Entry>,
+    bytes: usize,
+    /// The highest id handed out to a held report.
+    last_id: u64,
+}
+
+fn held_size(e: &Entry) -> usize {
+    e.text.len() + e.source.len()
 }
 
 /// What happened to one delivery attempt.
@@ -98,7 +132,69 @@ pub enum Attempt {
 
 impl Outbox {
     pub fn new(state_dir: &Path) -> Outbox {
-        Outbox { path: state_dir.join("outbox.json"), lock_path: state_dir.join("outbox.lock") }
+        Outbox {
+            path: state_dir.join("outbox.json"),
+            lock_path: state_dir.join("outbox.lock"),
+            held: None,
+            #[cfg(test)]
+            fail_writes: Arc::default(),
+        }
+    }
+
+    /// Keep reports in memory when the file cannot be written (the daemon),
+    /// bounded by [`HELD_MAX_REPORTS`] and [`HELD_MAX_BYTES`].
+    pub fn holding_in_memory(mut self) -> Outbox {
+        self.held = Some(Arc::default());
+        self
+    }
+
+    /// How many reports are held in memory, not yet written.
+    pub fn held(&self) -> usize {
+        self.held_lock().map_or(0, |h| h.entries.len())
+    }
+
+    fn held_lock(&self) -> Option<MutexGuard<'_, Held>> {
+        self.held.as_ref().map(|h| h.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Try to write the held reports to the file (one write; nothing if none are held).
+    pub fn flush(&self) -> Result<(), OutboxError> {
+        if self.held() == 0 {
+            return Ok(());
+        }
+        self.update(|_| ())
+    }
+
+    /// Keep `entry` in memory after `err` (a failed write), if this outbox
+    /// holds and the bound allows; else log the drop and return `err`.
+    fn hold(&self, err: OutboxError, mut entry: Entry) -> Result<u64, OutboxError> {
+        if !matches!(err, OutboxError::Io { .. }) || self.held.is_none() {
+            return Err(err);
+        }
+        // Above every id on disk (read before taking the memory lock: the
+        // file lock is always taken first).
+        let disk_next = self.read().map(|f| f.next_id).unwrap_or(0);
+        let Some(mut h) = self.held_lock() else { return Err(err) };
+        let size = held_size(&entry);
+        if h.entries.len() >= HELD_MAX_REPORTS || h.bytes + size > HELD_MAX_BYTES {
+            tracing::error!(
+                source = %entry.source,
+                target = %entry.target,
+                "report dropped: the outbox cannot be written ({err}) and {} reports ({} bytes) are already held in memory",
+                h.entries.len(),
+                h.bytes
+            );
+            return Err(err);
+        }
+        entry.id = disk_next.max(h.last_id) + 1;
+        h.last_id = entry.id;
+        h.bytes += size;
+        h.entries.push(entry);
+        tracing::warn!(
+            held = h.entries.len(),
+            "the outbox cannot be written ({err}); the report is kept in memory and delivered from there; the write is retried"
+        );
+        Ok(h.last_id)
     }
 
     pub fn path(&self) -> &Path {
@@ -106,27 +202,41 @@ impl Outbox {
     }
 
     /// Queue a report. It is on disk when this returns.
+    ///
+    /// If the write fails, an outbox [holding in memory](Self::holding_in_memory)
+    /// keeps the report there (within its bound) and returns its id.
     pub fn enqueue(&self, target: Target, text: &str, source: &str) -> Result<u64, OutboxError> {
-        self.update(|f| {
+        let entry = Entry {
+            id: 0,
+            target,
+            text: text.to_string(),
+            source: source.to_string(),
+            created: Timestamp::now(),
+            attempts: 0,
+            next_attempt: None,
+            last_error: None,
+        };
+        let written = self.update(|f| {
             f.next_id += 1;
             let id = f.next_id;
-            f.pending.push(Entry {
-                id,
-                target,
-                text: text.to_string(),
-                source: source.to_string(),
-                created: Timestamp::now(),
-                attempts: 0,
-                next_attempt: None,
-                last_error: None,
-            });
+            f.pending.push(Entry { id, ..entry.clone() });
             id
-        })
+        });
+        written.or_else(|e| self.hold(e, entry))
+    }
+
+    /// The file's contents with the reports held in memory added.
+    fn read_all(&self) -> Result<OutboxFile, OutboxError> {
+        let mut f = self.read()?;
+        if let Some(h) = self.held_lock() {
+            f.pending.extend(h.entries.iter().cloned());
+        }
+        Ok(f)
     }
 
     /// Reports waiting for delivery, oldest first.
     pub fn pending(&self) -> Result<Vec<Entry>, OutboxError> {
-        Ok(self.read()?.pending)
+        Ok(self.read_all()?.pending)
     }
 
     /// Recently delivered or dropped reports, newest last.
@@ -134,9 +244,13 @@ impl Outbox {
         Ok(self.read()?.recent.into())
     }
 
-    /// Entries due for an attempt at `now`.
+    /// Entries due for an attempt at `now`. With reports held in memory, this
+    /// first tries to write them (the dispatcher's wake-ups are the retry timer).
     pub fn due(&self, now: Timestamp) -> Result<Vec<Entry>, OutboxError> {
-        Ok(self.read()?.pending.into_iter().filter(|e| e.next_attempt.is_none_or(|t| t <= now)).collect())
+        if let Err(e) = self.flush() {
+            tracing::debug!("held reports still not written: {e}");
+        }
+        Ok(self.read_all()?.pending.into_iter().filter(|e| e.next_attempt.is_none_or(|t| t <= now)).collect())
     }
 
     /// The earliest time a pending entry may be tried, if any.
@@ -147,7 +261,7 @@ impl Outbox {
     /// The earliest time a pending entry whose target passes `deliverable` may be tried.
     pub fn next_due_for(&self, deliverable: impl Fn(&Target) -> bool) -> Result<Option<Timestamp>, OutboxError> {
         Ok(self
-            .read()?
+            .read_all()?
             .pending
             .iter()
             .filter(|e| deliverable(&e.target))
@@ -159,8 +273,15 @@ impl Outbox {
     /// out a backoff become due now. Writes only if there are any. Returns how many.
     pub fn retry_now(&self, channel: &str) -> Result<usize, OutboxError> {
         let waiting = |e: &Entry| e.target.channel() == channel && e.next_attempt.is_some();
+        let mut in_memory = 0;
+        if let Some(mut h) = self.held_lock() {
+            for e in h.entries.iter_mut().filter(|e| waiting(e)) {
+                e.next_attempt = None;
+                in_memory += 1;
+            }
+        }
         if !self.read()?.pending.iter().any(waiting) {
-            return Ok(0);
+            return Ok(in_memory);
         }
         self.update(|f| {
             let mut n = 0;
@@ -170,10 +291,32 @@ impl Outbox {
             }
             n
         })
+        .map(|n| n + in_memory)
     }
 
     /// Record the outcome of an attempt on entry `id`.
     pub fn record(&self, id: u64, attempt: Attempt, now: Timestamp) -> Result<(), OutboxError> {
+        if let Some(mut h) = self.held_lock() {
+            if let Some(pos) = h.entries.iter().position(|e| e.id == id) {
+                // Never on disk: its outcome is kept in memory too.
+                match attempt {
+                    Attempt::Retry(err) => {
+                        let e = &mut h.entries[pos];
+                        e.attempts += 1;
+                        e.next_attempt = now.checked_add(backoff(e.attempts)).ok();
+                        e.last_error = Some(err);
+                    }
+                    Attempt::Delivered | Attempt::Drop(_) => {
+                        let e = h.entries.remove(pos);
+                        h.bytes = h.bytes.saturating_sub(held_size(&e));
+                        if let Attempt::Drop(why) = attempt {
+                            tracing::warn!(source = %e.source, target = %e.target, "report dropped: {why}");
+                        }
+                    }
+                }
+                return Ok(());
+            }
+        }
         self.update(|f| {
             let Some(pos) = f.pending.iter().position(|e| e.id == id) else { return };
             let outcome = match attempt {
@@ -215,11 +358,30 @@ impl Outbox {
             }
             Err(e) => return Err(e),
         };
+        // Reports held in memory go into the same write.
+        let mut held = self.held_lock();
+        let merged = held.as_deref().map_or(0, |h| merge(&mut file, &h.entries));
         let out = change(&mut file);
         file.version = 1;
         let data = serde_json::to_vec_pretty(&file).map_err(|e| self.io(std::io::Error::other(e)))?;
-        fsutil::write_atomic(&self.path, &data).map_err(|e| self.io(e))?;
+        self.write(&data)?;
+        if let Some(h) = held.as_deref_mut().filter(|_| merged > 0) {
+            h.entries.drain(..merged);
+            h.bytes = h.entries.iter().map(held_size).sum();
+            tracing::info!(
+                reports = merged,
+                "the outbox could be written again: the reports held in memory are on disk"
+            );
+        }
         Ok(out)
+    }
+
+    fn write(&self, data: &[u8]) -> Result<(), OutboxError> {
+        #[cfg(test)]
+        if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(self.io(std::io::Error::from_raw_os_error(libc::ENOSPC)));
+        }
+        fsutil::write_atomic(&self.path, data).map_err(|e| self.io(e))
     }
 
     fn read(&self) -> Result<OutboxFile, OutboxError> {
@@ -249,6 +411,21 @@ impl Outbox {
     fn io(&self, source: std::io::Error) -> OutboxError {
         OutboxError::Io { path: self.path.clone(), source }
     }
+}
+
+/// Add held reports to `file` (a report whose id was taken meanwhile by
+/// another process gets a new one). Returns how many.
+fn merge(file: &mut OutboxFile, held: &[Entry]) -> usize {
+    for e in held {
+        let mut e = e.clone();
+        let taken = |id: u64| file.pending.iter().any(|p| p.id == id) || file.recent.iter().any(|d| d.id == id);
+        if taken(e.id) {
+            e.id = file.next_id.max(e.id) + 1;
+        }
+        file.next_id = file.next_id.max(e.id);
+        file.pending.push(e);
+    }
+    held.len()
 }
 
 /// Delay before attempt `n + 1` after `n` failures: 5 s, 10 s, 20 s, … capped at 10 min.
@@ -369,5 +546,78 @@ mod tests {
             o.record(id, Attempt::Delivered, Timestamp::now()).unwrap();
         }
         assert_eq!(o.recent().unwrap().len(), RECENT_KEPT);
+    }
+
+    fn full(o: &Outbox, on: bool) {
+        o.fail_writes.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    #[test]
+    fn reports_are_held_in_memory_while_the_disk_is_full_then_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path()).holding_in_memory();
+        let on_disk = o.enqueue(Target::Log, "before", "job:a").unwrap();
+        full(&o, true);
+        let a = o.enqueue(Target::Log, "one", "job:e1").unwrap();
+        let b = o.clone().enqueue(Target::Mqtt(None), "two", "job:e2").unwrap();
+        let c = o.enqueue(Target::Log, "three", "heartbeat").unwrap();
+        assert!(a > on_disk && b > a && c > b, "fresh ids: {on_disk} {a} {b} {c}");
+        assert_eq!(o.held(), 3);
+        // Not on disk (a plain handle, like the CLI, sees only the file) ...
+        assert_eq!(Outbox::new(dir.path()).pending().unwrap().len(), 1);
+        // ... but dispatched from memory meanwhile; outcomes are kept there too.
+        let now = ts("2026-01-01T00:00:00Z");
+        assert_eq!(o.due(now).unwrap().len(), 4);
+        o.record(a, Attempt::Delivered, now).unwrap();
+        o.record(b, Attempt::Retry("broker down".into()), now).unwrap();
+        assert_eq!(o.held(), 2);
+        assert_eq!(o.due(now).unwrap().iter().map(|e| e.id).collect::<Vec<_>>(), [on_disk, c]);
+        // Space again: the dispatcher's next look writes them.
+        full(&o, false);
+        assert_eq!(o.due(now).unwrap().len(), 2);
+        assert_eq!(o.held(), 0);
+        let disk = Outbox::new(dir.path()).pending().unwrap();
+        let texts: Vec<_> = disk.iter().map(|e| (e.id, e.text.as_str(), e.attempts)).collect();
+        assert_eq!(texts, [(on_disk, "before", 0), (b, "two", 1), (c, "three", 0)]);
+        // New reports get ids after the held ones.
+        assert!(o.enqueue(Target::Log, "after", "agent").unwrap() > c);
+    }
+
+    #[test]
+    fn the_next_successful_write_takes_the_held_reports_along() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path()).holding_in_memory();
+        full(&o, true);
+        o.enqueue(Target::Log, "held", "job:x").unwrap();
+        full(&o, false);
+        o.enqueue(Target::Log, "next", "job:y").unwrap();
+        assert_eq!(o.held(), 0);
+        let texts: Vec<_> = Outbox::new(dir.path()).pending().unwrap().into_iter().map(|e| e.text).collect();
+        assert_eq!(texts, ["held", "next"]);
+    }
+
+    #[test]
+    fn the_memory_is_bounded_and_a_plain_outbox_does_not_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path()).holding_in_memory();
+        full(&o, true);
+        for i in 0..HELD_MAX_REPORTS {
+            o.enqueue(Target::Log, &i.to_string(), "job:burst").unwrap();
+        }
+        let err = o.enqueue(Target::Log, "one too many", "job:burst").unwrap_err();
+        assert!(err.to_string().contains("No space left on device"), "{err}");
+        assert_eq!(o.held(), HELD_MAX_REPORTS);
+        // The byte bound.
+        let dir2 = tempfile::tempdir().unwrap();
+        let big = Outbox::new(dir2.path()).holding_in_memory();
+        full(&big, true);
+        let text = "x".repeat(HELD_MAX_BYTES / 2);
+        big.enqueue(Target::Log, &text, "a").unwrap();
+        assert!(big.enqueue(Target::Log, &text, "b").is_err());
+        // The CLI's outbox reports the error instead of holding.
+        let plain = Outbox::new(dir.path());
+        full(&plain, true);
+        assert!(plain.enqueue(Target::Log, "x", "agent").is_err());
+        assert_eq!(plain.held(), 0);
     }
 }

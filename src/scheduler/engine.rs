@@ -20,22 +20,25 @@
 //!   first, last) for the log and the job's history. If the newest occurrence
 //!   is on time, it runs and only the older ones are reported missed.
 //! - **Backward clock jumps never fire twice.** `last_run` holds the
-//!   *scheduled* time of the last occurrence run; an occurrence at or before it
-//!   is never planned again, and after a run `next_run` is the first
-//!   occurrence after it. When the wall clock goes back, the job simply waits
-//!   for its next occurrence after `last_run` (an `every` job therefore pauses
-//!   for at most the size of the jump).
-//! - **One-shots run exactly once, also across a crash.** Before a one-shot
-//!   starts, `running_since` and `attempts` are written to the store
-//!   ([`mark_started`], write-ahead). When it finishes — ok *or* error — it
-//!   is marked `done` and disabled in the same write as its run record.
-//!   A one-shot found at startup with `running_since` set and not `done` was
-//!   interrupted during its run (the process died between the two writes): it
-//!   runs again, once (`attempts` reaches 2). Interrupted again, it is given up
-//!   and marked done with an error. So: never twice after a recorded finish;
-//!   at least once — at most twice — if the daemon dies *during* the run.
-//!   Recurring jobs are not written ahead (one write per run spares the SD
-//!   card); a recurring run cut short by a crash is a missed occurrence.
+//!   *scheduled* time of the last occurrence started; an occurrence at or
+//!   before it is never planned again, and after a run `next_run` is the first
+//!   occurrence after it. When the wall clock goes back, `cron` jobs simply
+//!   wait for their next occurrence after `last_run`. `every` jobs do not
+//!   pause: the runner measures the jump (wall vs monotonic time) and
+//!   re-anchors them ([`reanchor`]): anchor, `last_run` and `next_run` move by
+//!   the jump, so the next run comes one interval after the previous one in
+//!   monotonic (real elapsed) time. A wall clock found behind an `every` job's
+//!   `last_run` without a measured jump (it went back while the daemon was
+//!   down) re-anchors on *now*: the next run is one interval from now.
+//! - **Recurring runs are at most once per occurrence.** Before a recurring
+//!   run starts, `running_since` is set and `last_run` moved to the occurrence
+//!   ([`mark_started`]); that small write is batched with whatever else the
+//!   same wake-up writes. A recurring job found with `running_since` set (and
+//!   not running in this process) was interrupted by a crash, a `kill -9` or a
+//!   watchdog kill: its occurrence is *not* run again — it is recorded as an
+//!   error "interrupted" ([`Decision::Interrupted`], logged) and the next
+//!   occurrence is planned. A run cut short by shutdown is recorded as
+//!   `cancelled` and not run again either.
 //! - **Untrusted wall clock.** Until the clock is synchronised (see
 //!   [`clock_synchronized`]) and past [`TRUST_FLOOR`], `cron` and `at` jobs are
 //!   held ([`Decision::Hold`]); `every` jobs keep running.
@@ -161,6 +164,10 @@ pub enum Decision {
     Skip { missed: Missed, next: Option<Timestamp> },
     /// A one-shot interrupted [`MAX_ONE_SHOT_ATTEMPTS`] times: mark it done with an error.
     GiveUp,
+    /// A recurring run of `scheduled` was started (written ahead) and never
+    /// finished: the process died during it. Record it ([`mark_interrupted`]);
+    /// it is not run again.
+    Interrupted { scheduled: Timestamp },
 }
 
 /// Decide what to do with `job` at wall-clock `now`.
@@ -184,6 +191,8 @@ pub fn plan(job: &Job, now: Timestamp, default_tz: &TimeZone, trusted: bool) -> 
             }
             return Decision::Run { scheduled: *at, missed: None, retry: true };
         }
+    } else if st.running_since.is_some() {
+        return Decision::Interrupted { scheduled: st.last_run.unwrap_or(now) };
     }
     let floor = st.last_run;
     let next = match (st.next_run, floor) {
@@ -252,14 +261,54 @@ fn count_span(sched: &Schedule, first: Timestamp, last: Timestamp, tz: &TimeZone
     (count, false)
 }
 
-/// The write-ahead before a run: for a one-shot, `running_since` and
-/// `attempts` (the caller stores this *before* starting the run). Recurring
-/// jobs are left alone (one store write per run).
-pub fn mark_started(job: &mut Job, now: Timestamp) {
+/// The write-ahead before a scheduled run (the caller stores this *before*
+/// starting the run): `running_since`, and for a one-shot `attempts`; for a
+/// recurring job also `last_run` (the occurrence) and `next_run`, so a crash
+/// during the run can never make this occurrence due again.
+pub fn mark_started(job: &mut Job, scheduled: Timestamp, now: Timestamp, default_tz: &TimeZone) {
+    job.state.running_since = Some(now);
     if job.schedule.is_one_shot() {
-        job.state.running_since = Some(now);
         job.state.attempts = job.state.attempts.saturating_add(1);
+    } else {
+        let last = job.state.last_run.map_or(scheduled, |l| l.max(scheduled));
+        job.state.last_run = Some(last);
+        job.state.next_run = job.schedule.next_after(last, default_tz);
     }
+}
+
+/// Record a [`Decision::Interrupted`]: an error line in the history, the
+/// marker cleared, the next occurrence after the interrupted one planned.
+pub fn mark_interrupted(job: &mut Job, scheduled: Timestamp, now: Timestamp, default_tz: &TimeZone) {
+    let msg = "interrupted: the daemon stopped during this run (crash, kill or watchdog); not run again";
+    let started = job.state.running_since.take().unwrap_or(now);
+    job.state.push(RunRecord { scheduled, started, finished: now, status: RunStatus::Error, summary: msg.into() });
+    job.state.last_error = Some(msg.into());
+    let last = job.state.last_run.map_or(scheduled, |l| l.max(scheduled));
+    job.state.last_run = Some(last);
+    job.state.next_run = job.schedule.next_after(last, default_tz);
+}
+
+/// Whether an `every` job's `last_run` lies ahead of the wall clock `now`
+/// (the clock went back with no measured jump, e.g. while the daemon was
+/// down): the shift that re-anchors it on now (see [`reanchor`]).
+pub fn behind(job: &Job, now: Timestamp) -> Option<jiff::SignedDuration> {
+    match (&job.schedule, job.state.last_run) {
+        (Schedule::Every { .. }, Some(last)) if last > now => Some(now.duration_since(last)),
+        _ => None,
+    }
+}
+
+/// Move an `every` job's grid by `by` (a backward clock jump, negative):
+/// anchor, `last_run` and `next_run`. Other schedules are left alone.
+pub fn reanchor(job: &mut Job, by: jiff::SignedDuration) {
+    let Schedule::Every { anchor, .. } = &mut job.schedule else { return };
+    fn shift_by(t: Timestamp, by: jiff::SignedDuration) -> Timestamp {
+        t.checked_add(by).unwrap_or(t)
+    }
+    let shift = |t: Timestamp| shift_by(t, by);
+    *anchor = shift_by(*anchor, by);
+    job.state.last_run = job.state.last_run.map(shift);
+    job.state.next_run = job.state.next_run.map(shift);
 }
 
 /// Record a [`Decision::Skip`]: a `missed` history line, the new `next_run`;
@@ -317,10 +366,10 @@ pub fn mark_finished(
         job.state.push(missed_record(m, started));
     }
     job.state.push(RunRecord { scheduled, started, finished: now, status, summary: summary.to_string() });
-    if status == RunStatus::Cancelled {
+    if status == RunStatus::Cancelled && job.schedule.is_one_shot() {
         // Interrupted by shutdown: a one-shot keeps its write-ahead (tried once
-        // more after the restart); a recurring job keeps its schedule, so the
-        // restart plans this occurrence again (on time, or by its catch-up policy).
+        // more after the restart). A recurring run is at most once: recorded
+        // as cancelled below, and the next occurrence is planned.
         return;
     }
     job.state.last_error = error.map(str::to_string);
@@ -521,13 +570,13 @@ mod tests {
     fn one_shot_write_ahead_then_crash_retries_once_then_gives_up() {
         let mut at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
         let now = ts("2026-05-01T09:00:00Z");
-        mark_started(&mut at, now);
+        mark_started(&mut at, now, now, &UTC);
         assert_eq!((at.state.running_since, at.state.attempts), (Some(now), 1));
         // "Restart": the marker is found; it runs again, once, whatever the policy.
         at.catch_up = CatchUp::Skip;
         let later = ts("2026-05-03T00:00:00Z");
         assert_eq!(plan(&at, later, &UTC, true), Decision::Run { scheduled: now, missed: None, retry: true });
-        mark_started(&mut at, later);
+        mark_started(&mut at, now, later, &UTC);
         assert_eq!(plan(&at, later, &UTC, true), Decision::GiveUp);
         mark_given_up(&mut at, later);
         assert!(at.state.done && !at.enabled && at.state.running_since.is_none());
@@ -536,10 +585,52 @@ mod tests {
     }
 
     #[test]
+    fn a_recurring_run_interrupted_by_a_crash_is_not_run_again() {
+        let mut j = daily();
+        let s = ts("2026-05-01T09:00:00Z");
+        // Started (written ahead), then the process died: the restart 10 s later
+        // is within the grace, yet the occurrence is recorded, not rerun.
+        mark_started(&mut j, s, s, &UTC);
+        let later = ts("2026-05-01T09:00:10Z");
+        assert_eq!(plan(&j, later, &UTC, true), Decision::Interrupted { scheduled: s });
+        mark_interrupted(&mut j, s, later, &UTC);
+        assert_eq!(j.state.running_since, None);
+        assert_eq!(j.state.last_status, Some(RunStatus::Error));
+        assert!(j.state.history[0].summary.starts_with("interrupted"));
+        assert_eq!(plan(&j, later, &UTC, true), Decision::Wait(ts("2026-05-02T09:00:00Z")));
+        // A shutdown-cancelled recurring run is recorded and not rerun either.
+        let s2 = ts("2026-05-02T09:00:00Z");
+        mark_started(&mut j, s2, s2, &UTC);
+        mark_finished(&mut j, s2, s2, s2, RunStatus::Cancelled, "stop", None, None, false, &UTC);
+        assert_eq!(j.state.running_since, None);
+        assert_eq!(plan(&j, s2, &UTC, true), Decision::Wait(ts("2026-05-03T09:00:00Z")));
+    }
+
+    #[test]
+    fn reanchoring_an_every_job_keeps_its_interval() {
+        let mut j = every_10m();
+        let s = ts("2026-05-01T08:10:00Z");
+        mark_started(&mut j, s, s, &UTC);
+        mark_finished(&mut j, s, s, s, RunStatus::Ok, "", None, None, false, &UTC);
+        // The clock goes back 65 s: the next run is 10 min after the previous
+        // one in real time, i.e. at 08:18:55 on the new wall clock.
+        reanchor(&mut j, jiff::SignedDuration::from_secs(-65));
+        assert_eq!(plan(&j, ts("2026-05-01T08:10:00Z"), &UTC, true), Decision::Wait(ts("2026-05-01T08:18:55Z")));
+        // Behind last_run with no measured jump: re-anchored on now.
+        let mut k = every_10m();
+        mark_finished(&mut k, s, s, s, RunStatus::Ok, "", None, None, false, &UTC);
+        let now = ts("2026-05-01T07:10:00Z");
+        let by = behind(&k, now).unwrap();
+        reanchor(&mut k, by);
+        assert_eq!(plan(&k, now, &UTC, true), Decision::Wait(ts("2026-05-01T07:20:00Z")));
+        assert_eq!(behind(&daily(), now), None);
+    }
+
+    #[test]
     fn a_finished_one_shot_is_done_even_on_error() {
         let mut at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
         let now = ts("2026-05-01T09:00:00Z");
-        mark_started(&mut at, now);
+        mark_started(&mut at, now, now, &UTC);
         mark_finished(&mut at, now, now, now, RunStatus::Error, "", Some("no network"), None, false, &UTC);
         assert!(at.state.done && !at.enabled && at.state.running_since.is_none());
         assert_eq!(at.state.last_error.as_deref(), Some("no network"));

@@ -5,7 +5,8 @@
 //! scheduler's memory across restarts: the next planned run, the *scheduled*
 //! time of the last occurrence handled (the guard against double runs after a
 //! backward clock jump), a short history, and the write-ahead marker that makes
-//! a one-shot run exactly once even across a crash.
+//! a one-shot run exactly once and a recurring occurrence at most once, even
+//! across a crash.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -172,14 +173,16 @@ pub struct JobState {
     /// from now" (set by `enable`); the daemon fills it in.
     #[serde(with = "super::timeser::opt_ts")]
     pub next_run: Option<Timestamp>,
-    /// The *scheduled* time of the last occurrence that was run. An occurrence
+    /// The *scheduled* time of the last occurrence that was started. An occurrence
     /// at or before it is never run again, whatever the wall clock says.
     #[serde(with = "super::timeser::opt_ts")]
     pub last_run: Option<Timestamp>,
     pub last_status: Option<RunStatus>,
     pub last_error: Option<String>,
-    /// Set (and written) before a one-shot starts; cleared when it finishes.
-    /// Found set at startup, it means the process died during the run.
+    /// Set (and written) before a scheduled run starts; cleared when it
+    /// finishes. Found set at startup, it means the process died during the
+    /// run: a one-shot is retried once, a recurring occurrence is recorded as
+    /// interrupted and not rerun.
     #[serde(with = "super::timeser::opt_ts")]
     pub running_since: Option<Timestamp>,
     /// How many times a one-shot was started (the write-ahead counter).

@@ -11,17 +11,20 @@
 //!   change or an unsignalled CLI edit goes unnoticed.
 //! - **Clock jumps.** On each wake the wall-clock time elapsed is compared with
 //!   the monotonic time elapsed; a difference over [`JUMP_THRESHOLD`] is logged
-//!   as a jump. Nothing else is special: every wake re-plans every job with
+//!   as a jump. A backward jump re-anchors `every` jobs by its size (they keep
+//!   their interval in real time); otherwise every wake re-plans every job with
 //!   [`plan`], which applies the catch-up policy to what a forward jump skipped
 //!   and never re-runs what a backward jump repeats.
 //! - **Edits.** The store's stamp is checked on each wake (one `stat`), and
 //!   the reload [`Notify`] (SIGHUP, IPC) makes the loop re-read at once.
-//! - **Writes.** One store write per run (its record and the next plan), plus
-//!   the write-ahead for one-shots, plus one per missed span. Nothing per tick.
+//! - **Writes.** Per wake-up at most one store write, batching everything it
+//!   decided: the write-ahead of the runs it starts (all scheduled runs, so a
+//!   crash cannot repeat an occurrence), new plans, missed spans, re-anchors
+//!   after a backward jump. Then one write per finished run. Nothing per tick.
 //! - **Shutdown.** `cancel` stops the loop at once. Runs in flight are
-//!   detached, not awaited: the executor's own cancellation ends them. Their
-//!   results are not recorded — a one-shot among them runs again at the next
-//!   start (see [`super::engine`]).
+//!   drained for a bounded time; a run still going after that is left
+//!   unrecorded — at the next start a one-shot among them runs again, a
+//!   recurring one is recorded as interrupted (see [`super::engine`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,7 +41,7 @@ use tracing::{debug, error, info, warn};
 
 use super::engine::{self, plan, Clock, Decision, Missed, SystemClock, TRUST_FLOOR};
 use super::job::{Job, RunStatus};
-use super::schedule::dur_since;
+use super::schedule::{dur_since, Schedule};
 use super::store::{find, JobStore, Stamp, StoreError};
 
 pub use crate::provider::BoxFuture;
@@ -200,8 +203,12 @@ impl Scheduler {
             mono_ref: Instant::now(),
             holding: false,
             trusting_unsynced: false,
+            went_back: None,
         };
         lp.reload();
+        if let Some(notice) = lp.store.corrupt_notice() {
+            error!("{notice}");
+        }
         info!(jobs = lp.jobs.len(), "scheduler started");
         let mut force_reload = false;
         loop {
@@ -280,7 +287,9 @@ enum Change {
     Plan { id: String, next: Timestamp },
     Skip { id: String, missed: Missed, next: Option<Timestamp> },
     GiveUp { id: String },
-    Start { id: String, manual: bool },
+    Interrupted { id: String, scheduled: Timestamp },
+    Reanchor { id: String, by: SignedDuration },
+    Start { id: String, scheduled: Timestamp, manual: bool },
     Finish { id: String, flight: InFlight, outcome: RunOutcome },
 }
 
@@ -290,6 +299,8 @@ impl Change {
             Change::Plan { id, .. }
             | Change::Skip { id, .. }
             | Change::GiveUp { id }
+            | Change::Interrupted { id, .. }
+            | Change::Reanchor { id, .. }
             | Change::Start { id, .. }
             | Change::Finish { id, .. } => id,
         };
@@ -299,9 +310,11 @@ impl Change {
             Change::Plan { next, .. } => job.state.next_run = Some(*next),
             Change::Skip { missed, next, .. } => engine::mark_skipped(job, missed, *next, now),
             Change::GiveUp { .. } => engine::mark_given_up(job, now),
-            Change::Start { manual, .. } => {
+            Change::Interrupted { scheduled, .. } => engine::mark_interrupted(job, *scheduled, now, tz),
+            Change::Reanchor { by, .. } => engine::reanchor(job, *by),
+            Change::Start { scheduled, manual, .. } => {
                 if job.enabled || *manual {
-                    engine::mark_started(job, now);
+                    engine::mark_started(job, *scheduled, now, tz);
                 }
             }
             Change::Finish { flight, outcome, .. } => engine::mark_finished(
@@ -345,6 +358,8 @@ struct Loop<E> {
     mono_ref: Instant,
     holding: bool,
     trusting_unsynced: bool,
+    /// A backward clock jump measured at the last wake, not yet applied.
+    went_back: Option<SignedDuration>,
 }
 
 impl<E: JobExecutor> Loop<E> {
@@ -382,6 +397,9 @@ impl<E: JobExecutor> Loop<E> {
             let by =
                 jiff::Span::try_from(drift.abs()).map(|s| format!("{s:#}")).unwrap_or_else(|_| format!("{drift:?}"));
             warn!("clock jumped {dir} by {by}; re-planning all jobs under their catch-up policy");
+            if drift.is_negative() {
+                self.went_back = Some(self.went_back.unwrap_or(SignedDuration::ZERO) + drift);
+            }
         }
         self.wall_ref = wall;
         self.mono_ref = mono;
@@ -413,6 +431,25 @@ impl<E: JobExecutor> Loop<E> {
         let mut starts = Vec::new();
         let mut wake = MAX_SLEEP;
         let mut held = 0usize;
+        // `every` jobs keep their interval across a backward jump: move their
+        // grid by the measured jump (or onto now if the clock is behind their
+        // last run for another reason, e.g. it went back while we were down).
+        let went_back = self.went_back.take();
+        for job in &mut self.jobs {
+            let by = match went_back {
+                Some(by) if matches!(job.schedule, Schedule::Every { .. }) => Some(by),
+                _ => None,
+            };
+            let by = by.or_else(|| if self.inflight.contains_key(&job.id) { None } else { engine::behind(job, now) });
+            if let Some(by) = by {
+                info!(job = %job.name, "clock went back; every job re-anchored to keep its interval");
+                engine::reanchor(job, by);
+                if let Some(f) = self.inflight.get_mut(&job.id) {
+                    f.scheduled = f.scheduled.checked_add(by).unwrap_or(f.scheduled);
+                }
+                changes.push(Change::Reanchor { id: job.id.clone(), by });
+            }
+        }
         for job in &self.jobs {
             if self.inflight.contains_key(&job.id) {
                 continue;
@@ -442,6 +479,14 @@ impl<E: JobExecutor> Loop<E> {
                     }
                     changes.push(Change::Skip { id: job.id.clone(), missed, next });
                 }
+                Decision::Interrupted { scheduled } => {
+                    error!(
+                        job = %name,
+                        scheduled = %scheduled,
+                        "run was interrupted (the daemon died during it: crash, kill or watchdog); not run again"
+                    );
+                    changes.push(Change::Interrupted { id: job.id.clone(), scheduled });
+                }
                 Decision::GiveUp => {
                     error!(job = %name, "one-shot was interrupted during its run twice; giving up");
                     changes.push(Change::GiveUp { id: job.id.clone() });
@@ -470,9 +515,10 @@ impl<E: JobExecutor> Loop<E> {
         }
         self.holding = held > 0;
 
+        // The write-ahead: every scheduled run, and one-shots run by hand.
         for s in &starts {
-            if self.jobs.iter().any(|j| j.id == s.id && j.schedule.is_one_shot()) {
-                changes.push(Change::Start { id: s.id.clone(), manual: s.manual });
+            if !s.manual || self.jobs.iter().any(|j| j.id == s.id && j.schedule.is_one_shot()) {
+                changes.push(Change::Start { id: s.id.clone(), scheduled: s.scheduled, manual: s.manual });
             }
         }
         let acted = !changes.is_empty() || !starts.is_empty();
@@ -485,7 +531,7 @@ impl<E: JobExecutor> Loop<E> {
             if !s.manual && !job.enabled {
                 continue; // disabled by an edit that landed just before our write
             }
-            if job.schedule.is_one_shot() && job.state.running_since != Some(now) {
+            if (!s.manual || job.schedule.is_one_shot()) && job.state.running_since != Some(now) {
                 continue; // no write-ahead, no run
             }
             self.spawn(job.clone(), s, now);
@@ -512,7 +558,17 @@ impl<E: JobExecutor> Loop<E> {
             }
             Err(e) => {
                 error!("cannot write job state: {e}; keeping it in memory");
-                for c in changes.iter().filter(|c| !matches!(c, Change::Start { .. })) {
+                // A recurring start is marked in memory (this process will not
+                // run it twice); a one-shot does not run without its write-ahead.
+                for c in &changes {
+                    if matches!(c, Change::Reanchor { .. }) {
+                        continue; // applied to the list already, before planning
+                    }
+                    if let Change::Start { id, .. } = c {
+                        if self.jobs.iter().any(|j| &j.id == id && j.schedule.is_one_shot()) {
+                            continue;
+                        }
+                    }
                     c.apply(&mut self.jobs, now, &tz);
                 }
                 false
@@ -859,8 +915,74 @@ mod tests {
         let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
         let nine: Vec<_> = h.runs().into_iter().filter(|r| r.0 == "nine").map(|r| r.1).collect();
         assert_eq!(nine, [t("09:00")], "09:00 must not fire again after the clock went back");
+        // tick keeps its 10 min interval in real time: re-anchored by the jump,
+        // its next run after 09:00 (old clock) is 08:10 on the new clock.
         let ticks: Vec<_> = h.runs().into_iter().filter(|r| r.0 == "tick").map(|r| r.1).collect();
-        assert_eq!(ticks, [t("09:00"), t("09:10")], "no occurrence at or before 09:00 repeats");
+        let mut want = vec![t("09:00")];
+        want.extend(["08:10", "08:20", "08:30", "08:40", "08:50", "09:00", "09:10"].map(t));
+        assert_eq!(ticks, want);
+    }
+
+    /// An every job runs at `t0`; the clock goes back by `jump` 30 s later; the
+    /// next run comes one interval after `t0` in monotonic time.
+    async fn every_across_a_backward_jump(jump: SignedDuration) {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("tick", every(600, h.now()), |_| {});
+        let run = h.start(h.scheduler(), None);
+        advance(10 * 60 + 30).await; // ran at 08:10:00
+        h.clock.jump(jump);
+        advance(10 * 60).await; // monotonic 08:20:30
+        stop(run).await;
+        let starts: Vec<_> = h.runs.lock().unwrap().iter().map(|r| r.2).collect();
+        let first = ts("2026-05-01T08:10:00Z");
+        // The second run started 600 s after the first in real time (wall + jump).
+        assert_eq!(starts, [first, first + SignedDuration::from_secs(600) + jump], "jump {jump:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_every_job_keeps_its_interval_across_a_65s_backward_jump() {
+        every_across_a_backward_jump(SignedDuration::from_secs(-65)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_every_job_keeps_its_interval_across_a_1h_backward_jump() {
+        every_across_a_backward_jump(SignedDuration::from_hours(-1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_every_job_behind_its_last_run_at_start_runs_one_interval_from_now() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        // Last ran at 09:00 by a clock that was an hour ahead (set back while down).
+        h.add("tick", every(600, ts("2026-05-01T07:00:00Z")), |j| {
+            j.state.last_run = Some(ts("2026-05-01T09:00:00Z"));
+            j.state.next_run = Some(ts("2026-05-01T09:10:00Z"));
+        });
+        let run = h.start(h.scheduler(), None);
+        advance(11 * 60).await;
+        stop(run).await;
+        assert_eq!(h.runs(), [("tick".to_string(), ts("2026-05-01T08:10:00Z"))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recurring_run_interrupted_by_a_crash_is_not_run_again() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("e3", every(60, h.now()), |_| {});
+        // The process "dies" during the 08:01 run (the executor hangs, the loop is dropped).
+        let run = h.start(h.scheduler(), Some("e3"));
+        advance(65).await;
+        stop(run).await; // bounded drain: 08:01:25, the run is left unrecorded
+        assert!(h.job("e3").state.running_since.is_some(), "the start was written ahead");
+        // Restart within the grace of 08:01: that occurrence is not run again.
+        let run = h.start(h.scheduler(), None);
+        advance(60).await;
+        stop(run).await;
+        let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
+        assert_eq!(h.runs(), [("e3".to_string(), t("08:01")), ("e3".to_string(), t("08:02"))]);
+        let job = h.job("e3");
+        let hist: Vec<_> = job.state.history.iter().map(|r| (r.status, r.scheduled)).collect();
+        assert_eq!(hist, [(RunStatus::Error, t("08:01")), (RunStatus::Ok, t("08:02"))]);
+        assert!(job.state.history[0].summary.starts_with("interrupted"));
+        assert_eq!(job.state.running_since, None);
     }
 
     #[tokio::test(start_paused = true)]

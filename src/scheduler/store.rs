@@ -9,7 +9,10 @@
 //!
 //! A file that does not parse is never wiped: it is renamed to
 //! `jobs.json.corrupt-<unix-ts>` and reported as [`StoreError::Corrupt`]; the
-//! caller decides whether to go on with an empty list.
+//! caller decides whether to go on with an empty list. Only the first reader
+//! gets that error, so every later reader asks [`JobStore::corrupt_copies`]
+//! and says so too (daemon start-up log, `bramble status`, `bramble cron
+//! list`) until the user restores or deletes the kept copy.
 //!
 //! The daemon notices CLI edits cheaply with [`JobStore::stamp`] (inode, size,
 //! mtime): one `stat` per wake-up instead of a read.
@@ -162,6 +165,34 @@ impl JobStore {
             job.enabled = enabled;
             Ok(job.clone())
         })
+    }
+
+    /// Copies of a corrupt `jobs.json` kept aside in the state directory
+    /// (`jobs.json.corrupt-<unix-ts>`), oldest first. Non-empty means jobs
+    /// were lost from the live list until the user restores or removes them.
+    pub fn corrupt_copies(&self) -> Vec<PathBuf> {
+        let Some(dir) = self.path.parent() else { return Vec::new() };
+        let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+        let mut out: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("jobs.json.corrupt-"))
+            .map(|e| e.path())
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// One line for users about [`corrupt_copies`](Self::corrupt_copies), if any.
+    pub fn corrupt_notice(&self) -> Option<String> {
+        let copies = self.corrupt_copies();
+        let newest = copies.last()?;
+        let more = if copies.len() > 1 { format!(" ({} copies in all)", copies.len()) } else { String::new() };
+        Some(format!(
+            "{} was corrupt and set aside: its jobs are not loaded; the copy is kept at {}{more} \
+             (fix and move it back to restore the jobs, or delete it)",
+            self.path.display(),
+            newest.display()
+        ))
     }
 
     /// The current stamp of `jobs.json`, `None` if it does not exist.
