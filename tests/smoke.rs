@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! BRAMBLE_SMOKE_BIN=target-cross/aarch64-unknown-linux-gnu/release/bramble \
-//! BRAMBLE_SMOKE_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu" \
+//! BRAMBLE_SMOKE_RUNNER="qemu-aarch64-static" \
 //! cargo test --test smoke
 //! ```
 
