@@ -240,6 +240,18 @@ pub struct ExecConfig {
     pub max_processes: u64,
     /// Size of the command's private `/tmp` in MiB.
     pub tmp_size_mb: u64,
+    /// Paths the jail hides that commands may see again, read-only: a unix
+    /// socket under `/run` (and `socket(AF_UNIX)` is then allowed).
+    #[serde(deserialize_with = "absolute_paths")]
+    pub expose: Vec<std::path::PathBuf>,
+}
+
+fn absolute_paths<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<std::path::PathBuf>, D::Error> {
+    let paths = Vec::<std::path::PathBuf>::deserialize(d)?;
+    match paths.iter().find(|p| !p.is_absolute()) {
+        Some(p) => Err(serde::de::Error::custom(format!("`{}` is not an absolute path", p.display()))),
+        None => Ok(paths),
+    }
 }
 
 /// `[exec] isolation`.
@@ -279,6 +291,7 @@ impl Default for ExecConfig {
             max_open_files: 1024,
             max_processes: 128,
             tmp_size_mb: 64,
+            expose: Vec::new(),
         }
     }
 }

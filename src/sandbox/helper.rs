@@ -21,8 +21,9 @@
 //!    namespace: background children cannot outlive the command;
 //! 4. the worker switches to the unprivileged user (root only; `setgroups`,
 //!    `setresgid`, `setresuid`), sets `RLIMIT_NPROC`, `PR_SET_NO_NEW_PRIVS`,
-//!    the parent-death signal, Landlock, the seccomp socket filter (with
-//!    `--no-network`), and `execvp`s the program.
+//!    the parent-death signal, Landlock, closes every inherited file
+//!    descriptor above 2, installs the seccomp filter ([`super::seccomp`]),
+//!    and `execvp`s the program.
 //!
 //! Every process in the chain has `PR_SET_PDEATHSIG(SIGKILL)`: if bramble dies
 //! the helper dies, then init, and with init the whole pid namespace.
@@ -52,6 +53,8 @@ pub struct Options {
     pub ns: bool,
     /// A new, empty network namespace (with `ns`); Landlock TCP denial too.
     pub no_network: bool,
+    /// Refuse `socket(AF_UNIX)` (seccomp): host sockets would be reachable.
+    pub no_unix: bool,
     /// Apply Landlock (best effort).
     pub landlock: bool,
     /// Switch to this uid/gid before exec (set when bramble runs as root).
@@ -61,8 +64,13 @@ pub struct Options {
     pub workspace: Option<PathBuf>,
     /// Directory to run in (inside the workspace).
     pub cwd: Option<PathBuf>,
-    /// Paths made invisible: state dir, config, credentials.
+    /// Paths made invisible: state dir, config, credentials, the home directory
+    /// (by the jail's mounts and by Landlock).
     pub hide: Vec<PathBuf>,
+    /// Directories shown empty in the jail only: where host sockets live (`/run`).
+    pub mask: Vec<PathBuf>,
+    /// Paths under a hidden or masked directory shown again, read-only (`[exec] expose`).
+    pub expose: Vec<PathBuf>,
     /// Size of the fresh `/tmp` in MiB.
     pub tmp_mb: u64,
     /// The program and its arguments.
@@ -90,6 +98,7 @@ impl Options {
         };
         flag("--ns", self.ns);
         flag("--no-network", self.no_network);
+        flag("--no-unix", self.no_unix);
         flag("--landlock", self.landlock);
         let mut kv = |name: &str, value: OsString| {
             a.push(name.into());
@@ -121,6 +130,12 @@ impl Options {
         for h in &self.hide {
             kv("--hide", h.clone().into());
         }
+        for m in &self.mask {
+            kv("--mask", m.clone().into());
+        }
+        for e in &self.expose {
+            kv("--expose", e.clone().into());
+        }
         a.push("--".into());
         a.extend(self.command.iter().cloned());
         a
@@ -140,6 +155,7 @@ impl Options {
             match name.as_ref() {
                 "--ns" => o.ns = true,
                 "--no-network" => o.no_network = true,
+                "--no-unix" => o.no_unix = true,
                 "--landlock" => o.landlock = true,
                 "--uid" => o.run_as = Some((number()? as u32, o.run_as.map_or(0, |r| r.1))),
                 "--gid" => o.run_as = Some((o.run_as.map_or(0, |r| r.0), number()? as u32)),
@@ -152,6 +168,8 @@ impl Options {
                 "--workspace" => o.workspace = Some(value()?.into()),
                 "--cwd" => o.cwd = Some(value()?.into()),
                 "--hide" => o.hide.push(value()?.into()),
+                "--mask" => o.mask.push(value()?.into()),
+                "--expose" => o.expose.push(value()?.into()),
                 "--" => {
                     o.command = it.cloned().collect();
                     break;
@@ -324,10 +342,27 @@ fn prepare_worker(o: &Options) -> Result<(), String> {
     if o.landlock {
         super::landlock::restrict(o)?;
     }
-    if o.no_network {
-        super::seccomp::deny_sockets()?;
-    }
+    close_inherited_fds();
+    let policy = super::seccomp::Policy { deny_inet: o.no_network, deny_unix: o.no_unix };
+    super::seccomp::install(policy)?;
     Ok(())
+}
+
+/// Close every file descriptor above stderr: whatever bramble inherited from
+/// its parent without close-on-exec (a shell's redirections, a supervisor's
+/// sockets) must not reach the command.
+fn close_inherited_fds() {
+    // SAFETY: close_range(first, last, flags) closes descriptors, nothing else.
+    if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } == 0 {
+        return;
+    }
+    // Kernels before 5.9: every number up to the open-files limit.
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    let last = lim.rlim_cur.clamp(1024, 65536) as libc::c_int;
+    for fd in 3..last {
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// `execvp` the command; returns the shell-style exit code on failure.
@@ -420,12 +455,15 @@ mod tests {
         let o = Options {
             ns: true,
             no_network: true,
+            no_unix: true,
             landlock: true,
             run_as: Some((65534, 65533)),
             limits: Limits { cpu_seconds: 5, address_space: 1 << 30, file_size: 7, open_files: 64, processes: 32 },
             workspace: Some("/ws".into()),
             cwd: Some("/ws/sub".into()),
             hide: vec!["/state".into(), "/etc/bramble".into()],
+            mask: vec!["/run".into()],
+            expose: vec!["/run/mosquitto".into()],
             tmp_mb: 64,
             command: vec!["/bin/sh".into(), "-c".into(), "echo --ns".into()],
         };

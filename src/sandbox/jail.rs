@@ -11,13 +11,25 @@
 //! - the whole system read-only and `nosuid` (`mount_setattr`, recursive);
 //! - a fresh, size-limited tmpfs on `/tmp`, also bound on `/var/tmp` and
 //!   `/dev/shm`: the per-run temp dir, gone when the command ends;
-//! - bramble's state directory, config and credentials covered by empty
-//!   read-only tmpfs (directories) or `/dev/null` (files): not visible at all;
+//! - bramble's state directory, config, credentials and its user's home
+//!   covered by empty read-only tmpfs (directories) or `/dev/null` (files):
+//!   not visible at all;
+//! - `/run` (and a real `/var/run`) shown empty: the host's unix sockets live
+//!   there (the broker's, D-Bus, a desktop's `/run/user/UID/bus`), and a path
+//!   socket needs no network to reach. `[exec] expose` brings chosen paths
+//!   back, read-only (sockets still connect: that needs no write access to
+//!   the mount); with the network on, the target of `/etc/resolv.conf` comes
+//!   back too, so names still resolve;
+//! - a fresh devpts instance on `/dev/pts`: bramble's terminal (and everyone
+//!   else's) cannot be opened by path;
 //! - when the command will run as another user (bramble is root), the first
 //!   ancestor of the workspace that user could not enter (`/root`, a 0700
 //!   temp dir) is covered too, so the path to the workspace exists for it;
 //! - the workspace, cloned with `open_tree` *before* anything covered it,
-//!   attached again at its own path, writable.
+//!   attached again at its own path, writable, `nosuid` and `nodev`. For a
+//!   root bramble the clone is idmapped (root's files shown as the command
+//!   user's); that also stores the command's new files as root's, which is why
+//!   the seccomp filter refuses set-id mode bits ([`super::seccomp`]).
 //!
 //! Paths arrive canonical (the parent resolved symlinks).
 
@@ -35,6 +47,7 @@ const AT_RECURSIVE: libc::c_uint = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 #[repr(C)]
 struct MountAttr {
@@ -69,8 +82,29 @@ pub fn build(o: &Options) -> Result<(), String> {
             eprintln!("{}note: the workspace stays read-only for this command: {e}", super::helper::ERROR_PREFIX);
         }
     }
+    if let Some((ws, tree)) = &ws {
+        set_attr_fd(tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+            .map_err(|e| format!("cannot mount the workspace {} nosuid,nodev: {e}", ws.display()))?;
+    }
+    // Exposed paths, cloned (like the workspace) before anything covers them.
+    let mut exposed: Vec<(PathBuf, Fd, bool)> = Vec::new();
+    for path in &o.expose {
+        let Ok(meta) = std::fs::metadata(path) else { continue }; // Nothing there now.
+        let tree = open_tree(path)?;
+        set_attr_fd(&tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+            .map_err(|e| format!("cannot make {} read-only: {e}", path.display()))?;
+        exposed.push((path.clone(), tree, meta.is_dir()));
+    }
     set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE)
         .map_err(|e| format!("cannot make the system read-only: {e}"))?;
+    // A devpts of our own: no terminal of the host can be opened by path.
+    let pts = "newinstance,ptmxmode=0666,mode=0620";
+    let pts_flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+    if Path::new("/dev/pts").is_dir() && mount(Some("devpts"), "/dev/pts", Some("devpts"), pts_flags, Some(pts)).is_err()
+    {
+        mount(Some("tmpfs"), "/dev/pts", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("size=4k,mode=755"))
+            .map_err(|e| format!("cannot hide /dev/pts: {e}"))?;
+    }
 
     let tmp_size = format!("size={}m,mode=1777", o.tmp_mb.max(1));
     mount(Some("tmpfs"), "/tmp", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&tmp_size))
@@ -101,9 +135,28 @@ pub fn build(o: &Options) -> Result<(), String> {
             Err(_) => {} // Nothing there (or already covered), nothing to hide.
         }
     }
+    for dir in &o.mask {
+        // Only real directories: `/var/run` is usually a link to `/run`, masked already.
+        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+            cover(dir)?;
+            covers.push(dir.clone());
+        }
+    }
     if let Some((ws, tree)) = &ws {
         std::fs::create_dir_all(ws).map_err(|e| format!("cannot recreate {}: {e}", ws.display()))?;
         move_mount(tree.0, ws)?;
+    }
+    for (path, tree, is_dir) in &exposed {
+        // The mount point, made in the (still writable) cover if the path is under one.
+        if std::fs::symlink_metadata(path).is_err() {
+            let made = if *is_dir {
+                std::fs::create_dir_all(path)
+            } else {
+                path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::File::create(path).map(drop))
+            };
+            made.map_err(|e| format!("cannot expose {}: {e}", path.display()))?;
+        }
+        move_mount(tree.0, path).map_err(|e| format!("[exec] expose: {e}"))?;
     }
     for c in &covers {
         mount(None, path_str(c)?, None, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY, None)
@@ -273,9 +326,24 @@ fn move_mount(fd: libc::c_int, to: &Path) -> Result<(), String> {
         libc::syscall(SYS_MOVE_MOUNT, fd, empty.as_ptr(), libc::AT_FDCWD, target.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH)
     };
     if rc < 0 {
-        return Err(format!("cannot attach the workspace at {}: {}", to.display(), std::io::Error::last_os_error()));
+        return Err(format!("cannot attach {} again: {}", to.display(), std::io::Error::last_os_error()));
     }
     Ok(())
+}
+
+/// Set mount attributes on a detached tree (recursively).
+fn set_attr_fd(tree: &Fd, set: u64) -> Result<(), std::io::Error> {
+    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let flags = libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE;
+    // SAFETY: mount_setattr(fd, "", AT_EMPTY_PATH|AT_RECURSIVE, &attr, sizeof attr).
+    let rc = unsafe {
+        libc::syscall(SYS_MOUNT_SETATTR, tree.0, c"".as_ptr(), flags, &attr as *const MountAttr, size_of::<MountAttr>())
+    };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 fn set_attr(path: &str, set: u64, clear: u64, flags: libc::c_uint) -> Result<(), std::io::Error> {

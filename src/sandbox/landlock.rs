@@ -53,6 +53,8 @@ pub fn restrict(o: &Options) -> Result<(), String> {
     let mut created = ruleset.create().map_err(err)?;
     let readable = read_roots(&o.hide);
     created = created.add_rules(path_beneath_rules(&readable, AccessFs::from_read(abi))).map_err(err)?;
+    let exposed: Vec<&PathBuf> = o.expose.iter().filter(|p| p.exists()).collect();
+    created = created.add_rules(path_beneath_rules(&exposed, AccessFs::from_read(abi))).map_err(err)?;
     let mut writable: Vec<PathBuf> = vec!["/tmp".into(), "/dev".into()];
     writable.extend(o.workspace.clone());
     writable.retain(|p| p.exists());

@@ -14,7 +14,9 @@
 //! | user + mount + pid + ipc + uts namespaces, read-only system, private `/tmp` and `/proc`, hidden state/config/credentials ([`jail`]) | init | user namespaces (or root) |
 //! | empty network namespace (`[exec] network = false`) | helper | same |
 //! | Landlock: filesystem, TCP (`network = false`), signal/abstract-socket scoping ([`landlock`]) | worker | Landlock in the kernel |
-//! | seccomp: no sockets but `AF_UNIX` (`network = false`, [`seccomp`]) | worker | x86-64, aarch64, armv7 |
+//! | fresh devpts, empty `/run`, the user's home hidden, workspace `nosuid,nodev` ([`jail`]) | init | same |
+//! | inherited file descriptors above 2 closed | worker | — |
+//! | seccomp: no set-id files, no memfd / SysV shm / io_uring, no sockets but `AF_UNIX` (`network = false`), no `AF_UNIX` unless walled in ([`seccomp`]) | worker | x86-64, aarch64, armv7 |
 //!
 //! Which of them this kernel offers is found out once ([`probe`]: one real
 //! helper run) and reported by [`layers_summary`] in the startup log and in
@@ -295,8 +297,14 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
         if p.root {
             parts.push(format!("runs as {}:{}", cfg.run_as_user, cfg.run_as_group));
         }
-        if !cfg.network && cfg!(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm")) {
-            parts.push("seccomp socket filter".into());
+        if seccomp::available() {
+            let sockets = match (cfg.network, unix_sockets_refused(cfg, &p)) {
+                (true, false) => "",
+                (true, true) => ", no unix sockets",
+                (false, false) => ", no sockets but unix",
+                (false, true) => ", no sockets",
+            };
+            parts.push(format!("seccomp (no set-id files, memfd, SysV shm or io_uring{sockets})"));
         }
         parts.push(match p.landlock_abi {
             Some(v) => format!("Landlock ABI {v}{}", if cfg.network || v >= 4 { "" } else { " (no TCP rules)" }),
@@ -357,14 +365,32 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     let run_as = if p.root { Some(resolve_user(cfg)?) } else { None };
     let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
     let cwd = std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone());
-    let hide: Vec<PathBuf> =
-        settings().private.iter().map(|h| std::fs::canonicalize(h).unwrap_or_else(|_| h.clone())).collect();
+    let canonical = |h: &PathBuf| std::fs::canonicalize(h).unwrap_or_else(|_| h.clone());
+    let mut hide: Vec<PathBuf> = settings().private.iter().map(canonical).collect();
+    for home in homes() {
+        // The home of bramble's user: keys in ~/.profile, ssh keys, other projects. The
+        // workspace is attached again inside; a workspace that *is* the home keeps it.
+        if !home.starts_with(&workspace) && !hide.contains(&home) {
+            hide.push(home);
+        }
+    }
+    let jail = p.namespaces.is_ok();
+    let mut expose: Vec<PathBuf> = cfg.expose.iter().map(canonical).collect();
+    if cfg.network {
+        // Names must still resolve: resolv.conf is often a link into /run (systemd-resolved).
+        if let Ok(conf) = std::fs::canonicalize("/etc/resolv.conf") {
+            if SOCKET_DIRS.iter().any(|d| conf.starts_with(d)) && !expose.contains(&conf) {
+                expose.push(conf);
+            }
+        }
+    }
     let mb = |v: u64| v.saturating_mul(1 << 20);
     let mut command = vec![spec.program.clone().into_os_string()];
     command.extend(spec.args.iter().cloned());
     let opts = helper::Options {
-        ns: p.namespaces.is_ok(),
+        ns: jail,
         no_network: !cfg.network,
+        no_unix: unix_sockets_refused(cfg, &p),
         landlock: p.landlock_abi.is_some(),
         run_as,
         limits: helper::Limits {
@@ -377,12 +403,46 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
         workspace: Some(workspace),
         cwd: Some(cwd),
         hide,
+        mask: if jail { SOCKET_DIRS.iter().map(PathBuf::from).collect() } else { Vec::new() },
+        expose,
         tmp_mb: cfg.tmp_size_mb,
         command,
     };
     let mut args = vec!["sandbox-exec".into()];
     args.extend(opts.to_args());
     Ok(CommandSpec { program: helper.clone(), args, ..spec })
+}
+
+/// Where the host's unix sockets live; shown empty in the jail.
+const SOCKET_DIRS: [&str; 2] = ["/run", "/var/run"];
+
+/// Whether commands are refused `socket(AF_UNIX)`. A unix socket reaches the
+/// host's services by path (hidden only by the jail's empty `/run`) or by an
+/// abstract name (kept to the sandbox only by an empty network namespace or
+/// Landlock's scoping, ABI 6). So: allowed when `[exec] expose` asks for a
+/// socket, or when both walls stand — the jail, and with the network on, Landlock ≥ 6.
+pub fn unix_sockets_refused(cfg: &ExecConfig, p: &Probe) -> bool {
+    if !cfg.expose.is_empty() {
+        return false;
+    }
+    let jail = p.jail_available();
+    let abstract_scoped = !cfg.network || p.landlock_abi.is_some_and(|v| v >= 6);
+    !(jail && abstract_scoped)
+}
+
+/// The home directories of bramble's user: `$HOME` and the password database's.
+fn homes() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let env = std::env::var_os("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
+    let passwd = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.dir);
+    for home in env.into_iter().chain(passwd) {
+        if let Ok(home) = std::fs::canonicalize(&home) {
+            if home.is_absolute() && home.parent().is_some() && !out.contains(&home) {
+                out.push(home);
+            }
+        }
+    }
+    out
 }
 
 /// The uid and gid commands run as when bramble is root.
