@@ -1087,3 +1087,171 @@ async fn a_huge_tool_argument_is_stored_capped_and_later_turns_stay_small() {
         serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).expect("still JSON");
     assert!(arguments["truncated"].as_str().unwrap().contains("characters truncated"), "{arguments}");
 }
+
+// ---- the jail's remaining walls (issue 22) ----
+
+/// Every mode bit of every entry of `dir` (recursively), as the host sees it.
+fn set_id_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let meta = std::fs::symlink_metadata(entry.path()).unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
+        if mode & 0o6000 != 0 {
+            out.push(format!("{} {:o}", entry.file_name().to_string_lossy(), mode));
+        }
+        if meta.is_dir() {
+            out.extend(set_id_files(&entry.path()));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn no_set_id_file_can_be_made_in_the_workspace() {
+    let p = layers();
+    let s = Setup::new(ExecConfig::default());
+    // The attack: copy a shell, make it setuid (as root bramble's idmapped workspace stores
+    // it as root's), and run it from outside. Every way of asking for the bits is tried.
+    let out = s
+        .exec(
+            "cp /bin/sh su1; chmod 4755 su1; chmod g+s su1; install -m 2755 /bin/true su2; \
+             perl -MFcntl -e 'sysopen(F, \"su3\", O_CREAT|O_WRONLY, 04755) or print \"open: $!\\n\"'; \
+             mkdir d; chmod 2775 d; echo done",
+        )
+        .await;
+    assert!(out.text.contains("done"), "{out:?}");
+    assert!(out.text.contains("Operation not permitted"), "the bits are refused, not ignored: {out:?}");
+    assert_eq!(set_id_files(&s.ws), Vec::<String>::new(), "{out:?}");
+    assert!(s.ws.join("su1").is_file(), "copying itself works: {out:?}");
+    if p.jail_available() {
+        // And inside, the workspace mount itself ignores set-id bits and device nodes.
+        let ws = std::fs::canonicalize(&s.ws).unwrap();
+        let out = s.exec(&format!("grep ' {} ' /proc/self/mountinfo", ws.display())).await;
+        let opts = out.text.split_whitespace().nth(5).unwrap_or_default().to_string();
+        assert!(opts.contains("nosuid") && opts.contains("nodev"), "{out:?}");
+    }
+}
+
+#[tokio::test]
+async fn descriptors_bramble_inherited_never_reach_a_command() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let secret = home.path().join("inherited-secret");
+    std::fs::write(&secret, "inherited-secret-31337").unwrap();
+    fake.push(Reply::tool_call("exec", r#"{"command":"bash -c 'cat <&47'; echo fds: $(ls /proc/self/fd | sort -n)"}"#));
+    fake.push(Reply::text("done"));
+    // A shell or supervisor that leaves a descriptor open without close-on-exec.
+    let out = tokio::process::Command::new("bash")
+        .args(["-c", "exec 47<\"$1\"; shift; exec \"$@\"", "bash"])
+        .arg(&secret)
+        .arg(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", home.config.to_str().unwrap(), "agent", "-m", "go"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let tool = origin_tool_results(&fake.requests()[1]).join("\n");
+    assert!(!tool.contains("inherited-secret-31337"), "{tool}");
+    assert!(tool.contains("fds: 0 1 2 3\n"), "only stdio (and ls's own directory): {tool}");
+}
+
+/// A unix socket listening on the host at `path`.
+fn host_socket(path: &Path) -> std::os::unix::net::UnixListener {
+    let _ = std::fs::remove_file(path);
+    let l = std::os::unix::net::UnixListener::bind(path).unwrap();
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    l.set_nonblocking(true).unwrap();
+    l
+}
+
+#[tokio::test]
+async fn host_unix_sockets_are_out_of_reach_unless_exposed() {
+    let p = layers();
+    // Where host services keep their sockets (the broker's, D-Bus). Root here, like CI.
+    let dir = PathBuf::from(format!("/run/bramble-security-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("this test needs a writable /run (run as root)");
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = dir.join("service.sock");
+    let listener = host_socket(&path);
+    let connect = format!(
+        "perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Peer => \"{}\") or die \"refused: $!\\n\"; \
+         print \"CONNECTED\\n\"'",
+        path.display()
+    );
+    for network in [false, true] {
+        let s = Setup::new(ExecConfig { network, ..ExecConfig::default() });
+        let out = s.exec(&connect).await;
+        assert!(!out.text.contains("CONNECTED"), "network = {network}: {out:?}");
+        assert!(listener.accept().is_err(), "network = {network}: a connection arrived");
+    }
+    // Control, and the way to allow one: `[exec] expose`.
+    let s = Setup::new(ExecConfig { network: false, expose: vec![path.clone()], ..ExecConfig::default() });
+    let out = s.exec(&connect).await;
+    if p.jail_available() {
+        assert!(out.text.contains("CONNECTED"), "{out:?}");
+        assert!(listener.accept().is_ok());
+        // Exposed read-only: the command cannot replace the socket.
+        let out = s.exec(&format!("rm -f {} && echo removed", path.display())).await;
+        assert!(!out.text.contains("removed"), "{out:?}");
+        assert!(path.exists());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn memfd_and_sysv_shm_cannot_hold_memory_beside_the_limit() {
+    layers();
+    let s = Setup::new(ExecConfig::default());
+    let script = format!(
+        "perl -e 'my $name = \"hold\"; my $fd = syscall({memfd}, $name, 0); print $fd < 0 ? \"memfd: $!\\n\" : \"memfd: fd $fd\\n\"; \
+         my $id = shmget(0, 1 << 20, 0600); print defined $id ? \"shm: id $id\\n\" : \"shm: $!\\n\"'",
+        memfd = libc::SYS_memfd_create
+    );
+    let out = s.exec(&script).await;
+    assert!(out.text.contains("memfd: Function not implemented"), "{out:?}");
+    assert!(out.text.contains("shm: Function not implemented"), "{out:?}");
+    // POSIX shared memory lives in /dev/shm: the size-limited private /tmp.
+    let out = s.exec("head -c 100M /dev/zero > /dev/shm/big; ls -l /dev/shm/big | cut -d' ' -f5").await;
+    assert!(out.text.contains("No space left"), "{out:?}");
+}
+
+#[tokio::test]
+async fn the_users_home_and_terminals_are_hidden() {
+    let p = layers();
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    // bramble's user's home as Debian makes them (0755, not under /tmp: commands get a fresh
+    // one), with a key exported the way quick starts suggest.
+    let user_home = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(user_home.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let profile = user_home.path().join(".profile");
+    std::fs::write(&profile, "export OPENAI_API_KEY=sk-home-secret-2468\n").unwrap();
+    std::fs::set_permissions(&profile, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    // A terminal of the host (bramble's own, in a shell).
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
+    assert!(master >= 0 && unsafe { libc::grantpt(master) } == 0 && unsafe { libc::unlockpt(master) } == 0);
+    let command = format!("cat {}; echo pts: $(ls /dev/pts); pwd", profile.display());
+    fake.push(Reply::tool_call("exec", serde_json::json!({ "command": command }).to_string()));
+    fake.push(Reply::text("done"));
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", home.config.to_str().unwrap(), "agent", "-m", "go"])
+        .env_clear()
+        .env("HOME", user_home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+    unsafe { libc::close(master) };
+    assert!(out.status.success(), "{out:?}");
+    let tool = origin_tool_results(&fake.requests()[1]).join("\n");
+    assert!(!tool.contains("sk-home-secret-2468"), "{tool}");
+    // The workspace is still there.
+    let ws = std::fs::canonicalize(&home.workspace).unwrap();
+    assert!(tool.contains(&format!("{}\n", ws.display())), "{tool}");
+    if p.jail_available() {
+        assert!(tool.contains("pts: ptmx\n"), "a devpts of its own: {tool}");
+    }
+}

@@ -100,7 +100,8 @@ pub fn build(o: &Options) -> Result<(), String> {
     // A devpts of our own: no terminal of the host can be opened by path.
     let pts = "newinstance,ptmxmode=0666,mode=0620";
     let pts_flags = libc::MS_NOSUID | libc::MS_NOEXEC;
-    if Path::new("/dev/pts").is_dir() && mount(Some("devpts"), "/dev/pts", Some("devpts"), pts_flags, Some(pts)).is_err()
+    if Path::new("/dev/pts").is_dir()
+        && mount(Some("devpts"), "/dev/pts", Some("devpts"), pts_flags, Some(pts)).is_err()
     {
         mount(Some("tmpfs"), "/dev/pts", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("size=4k,mode=755"))
             .map_err(|e| format!("cannot hide /dev/pts: {e}"))?;
@@ -152,7 +153,9 @@ pub fn build(o: &Options) -> Result<(), String> {
             let made = if *is_dir {
                 std::fs::create_dir_all(path)
             } else {
-                path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::File::create(path).map(drop))
+                path.parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::File::create(path).map(drop))
             };
             made.map_err(|e| format!("cannot expose {}: {e}", path.display()))?;
         }

@@ -168,7 +168,7 @@ const RET_ERRNO: u32 = 0x0005_0000;
 const OFFSET_NR: u32 = 0;
 const OFFSET_ARCH: u32 = 4;
 /// Set-user-ID and set-group-ID bits of a mode.
-const SET_ID_BITS: u32 = (libc::S_ISUID | libc::S_ISGID) as u32;
+const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 /// Flags with which `open` creates a file (`O_TMPFILE` without its `O_DIRECTORY`).
 const CREATING: u32 = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
 
@@ -303,7 +303,10 @@ mod tests {
         let open = program(&a, Policy::default());
         assert_eq!(run(&open, libc::SYS_socket as u32, [libc::AF_INET as u32, 0, 0, 0, 0, 0], a.audit), RET_ALLOW);
         let closed = program(&a, Policy { deny_inet: true, deny_unix: true });
-        assert_eq!(run(&closed, libc::SYS_socket as u32, [libc::AF_UNIX as u32, 0, 0, 0, 0, 0], a.audit), RET_ERRNO | 97);
+        assert_eq!(
+            run(&closed, libc::SYS_socket as u32, [libc::AF_UNIX as u32, 0, 0, 0, 0, 0], a.audit),
+            RET_ERRNO | 97
+        );
     }
 
     #[test]
