@@ -140,7 +140,7 @@ impl Arch {
         Some(Arch {
             audit: 0x4000_0028,
             socket: SYS_socket as u32,
-            enosys: vec![IO_URING_SETUP, OPENAT2, SYS_memfd_create as u32, SYS_shmget as u32],
+            enosys: vec![IO_URING_SETUP, OPENAT2, MEMFD_SECRET, SYS_memfd_create as u32, SYS_shmget as u32],
             enosys_for_sockets: vec![102], // socketcall
             modes: vec![
                 chmod_like(SYS_chmod, 1),
