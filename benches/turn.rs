@@ -93,6 +93,7 @@ fn run_binary(home: &TestHome, run: usize) -> (Duration, i64) {
     let mut status = 0;
     // SAFETY: rusage is plain data, zero is a valid value; wait4 fills it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `status` and `usage` are valid, exclusively borrowed out-parameters.
     let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     let wall = t0.elapsed();
     assert_eq!(rc, pid, "wait4");
@@ -101,8 +102,6 @@ fn run_binary(home: &TestHome, run: usize) -> (Duration, i64) {
 }
 
 fn thread_cpu() -> Duration {
-    // SAFETY: timespec is plain data; clock_gettime fills it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).expect("thread CPU clock");
+    Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32)
 }

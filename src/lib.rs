@@ -14,6 +14,9 @@
 //! - [`sandbox`]: how commands are run (process groups, limits, output caps).
 //! - [`fsutil`]: atomic file writes.
 
+// Every `unsafe` block says why it is sound, and holds one unsafe operation.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::multiple_unsafe_ops_per_block)]
+
 pub mod agent;
 pub mod bus;
 pub mod channels;

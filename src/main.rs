@@ -1,6 +1,8 @@
 //! The `bramble` binary: parse the command line, run the command, turn errors
 //! into a message and an exit code. Everything else lives in the library.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::multiple_unsafe_ops_per_block)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

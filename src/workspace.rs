@@ -610,36 +610,8 @@ fn is_symlink(fd: &OwnedFd) -> nix::Result<bool> {
 /// The names in the directory open at `fd` (including `.` and `..`), read
 /// from the descriptor itself so the listing is of exactly what was checked.
 pub fn read_names(fd: OwnedFd) -> nix::Result<Vec<std::ffi::CString>> {
-    use std::os::fd::{FromRawFd, IntoRawFd};
-    let raw = fd.into_raw_fd();
-    // SAFETY: `raw` is an open directory descriptor we own; on success the DIR
-    // stream owns it and `closedir` below closes it.
-    let dir = unsafe { libc::fdopendir(raw) };
-    if dir.is_null() {
-        let err = Errno::last();
-        // SAFETY: fdopendir failed, so we still own `raw`; this closes it.
-        drop(unsafe { OwnedFd::from_raw_fd(raw) });
-        return Err(err);
-    }
-    let mut names = Vec::new();
-    let result = loop {
-        Errno::clear();
-        // SAFETY: `dir` is a valid stream, used by this thread only.
-        let entry = unsafe { libc::readdir(dir) };
-        if entry.is_null() {
-            break match Errno::last_raw() {
-                0 => Ok(()),
-                code => Err(Errno::from_raw(code)),
-            };
-        }
-        // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated;
-        // it is copied before the next readdir call.
-        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
-        names.push(name.to_owned());
-    };
-    // SAFETY: `dir` is valid and not used after this.
-    unsafe { libc::closedir(dir) };
-    result.map(|()| names)
+    let mut dir = nix::dir::Dir::from_fd(fd)?;
+    dir.iter().map(|entry| entry.map(|e| e.file_name().to_owned())).collect()
 }
 
 #[cfg(test)]

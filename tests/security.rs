@@ -1231,8 +1231,12 @@ async fn the_users_home_and_terminals_are_hidden() {
     std::fs::write(&profile, "export OPENAI_API_KEY=sk-home-secret-2468\n").unwrap();
     std::fs::set_permissions(&profile, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     // A terminal of the host (bramble's own, in a shell).
+    // SAFETY: plain calls on a descriptor this test owns (closed below).
     let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) };
-    assert!(master >= 0 && unsafe { libc::grantpt(master) } == 0 && unsafe { libc::unlockpt(master) } == 0);
+    // SAFETY: as above.
+    let granted = unsafe { libc::grantpt(master) } == 0;
+    // SAFETY: as above.
+    assert!(master >= 0 && granted && unsafe { libc::unlockpt(master) } == 0);
     let command = format!("cat {}; echo pts: $(ls /dev/pts); pwd", profile.display());
     fake.push(Reply::tool_call("exec", serde_json::json!({ "command": command }).to_string()));
     fake.push(Reply::text("done"));
@@ -1244,6 +1248,7 @@ async fn the_users_home_and_terminals_are_hidden() {
         .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+    // SAFETY: the descriptor opened above, closed once.
     unsafe { libc::close(master) };
     assert!(out.status.success(), "{out:?}");
     let tool = origin_tool_results(&fake.requests()[1]).join("\n");

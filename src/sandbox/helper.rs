@@ -36,8 +36,21 @@
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::prctl;
+use nix::sys::resource::{getrlimit, setrlimit, Resource};
+use nix::sys::signal::{raise, signal, SigHandler, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{
+    chdir, execvp, fork, getegid, geteuid, getpid, getppid, pipe2, read, setgroups, sethostname, setresgid, setresuid,
+    setsid, setuid, write, ForkResult, Gid, Pid, Uid,
+};
 
 use super::jail;
 
@@ -202,39 +215,32 @@ fn fail(msg: &str) -> i32 {
     SETUP_FAILED
 }
 
-fn os_err(what: &str) -> String {
-    format!("{what}: {}", io::Error::last_os_error())
-}
-
-fn check(rc: libc::c_int, what: &str) -> Result<(), String> {
-    if rc < 0 {
-        Err(os_err(what))
-    } else {
-        Ok(())
-    }
+/// `what: <errno text>` for a failed call.
+fn err(what: &str) -> impl FnOnce(Errno) -> String + '_ {
+    move |e| format!("{what}: {}", io::Error::from(e))
 }
 
 fn run(o: &Options) -> Result<i32, String> {
     set_limits(&o.limits)?;
     set_pdeathsig()?;
-    if unsafe { libc::getppid() } == 1 {
+    if getppid() == Pid::from_raw(1) {
         return Err("bramble exited before the sandbox was set up".into());
     }
     if !o.ns {
         // No namespaces: this process becomes the command, in bramble's process group.
         worker(o);
     }
-    let root = unsafe { libc::geteuid() } == 0;
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS;
+    let (uid, gid) = (geteuid(), getegid());
+    let root = uid.is_root();
+    let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
+    flags |= CloneFlags::CLONE_NEWUTS;
     if o.no_network {
-        flags |= libc::CLONE_NEWNET;
+        flags |= CloneFlags::CLONE_NEWNET;
     }
     if !root {
-        flags |= libc::CLONE_NEWUSER;
+        flags |= CloneFlags::CLONE_NEWUSER;
     }
-    // SAFETY: plain syscall on a single-threaded process.
-    check(unsafe { libc::unshare(flags) }, "cannot create namespaces (unshare)")?;
+    unshare(flags).map_err(err("cannot create namespaces (unshare)"))?;
     if !root {
         // Map only ourselves: inside, we keep our uid and gid; nothing else exists.
         write_file("/proc/self/setgroups", "deny")?;
@@ -244,69 +250,98 @@ fn run(o: &Options) -> Result<i32, String> {
     // A new user namespace changed our credentials, which clears the death signal.
     set_pdeathsig()?;
 
-    let mut fds = [0 as libc::c_int; 2];
-    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, "pipe")?;
-    let (status_r, status_w) = (fds[0], fds[1]);
-    let helper_pid = unsafe { libc::getpid() };
-    // SAFETY: single-threaded; the child only calls ordinary code and then exits or execs.
-    let init = unsafe { libc::fork() };
-    if init < 0 {
-        return Err(os_err("fork"));
+    let (status_r, status_w) = pipe2(OFlag::O_CLOEXEC).map_err(err("pipe"))?;
+    let helper_pid = getpid();
+    // SAFETY: this process is single-threaded (the helper runs before any runtime or
+    // thread exists, see the module header), so the child may run ordinary code.
+    match unsafe { fork() }.map_err(err("fork"))? {
+        ForkResult::Child => {
+            drop(status_r);
+            let code = match init_process(o, status_w, helper_pid) {
+                Ok(()) => 0,
+                Err(e) => fail(&e),
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child: init } => {
+            drop(status_w);
+            let init_status = wait_for(init)?;
+            let mut buf = [0u8; 4];
+            match read(&status_r, &mut buf) {
+                Ok(4) => mirror(Ended::decode(buf)),
+                // Init failed before the worker ended (its error is on stderr).
+                _ => match init_status {
+                    WaitStatus::Exited(_, code) => Ok(code),
+                    _ => Err("the sandbox's init process was killed".into()),
+                },
+            }
+        }
     }
-    if init == 0 {
-        unsafe { libc::close(status_r) };
-        let code = match init_process(o, status_w, helper_pid) {
-            Ok(()) => 0,
-            Err(e) => fail(&e),
-        };
-        unsafe { libc::_exit(code) };
+}
+
+/// How the worker ended, sent from init to the helper through a pipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Exited(i32),
+    Killed(Signal),
+}
+
+impl Ended {
+    fn from_status(status: WaitStatus) -> Option<Ended> {
+        match status {
+            WaitStatus::Exited(_, code) => Some(Ended::Exited(code)),
+            WaitStatus::Signaled(_, sig, _) => Some(Ended::Killed(sig)),
+            _ => None,
+        }
     }
-    unsafe { libc::close(status_w) };
-    let init_status = wait_for(init)?;
-    let mut buf = [0u8; 4];
-    let n = unsafe { libc::read(status_r, buf.as_mut_ptr().cast(), 4) };
-    if n == 4 {
-        mirror(i32::from_ne_bytes(buf))
-    } else if libc::WIFEXITED(init_status) {
-        // Init failed before the worker ended (its error is on stderr).
-        Ok(libc::WEXITSTATUS(init_status))
-    } else {
-        Err("the sandbox's init process was killed".into())
+
+    /// Non-negative: an exit code; negative: a signal number.
+    fn encode(self) -> [u8; 4] {
+        match self {
+            Ended::Exited(code) => code.to_ne_bytes(),
+            Ended::Killed(sig) => (-(sig as i32)).to_ne_bytes(),
+        }
+    }
+
+    fn decode(bytes: [u8; 4]) -> Ended {
+        let v = i32::from_ne_bytes(bytes);
+        match v {
+            v if v >= 0 => Ended::Exited(v),
+            v => Signal::try_from(-v).map_or(Ended::Exited(SETUP_FAILED), Ended::Killed),
+        }
     }
 }
 
 /// Pid 1 of the new pid namespace: build the view, start the worker, reap.
-fn init_process(o: &Options, status_w: libc::c_int, helper_pid: libc::pid_t) -> Result<(), String> {
+fn init_process(o: &Options, status_w: OwnedFd, helper_pid: Pid) -> Result<(), String> {
     set_pdeathsig()?;
     // The helper may have died between fork and prctl: then nobody waits for us. getppid()
     // reads 0 across the pid namespace boundary, but /proc is still the parent namespace's.
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse::<i32>().ok());
-    if ppid.is_some_and(|p| p != helper_pid) {
+    if ppid.is_some_and(|p| p != helper_pid.as_raw()) {
         return Err("the helper exited during setup".into());
     }
     // Own session: the command has no controlling terminal to inject keystrokes into.
-    check(unsafe { libc::setsid() }, "setsid")?;
+    setsid().map_err(err("setsid"))?;
     jail::build(o)?;
-    let name = b"sandbox";
-    unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) };
-    let worker_pid = unsafe { libc::fork() };
-    if worker_pid < 0 {
-        return Err(os_err("fork"));
-    }
-    if worker_pid == 0 {
-        worker(o);
-    }
+    // Cosmetic (the uts namespace is new): a failure changes nothing that matters.
+    let _ = sethostname("sandbox");
+    // SAFETY: init is single-threaded, like the helper it was forked from.
+    let worker_pid = match unsafe { fork() }.map_err(err("fork"))? {
+        ForkResult::Child => worker(o),
+        ForkResult::Parent { child } => child,
+    };
     loop {
-        let mut status = 0;
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid < 0 {
-            return Err(os_err("waitpid"));
-        }
-        if pid == worker_pid {
-            let bytes = status.to_ne_bytes();
-            unsafe { libc::write(status_w, bytes.as_ptr().cast(), 4) };
-            return Ok(());
+        match waitpid(None::<Pid>, None) {
+            Ok(status) if status.pid() == Some(worker_pid) => {
+                if let Some(ended) = Ended::from_status(status) {
+                    let _ = write(&status_w, &ended.encode());
+                    return Ok(());
+                }
+            }
+            Ok(_) | Err(Errno::EINTR) => {} // Reaped an orphan of the command.
+            Err(e) => return Err(err("waitpid")(e)),
         }
     }
 }
@@ -317,27 +352,27 @@ fn worker(o: &Options) -> ! {
         Ok(()) => exec(&o.command),
         Err(e) => fail(&e),
     };
-    unsafe { libc::_exit(code) }
+    std::process::exit(code)
 }
 
 fn prepare_worker(o: &Options) -> Result<(), String> {
     if let Some((uid, gid)) = o.run_as {
-        // SAFETY: plain syscalls; groups first, then gid, then uid (afterwards we could not).
-        check(unsafe { libc::setgroups(1, &gid) }, "setgroups")?;
-        check(unsafe { libc::setresgid(gid, gid, gid) }, &format!("cannot switch to group {gid}"))?;
-        check(unsafe { libc::setresuid(uid, uid, uid) }, &format!("cannot switch to user {uid}"))?;
-        if unsafe { libc::setuid(0) } == 0 {
+        let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
+        // Groups first, then gid, then uid (afterwards we could not).
+        setgroups(&[gid]).map_err(err("setgroups"))?;
+        setresgid(gid, gid, gid).map_err(err(&format!("cannot switch to group {gid}")))?;
+        setresuid(uid, uid, uid).map_err(err(&format!("cannot switch to user {uid}")))?;
+        if setuid(Uid::from_raw(0)).is_ok() {
             return Err("dropping root did not stick".into());
         }
     }
     if o.limits.processes > 0 {
-        set_limit(libc::RLIMIT_NPROC, o.limits.processes, "processes")?;
+        set_limit(Resource::RLIMIT_NPROC, o.limits.processes, "processes")?;
     }
-    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }, "PR_SET_NO_NEW_PRIVS")?;
+    prctl::set_no_new_privs().map_err(err("PR_SET_NO_NEW_PRIVS"))?;
     set_pdeathsig()?;
     if let Some(cwd) = &o.cwd {
-        let c = cstr(cwd.as_os_str())?;
-        check(unsafe { libc::chdir(c.as_ptr()) }, &format!("cannot enter {}", cwd.display()))?;
+        chdir(cwd.as_path()).map_err(err(&format!("cannot enter {}", cwd.display())))?;
     }
     if o.landlock {
         super::landlock::restrict(o)?;
@@ -352,16 +387,15 @@ fn prepare_worker(o: &Options) -> Result<(), String> {
 /// its parent without close-on-exec (a shell's redirections, a supervisor's
 /// sockets) must not reach the command.
 fn close_inherited_fds() {
-    // SAFETY: close_range(first, last, flags) closes descriptors, nothing else.
+    // SAFETY: close_range(first, last, flags) only closes descriptors; nothing in this
+    // process refers to one above 2 any more (the worker is about to exec).
     if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } == 0 {
         return;
     }
     // Kernels before 5.9: every number up to the open-files limit.
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    let last = lim.rlim_cur.clamp(1024, 65536) as libc::c_int;
-    for fd in 3..last {
-        unsafe { libc::close(fd) };
+    let last = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft.clamp(1024, 65536));
+    for fd in 3..last as libc::c_int {
+        let _ = nix::unistd::close(fd);
     }
 }
 
@@ -369,12 +403,9 @@ fn close_inherited_fds() {
 fn exec(command: &[OsString]) -> i32 {
     let args: Result<Vec<CString>, String> = command.iter().map(|a| cstr(a)).collect();
     let Ok(args) = args else { return fail("a NUL byte in the command") };
-    let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    unsafe { libc::execvp(argv[0], argv.as_ptr()) };
-    let err = io::Error::last_os_error();
-    let _ = writeln!(io::stderr(), "{ERROR_PREFIX}cannot run {:?}: {err}", command[0]);
-    if err.kind() == io::ErrorKind::NotFound {
+    let Err(e) = execvp(&args[0], &args);
+    let _ = writeln!(io::stderr(), "{ERROR_PREFIX}cannot run {:?}: {}", command[0], io::Error::from(e));
+    if e == Errno::ENOENT {
         127
     } else {
         126
@@ -382,45 +413,38 @@ fn exec(command: &[OsString]) -> i32 {
 }
 
 /// Exit the way the worker did: same code, or the same fatal signal.
-fn mirror(status: i32) -> Result<i32, String> {
-    if libc::WIFEXITED(status) {
-        return Ok(libc::WEXITSTATUS(status));
-    }
-    if libc::WIFSIGNALED(status) {
-        let sig = libc::WTERMSIG(status);
-        unsafe {
-            libc::signal(sig, libc::SIG_DFL);
-            libc::raise(sig);
+fn mirror(ended: Ended) -> Result<i32, String> {
+    match ended {
+        Ended::Exited(code) => Ok(code),
+        Ended::Killed(sig) => {
+            // SAFETY: restoring the default disposition installs no handler.
+            let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+            let _ = raise(sig);
+            Ok(128 + sig as i32)
         }
-        return Ok(128 + sig);
     }
-    Ok(SETUP_FAILED)
 }
 
-fn wait_for(pid: libc::pid_t) -> Result<i32, String> {
-    let mut status = 0;
+fn wait_for(pid: Pid) -> Result<WaitStatus, String> {
     loop {
-        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if rc == pid {
-            return Ok(status);
-        }
-        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return Err(os_err("waitpid"));
+        match waitpid(pid, None) {
+            Err(Errno::EINTR) => continue,
+            other => return other.map_err(err("waitpid")),
         }
     }
 }
 
 fn set_pdeathsig() -> Result<(), String> {
-    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) }, "PR_SET_PDEATHSIG")
+    prctl::set_pdeathsig(Signal::SIGKILL).map_err(err("PR_SET_PDEATHSIG"))
 }
 
 fn set_limits(l: &Limits) -> Result<(), String> {
-    set_limit(libc::RLIMIT_CORE, 0, "core dumps")?;
+    set_limit(Resource::RLIMIT_CORE, 0, "core dumps")?;
     for (res, v, what) in [
-        (libc::RLIMIT_CPU, l.cpu_seconds, "CPU time"),
-        (libc::RLIMIT_AS, l.address_space, "address space"),
-        (libc::RLIMIT_FSIZE, l.file_size, "file size"),
-        (libc::RLIMIT_NOFILE, l.open_files, "open files"),
+        (Resource::RLIMIT_CPU, l.cpu_seconds, "CPU time"),
+        (Resource::RLIMIT_AS, l.address_space, "address space"),
+        (Resource::RLIMIT_FSIZE, l.file_size, "file size"),
+        (Resource::RLIMIT_NOFILE, l.open_files, "open files"),
     ] {
         if v > 0 {
             set_limit(res, v, what)?;
@@ -430,12 +454,11 @@ fn set_limits(l: &Limits) -> Result<(), String> {
 }
 
 /// Lower soft and hard limit to `v` (never raise: an existing lower hard limit stays).
-fn set_limit(res: libc::__rlimit_resource_t, v: u64, what: &str) -> Result<(), String> {
-    let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    unsafe { libc::getrlimit(res, &mut cur) };
-    let v = (v as libc::rlim_t).min(cur.rlim_max);
-    let new = libc::rlimit { rlim_cur: v, rlim_max: v };
-    check(unsafe { libc::setrlimit(res, &new) }, &format!("cannot limit {what}"))
+fn set_limit(res: Resource, v: u64, what: &str) -> Result<(), String> {
+    let (_, hard) = getrlimit(res).map_err(err(&format!("cannot read the {what} limit")))?;
+    // rlim_t is 32 bits on armv7: a larger limit is "as much as there is".
+    let v = libc::rlim_t::try_from(v).unwrap_or(libc::rlim_t::MAX).min(hard);
+    setrlimit(res, v, v).map_err(err(&format!("cannot limit {what}")))
 }
 
 fn write_file(path: &str, text: &str) -> Result<(), String> {

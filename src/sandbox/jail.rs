@@ -33,29 +33,22 @@
 //!
 //! Paths arrive canonical (the parent resolved symlinks).
 
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::helper::{cstr, Options};
 
-// The new mount API has the same numbers on every architecture.
-const SYS_OPEN_TREE: libc::c_long = 428;
-const SYS_MOVE_MOUNT: libc::c_long = 429;
-const SYS_MOUNT_SETATTR: libc::c_long = 442;
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const MOUNT_ATTR_NOSUID: u64 = 0x2;
-const MOUNT_ATTR_NODEV: u64 = 0x4;
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
+use libc::{
+    mount_attr, AT_RECURSIVE, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+    MOVE_MOUNT_F_EMPTY_PATH, OPEN_TREE_CLONE,
+};
+use nix::mount::MsFlags;
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::waitpid;
+use nix::unistd::{fork, pause, pipe2, read, write, ForkResult};
 
 /// Build the view described by `o` in the current (new) mount namespace.
 pub fn build(o: &Options) -> Result<(), String> {
@@ -87,7 +80,7 @@ pub fn build(o: &Options) -> Result<(), String> {
             .map_err(|e| format!("cannot mount the workspace {} nosuid,nodev: {e}", ws.display()))?;
     }
     // Exposed paths, cloned (like the workspace) before anything covers them.
-    let mut exposed: Vec<(PathBuf, Fd, bool)> = Vec::new();
+    let mut exposed: Vec<(PathBuf, OwnedFd, bool)> = Vec::new();
     for path in &o.expose {
         let Ok(meta) = std::fs::metadata(path) else { continue }; // Nothing there now.
         let tree = open_tree(path)?;
@@ -95,7 +88,7 @@ pub fn build(o: &Options) -> Result<(), String> {
             .map_err(|e| format!("cannot make {} read-only: {e}", path.display()))?;
         exposed.push((path.clone(), tree, meta.is_dir()));
     }
-    set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE)
+    set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE as libc::c_uint)
         .map_err(|e| format!("cannot make the system read-only: {e}"))?;
     // A devpts of our own: no terminal of the host can be opened by path.
     let pts = "newinstance,ptmxmode=0666,mode=0620";
@@ -145,7 +138,7 @@ pub fn build(o: &Options) -> Result<(), String> {
     }
     if let Some((ws, tree)) = &ws {
         std::fs::create_dir_all(ws).map_err(|e| format!("cannot recreate {}: {e}", ws.display()))?;
-        move_mount(tree.0, ws)?;
+        move_mount(tree, ws)?;
     }
     for (path, tree, is_dir) in &exposed {
         // The mount point, made in the (still writable) cover if the path is under one.
@@ -159,7 +152,7 @@ pub fn build(o: &Options) -> Result<(), String> {
             };
             made.map_err(|e| format!("cannot expose {}: {e}", path.display()))?;
         }
-        move_mount(tree.0, path).map_err(|e| format!("[exec] expose: {e}"))?;
+        move_mount(tree, path).map_err(|e| format!("[exec] expose: {e}"))?;
     }
     for c in &covers {
         mount(None, path_str(c)?, None, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY, None)
@@ -174,32 +167,25 @@ pub fn build(o: &Options) -> Result<(), String> {
 /// Make the detached mount `tree` show files owned by root (uid/gid 0) as owned
 /// by `uid`/`gid`, and store what `uid` creates as root's: an idmapped mount.
 /// Needs a user namespace that maps 0 to `uid`; a short-lived child provides it.
-fn idmap(tree: &Fd, uid: u32, gid: u32) -> Result<(), String> {
-    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-    let mut fds = [0 as libc::c_int; 2];
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
-    }
-    let (ready_r, ready_w) = (Fd(fds[0]), Fd(fds[1]));
-    // SAFETY: single-threaded; the child only unshares, writes one byte and pauses.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()));
-    }
-    if child == 0 {
-        unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            let ok = libc::unshare(libc::CLONE_NEWUSER) == 0;
-            libc::write(ready_w.0, [u8::from(ok)].as_ptr().cast(), 1);
+fn idmap(tree: &OwnedFd, uid: u32, gid: u32) -> Result<(), String> {
+    let (ready_r, ready_w) =
+        pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {}", std::io::Error::from(e)))?;
+    // SAFETY: init is single-threaded; the child only unshares, writes one byte and pauses.
+    let child = match unsafe { fork() }.map_err(|e| format!("fork: {}", std::io::Error::from(e)))? {
+        ForkResult::Child => {
+            let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+            let ok = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let _ = write(&ready_w, &[u8::from(ok)]);
             loop {
-                libc::pause();
+                pause();
             }
         }
-    }
+        ForkResult::Parent { child } => child,
+    };
     drop(ready_w);
     let result = (|| {
         let mut byte = [0u8; 1];
-        if unsafe { libc::read(ready_r.0, byte.as_mut_ptr().cast(), 1) } != 1 || byte[0] != 1 {
+        if read(&ready_r, &mut byte) != Ok(1) || byte[0] != 1 {
             return Err("cannot create a user namespace for the mapping".to_string());
         }
         let w = |file: &str, text: String| {
@@ -208,33 +194,13 @@ fn idmap(tree: &Fd, uid: u32, gid: u32) -> Result<(), String> {
         w("uid_map", format!("0 {uid} 1"))?;
         w("gid_map", format!("0 {gid} 1"))?;
         let ns = std::fs::File::open(format!("/proc/{child}/ns/user")).map_err(|e| format!("ns/user: {e}"))?;
-        let attr = MountAttr {
-            attr_set: MOUNT_ATTR_IDMAP,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: std::os::fd::AsRawFd::as_raw_fd(&ns) as u64,
-        };
-        let flags = libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE;
-        // SAFETY: mount_setattr(fd, "", AT_EMPTY_PATH|AT_RECURSIVE, &attr, size).
-        let rc = unsafe {
-            libc::syscall(
-                SYS_MOUNT_SETATTR,
-                tree.0,
-                c"".as_ptr(),
-                flags,
-                &attr as *const MountAttr,
-                size_of::<MountAttr>(),
-            )
-        };
-        if rc < 0 {
-            return Err(format!("idmapped mount: {}", std::io::Error::last_os_error()));
-        }
-        Ok(())
+        let attr =
+            mount_attr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: ns.as_raw_fd() as u64 };
+        mount_setattr(tree.as_raw_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE as libc::c_uint, &attr)
+            .map_err(|e| format!("idmapped mount: {e}"))
     })();
-    unsafe {
-        libc::kill(child, libc::SIGKILL);
-        libc::waitpid(child, std::ptr::null_mut(), 0);
-    }
+    let _ = kill(child, Signal::SIGKILL);
+    let _ = waitpid(child, None);
     result
 }
 
@@ -283,50 +249,34 @@ fn mount(
     flags: libc::c_ulong,
     data: Option<&str>,
 ) -> Result<(), std::io::Error> {
-    let c = |s: Option<&str>| s.map(|s| std::ffi::CString::new(s).map_err(|_| std::io::ErrorKind::InvalidInput));
-    let (src, fstype, data) = (c(src).transpose()?, c(fstype).transpose()?, c(data).transpose()?);
-    let target = std::ffi::CString::new(target).map_err(|_| std::io::ErrorKind::InvalidInput)?;
-    let ptr = |s: &Option<std::ffi::CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
-    // SAFETY: all pointers are valid NUL-terminated strings or null, as mount(2) allows.
-    let rc = unsafe { libc::mount(ptr(&src), target.as_ptr(), ptr(&fstype), flags, ptr(&data).cast()) };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// A file descriptor closed on drop.
-struct Fd(libc::c_int);
-
-impl Drop for Fd {
-    fn drop(&mut self) {
-        unsafe { libc::close(self.0) };
-    }
+    nix::mount::mount(src, target, fstype, MsFlags::from_bits_retain(flags), data).map_err(std::io::Error::from)
 }
 
 /// A detached copy of the mount tree at `path`.
-fn open_tree(path: &Path) -> Result<Fd, String> {
+fn open_tree(path: &Path) -> Result<OwnedFd, String> {
     let c = cstr(path.as_os_str())?;
-    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE;
-    // SAFETY: open_tree(dfd, path, flags) with a valid C string.
-    let fd = unsafe { libc::syscall(SYS_OPEN_TREE, libc::AT_FDCWD, c.as_ptr(), flags) };
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE as libc::c_uint;
+    // SAFETY: open_tree(dfd, path, flags) reads a valid C string and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
     if fd < 0 {
-        return Err(format!(
-            "cannot clone the workspace mount {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(format!("cannot clone the mount {}: {}", path.display(), std::io::Error::last_os_error()));
     }
-    Ok(Fd(fd as libc::c_int))
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn move_mount(fd: libc::c_int, to: &Path) -> Result<(), String> {
-    let empty = c"";
+fn move_mount(tree: &OwnedFd, to: &Path) -> Result<(), String> {
     let target = cstr(to.as_os_str())?;
-    // SAFETY: move_mount(from_dfd, "", to_dfd, to_path, F_EMPTY_PATH) with valid strings.
+    // SAFETY: move_mount(from_dfd, "", to_dfd, to_path, F_EMPTY_PATH) with valid C strings and an open fd.
     let rc = unsafe {
-        libc::syscall(SYS_MOVE_MOUNT, fd, empty.as_ptr(), libc::AT_FDCWD, target.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH)
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
     };
     if rc < 0 {
         return Err(format!("cannot attach {} again: {}", to.display(), std::io::Error::last_os_error()));
@@ -334,13 +284,18 @@ fn move_mount(fd: libc::c_int, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Set mount attributes on a detached tree (recursively).
-fn set_attr_fd(tree: &Fd, set: u64) -> Result<(), std::io::Error> {
-    let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
-    let flags = libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE;
-    // SAFETY: mount_setattr(fd, "", AT_EMPTY_PATH|AT_RECURSIVE, &attr, sizeof attr).
+/// `mount_setattr(2)`: change the attributes of the mount(s) at `dfd`/`path`.
+fn mount_setattr(dfd: RawFd, path: &CStr, flags: libc::c_uint, attr: &mount_attr) -> Result<(), std::io::Error> {
+    // SAFETY: the kernel reads `path` (a valid C string) and `size_of::<mount_attr>()` bytes of `attr`.
     let rc = unsafe {
-        libc::syscall(SYS_MOUNT_SETATTR, tree.0, c"".as_ptr(), flags, &attr as *const MountAttr, size_of::<MountAttr>())
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dfd,
+            path.as_ptr(),
+            flags,
+            attr as *const mount_attr,
+            size_of::<mount_attr>(),
+        )
     };
     if rc < 0 {
         Err(std::io::Error::last_os_error())
@@ -349,23 +304,15 @@ fn set_attr_fd(tree: &Fd, set: u64) -> Result<(), std::io::Error> {
     }
 }
 
+/// Set mount attributes on a detached tree (recursively).
+fn set_attr_fd(tree: &OwnedFd, set: u64) -> Result<(), std::io::Error> {
+    let attr = mount_attr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    mount_setattr(tree.as_raw_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE as libc::c_uint, &attr)
+}
+
+/// Set mount attributes on the mount at `path` (with `AT_RECURSIVE` in `flags`: and beneath).
 fn set_attr(path: &str, set: u64, clear: u64, flags: libc::c_uint) -> Result<(), std::io::Error> {
     let c = std::ffi::CString::new(path).map_err(|_| std::io::ErrorKind::InvalidInput)?;
-    let attr = MountAttr { attr_set: set, attr_clr: clear, propagation: 0, userns_fd: 0 };
-    // SAFETY: mount_setattr(dfd, path, flags, &attr, sizeof attr).
-    let rc = unsafe {
-        libc::syscall(
-            SYS_MOUNT_SETATTR,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
+    let attr = mount_attr { attr_set: set, attr_clr: clear, propagation: 0, userns_fd: 0 };
+    mount_setattr(libc::AT_FDCWD, &c, flags, &attr)
 }

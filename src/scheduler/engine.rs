@@ -110,6 +110,7 @@ fn kernel_says_synced() -> bool {
     // `modes == 0` adjtimex only reads the kernel's state into it.
     let mut tx: libc::timex = unsafe { std::mem::zeroed() };
     tx.modes = 0;
+    // SAFETY: `tx` is a valid, exclusively borrowed timex; modes 0 only reads.
     let state = unsafe { libc::adjtimex(&mut tx) };
     state != -1 && state != libc::TIME_ERROR && tx.status & libc::STA_UNSYNC == 0
 }
