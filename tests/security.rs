@@ -1260,3 +1260,58 @@ async fn the_users_home_and_terminals_are_hidden() {
         assert!(tool.contains("pts: ptmx\n"), "a devpts of its own: {tool}");
     }
 }
+
+/// Publish `payload` once with a client of its own that may send big packets
+/// (the Watcher's default limit is 10 KiB); QoS 1, acknowledged by the broker.
+async fn publish_big(port: u16, topic: &str, payload: Vec<u8>, retain: bool) {
+    let mut opts = rumqttc::MqttOptions::new(format!("big-{}", payload.len()), "127.0.0.1", port);
+    opts.set_max_packet_size(32 << 20, 32 << 20);
+    let (client, mut events) = rumqttc::AsyncClient::new(opts, 10);
+    client.publish(topic, rumqttc::QoS::AtLeastOnce, retain, payload).await.unwrap();
+    let acked = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match events.poll().await {
+                Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => return,
+                Ok(_) => {}
+                Err(e) => panic!("publishing the big message: {e}"),
+            }
+        }
+    });
+    acked.await.expect("the broker acknowledged the big message");
+    let _ = client.disconnect().await;
+}
+
+#[tokio::test]
+async fn an_oversize_message_on_in_neither_loops_nor_blocks_the_channel() {
+    let broker = support::mosquitto::Mosquitto::start().await;
+    let llm = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new(
+        "openai",
+        &llm.base_url(),
+        "",
+        "",
+        &format!(
+            "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
+             [mqtt]\nurl = \"{}\"\ndevice = \"testpi\"\ndiscovery = false\n",
+            broker.url()
+        ),
+    );
+    // 9 MiB, over bramble's 8 MiB limit: retained before bramble starts...
+    publish_big(broker.port, "bramble/testpi/in", vec![b'x'; 9 << 20], true).await;
+    let log = home.path().join("daemon.log");
+    let daemon = support::daemon::Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+    let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let w = support::mosquitto::Watcher::start(broker.port, &["bramble/testpi/status", "bramble/testpi/out"]).await;
+    assert!(w.wait_last(15, "bramble/testpi/status", "online").await, "{}", read_log());
+    // ...and one more while it runs (QoS 1: a persistent session would keep it queued).
+    publish_big(broker.port, "bramble/testpi/in", vec![b'y'; 9 << 20], false).await;
+    // The channel still works: a normal message gets its reply.
+    llm.push(Reply::text("still here"));
+    w.publish("bramble/testpi/in", "are you there?").await;
+    assert!(w.wait_for(20, "bramble/testpi/out", |p| p == "still here").await, "{}", read_log());
+    // One connection all along: no reconnect loop.
+    let connects = read_log().matches("MQTT connected").count();
+    assert_eq!(connects, 1, "{}", read_log());
+    assert!(!read_log().contains("connection lost"), "{}", read_log());
+    daemon.stop().await;
+}

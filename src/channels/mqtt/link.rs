@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, QoS};
+use rumqttc::v5::mqttbytes::v5::{PubAck, PubAckReason};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::AsyncClient;
 use tokio::sync::oneshot;
 
 use super::{Settings, MAX_PACKET};
@@ -160,9 +162,15 @@ impl Link {
         flush_retained(&mut st);
     }
 
-    pub(super) fn on_puback(&self, pkid: u16) {
-        if let Some(waiter) = self.lock().unacked.remove(&pkid) {
-            let _ = waiter.send(());
+    /// The broker's PubAck. MQTT 5 gives a reason: a refusal (not authorized,
+    /// quota exceeded, …) fails the waiter, so the outbox keeps the report.
+    pub(super) fn on_puback(&self, ack: &PubAck) {
+        let Some(waiter) = self.lock().unacked.remove(&ack.pkid) else { return };
+        match ack.reason {
+            PubAckReason::Success | PubAckReason::NoMatchingSubscribers => {
+                let _ = waiter.send(());
+            }
+            ref refused => tracing::warn!(reason = ?refused, "the MQTT broker refused a message"),
         }
     }
 

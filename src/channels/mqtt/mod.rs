@@ -33,7 +33,19 @@
 //! - **Never `publish().await` in the polling task** (it deadlocks when the
 //!   request channel is full): everything uses `try_publish`; a full channel is
 //!   a retryable delivery failure.
-//! - **10 KiB packet limit by default**: raised to [`MAX_PACKET`] both ways.
+//! - **10 KiB packet limit by default**: raised to [`MAX_PACKET`] for what we
+//!   send and [`MAX_INCOMING`] for what we accept.
+//! - **MQTT 5, for the packet limit.** A packet over the client's limit is a
+//!   decode error that drops the connection; in MQTT 3.1.1 the broker cannot be
+//!   told the limit, so one oversize retained (or queued) message on
+//!   `<prefix>/in` came back after every reconnect: a reconnect loop, the
+//!   channel blocked until someone cleared it. MQTT 5's CONNECT carries
+//!   *Maximum Packet Size*, and the broker then must not send us a larger
+//!   packet: it drops it (mosquitto ≥ 1.6 logs it) and the connection stays
+//!   up. The session lives on in the broker for [`SESSION_EXPIRY`] after a
+//!   disconnect (MQTT 5 ends it at once unless asked). Should an oversize
+//!   packet arrive anyway (a broker that ignores the limit), the backoff is not
+//!   reset by the ConnAck that preceded it, so it cannot become a hot loop.
 
 pub mod discovery;
 mod inbound;
@@ -48,7 +60,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Outgoing, Packet, QoS, Transport};
+use rumqttc::v5::mqttbytes::v5::{LastWill, Packet};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rumqttc::{Outgoing, Transport};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -60,10 +75,12 @@ use crate::scheduler::{JobStore, SchedulerHandle};
 
 /// Largest packet sent (rumqttc's default is 10 KiB; an LLM answer is bigger).
 pub const MAX_PACKET: usize = 1024 * 1024;
-/// Largest packet accepted. MQTT 3.1.1 cannot tell the broker our limit, and a
-/// bigger message drops the connection — and comes again after the reconnect
-/// if it is retained or queued — so this is generous (a camera snapshot fits).
-const MAX_INCOMING: usize = 8 * 1024 * 1024;
+/// Largest packet accepted, told to the broker in CONNECT (MQTT 5 Maximum
+/// Packet Size): it drops bigger messages for us. Generous: a camera snapshot fits.
+pub const MAX_INCOMING: usize = 8 * 1024 * 1024;
+/// How long the broker keeps our session (subscriptions, queued QoS 1
+/// messages) after a disconnect, in seconds: a week of being unplugged.
+pub const SESSION_EXPIRY: u32 = 7 * 24 * 3600;
 /// Requests rumqttc may hold before `try_publish` says "full".
 const REQUEST_QUEUE: usize = 64;
 /// How long a delivery waits for the broker's PubAck.
@@ -73,6 +90,8 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
 const KEEP_ALIVE: Duration = Duration::from_secs(60);
 /// Longest reconnect wait after an error (from 1 s, doubling).
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A connection that lasted this long resets the backoff when it ends.
+const STABLE: Duration = Duration::from_secs(10);
 
 /// Why MQTT cannot be set up from the config.
 #[derive(Debug, thiserror::Error)]
@@ -160,13 +179,15 @@ impl Settings {
         )
     }
 
-    /// The rumqttc options: persistent session, last will, raised packet limit.
+    /// The rumqttc options: MQTT 5, persistent session, last will, packet limit.
     fn options(&self) -> Result<MqttOptions, MqttError> {
         let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
         o.set_keep_alive(KEEP_ALIVE)
-            .set_clean_session(false)
-            .set_max_packet_size(MAX_INCOMING, MAX_PACKET)
-            .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true));
+            .set_clean_start(false)
+            .set_session_expiry_interval(Some(SESSION_EXPIRY))
+            .set_max_packet_size(Some(MAX_INCOMING as u32))
+            .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true, None))
+            .set_network_options(network_options());
         if let Some(user) = &self.username {
             o.set_credentials(user.clone(), self.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default());
         }
@@ -348,10 +369,10 @@ async fn connection(
 ) {
     let mut backoff = crate::timer::Backoff::new(BACKOFF_MAX);
     let mut was_connected = false;
+    let mut connected_at: Option<tokio::time::Instant> = None;
     loop {
         // A fresh client and event loop per connection: see the module docs.
         let (client, mut events) = AsyncClient::new(options.clone(), REQUEST_QUEUE);
-        events.set_network_options(network_options());
         let mut client = Some(client);
         let error = loop {
             let event = tokio::select! {
@@ -364,8 +385,8 @@ async fn connection(
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                     tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
-                    backoff.reset();
                     was_connected = true;
+                    connected_at = Some(tokio::time::Instant::now());
                     if let Some(c) = client.take() {
                         link.on_connack(c, &subscriptions);
                     }
@@ -378,16 +399,34 @@ async fn connection(
                         Err(e) => tracing::warn!("MQTT: {e}"),
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => router.dispatch(&p.topic, &p.payload, p.retain),
-                Ok(Event::Incoming(Packet::PubAck(a))) => link.on_puback(a.pkid),
+                Ok(Event::Incoming(Packet::Publish(p))) => match std::str::from_utf8(&p.topic) {
+                    Ok(topic) => router.dispatch(topic, &p.payload, p.retain),
+                    Err(_) => tracing::warn!("MQTT: ignored a message on a topic that is not UTF-8"),
+                },
+                Ok(Event::Incoming(Packet::PubAck(a))) => link.on_puback(&a),
                 Ok(Event::Outgoing(Outgoing::Publish(pkid))) => link.on_outgoing_publish(pkid),
                 Ok(_) => {}
                 Err(e) => break e,
             }
         };
         link.on_disconnect();
+        // Only a connection that lasted counts as good: one the broker (or a packet) kills
+        // right after the ConnAck must not reset the backoff, or it becomes a hot loop.
+        if connected_at.take().is_some_and(|t| t.elapsed() >= STABLE) {
+            backoff.reset();
+        }
         let wait = backoff.next_wait();
-        if was_connected {
+        use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as Code;
+        if let rumqttc::v5::ConnectionError::ConnectionRefused(
+            Code::RefusedProtocolVersion | Code::UnsupportedProtocolVersion,
+        ) = error
+        {
+            tracing::error!(
+                broker = %link.settings.describe(),
+                "the MQTT broker does not speak MQTT 5, which bramble needs (mosquitto 1.6 or newer, EMQX, \
+                 HiveMQ, Home Assistant's add-on all do); retrying in {wait:?}"
+            );
+        } else if was_connected {
             tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {wait:?}");
         } else {
             tracing::warn!(broker = %link.settings.describe(), error = %error, "cannot connect to the MQTT broker; retrying in {wait:?}");
@@ -411,7 +450,7 @@ fn network_options() -> rumqttc::NetworkOptions {
 
 /// A clean goodbye: `offline` (a graceful disconnect does not fire the last
 /// will), then DISCONNECT, flushed within two seconds.
-async fn goodbye(link: &Link, events: &mut rumqttc::EventLoop) {
+async fn goodbye(link: &Link, events: &mut rumqttc::v5::EventLoop) {
     let client = link.client();
     let Some(client) = client else { return };
     let _ = link.publish(&link.settings.topic("status"), b"offline".to_vec(), true);
@@ -559,8 +598,9 @@ mod tests {
         assert!(s.tls && s.port == 8883);
         let o = s.options().unwrap();
         assert!(matches!(o.transport(), Transport::Tls(_)));
-        assert!(!o.clean_session());
-        assert_eq!(o.max_packet_size(), MAX_INCOMING);
+        assert!(!o.clean_start());
+        assert_eq!(o.session_expiry_interval(), Some(SESSION_EXPIRY), "the broker keeps the session");
+        assert_eq!(o.max_packet_size(), Some(MAX_INCOMING as u32), "told to the broker in CONNECT");
     }
 
     #[test]
