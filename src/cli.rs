@@ -15,7 +15,7 @@ use clap::{Parser, Subcommand};
 use crate::agent::{Agent, TurnError, TurnRequest};
 use crate::bus::{Bus, OutboundMessage, Target};
 use crate::config::{self, templates, Loaded};
-use crate::fsutil;
+use crate::util;
 
 /// bramble: a small, scheduler-first AI agent for your Raspberry Pi.
 #[derive(Debug, Parser)]
@@ -225,7 +225,7 @@ fn init(explicit: Option<&Path>, workspace: Option<&Path>) -> anyhow::Result<Exi
         let line = format!("workspace = {}", toml_string(&ws.to_string_lossy()));
         text = text.replacen("# workspace = \"~/.local/share/bramble/workspace\"", &line, 1);
     }
-    let wrote = fsutil::write_new(&config_path, text.as_bytes())
+    let wrote = util::fs::write_new(&config_path, text.as_bytes())
         .with_context(|| format!("cannot write {}", config_path.display()))?;
     report_init(&config_path, wrote);
     // Read back what is now there (it may be the user's own file) to find the workspace.
@@ -551,7 +551,7 @@ async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
             }
             println!("  schedule:  {}", j.schedule.describe(tz.tz()));
             println!("  catch-up:  {}", j.catch_up);
-            let targets: Vec<String> = crate::daemon::job_targets(&j).iter().map(ToString::to_string).collect();
+            let targets: Vec<String> = j.report_target_names();
             println!("  deliver:   {}", targets.join(", "));
             println!("  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" });
             println!("  next run:  {}", when(j.state.next_run, &tz));
@@ -638,7 +638,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
         }
         Ok(())
     })?;
-    let targets: Vec<String> = crate::daemon::job_targets(&job).iter().map(ToString::to_string).collect();
+    let targets: Vec<String> = job.report_target_names();
     match outcome.status {
         RunStatus::Ok => {
             println!("{}\n\n(report queued for {}; the daemon delivers it)", outcome.summary, targets.join(", "));

@@ -12,7 +12,7 @@
 //! - [`agent`]: the ReAct loop, the context builder, sessions on disk.
 //! - [`tools`]: what the model may call — files, exec, web_fetch, message.
 //! - [`sandbox`]: how commands are run (process groups, limits, output caps).
-//! - [`fsutil`]: atomic file writes.
+//! - [`util`]: the leaf: atomic file writes, timers, text and machine helpers.
 
 // Every `unsafe` block says why it is sound, and holds one unsafe operation.
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::multiple_unsafe_ops_per_block)]
@@ -23,13 +23,12 @@ pub mod channels;
 pub mod cli;
 pub mod config;
 pub mod daemon;
-pub mod fsutil;
 pub mod logging;
 pub mod provider;
 pub mod sandbox;
 pub mod scheduler;
-pub mod timer;
 pub mod tools;
+pub mod util;
 pub mod workspace;
 
 /// Install rustls' ring crypto provider as the process default.

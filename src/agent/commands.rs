@@ -12,7 +12,7 @@
 //! (`setMyCommands`) is built from the same table.
 
 use super::Agent;
-use crate::provider::BoxFuture;
+use crate::util::BoxFuture;
 
 /// A command as typed: `/name args`, with any `@botname` suffix removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +214,7 @@ fn run<'a>(agent: &'a Agent, _: &'a str, args: &'a str) -> BoxFuture<'a, String>
             None => return "Jobs are not available here.".into(),
         };
         if handle.run_now(&job.id) {
-            let targets: Vec<String> = crate::daemon::job_targets(&job).iter().map(ToString::to_string).collect();
+            let targets: Vec<String> = job.report_target_names();
             format!("Running job {} now; its report goes to {}.", job.name, targets.join(", "))
         } else {
             "The scheduler is busy or stopping; try again in a moment.".into()

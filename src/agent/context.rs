@@ -50,7 +50,7 @@ pub struct Origin<'a> {
 
 impl ContextBuilder {
     pub fn new(workspace: PathBuf, tz: TzName, limits: ContextLimits) -> Self {
-        let host = hostname();
+        let host = crate::util::sys::hostname();
         ContextBuilder { workspace, tz, limits, host }
     }
 
@@ -156,16 +156,6 @@ impl ContextBuilder {
     }
 }
 
-/// The machine's host name (the kernel's, as `hostname` prints it).
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|h| h.trim().to_string())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 /// A file's text with HTML comments removed; `None` when missing or empty
 /// after that (template placeholders cost no tokens), or when it is not a
 /// plain file in the workspace (a symlink, a FIFO, a device: logged, never
@@ -182,29 +172,12 @@ fn read_prompt_file(ws: &Workspace, rel: &str, max_chars: usize) -> Option<Strin
             return None;
         }
     };
-    let text = strip_html_comments(&text);
+    let text = crate::util::text::strip_html_comments(&text);
     let meaningful = text.lines().any(|l| {
         let l = l.trim();
         !l.is_empty() && !l.starts_with('#')
     });
     meaningful.then(|| text.trim().to_string())
-}
-
-/// `text` without `<!-- … -->` comments (an unclosed one runs to the end).
-pub fn strip_html_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(start) = rest.find("<!--") {
-        out.push_str(&rest[..start]);
-        match rest[start..].find("-->") {
-            Some(end) => rest = &rest[start + end + 3..],
-            None => {
-                rest = "";
-            }
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 fn cap(text: &str, max: usize, name: &str) -> String {

@@ -505,7 +505,7 @@ impl Tool for MemorySearchTool {
         &'a self,
         args: Value,
         ctx: &'a ToolContext,
-    ) -> crate::provider::BoxFuture<'a, Result<String, ToolError>> {
+    ) -> crate::util::BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             let a: SearchArgs = parse_args("memory_search", args)?;
             if a.query.trim().is_empty() {
@@ -581,7 +581,7 @@ mod tests {
         assert_eq!(j.append("cli:direct", "summary", "The user likes green tea.").unwrap(), 2);
         assert_eq!(j.append("telegram:1", "raw", "Garage door opened at 22:10.").unwrap(), 3);
         // A torn line from a power cut: skipped, and the next append starts on a new line.
-        crate::fsutil::append_durable(j.path(), b"{\"cursor\":4,\"cont").unwrap();
+        crate::util::fs::append_durable(j.path(), b"{\"cursor\":4,\"cont").unwrap();
         assert_eq!(j.append("x", "summary", "after the cut").unwrap(), 4);
         assert_eq!(j.entries().unwrap().len(), 4);
 

@@ -23,7 +23,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::bus::Target;
-use crate::fsutil;
+use crate::util;
 
 /// One turn in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,7 +93,7 @@ impl PendingStore {
         };
         let path = self.dir.join(format!("{pid}-{}.json", NEXT.fetch_add(1, Ordering::Relaxed)));
         let body = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
-        fsutil::write_atomic(&path, &body)?;
+        util::fs::write_atomic(&path, &body)?;
         active().insert(path.clone());
         Ok(path)
     }
@@ -191,7 +191,7 @@ mod tests {
             pid: u32::MAX - 1,
             proc_start: 1,
         };
-        fsutil::write_atomic(&dir.path().join("pending/x.json"), &serde_json::to_vec(&dead).unwrap()).unwrap();
+        util::fs::write_atomic(&dir.path().join("pending/x.json"), &serde_json::to_vec(&dead).unwrap()).unwrap();
         assert!(store.take_orphans(|r| r.channel == "telegram").is_empty(), "filtered out");
         let taken = store.take_orphans(|_| true);
         assert_eq!(taken, vec![dead.clone()]);

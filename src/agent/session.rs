@@ -22,8 +22,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsutil;
 use crate::provider::{Message, Role, Usage};
+use crate::util;
 
 /// Messages of a session kept in memory (the prompt window is smaller);
 /// older ones stay on disk only.
@@ -198,10 +198,10 @@ impl SessionStore {
             buf.push(b'\n');
         }
         let new_file = !path.exists();
-        fsutil::append_durable(&path, &buf)?;
+        util::fs::append_durable(&path, &buf)?;
         if new_file {
             if let Some(dir) = path.parent() {
-                fsutil::sync_dir(dir)?;
+                util::fs::sync_dir(dir)?;
             }
         }
         cached.messages.extend(messages);
@@ -251,7 +251,7 @@ impl SessionStore {
             serde_json::to_writer(&mut buf, m).map_err(std::io::Error::other)?;
             buf.push(b'\n');
         }
-        fsutil::write_atomic(&path, &buf)?;
+        util::fs::write_atomic(&path, &buf)?;
         let mut session = Session { checkpoint, messages: kept, skipped: 0 };
         if session.messages.len() > CACHE_MESSAGES {
             session.skipped = session.messages.len() - CACHE_MESSAGES;
@@ -263,7 +263,7 @@ impl SessionStore {
 
     /// An exclusive advisory lock on the sessions directory, held while a file is written.
     fn dir_lock(&self) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
-        let file = fsutil::open_lock_file(&self.dir.join(".lock"))?;
+        let file = util::fs::open_lock_file(&self.dir.join(".lock"))?;
         nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))
     }
@@ -483,7 +483,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = SessionStore::new(dir.path());
         s.append_turn("k", &[stored(Message::user("one")), stored(Message::assistant("two"))]).unwrap();
-        fsutil::append_durable(&s.path("k"), b"{\"role\":\"user\",\"conte").unwrap();
+        util::fs::append_durable(&s.path("k"), b"{\"role\":\"user\",\"conte").unwrap();
         let fresh = SessionStore::new(dir.path());
         assert_eq!(fresh.history("k", 10).unwrap().len(), 2);
         // The next turn after the power cut is kept whole, its first line included.

@@ -32,8 +32,9 @@ use super::context::{ContextBuilder, Origin};
 use super::usage::UsageLedger;
 use super::{run_loop, LoopSpec, LoopStats};
 use crate::bus::{OutboundMessage, Target};
-use crate::provider::{BoxFuture, Message, Provider, ToolSpec};
+use crate::provider::{Message, Provider, ToolSpec};
 use crate::tools::{parse_args, Tool, ToolContext, ToolError, ToolRegistry};
+use crate::util::BoxFuture;
 
 /// Tools a sub-agent never gets.
 pub const EXCLUDED_TOOLS: &[&str] = &["spawn", "cron", "message"];

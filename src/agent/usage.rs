@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TzName;
-use crate::fsutil;
 use crate::provider::Usage;
+use crate::util;
 
 /// Days kept in the file.
 const DAYS_KEPT: usize = 62;
@@ -71,7 +71,7 @@ impl UsageLedger {
 
     /// Add one run's usage to today's totals; returns them.
     pub fn add(&self, usage: Usage) -> std::io::Result<DayUsage> {
-        let lock = crate::fsutil::open_lock_file(&self.path.with_extension("lock"))?;
+        let lock = crate::util::fs::open_lock_file(&self.path.with_extension("lock"))?;
         let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))?;
         let mut file = self.read();
@@ -85,7 +85,7 @@ impl UsageLedger {
             file.days.remove(&oldest);
         }
         let body = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
-        fsutil::write_atomic(&self.path, &body)?;
+        util::fs::write_atomic(&self.path, &body)?;
         Ok(today)
     }
 }

@@ -3,7 +3,7 @@
 //! with no Telegram or MQTT configured.
 
 use super::{Channel, DeliveryError, Report};
-use crate::provider::BoxFuture;
+use crate::util::BoxFuture;
 
 pub struct LogChannel;
 

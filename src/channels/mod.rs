@@ -11,7 +11,7 @@ pub mod mqtt;
 pub mod telegram;
 
 use crate::bus::Target;
-use crate::provider::BoxFuture;
+use crate::util::BoxFuture;
 
 /// Why a delivery failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

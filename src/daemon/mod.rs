@@ -144,7 +144,7 @@ pub async fn run_outbox(
         }
         let sleep = sleep.clamp(Duration::from_millis(50), Duration::from_secs(3600));
         tokio::select! {
-            _ = crate::timer::sleep(sleep) => {}
+            _ = crate::util::timer::sleep(sleep) => {}
             _ = wake.notified() => {}
             _ = cancel.cancelled() => return,
         }
@@ -277,7 +277,7 @@ impl Heartbeat {
             let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
             if !wait.is_zero() {
                 tokio::select! {
-                    _ = crate::timer::sleep(wait.min(Duration::from_secs(600))) => continue,
+                    _ = crate::util::timer::sleep(wait.min(Duration::from_secs(600))) => continue,
                     _ = stop.cancelled() => return,
                 }
             }
@@ -345,7 +345,7 @@ impl JobRunner {
             Ok(text) => (text.clone(), RunOutcome::ok(text)),
             Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
         };
-        for target in job_targets(job) {
+        for target in job.report_targets() {
             if let Err(e) = self.outbox.enqueue(target, &report, &format!("job:{}", job.name)) {
                 tracing::error!(job = %job.name, "report not queued: {e}");
             }
@@ -355,18 +355,8 @@ impl JobRunner {
     }
 }
 
-/// Where a job's report goes: its targets, else the chat it was made in, else the log.
-pub fn job_targets(job: &Job) -> Vec<Target> {
-    if !job.deliver.is_empty() {
-        return job.deliver.clone();
-    }
-    // A job made in the terminal has no terminal to report to later: the log.
-    let origin = job.origin.as_ref().map(|o| Target::origin(&o.channel, &o.chat_id)).filter(|t| *t != Target::Cli);
-    vec![origin.unwrap_or(Target::Log)]
-}
-
 impl JobExecutor for JobRunner {
-    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::provider::BoxFuture<'a, RunOutcome> {
+    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
         Box::pin(self.run_job(job))
     }
 }
@@ -382,7 +372,7 @@ pub struct ObservedRunner {
 }
 
 impl JobExecutor for ObservedRunner {
-    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::provider::BoxFuture<'a, RunOutcome> {
+    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
         Box::pin(async move {
             let started = Timestamp::now();
             let outcome = self.runner.run_job(job).await;
@@ -477,13 +467,13 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
 /// directory would run every job twice.
 fn lock_state_dir(state: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     use anyhow::Context as _;
-    crate::fsutil::create_private_dir(state)
+    crate::util::fs::create_private_dir(state)
         .with_context(|| format!("cannot create the state directory {}", state.display()))?;
-    if crate::fsutil::make_private(state).with_context(|| format!("cannot make {} private", state.display()))? {
+    if crate::util::fs::make_private(state).with_context(|| format!("cannot make {} private", state.display()))? {
         tracing::warn!(state = %state.display(), "the state directory was readable by other users; it is 0700 now");
     }
     let path = state.join("daemon.lock");
-    let file = crate::fsutil::open_lock_file(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file = crate::util::fs::open_lock_file(&path).with_context(|| format!("cannot open {}", path.display()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
         if e == nix::errno::Errno::EWOULDBLOCK {
             anyhow::anyhow!(
@@ -537,7 +527,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     use anyhow::Context as _;
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
-    crate::fsutil::create_private_dir(state)
+    crate::util::fs::create_private_dir(state)
         .with_context(|| format!("cannot create the state directory {}", state.display()))?;
     // Commands run in the workspace; an empty one is better than failing every exec job.
     let ws = &loaded.paths.workspace;

@@ -35,7 +35,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::bus::Target;
-use crate::fsutil;
+use crate::util;
 
 /// Delivered entries kept for `bramble status` (the newest ones).
 const RECENT_KEPT: usize = 20;
@@ -381,7 +381,7 @@ impl Outbox {
         if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(self.io(std::io::Error::from_raw_os_error(libc::ENOSPC)));
         }
-        fsutil::write_atomic(&self.path, data).map_err(|e| self.io(e))
+        util::fs::write_atomic(&self.path, data).map_err(|e| self.io(e))
     }
 
     fn read(&self) -> Result<OutboxFile, OutboxError> {
@@ -403,7 +403,7 @@ impl Outbox {
     }
 
     fn lock(&self) -> Result<File, OutboxError> {
-        let f = fsutil::open_lock_file(&self.lock_path).map_err(|e| self.io(e))?;
+        let f = util::fs::open_lock_file(&self.lock_path).map_err(|e| self.io(e))?;
         f.lock().map_err(|e| self.io(e))?;
         Ok(f)
     }

@@ -49,7 +49,7 @@ pub async fn watchdog(cancel: CancellationToken) {
     loop {
         send(&[NotifyState::Watchdog]);
         tokio::select! {
-            _ = crate::timer::sleep(every) => {}
+            _ = crate::util::timer::sleep(every) => {}
             _ = cancel.cancelled() => return,
         }
     }

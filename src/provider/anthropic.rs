@@ -16,13 +16,14 @@
 //! Translation never fails: arguments that are not a JSON object become `{}`
 //! (the model already saw its own bad call answered with an error).
 
+use crate::util::BoxFuture;
 use reqwest::header::HeaderMap;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{
-    build_headers, excerpt, generated_call_id, null_default, post_json, BoxFuture, ChatRequest, ChatResponse, Message,
-    Provider, ProviderError, Role, ToolCall, Usage,
+    build_headers, excerpt, generated_call_id, null_default, post_json, ChatRequest, ChatResponse, Message, Provider,
+    ProviderError, Role, ToolCall, Usage,
 };
 use crate::config::{ProviderConfig, Secret};
 

@@ -17,14 +17,9 @@ pub mod anthropic;
 pub mod openai;
 pub mod retry;
 
-use std::future::Future;
-use std::pin::Pin;
-
+use crate::util::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-/// A boxed, sendable future: how async trait methods are spelled without a macro crate.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Who said a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -13,13 +13,14 @@
 //! assistant message that only carries tool calls (OpenAI wants the key), and
 //! `tools` is omitted when there are none (some servers reject `[]`).
 
+use crate::util::BoxFuture;
 use reqwest::header::HeaderMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{
-    build_headers, excerpt, generated_call_id, null_default, post_json, BoxFuture, ChatRequest, ChatResponse, Message,
-    Provider, ProviderError, Role, ToolCall, Usage,
+    build_headers, excerpt, generated_call_id, null_default, post_json, ChatRequest, ChatResponse, Message, Provider,
+    ProviderError, Role, ToolCall, Usage,
 };
 use crate::config::{ProviderConfig, Secret};
 

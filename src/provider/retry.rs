@@ -12,7 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{BoxFuture, ChatRequest, ChatResponse, Provider, ProviderError};
+use super::{ChatRequest, ChatResponse, Provider, ProviderError};
+use crate::util::BoxFuture;
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::config::QuietHours;
-use crate::fsutil;
+use crate::util;
 use crate::workspace::Workspace;
 
 /// The reply that means "nothing to report".
@@ -45,7 +45,7 @@ pub fn read_file(workspace: &Path) -> Option<String> {
 
 /// The tasks listed under `## Active Tasks`.
 pub fn active_tasks(markdown: &str) -> Vec<String> {
-    let text = crate::agent::context::strip_html_comments(markdown);
+    let text = crate::util::text::strip_html_comments(markdown);
     let mut tasks = Vec::new();
     let mut in_section = false;
     for line in text.lines() {
@@ -140,7 +140,7 @@ impl StateFile {
     }
     pub fn save(&self, state: &HeartbeatState) -> std::io::Result<()> {
         let data = serde_json::to_vec(state).map_err(std::io::Error::other)?;
-        fsutil::write_atomic(&self.0, &data)
+        util::fs::write_atomic(&self.0, &data)
     }
 }
 

@@ -227,6 +227,21 @@ pub struct Job {
 }
 
 impl Job {
+    /// Where this job's report goes: its targets, else the chat it was made in, else the log.
+    pub fn report_targets(&self) -> Vec<Target> {
+        if !self.deliver.is_empty() {
+            return self.deliver.clone();
+        }
+        // A job made in the terminal has no terminal to report to later: the log.
+        let origin = self.origin.as_ref().map(|o| Target::origin(&o.channel, &o.chat_id)).filter(|t| *t != Target::Cli);
+        vec![origin.unwrap_or(Target::Log)]
+    }
+
+    /// [`report_targets`](Job::report_targets) as text, for messages.
+    pub fn report_target_names(&self) -> Vec<String> {
+        self.report_targets().iter().map(ToString::to_string).collect()
+    }
+
     /// A new, enabled job with a fresh id, the default catch-up policy for
     /// its schedule, and its first run planned from `now`.
     ///

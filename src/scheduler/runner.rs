@@ -44,7 +44,7 @@ use super::job::{Job, RunStatus};
 use super::schedule::{dur_since, Schedule};
 use super::store::{find, JobStore, Stamp, StoreError};
 
-pub use crate::provider::BoxFuture;
+pub use crate::util::BoxFuture;
 
 /// The longest the loop sleeps without looking at the clock and the store.
 pub const MAX_SLEEP: Duration = Duration::from_secs(60);
@@ -238,7 +238,7 @@ impl Scheduler {
                 }
                 _ = reload.notified() => force_reload = true,
                 Some(key) = run_now_rx.recv() => lp.manual.push(key),
-                _ = crate::timer::sleep(pass.wake) => {}
+                _ = crate::util::timer::sleep(pass.wake) => {}
             }
         }
         // Record the runs still going as they end (the daemon bounds how long

@@ -28,7 +28,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::job::Job;
-use crate::fsutil::write_atomic;
+use crate::util::fs::write_atomic;
 
 /// The file format version this code reads and writes.
 pub const VERSION: u32 = 1;
@@ -208,7 +208,7 @@ impl JobStore {
     }
 
     fn lock(&self) -> Result<Flock<File>, StoreError> {
-        let f = crate::fsutil::open_lock_file(&self.lock_path)
+        let f = crate::util::fs::open_lock_file(&self.lock_path)
             .map_err(|e| StoreError::Io { path: self.lock_path.clone(), source: e })?;
         // flock(2), exclusive: released when the guard is dropped or the process
         // dies. (std's `File::lock` is the same call but needs Rust 1.89; the

@@ -19,8 +19,8 @@ use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::Target;
 use crate::channels::telegram::AllowedChats;
 use crate::config::TzName;
-use crate::provider::BoxFuture;
 use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Origin, Schedule};
+use crate::util::BoxFuture;
 
 pub struct CronTool {
     store: JobStore,
@@ -74,7 +74,7 @@ impl CronTool {
             chat_id: ctx.chat_id.clone(),
             session_key: ctx.session_key.clone(),
         });
-        let targets: Vec<String> = crate::daemon::job_targets(&job).iter().map(ToString::to_string).collect();
+        let targets: Vec<String> = job.report_target_names();
         let job = self.store.add(job).map_err(err)?;
         Ok(format!(
             "Scheduled `{}` (id {}): {}. Next run: {}. Reports go to {}.",
@@ -259,7 +259,7 @@ mod tests {
         assert!(out.contains("Scheduled `tea`") && out.contains("Reports go to telegram:42"), "{out}");
         let job = JobStore::open(dir.path()).get("tea").unwrap();
         assert_eq!(job.kind, JobKind::Remind { text: "Drink tea".into() });
-        assert_eq!(crate::daemon::job_targets(&job), vec![Target::Telegram("42".into())]);
+        assert_eq!(job.report_targets(), vec![Target::Telegram("42".into())]);
         assert_eq!(job.origin.unwrap().session_key, "telegram:42");
         let list = t.execute(json!({"action":"list"}), &telegram_ctx()).await.unwrap();
         assert!(list.contains("tea") && list.contains("reminder: Drink tea"), "{list}");

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::{OutboundMessage, Target};
 use crate::channels::telegram::AllowedChats;
-use crate::provider::BoxFuture;
+use crate::util::BoxFuture;
 
 /// How long to wait for room on a full outbound queue.
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);

@@ -36,7 +36,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::provider::{BoxFuture, ToolCall, ToolSpec};
+use crate::provider::{ToolCall, ToolSpec};
+use crate::util::BoxFuture;
 
 /// Who started a turn, and so what its tools may do (see the module header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::channels::mqtt::{self, topic_matches};
-use crate::provider::BoxFuture;
+use crate::util::BoxFuture;
 
 pub struct MqttPublish {
     allow: Vec<String>,

@@ -70,8 +70,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Channel, DeliveryError, Report};
 use crate::bus::{InboundMessage, Target};
 use crate::config::MqttConfig;
-use crate::provider::BoxFuture;
 use crate::scheduler::{JobStore, SchedulerHandle};
+use crate::util::BoxFuture;
 
 /// Largest packet sent (rumqttc's default is 10 KiB; an LLM answer is bigger).
 pub const MAX_PACKET: usize = 1024 * 1024;
@@ -128,7 +128,7 @@ impl Settings {
             .device
             .clone()
             .filter(|d| !d.trim().is_empty())
-            .unwrap_or_else(crate::agent::context::hostname)
+            .unwrap_or_else(crate::util::sys::hostname)
             .trim()
             .to_string();
         let device = if device.is_empty() { "bramble".to_string() } else { device };
@@ -367,7 +367,7 @@ async fn connection(
     (outbox, wake): (crate::daemon::outbox::Outbox, Arc<Notify>),
     stop: CancellationToken,
 ) {
-    let mut backoff = crate::timer::Backoff::new(BACKOFF_MAX);
+    let mut backoff = crate::util::timer::Backoff::new(BACKOFF_MAX);
     let mut was_connected = false;
     let mut connected_at: Option<tokio::time::Instant> = None;
     loop {

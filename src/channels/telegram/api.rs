@@ -254,7 +254,7 @@ impl Api {
         // sits in tokio's timer wheel and wakes an idle poller several times per poll.
         let (status, bytes) = tokio::select! {
             r = exchange => r?,
-            _ = crate::timer::sleep(timeout) => {
+            _ = crate::util::timer::sleep(timeout) => {
                 return Err(ApiError::Transport(format!("no answer to {method} within {timeout:?}")));
             }
         };

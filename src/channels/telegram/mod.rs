@@ -32,7 +32,7 @@ pub mod api;
 pub mod format;
 pub mod pins;
 
-use crate::timer::Backoff;
+use crate::util::timer::Backoff;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ use super::{Channel, DeliveryError, Report};
 use crate::agent::Agent;
 use crate::bus::{InboundMessage, Target};
 use crate::config::TelegramConfig;
-use crate::provider::BoxFuture;
+use crate::util::BoxFuture;
 use api::{Api, ApiError, Message, User};
 pub use pins::{Allow, AllowedChats, Verdict};
 
@@ -359,7 +359,7 @@ impl OffsetFile {
 
     fn save(&self, offset: i64) -> std::io::Result<()> {
         let data = serde_json::to_vec(&OffsetState { bot_id: self.bot_id, offset }).map_err(std::io::Error::other)?;
-        crate::fsutil::write_atomic(&self.path, &data)
+        crate::util::fs::write_atomic(&self.path, &data)
     }
 }
 

@@ -130,7 +130,7 @@ pub fn load_pins(state_dir: &Path) -> BTreeMap<String, i64> {
 /// Write the pins (atomic replace). Blocking: call it off the runtime thread.
 pub fn save_pins(state_dir: &Path, pins: &BTreeMap<String, i64>) -> std::io::Result<()> {
     let data = serde_json::to_vec_pretty(pins).map_err(std::io::Error::other)?;
-    crate::fsutil::write_atomic(&pins_path(state_dir), &data)
+    crate::util::fs::write_atomic(&pins_path(state_dir), &data)
 }
 
 /// For `bramble status` and `check`: how each `allow_from` username stands

@@ -1,0 +1,20 @@
+//! The leaf of the crate: helpers that could have been in std (rust-analyzer's
+//! `stdx`). Nothing here imports another bramble module; everything may import
+//! this (see `ARCHITECTURE.md`, "Layers").
+//!
+//! - [`fs`]: atomic replace, durable appends, private state files, lock files.
+//! - [`timer`]: long sleeps that wake the process once (timerfd), backoff.
+//! - [`text`]: small text transformations.
+//! - [`sys`]: facts about the machine (host name).
+
+pub mod fs;
+pub mod sys;
+pub mod text;
+pub mod timer;
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed, sendable future: what the object-safe async traits (providers,
+/// tools, channels, job executors) return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
