@@ -313,7 +313,7 @@ async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> any
 /// Messages typed in a terminal that a crash left unanswered: told on stderr,
 /// or run again (`[agent] unanswered`); the answer is printed.
 async fn report_unanswered(loaded: &Loaded, agent: &Agent) {
-    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
     let cancel = tokio_util::sync::CancellationToken::new();
     agent
         .resolve_unanswered(true, &cancel, |target, text| match target {
@@ -398,7 +398,7 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
 /// (the `message` tool) goes into the outbox, for the daemon to deliver.
 struct QueuedAgent {
     agent: Arc<Agent>,
-    outbox: crate::daemon::outbox::Outbox,
+    outbox: crate::delivery::outbox::Outbox,
     wake: Arc<tokio::sync::Notify>,
     /// Cancels the work (Ctrl-C) and, at the end, the outbox pump.
     cancel: tokio_util::sync::CancellationToken,
@@ -407,13 +407,17 @@ struct QueuedAgent {
 
 impl QueuedAgent {
     fn new(loaded: &Loaded) -> QueuedAgent {
-        let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+        let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
         let bus = Bus::new();
         let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
         let cancel = tokio_util::sync::CancellationToken::new();
         let wake = Arc::new(tokio::sync::Notify::new());
-        let pump =
-            tokio::spawn(crate::daemon::pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), cancel.clone()));
+        let pump = tokio::spawn(crate::delivery::dispatcher::pump_outbound(
+            bus.outbound_rx,
+            outbox.clone(),
+            wake.clone(),
+            cancel.clone(),
+        ));
         QueuedAgent { agent, outbox, wake, cancel, pump }
     }
 
@@ -760,7 +764,7 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         }
         Err(e) => println!("jobs:       error: {e}"),
     }
-    let outbox = crate::daemon::outbox::Outbox::new(&loaded.paths.state_dir);
+    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
     match outbox.pending() {
         Ok(p) if p.is_empty() => println!("outbox:     nothing undelivered"),
         Ok(p) => {

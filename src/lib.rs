@@ -23,6 +23,7 @@ pub mod channels;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod delivery;
 pub mod logging;
 pub mod provider;
 pub mod sandbox;

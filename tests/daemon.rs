@@ -10,7 +10,7 @@ use support::daemon::{wait_until, Daemon};
 use support::fake_llm::{Dialect, FakeLlm, Reply};
 use support::setup::TestHome;
 
-use bramble::daemon::outbox::Outbox;
+use bramble::delivery::outbox::Outbox;
 use bramble::scheduler::{JobStore, RunStatus};
 
 async fn bramble(home: &Path, args: &[&str]) -> std::process::Output {

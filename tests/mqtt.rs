@@ -272,7 +272,7 @@ async fn a_broker_outage_loses_nothing() {
     s.cli(&["cron", "add", "outage2", "--at", &at, "--remind", "and this one too", "--deliver", "mqtt"]).await;
     // The reports fail as retryable and stay in the outbox.
     assert!(wait_until(20, || s.log().matches("delivery failed; will retry").count() >= 2).await, "{}", s.log());
-    let outbox = bramble::daemon::outbox::Outbox::new(&s.home.state);
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
     assert_eq!(outbox.pending().unwrap().len(), 2);
 
     s.broker.restart().await;

@@ -245,7 +245,7 @@ async fn rejected_html_falls_back_to_plain_text_and_a_missing_chat_is_dropped() 
     assert!(sent.get("parse_mode").is_none(), "{sent}");
     assert_eq!(sent["text"], "bold and a link (https://example.com)");
     // A report for a chat that does not exist is dropped, not retried forever.
-    let outbox = bramble::daemon::outbox::Outbox::new(&s.home.state);
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
     outbox.enqueue(bramble::bus::Target::Telegram("404".into()), "nobody home", "agent").unwrap();
     let dropped = wait_until(10, || {
         outbox

@@ -67,9 +67,9 @@ use rumqttc::{Outgoing, Transport};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use super::{Channel, DeliveryError, Report};
 use crate::bus::{InboundMessage, Target};
 use crate::config::MqttConfig;
+use crate::delivery::{Channel, DeliveryError, Report};
 use crate::scheduler::{JobStore, SchedulerHandle};
 use crate::util::BoxFuture;
 
@@ -320,7 +320,7 @@ pub struct Wiring {
     pub triggers: Option<triggers::TriggerDeps>,
     /// The outbox and its wake-up: reports waiting out a backoff are retried
     /// at once when the broker is back.
-    pub outbox: crate::daemon::outbox::Outbox,
+    pub outbox: crate::delivery::outbox::Outbox,
     pub wake: Arc<Notify>,
 }
 
@@ -364,7 +364,7 @@ async fn connection(
     options: MqttOptions,
     subscriptions: Vec<String>,
     router: Router,
-    (outbox, wake): (crate::daemon::outbox::Outbox, Arc<Notify>),
+    (outbox, wake): (crate::delivery::outbox::Outbox, Arc<Notify>),
     stop: CancellationToken,
 ) {
     let mut backoff = crate::util::timer::Backoff::new(BACKOFF_MAX);

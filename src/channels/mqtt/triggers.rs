@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::{Agent, InFlight, TurnRequest};
 use crate::bus::Target;
 use crate::config::{ExecConfig, MqttTrigger, TriggerAction};
-use crate::daemon::outbox::Outbox;
+use crate::delivery::outbox::Outbox;
 
 /// Trigger runs at once (each may hold an LLM turn or a process).
 pub const MAX_CONCURRENT: usize = 2;

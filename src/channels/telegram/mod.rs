@@ -42,10 +42,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Channel, DeliveryError, Report};
 use crate::agent::Agent;
 use crate::bus::{InboundMessage, Target};
 use crate::config::TelegramConfig;
+use crate::delivery::{Channel, DeliveryError, Report};
 use crate::util::BoxFuture;
 use api::{Api, ApiError, Message, User};
 pub use pins::{Allow, AllowedChats, Verdict};

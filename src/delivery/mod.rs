@@ -1,0 +1,88 @@
+//! Delivery: how a report reaches its target, durably.
+//!
+//! Whatever produces a report (an answer, the `message` tool, a job, the
+//! heartbeat, a trigger) puts it into the [`outbox`] — a file per report
+//! directory, written before anyone is told — and wakes the dispatcher
+//! ([`dispatcher::run_outbox`]). The dispatcher hands it to the [`Channel`] that
+//! owns its target (`telegram:<chat>`, `mqtt[:topic]`, `log`), and retries a
+//! retryable failure with backoff, so a channel reports failure honestly
+//! instead of retrying on its own. Nothing here knows a concrete channel but
+//! [`log`], the one that is always there.
+
+pub mod dispatcher;
+pub mod log;
+pub mod outbox;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::bus::Target;
+use crate::util::BoxFuture;
+use log::LogChannel;
+
+/// Why a delivery failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DeliveryError {
+    pub message: String,
+    /// Whether trying again later may succeed (broker down, network, 429) or
+    /// not (chat does not exist, bot blocked): permanent failures are dropped with a log line.
+    pub retryable: bool,
+}
+
+impl DeliveryError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        DeliveryError { message: message.into(), retryable: true }
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        DeliveryError { message: message.into(), retryable: false }
+    }
+}
+
+/// One report to deliver: where, what, and what produced it.
+#[derive(Debug, Clone, Copy)]
+pub struct Report<'a> {
+    pub target: &'a Target,
+    pub text: &'a str,
+    /// What produced it: `agent` (an answer or the `message` tool), `heartbeat`,
+    /// `job:<name>`, `trigger:<topic>`. A channel may route on it (MQTT publishes
+    /// heartbeat reports on `<prefix>/heartbeat`).
+    pub source: &'a str,
+}
+
+/// Something that can deliver text to some targets.
+pub trait Channel: Send + Sync {
+    /// `telegram`, `mqtt`, `log`: matches [`Target::channel`].
+    fn name(&self) -> &'static str;
+    /// Deliver one report. Ok means the other side accepted it.
+    fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>>;
+}
+
+/// The channels that can deliver, by name.
+#[derive(Clone, Default)]
+pub struct Channels(HashMap<&'static str, Arc<dyn Channel>>);
+
+impl Channels {
+    /// The always-present `log` channel.
+    pub fn with_log() -> Channels {
+        let mut c = Channels::default();
+        c.add(Arc::new(LogChannel));
+        c
+    }
+    pub fn add(&mut self, ch: Arc<dyn Channel>) {
+        self.0.insert(ch.name(), ch);
+    }
+    /// The channel for a target; the terminal target falls back to the log in the daemon.
+    pub fn for_target(&self, target: &Target) -> Option<&Arc<dyn Channel>> {
+        let name = match target {
+            Target::Cli => "log",
+            t => t.channel(),
+        };
+        self.0.get(name)
+    }
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v: Vec<_> = self.0.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
