@@ -209,7 +209,7 @@ fn telegram_summary(t: &config::TelegramConfig, state_dir: &Path) -> String {
         (Some(_), 0) => "configured, but allow_from is empty: it answers nobody".into(),
         (Some(_), n) => {
             let mut line = format!("configured, {n} allowed user{}", if n == 1 { "" } else { "s" });
-            if let Some(pins) = crate::channels::telegram::pins::pins_summary(&t.allow_from, state_dir) {
+            if let Some(pins) = crate::policy::pins::pins_summary(&t.allow_from, state_dir) {
                 line.push_str(&format!(" ({pins})"));
             }
             line
@@ -272,7 +272,7 @@ fn toml_string(s: &str) -> String {
 
 async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> anyhow::Result<ExitCode> {
     let bus = Bus::new();
-    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone(), None));
     // Messages the agent sends mid-turn (the `message` tool).
     let mut outbound = bus.outbound_rx;
     let printer = tokio::spawn(async move {
@@ -409,7 +409,7 @@ impl QueuedAgent {
     fn new(loaded: &Loaded) -> QueuedAgent {
         let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
         let bus = Bus::new();
-        let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+        let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone(), None));
         let cancel = tokio_util::sync::CancellationToken::new();
         let wake = Arc::new(tokio::sync::Notify::new());
         let pump = tokio::spawn(crate::delivery::dispatcher::pump_outbound(

@@ -24,7 +24,10 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod delivery;
+#[cfg(test)]
+mod layers;
 pub mod logging;
+pub mod policy;
 pub mod provider;
 pub mod sandbox;
 pub mod scheduler;

@@ -1203,8 +1203,13 @@ impl Agent {
 impl Agent {
     /// The agent as the configuration describes it: provider, tools, sessions, context.
     ///
-    /// Messages sent by the `message` tool go to `outbound`.
-    pub fn from_config(loaded: &crate::config::Loaded, outbound: mpsc::Sender<OutboundMessage>) -> Agent {
+    /// Messages sent by the `message` tool go to `outbound`; `mqtt_publish`
+    /// publishes through `mqtt` (the daemon's connection; `None` elsewhere).
+    pub fn from_config(
+        loaded: &crate::config::Loaded,
+        outbound: mpsc::Sender<OutboundMessage>,
+        mqtt: Option<Arc<dyn crate::delivery::Publisher>>,
+    ) -> Agent {
         let c = &loaded.config;
         let ws = loaded.paths.workspace.clone();
         let provider = crate::provider::from_config(&c.provider).map_err(|e| e.to_string());
@@ -1225,15 +1230,14 @@ impl Agent {
                 Err(e) => tracing::warn!("web_fetch is unavailable: {e}"),
             }
         }
-        let telegram_chats =
-            crate::channels::telegram::AllowedChats::new(&c.telegram.allow_from, &loaded.paths.state_dir);
+        let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, &loaded.paths.state_dir);
         tools.register(Arc::new(crate::tools::message::MessageTool::new(
             outbound.clone(),
             c.mqtt.publish_allow.clone(),
             telegram_chats.clone(),
         )));
         if c.mqtt.url.is_some() {
-            tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone())));
+            tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), mqtt)));
         }
         tools.register(Arc::new(crate::tools::cron::CronTool::new(
             crate::scheduler::JobStore::open(&loaded.paths.state_dir),

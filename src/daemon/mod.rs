@@ -402,7 +402,9 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let outbox = Outbox::new(state).holding_in_memory();
     let wake = Arc::new(Notify::new());
     let bus = crate::bus::Bus::new();
-    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone()));
+    let mqtt = mqtt_link(c);
+    let publisher = mqtt.clone().map(|link| link as Arc<dyn crate::delivery::Publisher>);
+    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone(), publisher));
     // Turns (chat, jobs, heartbeat), reminders and exec jobs: what shutdown waits for.
     let inflight = agent.inflight().clone();
     let mut channels = Channels::with_log();
@@ -410,7 +412,6 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         channels.add(telegram.channel());
         tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.clone(), stop.clone()));
     }
-    let mqtt = mqtt_link(c);
     if let Some(link) = &mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
     }

@@ -50,6 +50,14 @@ pub struct Report<'a> {
     pub source: &'a str,
 }
 
+/// Publishing to a topic of the broker, acknowledged: what the `mqtt_publish`
+/// tool needs of the MQTT connection. The composition root gives the tool the
+/// MQTT channel's link through this, so the tool knows no channel.
+pub trait Publisher: Send + Sync {
+    /// Publish; Ok once the broker has it. The error is a sentence for the model.
+    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>>;
+}
+
 /// Something that can deliver text to some targets.
 pub trait Channel: Send + Sync {
     /// `telegram`, `mqtt`, `log`: matches [`Target::channel`].

@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::Target;
-use crate::channels::telegram::AllowedChats;
 use crate::config::TzName;
+use crate::policy::AllowedChats;
 use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Origin, Schedule};
 use crate::util::BoxFuture;
 

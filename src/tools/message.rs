@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::{OutboundMessage, Target};
-use crate::channels::telegram::AllowedChats;
+use crate::policy::AllowedChats;
 use crate::util::BoxFuture;
 
 /// How long to wait for room on a full outbound queue.
@@ -37,7 +37,7 @@ pub struct MessageTool {
 
 impl MessageTool {
     pub fn new(outbound: mpsc::Sender<OutboundMessage>, mqtt_allow: Vec<String>, telegram: AllowedChats) -> Self {
-        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow), telegram }
+        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow, None), telegram }
     }
 }
 
@@ -158,7 +158,7 @@ mod tests {
             assert!(err.0.contains("not the chat of a user in [telegram] allow_from"), "{err}");
         }
         // Once @alice is pinned to 5, her chat is reachable.
-        crate::channels::telegram::pins::save_pins(dir.path(), &[("alice".to_string(), 5)].into()).unwrap();
+        crate::policy::pins::save_pins(dir.path(), &[("alice".to_string(), 5)].into()).unwrap();
         tool.execute(json!({"content": "x", "target": "telegram:5"}), &cli).await.unwrap();
         assert_eq!(rx.recv().await.unwrap().target, Target::Telegram("5".into()));
         // A group chat the turn came from is its own reply target.

@@ -103,7 +103,7 @@ impl Origin {
         self,
         ctx: &ToolContext,
         target: &crate::bus::Target,
-        chats: &crate::channels::telegram::AllowedChats,
+        chats: &crate::policy::AllowedChats,
     ) -> Result<(), ToolError> {
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {

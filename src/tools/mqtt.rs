@@ -2,25 +2,30 @@
 //! a Node-RED flow) — only to topics matching `[mqtt] publish_allow`.
 //!
 //! Registered only when a broker is configured. It publishes through the
-//! daemon's running connection ([`crate::channels::mqtt::current`]) and waits
-//! for the broker's acknowledgement, so "published" means the broker has it.
-//! Outside the daemon (`bramble agent`) or while the broker is unreachable it
+//! [`Publisher`] the composition root gives it (the daemon's MQTT connection)
+//! and waits for the broker's acknowledgement, so "published" means the broker
+//! has it. Without one (`bramble agent`) or while the broker is unreachable it
 //! says so instead of pretending.
+
+use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{parse_args, Tool, ToolContext, ToolError};
-use crate::channels::mqtt::{self, topic_matches};
+use crate::delivery::Publisher;
+use crate::util::mqtt::topic_matches;
 use crate::util::BoxFuture;
 
 pub struct MqttPublish {
     allow: Vec<String>,
+    publisher: Option<Arc<dyn Publisher>>,
 }
 
 impl MqttPublish {
-    pub fn new(allow: Vec<String>) -> MqttPublish {
-        MqttPublish { allow }
+    /// `publisher`: the daemon's MQTT connection; `None` where there is none.
+    pub fn new(allow: Vec<String>, publisher: Option<Arc<dyn Publisher>>) -> MqttPublish {
+        MqttPublish { allow, publisher }
     }
 
     /// Ok if the topic may be published to; otherwise the reason, for the model.
@@ -82,13 +87,14 @@ impl Tool for MqttPublish {
                 Value::String(s) => s,
                 other => other.to_string(),
             };
-            let Some(link) = mqtt::current() else {
+            let Some(publisher) = &self.publisher else {
                 return Err(ToolError::new(
                     "MQTT is not running in this process (it runs in the daemon, `bramble run`)",
                 ));
             };
             let n = payload.len();
-            link.publish_acked(topic, payload.into_bytes(), args.retain, mqtt::ACK_TIMEOUT)
+            publisher
+                .publish(topic, payload.into_bytes(), args.retain)
                 .await
                 .map_err(|e| ToolError::new(format!("not published to `{topic}`: {e}")))?;
             Ok(format!("Published {n} bytes to `{topic}`{}.", if args.retain { " (retained)" } else { "" }))
@@ -102,11 +108,11 @@ mod tests {
 
     #[test]
     fn only_allowed_topics() {
-        let t = MqttPublish::new(vec!["home/lights/+/set".into(), "display/#".into()]);
+        let t = MqttPublish::new(vec!["home/lights/+/set".into(), "display/#".into()], None);
         assert!(t.check("home/lights/kitchen/set").is_ok());
         assert!(t.check("display/a/b").is_ok());
         assert!(t.check("home/locks/front/set").unwrap_err().0.contains("not allowed"));
         assert!(t.check("home/lights/+/set").unwrap_err().0.contains("wildcards"));
-        assert!(MqttPublish::new(vec![]).check("a").unwrap_err().0.contains("publish_allow"));
+        assert!(MqttPublish::new(vec![], None).check("a").unwrap_err().0.contains("publish_allow"));
     }
 }

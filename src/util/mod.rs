@@ -6,8 +6,10 @@
 //! - [`timer`]: long sleeps that wake the process once (timerfd), backoff.
 //! - [`text`]: small text transformations.
 //! - [`sys`]: facts about the machine (host name).
+//! - [`mqtt`]: MQTT topic filters.
 
 pub mod fs;
+pub mod mqtt;
 pub mod sys;
 pub mod text;
 pub mod timer;

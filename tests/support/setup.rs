@@ -49,7 +49,7 @@ impl TestHome {
     pub fn agent(&self) -> (Agent, mpsc::Receiver<OutboundMessage>) {
         bramble::install_crypto();
         let (tx, rx) = mpsc::channel(16);
-        (Agent::from_config(&self.loaded(), tx), rx)
+        (Agent::from_config(&self.loaded(), tx, None), rx)
     }
 
     pub fn path(&self) -> &Path {

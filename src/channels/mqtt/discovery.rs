@@ -36,7 +36,7 @@ pub fn cleanup_filter(s: &Settings) -> String {
 
 /// Whether `topic` is one of this device's discovery documents.
 pub fn is_own_config(s: &Settings, topic: &str) -> bool {
-    super::topic_matches(&cleanup_filter(s), topic)
+    crate::util::mqtt::topic_matches(&cleanup_filter(s), topic)
 }
 
 fn config_topic(s: &Settings, component: &str, object: &str) -> String {

@@ -2,7 +2,7 @@
 //! learns that the broker has it (see the parent module's docs on ack tracking).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rumqttc::v5::mqttbytes::v5::{PubAck, PubAckReason};
@@ -11,6 +11,7 @@ use rumqttc::v5::AsyncClient;
 use tokio::sync::oneshot;
 
 use super::{Settings, MAX_PACKET};
+use crate::util::BoxFuture;
 
 /// Why one publish did not reach the broker.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,20 +51,17 @@ struct LinkState {
     unsent: BTreeSet<String>,
 }
 
-/// The link of the running daemon in this process, for the `mqtt_publish` tool
-/// (built with the agent, before the connection exists; a reload replaces it).
-static CURRENT: Mutex<Option<Weak<Link>>> = Mutex::new(None);
-
-/// The running MQTT link in this process, if any.
-pub fn current() -> Option<Arc<Link>> {
-    CURRENT.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(Weak::upgrade)
+impl crate::delivery::Publisher for Link {
+    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.publish_acked(topic, payload, retain, super::ACK_TIMEOUT).await.map_err(|e| e.to_string())
+        })
+    }
 }
 
 impl Link {
     pub fn new(settings: Settings) -> Arc<Link> {
-        let link = Arc::new(Link { settings, state: Mutex::new(LinkState::default()) });
-        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::downgrade(&link));
-        link
+        Arc::new(Link { settings, state: Mutex::new(LinkState::default()) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {

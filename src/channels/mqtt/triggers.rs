@@ -89,7 +89,7 @@ impl Triggers {
         let Some(queue) = &self.queue else { return };
         let now = Instant::now();
         for (index, e) in self.entries.iter().enumerate() {
-            if !super::topic_matches(&e.config.topic, topic) {
+            if !crate::util::mqtt::topic_matches(&e.config.topic, topic) {
                 continue;
             }
             {

@@ -17,8 +17,6 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::api::User;
-
 /// The file name in the state directory.
 pub const PINS_FILE: &str = "telegram-pins.json";
 
@@ -73,31 +71,32 @@ impl Allow {
         self
     }
 
-    /// Decide about `user`, pinning a listed name on its first contact.
-    pub fn check(&mut self, user: &User) -> Verdict {
-        if self.ids.contains(&user.id) {
+    /// Decide about the user `id` (with `username`, if they have one),
+    /// pinning a listed name on its first contact.
+    pub fn check(&mut self, id: i64, username: Option<&str>) -> Verdict {
+        if self.ids.contains(&id) {
             return Verdict::Allowed;
         }
-        let Some(name) = user.username.as_ref().map(|u| u.to_ascii_lowercase()) else {
+        let Some(name) = username.map(str::to_ascii_lowercase) else {
             return Verdict::Stranger;
         };
         if !self.names.contains(&name) {
             return Verdict::Stranger;
         }
         match self.pins.get(&name) {
-            Some(&pinned) if pinned == user.id => Verdict::Allowed,
+            Some(&pinned) if pinned == id => Verdict::Allowed,
             Some(&pinned) => Verdict::NameTaken { name, pinned },
             None => {
-                self.pins.insert(name.clone(), user.id);
+                self.pins.insert(name.clone(), id);
                 Verdict::Pinned(name)
             }
         }
     }
 
-    /// Whether `user` would be served, without pinning anything.
-    pub fn allows(&self, user: &User) -> bool {
+    /// Whether the user would be served, without pinning anything.
+    pub fn allows(&self, id: i64, username: Option<&str>) -> bool {
         let mut probe = self.clone();
-        matches!(probe.check(user), Verdict::Allowed | Verdict::Pinned(_))
+        matches!(probe.check(id, username), Verdict::Allowed | Verdict::Pinned(_))
     }
 
     /// The pins, for saving.
@@ -185,24 +184,20 @@ impl AllowedChats {
 mod tests {
     use super::*;
 
-    fn user(id: i64, name: Option<&str>) -> User {
-        User { id, username: name.map(Into::into), ..Default::default() }
-    }
-
     #[test]
     fn a_name_is_pinned_to_its_first_user() {
         let dir = tempfile::tempdir().unwrap();
         let mut allow = Allow::new(&["@Alice".into(), "7".into()]).with_pins(dir.path());
-        assert_eq!(allow.check(&user(7, None)), Verdict::Allowed);
-        assert_eq!(allow.check(&user(1, Some("alice"))), Verdict::Pinned("alice".into()));
-        assert_eq!(allow.check(&user(1, Some("ALICE"))), Verdict::Allowed);
-        assert_eq!(allow.check(&user(2, Some("alice"))), Verdict::NameTaken { name: "alice".into(), pinned: 1 });
-        assert_eq!(allow.check(&user(3, Some("mallory"))), Verdict::Stranger);
+        assert_eq!(allow.check(7, None), Verdict::Allowed);
+        assert_eq!(allow.check(1, Some("alice")), Verdict::Pinned("alice".into()));
+        assert_eq!(allow.check(1, Some("ALICE")), Verdict::Allowed);
+        assert_eq!(allow.check(2, Some("alice")), Verdict::NameTaken { name: "alice".into(), pinned: 1 });
+        assert_eq!(allow.check(3, Some("mallory")), Verdict::Stranger);
         save_pins(dir.path(), allow.pins()).unwrap();
         // After a restart the pin holds.
         let mut again = Allow::new(&["@alice".into()]).with_pins(dir.path());
-        assert!(!again.allows(&user(2, Some("alice"))));
-        assert_eq!(again.check(&user(1, Some("alice"))), Verdict::Allowed);
+        assert!(!again.allows(2, Some("alice")));
+        assert_eq!(again.check(1, Some("alice")), Verdict::Allowed);
         // The chats a message may go to: ids and pinned names; not the impostor, not text.
         let chats = AllowedChats::new(&["@alice".into(), "7".into()], dir.path());
         assert!(chats.contains("7") && chats.contains("1"));
@@ -222,6 +217,6 @@ mod tests {
         std::fs::write(dir.path().join(PINS_FILE), "not json").unwrap();
         let mut allow = Allow::new(&["@alice".into()]).with_pins(dir.path());
         assert!(allow.pins().is_empty());
-        assert_eq!(allow.check(&user(5, Some("alice"))), Verdict::Pinned("alice".into()));
+        assert_eq!(allow.check(5, Some("alice")), Verdict::Pinned("alice".into()));
     }
 }

@@ -1,0 +1,152 @@
+//! The crate's layers, checked: a module may use only modules of its own
+//! layer or a lower one (see `ARCHITECTURE.md`, "Layers").
+//!
+//! rust-analyzer keeps its architecture invariants as tests ("tidy"); so does
+//! this file. It reads every source file, collects the `crate::<module>` paths
+//! in `use` lines and in code (not in comments, not in a file's
+//! `#[cfg(test)] mod tests` tail) and fails on a path that goes up.
+
+/// From the bottom up. A module may use its own layer and everything below.
+pub const LAYERS: &[(&str, &[&str])] = &[
+    // Helpers that could have been in std; the path confinement; logging setup.
+    ("leaf", &["util", "workspace", "logging"]),
+    // The vocabulary every layer speaks: targets, messages, the queues between channels and the agent.
+    ("vocabulary", &["bus"]),
+    ("configuration", &["config"]),
+    // Independent services: the LLM backends, the command sandbox, the scheduler's core.
+    ("services", &["provider", "sandbox", "scheduler"]),
+    // How reports reach channels (outbox, dispatcher, the Channel trait); who may do what.
+    ("delivery", &["delivery", "policy"]),
+    ("tools", &["tools"]),
+    ("agent", &["agent"]),
+    // Telegram and MQTT: they feed the bus and implement delivery's Channel.
+    ("channels", &["channels"]),
+    // The daemon: the only place that builds and runs everything together.
+    ("application", &["daemon"]),
+    ("interface", &["cli"]),
+];
+
+/// The layer index of a top-level module, if it is one.
+pub fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, modules)| modules.contains(&module))
+}
+
+/// Every `crate::<module>` a source text refers to, with its line number.
+pub fn crate_paths(text: &str) -> Vec<(usize, String)> {
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    let mut out = Vec::new();
+    let mut in_group = false; // inside `use crate::{ … }` spanning lines
+    for (n, line) in text.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        let mut rest = code;
+        while let Some(i) = rest.find("crate::") {
+            let after = &rest[i + "crate::".len()..];
+            if let Some(group) = after.strip_prefix('{') {
+                in_group = !group.contains('}');
+                out.extend(group_heads(group).map(|m| (n + 1, m)));
+            } else {
+                let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.push((n + 1, name));
+            }
+            rest = after;
+        }
+        if in_group && !code.contains("crate::") {
+            out.extend(group_heads(code).map(|m| (n + 1, m)));
+            in_group = !code.contains('}');
+        }
+    }
+    out
+}
+
+/// The first segment of each path in a `{a::b, c, d::{e}}` group (one line of it).
+fn group_heads(group: &str) -> impl Iterator<Item = String> + '_ {
+    let mut depth = 0usize;
+    let mut heads = Vec::new();
+    let mut at_start = true;
+    let mut word = String::new();
+    for c in group.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => at_start = true,
+            c if (c.is_alphanumeric() || c == '_') && at_start && depth == 0 => word.push(c),
+            _ if !word.is_empty() => {
+                heads.push(std::mem::take(&mut word));
+                at_start = false;
+            }
+            _ => {}
+        }
+    }
+    if !word.is_empty() {
+        heads.push(word);
+    }
+    heads.into_iter()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::{Path, PathBuf};
+
+    fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                sources(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    #[test]
+    fn no_module_uses_a_layer_above_its_own() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let mut wrong = Vec::new();
+        let mut seen_modules = std::collections::BTreeSet::new();
+        for file in files {
+            let rel = file.strip_prefix(&src).unwrap();
+            let top = rel.components().next().unwrap().as_os_str().to_string_lossy();
+            let top = top.trim_end_matches(".rs");
+            if matches!(top, "lib" | "main" | "layers") {
+                continue;
+            }
+            seen_modules.insert(top.to_string());
+            let own = layer_of(top).unwrap_or_else(|| panic!("src/{top} is in no layer: add it to LAYERS"));
+            for (line, used) in crate_paths(&std::fs::read_to_string(&file).unwrap()) {
+                if let Some(theirs) = layer_of(&used) {
+                    if theirs > own {
+                        wrong.push(format!(
+                            "src/{}:{line}: `{top}` ({}) uses `{used}` ({})",
+                            rel.display(),
+                            LAYERS[own].0,
+                            LAYERS[theirs].0
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "imports against the layers:\n{}", wrong.join("\n"));
+        // Every layer's modules exist (a renamed module must be renamed here too).
+        for (_, modules) in LAYERS {
+            for m in *modules {
+                assert!(seen_modules.contains(*m), "LAYERS names `{m}`, which is not in src/");
+            }
+        }
+    }
+
+    #[test]
+    fn paths_are_found_in_uses_groups_and_code() {
+        let text = "use crate::bus::Target;\nuse crate::{agent::Agent, config,\n    channels::{a, b}};\n\
+                    // crate::cli in a comment\nlet x = crate::daemon::run();\n#[cfg(test)]\nmod tests { crate::cli }";
+        let got: Vec<String> = crate_paths(text).into_iter().map(|(_, m)| m).collect();
+        assert_eq!(got, ["bus", "agent", "config", "channels", "daemon"]);
+        assert!(layer_of("util") < layer_of("cli"));
+    }
+}

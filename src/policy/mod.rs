@@ -1,0 +1,13 @@
+//! Who may do what: the rules that do not belong to one channel or one tool.
+//!
+//! - [`pins`]: Telegram's `allow_from` — usernames pinned to the id that first
+//!   used them, and [`AllowedChats`], the chats a turn may send to. The
+//!   Telegram poller decides with it who is served; the `message` and `cron`
+//!   tools decide with it where a report may go.
+//!
+//! Below the tools and the channels, above the configuration (see
+//! `ARCHITECTURE.md`, "Layers").
+
+pub mod pins;
+
+pub use pins::{pins_summary, Allow, AllowedChats, Verdict};
