@@ -690,14 +690,21 @@ fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" }
     );
     println!("state:      {}", loaded.paths.state_dir.display());
+    // The tool list of the agent this config builds (the daemon builds the same one).
+    let (outbound, _) = tokio::sync::mpsc::channel(1);
+    // Quietly: what it would warn about (no key) has its own line above.
+    let agent = tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+        Agent::from_config(loaded, outbound, None)
+    });
+    let tools = agent.tools().names().join(", ");
+    println!("tools:      {tools}");
     println!(
-        "tools:      files, exec ({}), web_fetch ({}), message, cron",
+        "exec:       {}",
         if c.exec.enabled {
             format!("timeout {}, network {}", c.exec.timeout, yes_no(c.exec.network))
         } else {
             "off".into()
-        },
-        if c.web.enabled { "on" } else { "off" }
+        }
     );
     if c.exec.enabled {
         println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));

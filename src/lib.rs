@@ -4,15 +4,24 @@
 //!
 //! ## Layout
 //!
-//! The modules mirror the architecture (see `ARCHITECTURE.md`):
+//! The modules mirror the architecture (see `ARCHITECTURE.md`, which also
+//! gives the layers: a module uses only its own layer and those below,
+//! checked by a test in `layers.rs`). From the bottom up:
 //!
+//! - [`util`], [`workspace`], [`logging`]: the leaf — helpers, the path
+//!   confinement for workspace files, log setup.
+//! - [`bus`]: delivery targets, messages, bounded queues between channels and the agent.
 //! - [`config`]: `config.toml`, defaults, validation with `FILE:LINE:COL`, paths.
-//! - [`bus`]: bounded queues between channels and the agent; delivery targets.
 //! - [`provider`]: LLM backends (OpenAI-compatible, Anthropic) behind one trait, retries.
-//! - [`agent`]: the ReAct loop, the context builder, sessions on disk.
-//! - [`tools`]: what the model may call — files, exec, web_fetch, message.
-//! - [`sandbox`]: how commands are run (process groups, limits, output caps).
-//! - [`util`]: the leaf: atomic file writes, timers, text and machine helpers.
+//! - [`sandbox`]: how commands run (the kernel jail, limits, output caps).
+//! - [`scheduler`]: jobs, schedules, the job store and the loop that runs them; the heartbeat file.
+//! - [`delivery`]: the outbox, its dispatcher, the `Channel` and `Publisher` traits.
+//! - [`policy`]: who may do what (`allow_from` pins).
+//! - [`tools`]: what the model may call — files, exec, web, message, cron, memory, MQTT.
+//! - [`agent`]: the ReAct loop, the context builder, sessions, memory, sub-agents.
+//! - [`channels`]: Telegram and MQTT.
+//! - [`daemon`]: `bramble run` — builds and runs everything.
+//! - [`cli`]: the commands.
 
 // Every `unsafe` block says why it is sound, and holds one unsafe operation.
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks, clippy::multiple_unsafe_ops_per_block)]

@@ -718,6 +718,47 @@ pub fn expand_tilde(p: &Path, home: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    /// Every key of every section appears in the shipped template (set or as
+    /// a `# key = …` comment), so the template documents the whole schema.
+    #[test]
+    fn every_config_key_is_in_the_template() {
+        let source = include_str!("mod.rs");
+        let template = include_str!("../../config/bramble.toml");
+        let sections = [
+            ("AgentConfig", "agent"),
+            ("ProviderConfig", "provider"),
+            ("HeartbeatConfig", "heartbeat"),
+            ("ExecConfig", "exec"),
+            ("WebConfig", "web"),
+            ("TelegramConfig", "telegram"),
+            ("MqttConfig", "mqtt"),
+            ("DaemonConfig", "daemon"),
+        ];
+        let mut missing = Vec::new();
+        for (ty, section) in sections {
+            let start = source.find(&format!("pub struct {ty} {{")).unwrap_or_else(|| panic!("{ty} not found"));
+            let body = &source[start..start + source[start..].find("\n}").unwrap()];
+            let header = format!("[{section}]");
+            let from = template.find(&format!("\n{header}\n")).unwrap_or_else(|| panic!("no {header} in the template"));
+            let rest = &template[from + header.len() + 2..];
+            let part = &rest[..rest.find("\n[").unwrap_or(rest.len())];
+            for line in body.lines().map(str::trim).filter(|l| l.starts_with("pub ") && !l.starts_with("pub struct")) {
+                let key = line["pub ".len()..].split(':').next().unwrap().trim();
+                if part.contains(&format!("[[{section}.{key}]]")) {
+                    continue; // an array of tables, shown as such
+                }
+                let listed = part.lines().any(|l| {
+                    let l = l.trim_start_matches('#').trim_start();
+                    l.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('='))
+                });
+                if !listed {
+                    missing.push(format!("{header} {key}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "keys missing from config/bramble.toml: {missing:?}");
+    }
+
     use super::*;
 
     fn parse(text: &str) -> Result<Config, String> {

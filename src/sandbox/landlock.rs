@@ -1,6 +1,7 @@
 //! Landlock on top of the namespace jail, where the kernel has it.
 //!
-//! Stock Raspberry Pi OS kernels usually do not (crates.md §6), so this is a
+//! Stock Raspberry Pi OS kernels usually do not (`CONFIG_SECURITY_LANDLOCK` is
+//! off in their configs), so this is a
 //! second wall, never the only one — except when user namespaces are
 //! unavailable, where it is the filesystem layer that remains. Best effort:
 //! the crate downgrades to what the running ABI supports.

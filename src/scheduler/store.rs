@@ -211,8 +211,8 @@ impl JobStore {
         let f = crate::util::fs::open_lock_file(&self.lock_path)
             .map_err(|e| StoreError::Io { path: self.lock_path.clone(), source: e })?;
         // flock(2), exclusive: released when the guard is dropped or the process
-        // dies. (std's `File::lock` is the same call but needs Rust 1.89; the
-        // crate's MSRV is 1.85.) Retried if a signal (SIGHUP) interrupts the wait.
+        // dies. nix's `Flock` rather than std's `File::lock` (the same call) for
+        // the EINTR case: retried if a signal (SIGHUP) interrupts the wait.
         let mut file = f;
         loop {
             match Flock::lock(file, FlockArg::LockExclusive) {

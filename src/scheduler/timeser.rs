@@ -1,8 +1,9 @@
 //! Serde for `jiff::Timestamp` as RFC 3339 text (`2026-11-22T08:00:00Z`).
 //!
-//! jiff is built without its `serde` feature (one less dependency edge for
-//! the armv7 build), so the job file's timestamps go through these helpers:
-//! `#[serde(with = "ts")]` and `#[serde(with = "opt_ts")]`.
+//! The job file's timestamps go through these helpers (`#[serde(with =
+//! "ts")]`, `#[serde(with = "opt_ts")]`) rather than jiff's own `serde`
+//! support: the file is one people edit by hand, and a wrong time there gets
+//! an error that shows the expected form (`2026-11-22T08:00:00Z`).
 
 /// A `Timestamp` as RFC 3339 text.
 pub mod ts {

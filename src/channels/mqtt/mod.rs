@@ -11,7 +11,7 @@
 //! - [`triggers`]: `[[mqtt.trigger]]` — templates into agent turns, or commands.
 //! - [`discovery`]: Home Assistant MQTT discovery documents.
 //!
-//! ## Why it is built this way (rumqttc 0.25 traps, see crates.md §2)
+//! ## Why it is built this way (rumqttc 0.25 traps)
 //!
 //! - **No backoff of its own.** After an error from `EventLoop::poll` the next
 //!   poll reconnects at once; a refused connection would be a hot loop. The task

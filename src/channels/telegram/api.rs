@@ -2,7 +2,7 @@
 //!
 //! Why our own: teloxide adds ~1.25 MB and a second reqwest; we need six
 //! methods (`getMe`, `getUpdates`, `sendMessage`, `sendChatAction`,
-//! `setMyCommands`, `deleteWebhook`). See `shared/reference/crates.md` §4.
+//! `setMyCommands`, `deleteWebhook`).
 //!
 //! - Every call is a JSON `POST` to `<api_base>/bot<token>/<method>`; every
 //!   answer is `{"ok", "result" | "description", "error_code", "parameters"}`.
