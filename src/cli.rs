@@ -430,7 +430,7 @@ impl QueuedAgent {
 }
 
 async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
-    use crate::daemon::{Heartbeat, HeartbeatOutcome};
+    use crate::work::heartbeat::{Heartbeat, HeartbeatOutcome};
     let c = &loaded.config;
     let run = QueuedAgent::new(loaded);
     let hb = Heartbeat {
@@ -438,8 +438,7 @@ async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
         workspace: loaded.paths.workspace.clone(),
         tz: c.timezone(),
         state: crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir),
-        outbox: run.outbox.clone(),
-        wake: run.wake.clone(),
+        reports: crate::delivery::Reports::new(run.outbox.clone(), run.wake.clone()),
     };
     let outcome = hb.tick(&run.agent, dry_run, &run.cancel).await;
     run.finish().await;
@@ -596,14 +595,10 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
     }
     let run = QueuedAgent::new(loaded);
     let abort = run.cancel.clone();
-    let runner = crate::daemon::JobRunner {
-        agent: run.agent.clone(),
-        outbox: run.outbox.clone(),
-        wake: run.wake.clone(),
-        exec: loaded.config.exec.clone(),
-        workspace: loaded.paths.workspace.clone(),
+    let runner = crate::work::jobs::JobRunner {
+        runner: crate::work::Runner::new(run.agent.clone(), loaded.config.exec.clone(), loaded.paths.workspace.clone()),
+        reports: crate::delivery::Reports::new(run.outbox.clone(), run.wake.clone()),
         abort: abort.clone(),
-        inflight: run.agent.inflight().clone(),
     };
     let started = jiff::Timestamp::now();
     let ctrl_c = abort.clone();

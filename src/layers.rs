@@ -19,6 +19,8 @@ pub const LAYERS: &[(&str, &[&str])] = &[
     ("delivery", &["delivery", "policy"]),
     ("tools", &["tools"]),
     ("agent", &["agent"]),
+    // What runs without a chat waiting: jobs, the heartbeat, triggers.
+    ("work", &["work"]),
     // Telegram and MQTT: they feed the bus and implement delivery's Channel.
     ("channels", &["channels"]),
     // The daemon: the only place that builds and runs everything together.

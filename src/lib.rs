@@ -19,6 +19,7 @@
 //! - [`policy`]: who may do what (`allow_from` pins).
 //! - [`tools`]: what the model may call — files, exec, web, message, cron, memory, MQTT.
 //! - [`agent`]: the ReAct loop, the context builder, sessions, memory, sub-agents.
+//! - [`work`]: jobs, the heartbeat and triggers run and reported one way.
 //! - [`channels`]: Telegram and MQTT.
 //! - [`daemon`]: `bramble run` — builds and runs everything.
 //! - [`cli`]: the commands.
@@ -42,6 +43,7 @@ pub mod sandbox;
 pub mod scheduler;
 pub mod tools;
 pub mod util;
+pub mod work;
 pub mod workspace;
 
 /// Install rustls' ring crypto provider as the process default.

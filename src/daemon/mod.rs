@@ -15,243 +15,24 @@
 pub mod systemd;
 pub mod watch;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, InFlight, TurnRequest};
-use crate::bus::Target;
-use crate::config::{HeartbeatConfig, TzName};
+use crate::agent::{Agent, InFlight};
 use crate::delivery::dispatcher::{pump_outbound, run_outbox};
 use crate::delivery::outbox::Outbox;
-use crate::delivery::Channels;
-use crate::scheduler::heartbeat::{self, Decision, HeartbeatState, StateFile};
-use crate::scheduler::{Job, JobExecutor, JobKind, JobStore, RunOutcome, Scheduler};
+use crate::delivery::{Channels, Reports};
+use crate::scheduler::heartbeat::{self, StateFile};
+use crate::scheduler::{Job, JobStore, Scheduler};
+use crate::work::heartbeat::Heartbeat;
+use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
+use crate::work::Runner;
 
 /// How long running turns may take to finish on shutdown or reload.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// What one heartbeat tick did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeartbeatOutcome {
-    /// No active tasks: no LLM call was made.
-    NoTasks,
-    /// Inside quiet hours: skipped.
-    Quiet,
-    /// `--dry-run`: the message that would be sent.
-    DryRun(String),
-    /// The agent had nothing to report (HEARTBEAT_OK): nothing delivered.
-    NothingToReport,
-    /// A report was queued for these targets.
-    Reported { text: String, targets: Vec<Target> },
-    /// The turn failed; the reason was queued as the report.
-    Failed(String),
-    /// Interrupted by shutdown: nothing reported, the tick is not counted.
-    Cancelled,
-}
-
-/// Everything a heartbeat tick needs.
-#[derive(Clone)]
-pub struct Heartbeat {
-    pub config: HeartbeatConfig,
-    pub workspace: PathBuf,
-    pub tz: TzName,
-    pub state: StateFile,
-    pub outbox: Outbox,
-    pub wake: Arc<Notify>,
-}
-
-impl Heartbeat {
-    /// Run one tick now. `cancel` interrupts the turn.
-    pub async fn tick(&self, agent: &Agent, dry_run: bool, cancel: &CancellationToken) -> HeartbeatOutcome {
-        let workspace = self.workspace.clone();
-        let file = tokio::task::spawn_blocking(move || heartbeat::read_file(&workspace)).await.ok().flatten();
-        let local = Timestamp::now().to_zoned(self.tz.tz().clone());
-        let tasks = match heartbeat::decide(file.as_deref(), self.config.quiet_hours, &local) {
-            Decision::NoTasks => return HeartbeatOutcome::NoTasks,
-            Decision::Quiet => return HeartbeatOutcome::Quiet,
-            Decision::Run(tasks) => tasks,
-        };
-        let prompt = heartbeat::prompt(&tasks, &local);
-        if dry_run {
-            return HeartbeatOutcome::DryRun(prompt);
-        }
-        let req = TurnRequest {
-            session_key: "heartbeat".into(),
-            channel: "system".into(),
-            chat_id: "heartbeat".into(),
-            text: prompt,
-            in_job: true,
-            cancel: cancel.child_token(),
-        };
-        let (status, outcome) = match agent.turn(req).await {
-            Err(crate::agent::TurnError::Cancelled) => return HeartbeatOutcome::Cancelled,
-            Ok(r) if heartbeat::is_ok_reply(&r.text) => ("ok", HeartbeatOutcome::NothingToReport),
-            Ok(r) => ("reported", HeartbeatOutcome::Reported { text: r.text, targets: self.config.deliver.clone() }),
-            Err(e) => ("error", HeartbeatOutcome::Failed(format!("The heartbeat could not run: {e}"))),
-        };
-        let report = match &outcome {
-            HeartbeatOutcome::Reported { text, .. } | HeartbeatOutcome::Failed(text) => Some(text.clone()),
-            _ => None,
-        };
-        if let Some(text) = report {
-            for target in &self.config.deliver {
-                if let Err(e) = self.outbox.enqueue(target.clone(), &text, "heartbeat") {
-                    tracing::error!("heartbeat report not queued: {e}");
-                }
-            }
-            self.wake.notify_one();
-        }
-        let saved = HeartbeatState { last_run: Some(Timestamp::now()), last_status: Some(status.into()) };
-        if let Err(e) = self.state.save(&saved) {
-            tracing::error!("cannot save the heartbeat state: {e}");
-        }
-        tracing::info!(status, "heartbeat ran");
-        outcome
-    }
-
-    /// Tick every `every`, anchored on the last run that called the model
-    /// (persisted), so restarts do not reset the interval. `stop` ends the
-    /// loop between ticks; `abort` interrupts a tick in progress.
-    pub async fn run(self, agent: Arc<Agent>, stop: CancellationToken, abort: CancellationToken) {
-        if !self.config.enabled {
-            tracing::info!("heartbeat disabled");
-            return;
-        }
-        let every = self.config.every.get().max(Duration::from_secs(10));
-        let mut anchor = self.state.load().last_run;
-        loop {
-            let now = Timestamp::now();
-            // A last run "in the future" means the clock was wrong (a board
-            // without RTC before NTP sync): treat it as due now.
-            if anchor.is_some_and(|a| a > now) {
-                anchor = None;
-            }
-            let due = heartbeat::next_due(anchor, every, now);
-            // Sleep in steps of at most ten minutes: the wall clock may jump
-            // meanwhile (NTP after boot), and the anchor is wall time.
-            let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
-            if !wait.is_zero() {
-                tokio::select! {
-                    _ = crate::util::timer::sleep(wait.min(Duration::from_secs(600))) => continue,
-                    _ = stop.cancelled() => return,
-                }
-            }
-            if stop.is_cancelled() {
-                return;
-            }
-            // The turn counts itself as work in flight (see `Agent::inflight`).
-            let outcome = self.tick(&agent, false, &abort).await;
-            tracing::debug!(?outcome, "heartbeat tick");
-            if outcome == HeartbeatOutcome::Cancelled {
-                return;
-            }
-            anchor = Some(Timestamp::now());
-        }
-    }
-}
-
-/// Runs due jobs for the scheduler: message (an agent turn), remind (the text
-/// as is), exec (a sandboxed command). Every result is a report in the outbox.
-pub struct JobRunner {
-    pub agent: Arc<Agent>,
-    pub outbox: Outbox,
-    pub wake: Arc<Notify>,
-    pub exec: crate::config::ExecConfig,
-    pub workspace: PathBuf,
-    /// Cancelled when running work must stop (shutdown after the grace period).
-    pub abort: CancellationToken,
-    /// The agent's counter: reminders and exec jobs count as work in flight too.
-    pub inflight: InFlight,
-}
-
-impl JobRunner {
-    /// Run `job` now and queue its report. Used by the daemon and `bramble cron run`.
-    pub async fn run_job(&self, job: &Job) -> RunOutcome {
-        let _busy = self.inflight.enter();
-        let result: Result<String, String> = match &job.kind {
-            JobKind::Remind { text } => Ok(text.clone()),
-            JobKind::Message { text } => {
-                let origin = job.origin.as_ref();
-                let req = TurnRequest {
-                    session_key: origin.map(|o| o.session_key.clone()).unwrap_or_else(|| format!("cron:{}", job.name)),
-                    channel: origin.map(|o| o.channel.clone()).unwrap_or_else(|| "system".into()),
-                    chat_id: origin.map(|o| o.chat_id.clone()).unwrap_or_else(|| job.name.clone()),
-                    text: format!(
-                        "[Scheduled job `{}` is due now. Do it and reply with the result for the user.]\n\n{text}",
-                        job.name
-                    ),
-                    in_job: true,
-                    cancel: self.abort.child_token(),
-                };
-                self.agent.turn(req).await.map(|r| r.text).map_err(|e| e.to_string())
-            }
-            JobKind::Exec { command } => {
-                crate::tools::exec::run_shell(&self.exec, &self.workspace, command, None, &self.abort)
-                    .await
-                    .map_err(|e| e.to_string())
-                    .and_then(|(ok, text)| if ok { Ok(text) } else { Err(text) })
-            }
-        };
-        if self.abort.is_cancelled() {
-            // Stopped by shutdown or Ctrl-C: no report; the scheduler tries a one-shot again.
-            return RunOutcome::cancelled();
-        }
-        let (report, outcome) = match result {
-            Ok(text) => (text.clone(), RunOutcome::ok(text)),
-            Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
-        };
-        for target in job.report_targets() {
-            if let Err(e) = self.outbox.enqueue(target, &report, &format!("job:{}", job.name)) {
-                tracing::error!(job = %job.name, "report not queued: {e}");
-            }
-        }
-        self.wake.notify_one();
-        outcome
-    }
-}
-
-impl JobExecutor for JobRunner {
-    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
-        Box::pin(self.run_job(job))
-    }
-}
-
-/// Told about every job run as it ends, with its record
-/// `{"job","status","started","finished","output"}` (MQTT publishes it).
-pub type RunObserver = Arc<dyn Fn(&Job, &serde_json::Value) + Send + Sync>;
-
-/// A [`JobRunner`] whose runs are also reported to observers.
-pub struct ObservedRunner {
-    pub runner: JobRunner,
-    pub observers: Vec<RunObserver>,
-}
-
-impl JobExecutor for ObservedRunner {
-    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
-        Box::pin(async move {
-            let started = Timestamp::now();
-            let outcome = self.runner.run_job(job).await;
-            if !self.observers.is_empty() {
-                let record = serde_json::json!({
-                    "job": job.name,
-                    "status": outcome.status.to_string(),
-                    "started": started.to_string(),
-                    "finished": Timestamp::now().to_string(),
-                    "output": crate::scheduler::job::truncate(&outcome.summary, 4000),
-                });
-                for observe in &self.observers {
-                    observe(job, &record);
-                }
-            }
-            outcome
-        })
-    }
-}
 
 /// The MQTT link for this config, if a broker is configured and usable.
 fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
@@ -441,15 +222,9 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         Scheduler::new(JobStore::open(state), tz.tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
     let reload = scheduler.reload_handle();
     agent.set_scheduler(scheduler.handle());
-    let runner = JobRunner {
-        agent: agent.clone(),
-        outbox: outbox.clone(),
-        wake: wake.clone(),
-        exec: c.exec.clone(),
-        workspace: loaded.paths.workspace.clone(),
-        abort: abort.clone(),
-        inflight: inflight.clone(),
-    };
+    let reports = Reports::new(outbox.clone(), wake.clone());
+    let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone());
+    let runner = JobRunner { runner: work.clone(), reports: reports.clone(), abort: abort.clone() };
     let mqtt_jobs = Arc::new(Notify::new());
     let mqtt_heartbeat = Arc::new(Notify::new());
     let mut observers: Vec<RunObserver> = Vec::new();
@@ -461,14 +236,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             state_dir: state.clone(),
             jobs_changed: mqtt_jobs.clone(),
             heartbeat_changed: mqtt_heartbeat.clone(),
-            triggers: Some(crate::channels::mqtt::triggers::TriggerDeps {
-                agent: agent.clone(),
-                outbox: outbox.clone(),
-                wake: wake.clone(),
-                exec: c.exec.clone(),
-                workspace: loaded.paths.workspace.clone(),
-                inflight: inflight.clone(),
-            }),
+            triggers: Some(crate::channels::mqtt::triggers::TriggerDeps { runner: work, reports: reports.clone() }),
             outbox: outbox.clone(),
             wake: wake.clone(),
         };
@@ -486,8 +254,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         workspace: loaded.paths.workspace.clone(),
         tz: tz.clone(),
         state: StateFile::new(state),
-        outbox: outbox.clone(),
-        wake: wake.clone(),
+        reports,
     };
     tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone()));
 

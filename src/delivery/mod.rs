@@ -50,6 +50,41 @@ pub struct Report<'a> {
     pub source: &'a str,
 }
 
+/// Where finished work leaves its report: the outbox, and the dispatcher's
+/// wake-up. One value instead of an `(Outbox, Arc<Notify>)` pair everywhere.
+#[derive(Clone)]
+pub struct Reports {
+    outbox: outbox::Outbox,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Reports {
+    pub fn new(outbox: outbox::Outbox, wake: Arc<tokio::sync::Notify>) -> Reports {
+        Reports { outbox, wake }
+    }
+
+    /// Queue `text` for every target (`source` says what produced it: `heartbeat`,
+    /// `job:<name>`, `trigger:<topic>`) and wake the dispatcher. A report that
+    /// cannot be queued is logged as an error; the others still go.
+    pub fn send(&self, targets: &[Target], text: &str, source: &str) {
+        for target in targets {
+            if let Err(e) = self.outbox.enqueue(target.clone(), text, source) {
+                tracing::error!(source, %target, "report not queued: {e}");
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    pub fn outbox(&self) -> &outbox::Outbox {
+        &self.outbox
+    }
+
+    /// The dispatcher's wake-up (notified when something new is queued).
+    pub fn wake(&self) -> &Arc<tokio::sync::Notify> {
+        &self.wake
+    }
+}
+
 /// Publishing to a topic of the broker, acknowledged: what the `mqtt_publish`
 /// tool needs of the MQTT connection. The composition root gives the tool the
 /// MQTT channel's link through this, so the tool knows no channel.

@@ -12,20 +12,18 @@
 //! the MQTT polling task without waiting; runs happen in [`run`], at most
 //! [`MAX_CONCURRENT`] at a time, fed through a bounded queue.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, InFlight, TurnRequest};
 use crate::bus::Target;
-use crate::config::{ExecConfig, MqttTrigger, TriggerAction};
-use crate::delivery::outbox::Outbox;
+use crate::config::{MqttTrigger, TriggerAction};
+use crate::work::Work;
 
 /// Trigger runs at once (each may hold an LLM turn or a process).
 pub const MAX_CONCURRENT: usize = 2;
@@ -53,12 +51,8 @@ pub struct Triggers {
 
 /// What running a trigger needs.
 pub struct TriggerDeps {
-    pub agent: Arc<Agent>,
-    pub outbox: Outbox,
-    pub wake: Arc<Notify>,
-    pub exec: ExecConfig,
-    pub workspace: PathBuf,
-    pub inflight: InFlight,
+    pub runner: crate::work::Runner,
+    pub reports: crate::delivery::Reports,
 }
 
 impl Triggers {
@@ -151,27 +145,16 @@ pub async fn run(
 }
 
 async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &CancellationToken) {
-    let _busy = deps.inflight.enter();
-    let result: Result<String, String> = match &config.action {
-        TriggerAction::Message(template) => {
-            let text = render(template, &fire.topic, &fire.payload);
-            let req = TurnRequest {
-                session_key: format!("trigger:{}", config.topic),
-                channel: "mqtt".into(),
-                chat_id: fire.topic.clone(),
-                text,
-                in_job: true,
-                cancel: abort.child_token(),
-            };
-            deps.agent.turn(req).await.map(|r| r.text).map_err(|e| e.to_string())
-        }
-        TriggerAction::Exec(command) => {
-            crate::tools::exec::run_shell(&deps.exec, &deps.workspace, command, Some(fire.payload.clone()), abort)
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|(ok, text)| if ok { Ok(text) } else { Err(text) })
-        }
+    let work = match &config.action {
+        TriggerAction::Message(template) => Work::Turn {
+            session_key: format!("trigger:{}", config.topic),
+            channel: "mqtt".into(),
+            chat_id: fire.topic.clone(),
+            text: render(template, &fire.topic, &fire.payload),
+        },
+        TriggerAction::Exec(command) => Work::Shell { command: command.clone(), stdin: Some(fire.payload.clone()) },
     };
+    let result = deps.runner.run(work, abort).await;
     if abort.is_cancelled() {
         return;
     }
@@ -186,13 +169,7 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
         }
     };
     let targets = if config.deliver.is_empty() { vec![Target::Log] } else { config.deliver.clone() };
-    let source = format!("trigger:{}", fire.topic);
-    for target in targets {
-        if let Err(e) = deps.outbox.enqueue(target, &report, &source) {
-            tracing::error!(trigger = %config.topic, "trigger report not queued: {e}");
-        }
-    }
-    deps.wake.notify_one();
+    deps.reports.send(&targets, &report, &format!("trigger:{}", fire.topic));
 }
 
 /// Render a trigger template: `{topic}`, `{payload}`, and `{payload.a.b}` /

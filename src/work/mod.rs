@@ -1,0 +1,69 @@
+//! Work: what runs without someone waiting at a chat — a due job, a heartbeat
+//! tick, an MQTT trigger, `bramble cron run` — and the one path from "run it"
+//! to "its report is in the outbox".
+//!
+//! [`Work`] says what to do: an agent turn, a sandboxed shell command, or a
+//! fixed text (a reminder). [`Runner::run`] does it, counted as work in flight
+//! (shutdown waits for it) and interruptible; the caller hands the result to
+//! [`crate::delivery::Reports`]. The scheduler's executor ([`jobs`]), the
+//! heartbeat ([`heartbeat`]) and the MQTT triggers are thin adapters over
+//! this, so a new kind of work (a watcher, an alert) plugs in here.
+//!
+//! Above the agent, below the channels (see `ARCHITECTURE.md`, "Layers").
+
+pub mod heartbeat;
+pub mod jobs;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::{Agent, TurnRequest};
+use crate::config::ExecConfig;
+
+/// One piece of work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Work {
+    /// An agent turn in a session (as a job: tools that would schedule more work refuse).
+    Turn { session_key: String, channel: String, chat_id: String, text: String },
+    /// A command in the sandbox, as the `exec` tool runs it, with `stdin` if given.
+    Shell { command: String, stdin: Option<Vec<u8>> },
+    /// A text as it is (a reminder).
+    Text(String),
+}
+
+/// Runs [`Work`]: the agent for turns, the sandbox for commands.
+#[derive(Clone)]
+pub struct Runner {
+    agent: Arc<Agent>,
+    exec: ExecConfig,
+    workspace: PathBuf,
+}
+
+impl Runner {
+    pub fn new(agent: Arc<Agent>, exec: ExecConfig, workspace: PathBuf) -> Runner {
+        Runner { agent, exec, workspace }
+    }
+
+    /// Do `work`; the text to report, or why it failed. Counted in the agent's
+    /// work in flight; `cancel` interrupts it (the caller then reports nothing).
+    pub async fn run(&self, work: Work, cancel: &CancellationToken) -> Result<String, String> {
+        let _busy = self.agent.inflight().enter();
+        match work {
+            Work::Text(text) => Ok(text),
+            Work::Turn { session_key, channel, chat_id, text } => {
+                let req =
+                    TurnRequest { session_key, channel, chat_id, text, in_job: true, cancel: cancel.child_token() };
+                self.agent.turn(req).await.map(|r| r.text).map_err(|e| e.to_string())
+            }
+            Work::Shell { command, stdin } => {
+                match crate::tools::exec::run_shell(&self.exec, &self.workspace, &command, stdin, cancel).await {
+                    Ok((true, text)) => Ok(text),
+                    Ok((false, text)) => Err(text),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        }
+    }
+}
