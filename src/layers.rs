@@ -143,6 +143,32 @@ mod tests {
         }
     }
 
+    /// Channels talk to the agent through the bus; besides it they may know
+    /// only the command table (parse, menu) and `SessionActivity`, never the `Agent`.
+    #[test]
+    fn channels_never_hold_the_agent() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/channels");
+        let mut files = Vec::new();
+        sources(&dir, &mut files);
+        let allowed = ["crate::agent::SessionActivity", "crate::agent::commands::"];
+        let mut wrong = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let text = text.find("#[cfg(test)]\nmod tests").map_or(text.as_str(), |i| &text[..i]);
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                let mut rest = code;
+                while let Some(i) = rest.find("crate::agent") {
+                    if !allowed.iter().any(|a| rest[i..].starts_with(a)) {
+                        wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                    }
+                    rest = &rest[i + 1..];
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "channels reaching into the agent:\n{}", wrong.join("\n"));
+    }
+
     #[test]
     fn paths_are_found_in_uses_groups_and_code() {
         let text = "use crate::bus::Target;\nuse crate::{agent::Agent, config,\n    channels::{a, b}};\n\

@@ -70,6 +70,19 @@ pub struct AgentSettings {
     pub unanswered: crate::config::Unanswered,
 }
 
+/// What a channel may know of the agent besides the bus: whether a session
+/// has a turn running or queued (Telegram's typing indicator). Channels get
+/// this, never the `Agent`.
+pub trait SessionActivity: Send + Sync {
+    fn session_busy(&self, session_key: &str) -> bool;
+}
+
+impl SessionActivity for Agent {
+    fn session_busy(&self, session_key: &str) -> bool {
+        Agent::session_busy(self, session_key)
+    }
+}
+
 /// One turn to run.
 #[derive(Debug, Clone)]
 pub struct TurnRequest {
@@ -301,6 +314,11 @@ impl Agent {
     /// Whether a turn of `session_key` is running or queued.
     pub fn session_busy(&self, session_key: &str) -> bool {
         self.active_lock().get(session_key).is_some_and(|v| !v.is_empty())
+    }
+
+    /// This agent as the narrow view channels get of it.
+    pub fn activity(self: &Arc<Self>) -> Arc<dyn SessionActivity> {
+        self.clone()
     }
 
     /// Turns running or queued, over all sessions.

@@ -191,7 +191,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let mut channels = Channels::with_log();
     if let Some(telegram) = crate::channels::telegram::Telegram::from_config(&c.telegram, state)? {
         channels.add(telegram.channel());
-        tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.clone(), stop.clone()));
+        tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.activity(), stop.clone()));
     }
     if let Some(link) = &mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));

@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::Agent;
+use crate::agent::SessionActivity;
 use crate::bus::{InboundMessage, Target};
 use crate::config::TelegramConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
@@ -89,7 +89,12 @@ impl Telegram {
 
     /// Poll for messages until `stop`; accepted ones go to `inbound`. `agent`
     /// tells whether a chat's turn still runs (for the typing indicator).
-    pub async fn poll(self, inbound: mpsc::Sender<InboundMessage>, agent: Arc<Agent>, stop: CancellationToken) {
+    pub async fn poll(
+        self,
+        inbound: mpsc::Sender<InboundMessage>,
+        agent: Arc<dyn SessionActivity>,
+        stop: CancellationToken,
+    ) {
         let mut backoff = Backoff::new(MAX_BACKOFF);
         let me = loop {
             let r = tokio::select! { r = self.api.get_me() => r, _ = stop.cancelled() => return };
@@ -290,7 +295,7 @@ impl Poller {
     fn start_typing(
         &mut self,
         api: &Arc<Api>,
-        agent: &Arc<Agent>,
+        agent: &Arc<dyn SessionActivity>,
         chat: String,
         key: String,
         stop: &CancellationToken,
