@@ -1,0 +1,187 @@
+//! Consolidation: a session whose prompt grows past `context_tokens` is
+//! summarised into `memory/` (the long-term MEMORY.md and the history journal)
+//! and cut to its recent part; `/new` archives it whole.
+
+use super::*;
+
+/// How much of a session a consolidation keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// The recent part: at most this many messages and (estimated) tokens, at least the last turn.
+    Recent { messages: usize, tokens: usize },
+    /// Nothing: the session starts afresh (`/new`).
+    Nothing,
+}
+
+/// What a consolidation did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Consolidation {
+    /// Nothing old enough to consolidate.
+    Nothing,
+    /// `messages` were summarised into journal entry `cursor`; whether MEMORY.md changed.
+    Summarised { messages: usize, cursor: u64, memory_updated: bool },
+    /// Summarising failed (`reason`): `messages` were archived verbatim as journal entry `cursor`.
+    Archived { messages: usize, cursor: u64, reason: String },
+}
+
+impl std::fmt::Display for Consolidation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Consolidation::Nothing => f.write_str("Nothing to consolidate."),
+            Consolidation::Summarised { messages, cursor, memory_updated } => write!(
+                f,
+                "{messages} messages summarised into the history journal (entry {cursor}){}.",
+                if *memory_updated { "; MEMORY.md updated" } else { "" }
+            ),
+            Consolidation::Archived { messages, cursor, reason } => write!(
+                f,
+                "Summarising failed ({reason}); {messages} messages were archived verbatim in the history journal (entry {cursor})."
+            ),
+        }
+    }
+}
+
+impl Agent {
+    /// Whether the prompt passes `[agent] context_tokens`, or the session has
+    /// more messages than the history window holds (they would drop out of the
+    /// prompt without being remembered).
+    pub(super) fn needs_consolidation(&self, key: &str, prompt: &[Message]) -> bool {
+        let count = self.sessions.load(key).map(|s| s.messages.len() + s.skipped).unwrap_or(0);
+        let estimate = memory::estimate_tokens(prompt) + memory::estimate_spec_tokens(&self.specs);
+        count > self.settings.history_messages || estimate > self.settings.context_tokens
+    }
+
+    /// Consolidate the older part of a session before a turn. Failures are
+    /// logged; the turn goes on with the session as it is.
+    pub(super) async fn auto_consolidate(&self, provider: &dyn Provider, model: &str, key: &str, prompt: &[Message]) {
+        // What every prompt carries besides the history: system prompt, tools, runtime context, the new text.
+        let fixed = prompt.first().map_or(0, |m| memory::estimate_tokens(std::slice::from_ref(m)))
+            + prompt.iter().rev().take(2).map(|m| memory::estimate_tokens(std::slice::from_ref(m))).sum::<usize>()
+            + memory::estimate_spec_tokens(&self.specs);
+        let keep = Keep::Recent {
+            messages: (self.settings.history_messages / 2).max(1),
+            tokens: self.settings.context_tokens.saturating_sub(fixed) / 2,
+        };
+        tracing::info!(session = %key, "consolidating the session's older part");
+        match self.consolidate_locked(Some(provider), model, key, keep).await {
+            Ok(c) => tracing::info!(session = %key, "{c}"),
+            Err(e) => tracing::error!(session = %key, "consolidation failed, the session is unchanged: {e}"),
+        }
+    }
+
+    /// Estimated tokens of what every prompt carries: the system prompt and the tool specs.
+    pub(super) async fn base_prompt_tokens(&self) -> usize {
+        memory::estimate_tokens(&[Message::system(self.system_prompt().await)])
+            + memory::estimate_spec_tokens(&self.specs)
+    }
+
+    /// Summarise the part of the session before the boundary `keep` picks and
+    /// replace it by a checkpoint (no checkpoint for [`Keep::Nothing`]). The
+    /// caller holds the session's lock.
+    pub(super) async fn consolidate_locked(
+        &self,
+        provider: Option<&dyn Provider>,
+        model: &str,
+        key: &str,
+        keep: Keep,
+    ) -> Result<Consolidation, TurnError> {
+        let session_err = |source| TurnError::Session { key: key.to_string(), source };
+        let session = self.sessions.load_all(key).map_err(session_err)?;
+        let all = &session.messages;
+        let boundary = match keep {
+            Keep::Recent { messages, tokens } => memory::pick_boundary(all, messages, tokens),
+            Keep::Nothing => all.len(),
+        };
+        if boundary == 0 {
+            if keep == Keep::Nothing && session.checkpoint.is_some() {
+                self.sessions.replace_prefix(key, 0, &[], None).map_err(session_err)?;
+            }
+            return Ok(Consolidation::Nothing);
+        }
+        let chunk = &all[..boundary];
+        let workspace = self.context.workspace().to_path_buf();
+        let current = {
+            let workspace = workspace.clone();
+            tokio::task::spawn_blocking(move || memory::read_memory(&workspace)).await.unwrap_or_default()
+        };
+        let result = match provider {
+            Some(p) => {
+                let summary = memory::summarise(p, model, self.settings.max_tokens, &current, chunk).await;
+                let stats = LoopStats { usage: summary.usage, model_calls: 1, tool_calls: 0 };
+                self.record_usage(&stats);
+                summary.result
+            }
+            None => Err(self.provider_problem().unwrap_or("no provider").to_string()),
+        };
+        let archived = session.checkpoint.as_ref().map_or(0, |c| c.archived) + boundary as u64;
+        let journal_err = |e: std::io::Error| TurnError::Session {
+            key: key.to_string(),
+            source: std::io::Error::new(e.kind(), format!("cannot write {}: {e}", self.journal.path().display())),
+        };
+        // The journal first: once the old messages are in it, the session may drop them.
+        let (checkpoint, outcome) = match result {
+            Ok(saved) => {
+                let cursor =
+                    self.append_journal(key, "summary", saved.history_entry.trim()).await.map_err(journal_err)?;
+                let update = saved.memory_update.clone();
+                let written =
+                    tokio::task::spawn_blocking(move || memory::apply_memory_update(&workspace, &current, &update))
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                let memory_updated = written.unwrap_or_else(|e| {
+                    tracing::error!("cannot write {}: {e}", memory::MEMORY_FILE);
+                    false
+                });
+                let checkpoint = session::Checkpoint {
+                    summary: saved.history_entry.trim().to_string(),
+                    timestamp: session::now_rfc3339(),
+                    archived,
+                };
+                (checkpoint, Consolidation::Summarised { messages: boundary, cursor, memory_updated })
+            }
+            Err(reason) => {
+                tracing::warn!(session = %key, messages = boundary, "summarising failed ({reason}); archiving the messages verbatim");
+                let raw = format!("[RAW] {boundary} messages\n{}", memory::transcript(chunk, false));
+                let cursor = self.append_journal(key, "raw", &raw).await.map_err(journal_err)?;
+                (
+                    memory::raw_checkpoint(boundary, archived, cursor),
+                    Consolidation::Archived { messages: boundary, cursor, reason },
+                )
+            }
+        };
+        let checkpoint = (keep != Keep::Nothing).then_some(checkpoint);
+        let replaced = self.sessions.replace_prefix(key, boundary, chunk, checkpoint).map_err(session_err)?;
+        if replaced.is_none() {
+            tracing::warn!(session = %key, "the session changed during consolidation; it is left as it is (the journal has the entry)");
+        }
+        Ok(outcome)
+    }
+
+    /// Append to the history journal off the runtime thread (a command may hold a lock on it).
+    pub(super) async fn append_journal(&self, key: &str, kind: &'static str, content: &str) -> std::io::Result<u64> {
+        let journal = self.journal.clone();
+        let (key, content) = (key.to_string(), content.to_string());
+        tokio::task::spawn_blocking(move || journal.append(&key, kind, &content))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
+    /// `/compact`: consolidate everything but the last turn now.
+    pub async fn consolidate(&self, key: &str) -> Result<Consolidation, TurnError> {
+        let lock = SessionLock::new(self, key);
+        let _in_session = lock.lock.lock().await;
+        let model = self.session_model(key);
+        let provider = self.provider.as_ref().ok().cloned();
+        self.consolidate_locked(provider.as_deref(), &model, key, Keep::Recent { messages: 1, tokens: 0 }).await
+    }
+
+    /// `/new`: consolidate the whole session into memory and start it afresh.
+    /// Without a provider the messages are archived verbatim.
+    pub async fn reset_session(&self, key: &str) -> Result<Consolidation, TurnError> {
+        let lock = SessionLock::new(self, key);
+        let _in_session = lock.lock.lock().await;
+        let model = self.session_model(key);
+        let provider = self.provider.as_ref().ok().cloned();
+        self.consolidate_locked(provider.as_deref(), &model, key, Keep::Nothing).await
+    }
+}

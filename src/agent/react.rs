@@ -1,0 +1,132 @@
+//! The ReAct loop: call the model, run the tool calls it asks for, give back
+//! the results, until it answers in text or a limit is reached. Shared by
+//! turns and sub-agents.
+
+use super::*;
+
+/// What one ReAct loop runs with: a turn's or a sub-agent's.
+pub(crate) struct LoopSpec<'a> {
+    pub provider: &'a dyn Provider,
+    pub tools: &'a ToolRegistry,
+    pub specs: &'a [ToolSpec],
+    pub model: &'a str,
+    pub max_tokens: u32,
+    pub temperature: Option<f32>,
+    pub max_iterations: u32,
+    /// The setting that sets `max_iterations`, for the message at the limit.
+    pub limit_setting: &'static str,
+    /// Its `cancel` stops the loop.
+    pub tool_ctx: &'a ToolContext,
+    /// For logs.
+    pub label: &'a str,
+}
+
+/// What a loop spent, kept even when it fails.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct LoopStats {
+    pub usage: Usage,
+    pub model_calls: u32,
+    pub tool_calls: u32,
+}
+
+/// Why a loop ended without an answer.
+pub(crate) enum LoopFail {
+    Provider(ProviderError),
+    /// Cancelled. `messages` is consistent: every tool call has a result.
+    Cancelled,
+}
+
+/// Call the model and run its tool calls until it answers in text, appending
+/// every message to `messages`.
+pub(crate) async fn run_loop(
+    spec: &LoopSpec<'_>,
+    messages: &mut Vec<Message>,
+    stats: &mut LoopStats,
+) -> Result<(String, TurnEnd), LoopFail> {
+    let cancel = &spec.tool_ctx.cancel;
+    let mut empty_answers = 0;
+    let mut rounds = 0;
+    loop {
+        if rounds >= spec.max_iterations {
+            let n = spec.max_iterations;
+            return Ok((
+                format!(
+                    "I stopped after {n} rounds of tool calls without reaching a final answer \
+                     (the limit is {} = {n}). Ask me to continue, or split the task.",
+                    spec.limit_setting
+                ),
+                TurnEnd::MaxIterations,
+            ));
+        }
+        let request = ChatRequest {
+            model: spec.model,
+            messages,
+            tools: spec.specs,
+            max_tokens: spec.max_tokens,
+            temperature: spec.temperature,
+            tool_choice: None,
+        };
+        let response: ChatResponse = tokio::select! {
+            r = spec.provider.chat(request) => r.map_err(LoopFail::Provider)?,
+            _ = cancel.cancelled() => return Err(LoopFail::Cancelled),
+        };
+        stats.model_calls += 1;
+        stats.usage.add(response.usage);
+
+        if !response.tool_calls.is_empty() {
+            rounds += 1;
+            let calls = response.tool_calls;
+            let content = response.content.filter(|c| !c.trim().is_empty());
+            messages.push(Message::assistant_tool_calls(content, calls.clone()));
+            for (i, call) in calls.iter().enumerate() {
+                if cancel.is_cancelled() {
+                    // Every call gets a result, so the saved turn has no orphan call.
+                    for c in &calls[i..] {
+                        messages.push(Message::tool_result(
+                            &c.id,
+                            &c.function.name,
+                            "Error: not run: the turn was stopped",
+                        ));
+                    }
+                    return Err(LoopFail::Cancelled);
+                }
+                stats.tool_calls += 1;
+                // `/stop` ends any tool at once (a dropped exec kills its process group).
+                let outcome = tokio::select! {
+                    o = spec.tools.execute(call, spec.tool_ctx) => o,
+                    _ = cancel.cancelled() => {
+                        messages.push(Message::tool_result(&call.id, &call.function.name, "Error: cancelled: the turn was stopped while this was running"));
+                        for c in &calls[i + 1..] {
+                            messages.push(Message::tool_result(&c.id, &c.function.name, "Error: not run: the turn was stopped"));
+                        }
+                        return Err(LoopFail::Cancelled);
+                    }
+                };
+                tracing::debug!(
+                    session = %spec.label, tool = %call.function.name, error = outcome.is_error,
+                    "tool call finished"
+                );
+                messages.push(Message::tool_result(&call.id, &call.function.name, outcome.text));
+            }
+            if cancel.is_cancelled() {
+                return Err(LoopFail::Cancelled);
+            }
+            continue;
+        }
+
+        let text = response.content.unwrap_or_default();
+        if text.trim().is_empty() {
+            empty_answers += 1;
+            if empty_answers > EMPTY_ANSWER_RETRIES {
+                return Ok((
+                    "The model returned an empty answer several times in a row. Please try again or rephrase."
+                        .to_string(),
+                    TurnEnd::EmptyAnswer,
+                ));
+            }
+            tracing::warn!(session = %spec.label, attempt = empty_answers, "the model returned an empty answer; asking again");
+            continue;
+        }
+        return Ok((text.trim().to_string(), TurnEnd::Answered));
+    }
+}
