@@ -314,7 +314,12 @@ mod tests {
 
     /// An agent without a provider over a temp state dir, with a job store.
     fn agent(dir: &std::path::Path) -> Agent {
-        use crate::agent::{context, session::SessionStore, AgentSettings};
+        agent_with(dir, None)
+    }
+
+    /// The same, with the daemon's scheduler (for `/run`) when given.
+    fn agent_with(dir: &std::path::Path, scheduler: Option<crate::scheduler::SchedulerHandle>) -> Agent {
+        use crate::agent::{context, session::SessionStore, AgentParts, AgentSettings};
         let settings = AgentSettings {
             model: "m".into(),
             max_iterations: 1,
@@ -328,8 +333,11 @@ mod tests {
         let limits = context::ContextLimits { per_file_chars: 100, total_chars: 100 };
         let ctx = context::ContextBuilder::new(dir.to_path_buf(), crate::config::TzName::system(), limits);
         let tools = crate::tools::ToolRegistry::new(1000);
-        Agent::new(Err("no provider in this test".into()), tools, SessionStore::new(dir), ctx, settings)
-            .with_jobs(crate::scheduler::JobStore::open(dir), jiff::tz::TimeZone::UTC)
+        let mut parts =
+            AgentParts::new(Err("no provider in this test".into()), tools, SessionStore::new(dir), ctx, settings);
+        parts.jobs = Some((crate::scheduler::JobStore::open(dir), jiff::tz::TimeZone::UTC));
+        parts.scheduler = scheduler;
+        Agent::new(parts)
     }
 
     async fn say(agent: &Agent, text: &str) -> String {
@@ -369,7 +377,7 @@ mod tests {
         assert!(listed.starts_with("• backup — every 1h") && listed.contains(" — next 20"), "{listed}");
         let scheduler =
             crate::scheduler::Scheduler::new(crate::scheduler::JobStore::open(dir.path()), jiff::tz::TimeZone::UTC);
-        agent.set_scheduler(scheduler.handle());
+        let agent = agent_with(dir.path(), Some(scheduler.handle()));
         assert_eq!(say(&agent, "/run backup").await, "Running job backup now; its report goes to log.");
         assert!(say(&agent, "/run nope").await.contains("/jobs lists them"));
     }

@@ -24,7 +24,6 @@
 //! - Token usage is recorded per day; past `[agent] daily_token_budget`, job
 //!   and trigger turns refuse to start and chat answers carry a warning.
 
-mod build;
 pub mod commands;
 mod consolidate;
 pub mod context;
@@ -229,12 +228,12 @@ pub struct Agent {
     /// Cancel tokens of turns running or queued, by session (for `/stop`).
     active: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
     next_turn: std::sync::atomic::AtomicU64,
-    /// The job store and zone, for `/jobs` and `/run` (set by `from_config`).
+    /// The job store and zone, for `/jobs` and `/run`.
     jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
-    /// `[exec]`, for the sandbox line of `/status` (unset: exec is off).
+    /// `[exec]`, for the sandbox line of `/status` (`None`: exec is off).
     exec: Option<crate::config::ExecConfig>,
-    /// The daemon's scheduler, for `/run` (unset outside the daemon).
-    scheduler: std::sync::OnceLock<crate::scheduler::SchedulerHandle>,
+    /// The daemon's scheduler, for `/run` (`None` outside the daemon).
+    scheduler: Option<crate::scheduler::SchedulerHandle>,
     journal: Journal,
     usage: UsageLedger,
     pending: PendingStore,
@@ -243,16 +242,57 @@ pub struct Agent {
     subagents: Option<Arc<subagent::Hub>>,
 }
 
-impl Agent {
-    /// An agent. `provider` is `Err(reason)` when none is configured: turns then
-    /// fail with that reason, everything else (exec jobs, status) still works.
+/// Everything an agent is made of, handed over whole by the composition root
+/// (`daemon::assemble`): an agent is complete when it is made, nothing is set
+/// on it afterwards.
+pub struct AgentParts {
+    /// `Err(reason)` when no provider is configured: turns then fail with that
+    /// reason, everything else (exec jobs, status) still works.
+    pub provider: Result<Arc<dyn Provider>, String>,
+    pub tools: ToolRegistry,
+    pub sessions: SessionStore,
+    pub context: ContextBuilder,
+    pub settings: AgentSettings,
+    /// The job store and the zone times are shown in, for `/jobs` and `/run`.
+    pub jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
+    /// `[exec]`, for the sandbox line of `/status` (`None`: exec is off).
+    pub exec: Option<crate::config::ExecConfig>,
+    /// The daemon's scheduler, for `/run` (`None` outside the daemon).
+    pub scheduler: Option<crate::scheduler::SchedulerHandle>,
+    /// Shared with the sub-agent hub, which stops at its shutdown signal.
+    pub inflight: InFlight,
+    pub subagents: Option<Arc<subagent::Hub>>,
+}
+
+impl AgentParts {
+    /// The parts every agent needs; the optional ones start empty.
     pub fn new(
         provider: Result<Arc<dyn Provider>, String>,
         tools: ToolRegistry,
         sessions: SessionStore,
         context: ContextBuilder,
         settings: AgentSettings,
-    ) -> Agent {
+    ) -> AgentParts {
+        AgentParts {
+            provider,
+            tools,
+            sessions,
+            context,
+            settings,
+            jobs: None,
+            exec: None,
+            scheduler: None,
+            inflight: InFlight::default(),
+            subagents: None,
+        }
+    }
+}
+
+impl Agent {
+    /// An agent from its parts.
+    pub fn new(parts: AgentParts) -> Agent {
+        let AgentParts { provider, tools, sessions, context, settings, jobs, exec, scheduler, inflight, subagents } =
+            parts;
         let state_dir = sessions.state_dir().to_path_buf();
         Agent {
             provider,
@@ -266,27 +306,15 @@ impl Agent {
             settings,
             locks: Mutex::new(HashMap::new()),
             turn_slots: Semaphore::new(MAX_CONCURRENT_TURNS),
-            inflight: InFlight::default(),
+            inflight,
             active: Mutex::new(HashMap::new()),
             next_turn: std::sync::atomic::AtomicU64::new(0),
-            jobs: None,
-            exec: None,
-            scheduler: std::sync::OnceLock::new(),
+            jobs,
+            exec,
+            scheduler,
             models: Mutex::new(HashMap::new()),
-            subagents: None,
+            subagents,
         }
-    }
-
-    /// Give the agent the job store (for `/jobs` and `/run`), with the zone times are shown in.
-    pub fn with_jobs(mut self, store: crate::scheduler::JobStore, tz: jiff::tz::TimeZone) -> Agent {
-        self.jobs = Some((store, tz));
-        self
-    }
-
-    /// Give the agent `[exec]`, so `/status` can say which sandbox layers commands get.
-    pub fn with_exec(mut self, exec: crate::config::ExecConfig) -> Agent {
-        self.exec = Some(exec);
-        self
     }
 
     /// The sandbox layers commands get, for `/status`; `None` when exec is off.
@@ -299,14 +327,9 @@ impl Agent {
         self.jobs.as_ref()
     }
 
-    /// Let `/run` start jobs through the daemon's scheduler (set once, by `daemon::start`).
-    pub fn set_scheduler(&self, handle: crate::scheduler::SchedulerHandle) {
-        let _ = self.scheduler.set(handle);
-    }
-
     /// The daemon's scheduler, if this agent runs in the daemon.
     pub fn scheduler(&self) -> Option<&crate::scheduler::SchedulerHandle> {
-        self.scheduler.get()
+        self.scheduler.as_ref()
     }
 
     /// Cancel every turn of `session_key`, running or queued; returns how many.

@@ -12,6 +12,7 @@
 //! not configured: no provider means LLM jobs fail with that reason, while
 //! reminders and exec jobs still run.
 
+pub mod assemble;
 pub mod systemd;
 pub mod watch;
 
@@ -23,28 +24,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, InFlight};
 use crate::delivery::dispatcher::{pump_outbound, run_outbox};
-use crate::delivery::outbox::Outbox;
 use crate::delivery::{Channels, Reports};
 use crate::scheduler::heartbeat::{self, StateFile};
-use crate::scheduler::{Job, JobStore, Scheduler};
+use crate::scheduler::{Job, JobStore};
 use crate::work::heartbeat::Heartbeat;
 use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
 use crate::work::Runner;
 
 /// How long running turns may take to finish on shutdown or reload.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// The MQTT link for this config, if a broker is configured and usable.
-fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
-    match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
-        Ok(Some(settings)) => Some(crate::channels::mqtt::Link::new(settings)),
-        Ok(None) => None,
-        Err(e) => {
-            tracing::error!("MQTT is off: {e}");
-            None
-        }
-    }
-}
 
 /// Why the daemon stopped one generation of its components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,21 +168,12 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let outbox = Outbox::new(state).holding_in_memory();
-    let wake = Arc::new(Notify::new());
-    let bus = crate::bus::Bus::new();
-    let mqtt = mqtt_link(c);
-    let publisher = mqtt.clone().map(|link| link as Arc<dyn crate::delivery::Publisher>);
-    let agent = Arc::new(Agent::from_config(loaded, bus.outbound_tx.clone(), publisher));
+    let assemble::Daemon { agent, bus, channels, telegram, mqtt, scheduler, outbox, wake } = assemble::daemon(loaded)?;
+    let reports = Reports::new(outbox.clone(), wake.clone());
     // Turns (chat, jobs, heartbeat), reminders and exec jobs: what shutdown waits for.
     let inflight = agent.inflight().clone();
-    let mut channels = Channels::with_log();
-    if let Some(telegram) = crate::channels::telegram::Telegram::from_config(&c.telegram, state)? {
-        channels.add(telegram.channel());
+    if let Some(telegram) = telegram {
         tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.activity(), stop.clone()));
-    }
-    if let Some(link) = &mqtt {
-        channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
     }
 
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -218,11 +197,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     });
 
     let tz = c.timezone();
-    let scheduler =
-        Scheduler::new(JobStore::open(state), tz.tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
     let reload = scheduler.reload_handle();
-    agent.set_scheduler(scheduler.handle());
-    let reports = Reports::new(outbox.clone(), wake.clone());
     let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone());
     let runner = JobRunner { runner: work.clone(), reports: reports.clone(), abort: abort.clone() };
     let mqtt_jobs = Arc::new(Notify::new());

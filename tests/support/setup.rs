@@ -49,7 +49,8 @@ impl TestHome {
     pub fn agent(&self) -> (Agent, mpsc::Receiver<OutboundMessage>) {
         bramble::install_crypto();
         let (tx, rx) = mpsc::channel(16);
-        (Agent::from_config(&self.loaded(), tx, None), rx)
+        let links = bramble::daemon::assemble::AgentLinks::outside_daemon(tx);
+        (bramble::daemon::assemble::agent(&self.loaded(), links), rx)
     }
 
     pub fn path(&self) -> &Path {

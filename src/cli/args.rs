@@ -1,0 +1,141 @@
+//! The command line's definition (clap): every command, flag and help text.
+//! The commands themselves are in the sibling files, one per command.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// bramble: a small, scheduler-first AI agent for your Raspberry Pi.
+#[derive(Debug, Parser)]
+#[command(name = "bramble", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    /// Config file [default: $XDG_CONFIG_HOME/bramble/config.toml, /etc/bramble/config.toml under systemd]
+    #[arg(long, global = true, env = "BRAMBLE_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write a commented config.toml and the workspace templates (never overwrites a file)
+    Init {
+        /// Where the agent's workspace goes [default: from the config, else ~/.local/share/bramble/workspace]
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+    },
+    /// The daemon: scheduler, heartbeat, agent and channels (SIGHUP reloads, SIGTERM stops)
+    Run,
+    /// One turn with -m, else a chat in the terminal
+    Agent {
+        /// The message; without it, read messages from the terminal until EOF or `exit`
+        #[arg(short, long, value_name = "TEXT")]
+        message: Option<String>,
+        /// Session key: turns with the same key share history
+        #[arg(short, long, value_name = "KEY", default_value = "cli:direct")]
+        session: String,
+    },
+    /// Scheduled jobs: reminders, agent tasks and commands
+    #[command(subcommand)]
+    Cron(CronCommand),
+    /// Run one heartbeat now: read HEARTBEAT.md and, if it lists active tasks, run them
+    Heartbeat {
+        /// Show what would run, without calling the model or delivering anything
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show provider, paths, tools and sessions
+    Status,
+    /// Validate the config and the workspace; errors as FILE:LINE:COL
+    Check,
+}
+
+// Parsed once per process: the size of the `Add` variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum CronCommand {
+    /// Add a job (a running daemon picks it up at once)
+    #[command(group(clap::ArgGroup::new("schedule").required(true).args(["every", "cron", "at"])))]
+    #[command(group(clap::ArgGroup::new("action").required(true).args(["message", "remind", "exec"])))]
+    Add {
+        /// A unique name: letters, digits, `-` and `_` (used in MQTT topics)
+        name: String,
+        /// Run at a fixed interval: 90s, 10m, 2h, 1d
+        #[arg(long, value_name = "DUR")]
+        every: Option<String>,
+        /// Run on a cron expression: 5 fields (`0 9 * * 1-5`) or 6 with seconds first
+        #[arg(long, value_name = "EXPR")]
+        cron: Option<String>,
+        /// Time zone of the cron expression [default: [agent] timezone]
+        #[arg(long, value_name = "ZONE", requires = "cron")]
+        tz: Option<String>,
+        /// Run once: RFC 3339, or `YYYY-MM-DD HH:MM` in the configured time zone
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
+        /// An agent turn with this task
+        #[arg(long, value_name = "TEXT")]
+        message: Option<String>,
+        /// Deliver this text as it is (no model call)
+        #[arg(long, value_name = "TEXT")]
+        remind: Option<String>,
+        /// Run this shell command in the sandbox (no model call)
+        #[arg(long, value_name = "CMD")]
+        exec: Option<String>,
+        /// Where the result goes: telegram:<chat_id>, mqtt, mqtt:<topic>, log (repeatable) [default: log]
+        #[arg(long, value_name = "TARGET")]
+        deliver: Vec<String>,
+        /// Missed runs (daemon down, clock jump): skip, once, or a window like 2h [default: skip; once for --at]
+        #[arg(long, value_name = "POLICY")]
+        catch_up: Option<String>,
+    },
+    /// List jobs with their next run
+    List,
+    /// Show one job with its recent runs
+    Show {
+        /// Job id or name
+        id: String,
+    },
+    /// Remove a job
+    Remove {
+        /// Job id or name
+        id: String,
+    },
+    /// Run a job now, in this terminal, and queue its report
+    Run {
+        /// Job id or name
+        id: String,
+    },
+    /// Enable a job (planned again from now)
+    Enable {
+        /// Job id or name
+        id: String,
+    },
+    /// Disable a job
+    Disable {
+        /// Job id or name
+        id: String,
+    },
+}
+
+impl Command {
+    /// Commands that print something and exit (no children, no long-lived connections).
+    pub fn prints_and_exits(&self) -> bool {
+        match self {
+            Command::Init { .. } | Command::Status | Command::Check => true,
+            Command::Cron(c) => !matches!(c, CronCommand::Run { .. }),
+            Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

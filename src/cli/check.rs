@@ -1,0 +1,54 @@
+//! `bramble check`: validate the config and the workspace; errors as FILE:LINE:COL.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::config;
+
+pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
+    let loaded = match config::load(explicit) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match &loaded.path {
+        Some(p) => println!("{}: ok", p.display()),
+        None => println!("no config file at {} (all defaults): ok", config::default_config_path().display()),
+    }
+    println!("telegram: {}", telegram_summary(&loaded.config.telegram, &loaded.paths.state_dir));
+    for w in config::warnings(&loaded) {
+        println!("warning: {w}");
+    }
+    for w in crate::channels::mqtt::check_warnings(&loaded.config) {
+        println!("warning: {w}");
+    }
+    let (skills, errors) = crate::agent::skills::load(&loaded.paths.workspace);
+    for s in skills.iter().filter(|s| !s.available()) {
+        println!("warning: skill {} is unavailable: missing {}", s.name, s.missing.join(", "));
+    }
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("{}:{}: {}", loaded.paths.workspace.join(&e.path).display(), e.line, e.message);
+        }
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Whether Telegram is configured and who may use it (no network).
+/// Usernames are shown with the id they are pinned to (issue 22).
+pub(super) fn telegram_summary(t: &config::TelegramConfig, state_dir: &Path) -> String {
+    match (t.token(), t.allow_from.len()) {
+        (None, _) => "not configured".into(),
+        (Some(_), 0) => "configured, but allow_from is empty: it answers nobody".into(),
+        (Some(_), n) => {
+            let mut line = format!("configured, {n} allowed user{}", if n == 1 { "" } else { "s" });
+            if let Some(pins) = crate::policy::pins::pins_summary(&t.allow_from, state_dir) {
+                line.push_str(&format!(" ({pins})"));
+            }
+            line
+        }
+    }
+}

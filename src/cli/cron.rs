@@ -1,0 +1,201 @@
+//! `bramble cron add | list | show | remove | run | enable | disable`.
+//!
+//! Edits go straight to the job store (a running daemon sees the file change
+//! at once); `cron run` runs the job in this process and queues its report.
+
+use std::process::ExitCode;
+
+use crate::bus::Target;
+use crate::config::Loaded;
+use crate::daemon::assemble;
+
+use super::{when, CronCommand};
+
+pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
+    use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Schedule};
+    let store = JobStore::open(&loaded.paths.state_dir);
+    let tz = loaded.config.timezone();
+    let now = jiff::Timestamp::now();
+    match cmd {
+        CronCommand::Add { name, every, cron, tz: job_tz, at, message, remind, exec, deliver, catch_up } => {
+            let schedule = if let Some(every) = every {
+                Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
+            } else if let Some(expr) = cron {
+                sched::parse_cron(&expr, job_tz.as_deref())?
+            } else if let Some(at) = at {
+                Schedule::At { at: sched::parse_at(&at, tz.tz())? }
+            } else {
+                unreachable!("clap requires one schedule")
+            };
+            let kind = match (message, remind, exec) {
+                (Some(text), _, _) => JobKind::Message { text },
+                (_, Some(text), _) => JobKind::Remind { text },
+                (_, _, Some(command)) => JobKind::Exec { command },
+                _ => unreachable!("clap requires one action"),
+            };
+            let deliver = deliver
+                .iter()
+                .map(|t| t.parse::<Target>().map_err(anyhow::Error::msg))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut job = Job::new(&name, schedule, kind, deliver, now, tz.tz())?;
+            if let Some(policy) = catch_up {
+                job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
+            }
+            let job = store.add(job)?;
+            println!("added job {} ({})", job.name, job.id);
+            for t in &job.deliver {
+                let configured = match t {
+                    Target::Telegram(_) => loaded.config.telegram.token().is_some(),
+                    Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
+                    Target::Log | Target::Cli => true,
+                };
+                if !configured {
+                    eprintln!(
+                        "warning: {} is not configured: reports for {t} wait in the outbox until it is",
+                        t.channel()
+                    );
+                }
+            }
+            println!("  schedule: {}", job.schedule.describe(tz.tz()));
+            println!("  next run: {}", when(job.state.next_run, &tz));
+        }
+        CronCommand::List => {
+            let jobs = store.list()?;
+            let corrupt = store.corrupt_notice();
+            if let Some(notice) = &corrupt {
+                println!("job store: {notice}");
+            }
+            if jobs.is_empty() && corrupt.is_none() {
+                println!("no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"");
+            }
+            for j in jobs {
+                let state = if j.state.done {
+                    "done".to_string()
+                } else if !j.enabled {
+                    "disabled".to_string()
+                } else {
+                    format!("next {}", when(j.state.next_run, &tz))
+                };
+                let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
+                println!(
+                    "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
+                    j.id,
+                    j.name,
+                    kind_name(&j.kind),
+                    j.schedule.describe(tz.tz())
+                );
+            }
+        }
+        CronCommand::Show { id } => {
+            let j = store.get(&id)?;
+            println!("{} ({})", j.name, j.id);
+            println!("  kind:      {}", kind_name(&j.kind));
+            match &j.kind {
+                JobKind::Message { text } | JobKind::Remind { text } => println!("  text:      {text}"),
+                JobKind::Exec { command } => println!("  command:   {command}"),
+            }
+            println!("  schedule:  {}", j.schedule.describe(tz.tz()));
+            println!("  catch-up:  {}", j.catch_up);
+            let targets: Vec<String> = j.report_target_names();
+            println!("  deliver:   {}", targets.join(", "));
+            println!("  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" });
+            println!("  next run:  {}", when(j.state.next_run, &tz));
+            if let Some(e) = &j.state.last_error {
+                println!("  last error: {e}");
+            }
+            for r in &j.state.history {
+                println!("  {}  {:<7}  {}", when(Some(r.started), &tz), r.status.to_string(), r.summary);
+            }
+        }
+        CronCommand::Remove { id } => {
+            let j = store.remove(&id)?;
+            println!("removed job {} ({})", j.name, j.id);
+        }
+        CronCommand::Enable { id } => {
+            let j = store.set_enabled(&id, true)?;
+            println!("enabled job {} ({})", j.name, j.id);
+        }
+        CronCommand::Disable { id } => {
+            let j = store.set_enabled(&id, false)?;
+            println!("disabled job {} ({})", j.name, j.id);
+        }
+        CronCommand::Run { id } => return cron_run(loaded, &store, &id).await,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Run a job in this process, record the run in the store, queue its report.
+async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str) -> anyhow::Result<ExitCode> {
+    use crate::scheduler::{engine, RunStatus};
+    let job = store.get(key)?;
+    if let Some(since) = job.state.running_since {
+        anyhow::bail!(
+            "job {} is running right now (since {}) in the daemon; try again when it has finished",
+            job.name,
+            when(Some(since), &loaded.config.timezone())
+        );
+    }
+    let run = assemble::queued(loaded);
+    let abort = run.cancel.clone();
+    let runner = crate::work::jobs::JobRunner {
+        runner: crate::work::Runner::new(run.agent.clone(), loaded.config.exec.clone(), loaded.paths.workspace.clone()),
+        reports: run.reports(),
+        abort: abort.clone(),
+    };
+    let started = jiff::Timestamp::now();
+    let ctrl_c = abort.clone();
+    let stop = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            ctrl_c.cancel();
+        }
+    });
+    let outcome = runner.run_job(&job).await;
+    stop.abort();
+    drop(runner);
+    let interrupted = abort.is_cancelled();
+    run.finish().await;
+    if interrupted {
+        // Ctrl-C: nothing recorded, nothing reported; the job keeps its schedule.
+        eprintln!("(stopped)");
+        return Ok(ExitCode::from(130));
+    }
+    let tz = loaded.config.timezone();
+    store.update(|jobs| {
+        if let Some(i) = crate::scheduler::store::find(jobs, &job.id) {
+            let summary = crate::scheduler::job::truncate(&outcome.summary, 200);
+            let err = outcome.error.as_deref();
+            engine::mark_finished(
+                &mut jobs[i],
+                started,
+                started,
+                jiff::Timestamp::now(),
+                outcome.status,
+                &summary,
+                err,
+                None,
+                true,
+                tz.tz(),
+            );
+        }
+        Ok(())
+    })?;
+    let targets: Vec<String> = job.report_target_names();
+    match outcome.status {
+        RunStatus::Ok => {
+            println!("{}\n\n(report queued for {}; the daemon delivers it)", outcome.summary, targets.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            eprintln!("bramble: job {} failed: {}", job.name, outcome.error.unwrap_or(outcome.summary));
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn kind_name(k: &crate::scheduler::JobKind) -> &'static str {
+    match k {
+        crate::scheduler::JobKind::Message { .. } => "message",
+        crate::scheduler::JobKind::Remind { .. } => "remind",
+        crate::scheduler::JobKind::Exec { .. } => "exec",
+    }
+}

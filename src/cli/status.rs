@@ -1,0 +1,134 @@
+//! `bramble status`: provider, paths, tools, channels, sessions, jobs and the outbox.
+//!
+//! The tools and channels are those of the parts the composition root builds
+//! for the daemon ([`crate::daemon::assemble::daemon`]), so the list cannot
+//! drift from what `bramble run` runs.
+
+use std::process::ExitCode;
+
+use crate::config::Loaded;
+use crate::daemon::assemble;
+
+use super::check::telegram_summary;
+use super::when;
+
+pub(super) fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
+    let c = &loaded.config;
+    let yes_no = |b: bool| if b { "yes" } else { "no" };
+    println!(
+        "config:     {}",
+        loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into())
+    );
+    println!("provider:   {} at {}", c.provider.kind.as_str(), c.provider.base_url());
+    println!("model:      {}", c.model());
+    let key = match c.provider.api_key() {
+        Some(_) => "set".to_string(),
+        None if !c.provider.key_required() => "not needed (custom base_url)".to_string(),
+        None => format!("MISSING: set {}", c.provider.key_env()),
+    };
+    println!("api key:    {key}");
+    println!("time zone:  {}", c.timezone().name());
+    println!(
+        "workspace:  {}{}",
+        loaded.paths.workspace.display(),
+        if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" }
+    );
+    println!("state:      {}", loaded.paths.state_dir.display());
+    // The parts `bramble run` would start for this config, built and not started.
+    // Quietly: what it would warn about (no key, a bad MQTT url) has its own line.
+    let parts =
+        tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || assemble::daemon(loaded));
+    match &parts {
+        Ok(parts) => {
+            println!("tools:      {}", parts.agent.tools().names().join(", "));
+            println!("channels:   {}", parts.channels.names().join(", "));
+        }
+        Err(e) => println!("channels:   error: {e}"),
+    }
+    println!(
+        "exec:       {}",
+        if c.exec.enabled {
+            format!("timeout {}, network {}", c.exec.timeout, yes_no(c.exec.network))
+        } else {
+            "off".into()
+        }
+    );
+    if c.exec.enabled {
+        println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));
+    }
+    println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
+    println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
+    let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
+    println!("sessions:   {}", sessions.len());
+    let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();
+    println!(
+        "tokens:     {} today{}",
+        today.total(),
+        match c.agent.daily_token_budget {
+            0 => String::new(),
+            b => format!(" (budget {b})"),
+        }
+    );
+    let (skills, skill_errors) = crate::agent::skills::load(&loaded.paths.workspace);
+    println!(
+        "skills:     {} ({} available{})",
+        skills.len(),
+        skills.iter().filter(|s| s.available()).count(),
+        if skill_errors.is_empty() {
+            String::new()
+        } else {
+            format!(", {} with errors: run `bramble check`", skill_errors.len())
+        }
+    );
+    let synced = crate::scheduler::clock_synchronized();
+    println!(
+        "clock:      {}",
+        if synced {
+            "synchronised".to_string()
+        } else {
+            format!(
+                "not reported as synchronised (cron and at jobs wait up to {} after start)",
+                c.daemon.clock_sync_wait
+            )
+        }
+    );
+    let hb_tasks = crate::scheduler::heartbeat::read_file(&loaded.paths.workspace)
+        .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len())
+        .unwrap_or(0);
+    let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
+    let tz = c.timezone();
+    println!(
+        "heartbeat:  {}",
+        if c.heartbeat.enabled {
+            format!("every {}, {hb_tasks} active tasks, last run {}", c.heartbeat.every, when(hb_last, &tz))
+        } else {
+            "off".into()
+        }
+    );
+    let jobs_store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+    match jobs_store.list() {
+        Ok(jobs) => {
+            println!("jobs:       {}", jobs.len());
+            if let Some(notice) = jobs_store.corrupt_notice() {
+                println!("  job store: {notice}");
+            }
+            for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
+                println!("  {:<20} next {}", j.name, when(j.state.next_run, &tz));
+            }
+        }
+        Err(e) => println!("jobs:       error: {e}"),
+    }
+    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
+    match outbox.pending() {
+        Ok(p) if p.is_empty() => println!("outbox:     nothing undelivered"),
+        Ok(p) => {
+            println!("outbox:     {} undelivered", p.len());
+            for e in p.iter().take(5) {
+                let err = e.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
+                println!("  {} from {}, {} attempts{err}", e.target, e.source, e.attempts);
+            }
+        }
+        Err(e) => println!("outbox:     error: {e}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,241 @@
+//! The composition root: the one place where a loaded config becomes parts.
+//!
+//! `bramble run` ([`daemon`]), the terminal chat (`bramble agent`), the
+//! one-off commands (`heartbeat`, `cron run`: [`queued`]) and `bramble status`
+//! all build here, so what `status` lists is what the daemon runs, and a new
+//! tool, channel or kind of work is wired in one file.
+//!
+//! Below this module nothing constructs a sibling: the agent is handed its
+//! tools, the tools their publisher and job store, the channels a
+//! [`SessionActivity`](crate::agent::SessionActivity) view of the agent. Each
+//! part is complete when it is made; nothing is set on it afterwards. Building
+//! is pure: no task is spawned and no connection opened until the caller
+//! starts the parts (`daemon::start`).
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::context::{ContextBuilder, ContextLimits};
+use crate::agent::session::SessionStore;
+use crate::agent::usage::UsageLedger;
+use crate::agent::{memory, skills, subagent, Agent, AgentParts, AgentSettings, InFlight};
+use crate::bus::{Bus, OutboundMessage};
+use crate::config::Loaded;
+use crate::delivery::outbox::Outbox;
+use crate::delivery::{Channels, Publisher, Reports};
+use crate::scheduler::{JobStore, Scheduler, SchedulerHandle};
+use crate::tools::ToolRegistry;
+
+/// What the agent is connected to besides its config.
+pub struct AgentLinks {
+    /// Where the `message` tool and sub-agents send.
+    pub outbound: mpsc::Sender<OutboundMessage>,
+    /// The connection `mqtt_publish` publishes through (the daemon's; `None` elsewhere).
+    pub mqtt: Option<Arc<dyn Publisher>>,
+    /// The daemon's scheduler, for `/run` (`None` outside the daemon).
+    pub scheduler: Option<SchedulerHandle>,
+}
+
+impl AgentLinks {
+    /// Links for an agent outside the daemon: it sends to `outbound` only.
+    pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
+        AgentLinks { outbound, mqtt: None, scheduler: None }
+    }
+}
+
+/// The agent as the configuration describes it: provider, tools (each with
+/// what it needs), skills, context, sub-agents.
+pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
+    let c = &loaded.config;
+    let ws = loaded.paths.workspace.clone();
+    let state = &loaded.paths.state_dir;
+    let provider = crate::provider::from_config(&c.provider).map_err(|e| e.to_string());
+    if let Err(why) = &provider {
+        tracing::warn!("LLM turns will fail: {why}");
+    }
+    let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars);
+    for tool in crate::tools::fs::fs_tools(&ws) {
+        tools.register(tool);
+    }
+    if c.exec.enabled {
+        crate::sandbox::protect(crate::sandbox::private_paths(loaded));
+        tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone())));
+    }
+    if c.web.enabled {
+        match crate::tools::web::WebFetch::new(&c.web) {
+            Ok(web) => tools.register(Arc::new(web)),
+            Err(e) => tracing::warn!("web_fetch is unavailable: {e}"),
+        }
+    }
+    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
+    tools.register(Arc::new(crate::tools::message::MessageTool::new(
+        links.outbound.clone(),
+        c.mqtt.publish_allow.clone(),
+        telegram_chats.clone(),
+    )));
+    if c.mqtt.url.is_some() {
+        tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)));
+    }
+    tools.register(Arc::new(crate::tools::cron::CronTool::new(JobStore::open(state), c.timezone(), telegram_chats)));
+    tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
+    let (_, skill_errors) = skills::load(&ws);
+    for e in &skill_errors {
+        tracing::warn!("skill left out: {e}");
+    }
+    let limits =
+        ContextLimits { per_file_chars: c.agent.bootstrap_max_chars, total_chars: c.agent.bootstrap_total_chars };
+    let context = ContextBuilder::new(ws, c.timezone(), limits);
+    let settings = AgentSettings {
+        model: c.model().to_string(),
+        max_iterations: c.agent.max_iterations,
+        max_tokens: c.agent.max_tokens,
+        temperature: c.agent.temperature,
+        history_messages: c.agent.history_messages,
+        context_tokens: c.agent.context_tokens,
+        daily_token_budget: c.agent.daily_token_budget,
+        unanswered: c.agent.unanswered,
+    };
+    let inflight = InFlight::default();
+    // Sub-agents get the tools registered so far (not `spawn` itself).
+    let subagents = provider.as_ref().ok().map(|p| {
+        let sub = subagent::SubagentSettings {
+            model: settings.model.clone(),
+            max_tokens: settings.max_tokens,
+            temperature: settings.temperature,
+            max_iterations: c.agent.subagent_max_iterations,
+            max_running: c.agent.max_subagents,
+        };
+        let hub = subagent::Hub::new(
+            Arc::clone(p),
+            &tools,
+            context.clone(),
+            sub,
+            links.outbound,
+            UsageLedger::new(state, c.timezone()),
+            inflight.shutdown_token().clone(),
+        );
+        tools.register(Arc::new(subagent::SpawnTool::new(Arc::clone(&hub))));
+        hub
+    });
+    let mut parts = AgentParts::new(provider, tools, SessionStore::new(state), context, settings);
+    parts.jobs = Some((JobStore::open(state), c.timezone().tz().clone()));
+    parts.exec = Some(c.exec.clone());
+    parts.scheduler = links.scheduler;
+    parts.inflight = inflight;
+    parts.subagents = subagents;
+    Agent::new(parts)
+}
+
+/// The MQTT link for this config, if a broker is configured and usable.
+fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
+    match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
+        Ok(Some(settings)) => Some(crate::channels::mqtt::Link::new(settings)),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!("MQTT is off: {e}");
+            None
+        }
+    }
+}
+
+/// The daemon's parts for one config, built and not yet started.
+pub struct Daemon {
+    pub agent: Arc<Agent>,
+    /// The bus between the channels and the agent.
+    pub bus: Bus,
+    /// Where reports go: `log`, and `telegram`/`mqtt` when configured.
+    pub channels: Channels,
+    /// Telegram's poller (its delivery side is in `channels`).
+    pub telegram: Option<crate::channels::telegram::Telegram>,
+    /// The broker connection (its delivery side is in `channels`).
+    pub mqtt: Option<Arc<crate::channels::mqtt::Link>>,
+    pub scheduler: Scheduler,
+    /// The durable outbox; reports it cannot write (disk full) wait in memory.
+    pub outbox: Outbox,
+    /// Wakes the outbox's dispatcher.
+    pub wake: Arc<Notify>,
+}
+
+impl Daemon {
+    /// How work reports: into the outbox, waking its dispatcher.
+    pub fn reports(&self) -> Reports {
+        Reports::new(self.outbox.clone(), self.wake.clone())
+    }
+}
+
+/// Everything `bramble run` runs for this config.
+pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::TelegramError> {
+    let c = &loaded.config;
+    let state = &loaded.paths.state_dir;
+    let bus = Bus::new();
+    let mqtt = mqtt_link(c);
+    let scheduler = Scheduler::new(JobStore::open(state), c.timezone().tz().clone())
+        .with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
+    let links = AgentLinks {
+        outbound: bus.outbound_tx.clone(),
+        mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
+        scheduler: Some(scheduler.handle()),
+    };
+    let agent = Arc::new(agent(loaded, links));
+    let mut channels = Channels::with_log();
+    let telegram = crate::channels::telegram::Telegram::from_config(&c.telegram, state)?;
+    if let Some(t) = &telegram {
+        channels.add(t.channel());
+    }
+    if let Some(link) = &mqtt {
+        channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
+    }
+    Ok(Daemon {
+        agent,
+        bus,
+        channels,
+        telegram,
+        mqtt,
+        scheduler,
+        outbox: Outbox::new(state).holding_in_memory(),
+        wake: Arc::new(Notify::new()),
+    })
+}
+
+/// An agent for a one-off command (`heartbeat`, `cron run`): what it sends
+/// (the `message` tool) goes into the outbox, for the daemon to deliver.
+pub struct Queued {
+    pub agent: Arc<Agent>,
+    pub outbox: Outbox,
+    pub wake: Arc<Notify>,
+    /// Cancels the work (Ctrl-C) and, at the end, the outbox pump.
+    pub cancel: CancellationToken,
+    pump: tokio::task::JoinHandle<()>,
+}
+
+impl Queued {
+    /// How work reports: into the outbox.
+    pub fn reports(&self) -> Reports {
+        Reports::new(self.outbox.clone(), self.wake.clone())
+    }
+
+    /// Stop the pump once everything queued so far is in the outbox.
+    pub async fn finish(self) {
+        drop(self.agent);
+        self.cancel.cancel();
+        let _ = self.pump.await;
+    }
+}
+
+/// The agent of a one-off command, with its outbox pump running.
+pub fn queued(loaded: &Loaded) -> Queued {
+    let outbox = Outbox::new(&loaded.paths.state_dir);
+    let bus = Bus::new();
+    let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone())));
+    let cancel = CancellationToken::new();
+    let wake = Arc::new(Notify::new());
+    let pump = tokio::spawn(crate::delivery::dispatcher::pump_outbound(
+        bus.outbound_rx,
+        outbox.clone(),
+        wake.clone(),
+        cancel.clone(),
+    ));
+    Queued { agent, outbox, wake, cancel, pump }
+}
