@@ -112,17 +112,43 @@ impl Serialize for Target {
     }
 }
 
-/// A message for the agent, from some channel.
-#[derive(Debug)]
-pub struct InboundMessage {
+/// Where a conversation happens: the channel, the chat in it, and the session
+/// that keeps its history. Every message, turn, job, pending record and tool
+/// call carries one of these, so the three travel together and are never
+/// re-declared (stored as three flat string fields where it is written to disk).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Conversation {
     /// `telegram`, `mqtt`, `cli`, `system`.
     pub channel: String,
     /// The chat within the channel (Telegram chat id, MQTT reply topic, …).
     pub chat_id: String,
+    /// The session the turn belongs to (`telegram:<chat>`, `cli:direct`, `heartbeat`, `cron:<job>`).
+    pub session_key: String,
+}
+
+impl Conversation {
+    pub fn new(channel: impl Into<String>, chat_id: impl Into<String>, session_key: impl Into<String>) -> Self {
+        Conversation { channel: channel.into(), chat_id: chat_id.into(), session_key: session_key.into() }
+    }
+
+    /// A session of the local terminal.
+    pub fn cli(session_key: impl Into<String>) -> Self {
+        Conversation::new("cli", "direct", session_key)
+    }
+
+    /// Where an answer goes: back to the chat.
+    pub fn reply_target(&self) -> Target {
+        Target::origin(&self.channel, &self.chat_id)
+    }
+}
+
+/// A message for the agent, from some channel.
+#[derive(Debug)]
+pub struct InboundMessage {
+    /// Where it came from, and the session its turn belongs to.
+    pub conversation: Conversation,
     /// Who sent it (for logs; authorisation happened in the channel).
     pub sender: String,
-    /// The session the turn belongs to (`telegram:<chat>`, …).
-    pub session_key: String,
     pub text: String,
     /// Where the answer goes.
     pub reply_to: Target,

@@ -9,7 +9,7 @@ use support::fake_llm::{Dialect, FakeLlm, Reply};
 use support::setup::TestHome;
 
 use bramble::agent::{TurnEnd, TurnError, TurnRequest};
-use bramble::bus::{Bus, InboundMessage, OutboundMessage, Target};
+use bramble::bus::{Bus, Conversation, InboundMessage, OutboundMessage, Target};
 use bramble::provider::ProviderError;
 
 fn calls(list: &[(&str, &str)]) -> Reply {
@@ -255,10 +255,8 @@ async fn the_bus_turns_inbound_messages_into_replies() {
     let serve = tokio::spawn(agent.clone().serve(bus.inbound_rx, bus.outbound_tx.clone(), cancel.clone()));
     bus.inbound_tx
         .send(InboundMessage {
-            channel: "telegram".into(),
-            chat_id: "42".into(),
+            conversation: Conversation::new("telegram", "42", "telegram:42"),
             sender: "7".into(),
-            session_key: "telegram:42".into(),
             text: "ping".into(),
             reply_to: Target::Telegram("42".into()),
         })

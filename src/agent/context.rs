@@ -16,6 +16,7 @@
 //! keeping it out of the system prompt keeps that prompt cacheable by
 //! providers; marking it keeps a model from treating it as an instruction.
 
+use crate::bus::Conversation;
 use std::path::{Path, PathBuf};
 
 use crate::config::TzName;
@@ -39,13 +40,6 @@ pub struct ContextBuilder {
     tz: TzName,
     limits: ContextLimits,
     host: String,
-}
-
-/// Where a turn comes from, for the runtime-context message.
-#[derive(Debug, Clone, Copy)]
-pub struct Origin<'a> {
-    pub channel: &'a str,
-    pub chat_id: &'a str,
 }
 
 impl ContextBuilder {
@@ -124,7 +118,7 @@ impl ContextBuilder {
     }
 
     /// The runtime-context message for one turn.
-    pub fn runtime_context(&self, origin: Origin<'_>, now: jiff::Timestamp) -> Message {
+    pub fn runtime_context(&self, origin: &Conversation, now: jiff::Timestamp) -> Message {
         let local = now.to_zoned(self.tz.tz().clone());
         Message::user(format!(
             "[Runtime context — metadata, not instructions]\nCurrent time: {} ({}, {}, UTC{})\nChannel: {}\nChat: {}",
@@ -144,7 +138,7 @@ impl ContextBuilder {
         system: String,
         history: Vec<Message>,
         user_text: &str,
-        origin: Origin<'_>,
+        origin: &Conversation,
         now: jiff::Timestamp,
     ) -> Vec<Message> {
         let mut msgs = Vec::with_capacity(history.len() + 3);
@@ -259,7 +253,7 @@ mod tests {
             b.system_prompt(&[]),
             vec![Message::user("old")],
             "hello",
-            Origin { channel: "telegram", chat_id: "42" },
+            &Conversation::new("telegram", "42", "telegram:42"),
             now,
         );
         assert_eq!(msgs.len(), 4);

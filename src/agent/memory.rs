@@ -516,7 +516,7 @@ impl Tool for MemorySearchTool {
             // conversation (the local terminal): an MQTT publisher must not read
             // the Telegram owner's archived chats.
             let all = ctx.origin.searches_all_sessions() && !a.this_session_only;
-            let session = (!all).then(|| ctx.session_key.clone());
+            let session = (!all).then(|| ctx.session_key().to_string());
             let journal = self.journal.clone();
             let query = a.query.clone();
             let found = tokio::task::spawn_blocking(move || journal.search(&query, limit, session.as_deref()))

@@ -45,10 +45,10 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{InboundMessage, OutboundMessage, Target};
+use crate::bus::{Conversation, InboundMessage, OutboundMessage, Target};
 use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, Role, ToolSpec, Usage};
 use crate::tools::{ToolContext, ToolRegistry};
-use context::{ContextBuilder, Origin};
+use context::ContextBuilder;
 use memory::Journal;
 use pending::{PendingStore, PendingTurn};
 use session::{SessionStore, StoredMessage};
@@ -96,9 +96,7 @@ impl SessionActivity for Agent {
 /// One turn to run.
 #[derive(Debug, Clone)]
 pub struct TurnRequest {
-    pub session_key: String,
-    pub channel: String,
-    pub chat_id: String,
+    pub conversation: Conversation,
     pub text: String,
     /// Set for scheduled job runs: tools that would schedule more work refuse.
     pub in_job: bool,
@@ -108,14 +106,12 @@ pub struct TurnRequest {
 impl TurnRequest {
     /// A turn from the local terminal.
     pub fn cli(session_key: impl Into<String>, text: impl Into<String>) -> Self {
-        TurnRequest {
-            session_key: session_key.into(),
-            channel: "cli".into(),
-            chat_id: "direct".into(),
-            text: text.into(),
-            in_job: false,
-            cancel: CancellationToken::new(),
-        }
+        TurnRequest::new(Conversation::cli(session_key), text)
+    }
+
+    /// A turn in `conversation`, not as a job, stopped only by its own token.
+    pub fn new(conversation: Conversation, text: impl Into<String>) -> Self {
+        TurnRequest { conversation, text: text.into(), in_job: false, cancel: CancellationToken::new() }
     }
 }
 
@@ -400,16 +396,16 @@ impl Agent {
             self.check_budget()?;
         }
         let _busy = self.inflight.enter();
-        let _stoppable = ActiveTurn::new(self, &req.session_key, &req.cancel);
+        let _stoppable = ActiveTurn::new(self, &req.conversation.session_key, &req.cancel);
         // The user's message survives a crash from here on (chat turns only:
         // jobs have their own run records).
         let record = if req.in_job {
             None
         } else {
-            match self.pending.begin(&req.session_key, &req.channel, &req.chat_id, &req.text) {
+            match self.pending.begin(&req.conversation, &req.text) {
                 Ok(path) => Some(path),
                 Err(e) => {
-                    tracing::warn!(session = %req.session_key, "cannot record the turn as pending: {e}");
+                    tracing::warn!(session = %req.conversation.session_key, "cannot record the turn as pending: {e}");
                     None
                 }
             }
@@ -430,7 +426,7 @@ impl Agent {
     async fn turn_queued(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
         // The session first, then a slot: turns queued on one busy chat must not
         // hold slots that other sessions (the heartbeat, jobs) need.
-        let session = SessionLock::new(self, &req.session_key);
+        let session = SessionLock::new(self, &req.conversation.session_key);
         let _in_session = tokio::select! {
             g = session.lock.lock() => g,
             _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
@@ -443,12 +439,12 @@ impl Agent {
     }
 
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
-        let session_err = |source| TurnError::Session { key: req.session_key.clone(), source };
-        let model = self.session_model(&req.session_key);
+        let session_err = |source| TurnError::Session { key: req.conversation.session_key.clone(), source };
+        let model = self.session_model(&req.conversation.session_key);
         let mut messages = self.prompt(req).await.map_err(session_err)?;
-        if self.needs_consolidation(&req.session_key, &messages) {
+        if self.needs_consolidation(&req.conversation.session_key, &messages) {
             tokio::select! {
-                () = self.auto_consolidate(provider, &model, &req.session_key, &messages) => {}
+                () = self.auto_consolidate(provider, &model, &req.conversation.session_key, &messages) => {}
                 // Nothing is written before the summary is back: stopping here changes nothing.
                 _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
             }
@@ -457,7 +453,7 @@ impl Agent {
         // Everything from the user's message on is this turn's and will be saved.
         let turn_start = messages.len() - 1;
         // The turn's origin (and so what its tools may do) follows from its channel.
-        let tool_ctx = ToolContext::new(&req.session_key, &req.channel, &req.chat_id, req.in_job, req.cancel.clone());
+        let tool_ctx = ToolContext::new(req.conversation.clone(), req.in_job, req.cancel.clone());
         let spec = LoopSpec {
             provider,
             tools: &self.tools,
@@ -468,7 +464,7 @@ impl Agent {
             max_iterations: self.settings.max_iterations,
             limit_setting: "[agent] max_iterations",
             tool_ctx: &tool_ctx,
-            label: &req.session_key,
+            label: &req.conversation.session_key,
         };
         let mut stats = LoopStats::default();
         let outcome = run_loop(&spec, &mut messages, &mut stats).await;
@@ -480,9 +476,9 @@ impl Agent {
                 if !self.inflight.is_shutting_down() {
                     // Stopped by the user: keep what was done, closed properly.
                     messages.push(Message::assistant("(stopped before finishing this turn)"));
-                    let saved = self.commit(&req.session_key, &mut messages, turn_start, stats.usage);
+                    let saved = self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage);
                     if let Err(e) = saved {
-                        tracing::error!(session = %req.session_key, "cannot save the stopped turn: {e}");
+                        tracing::error!(session = %req.conversation.session_key, "cannot save the stopped turn: {e}");
                     }
                 }
                 return Err(TurnError::Cancelled);
@@ -490,9 +486,9 @@ impl Agent {
         };
 
         messages.push(Message::assistant(text.clone()));
-        self.commit(&req.session_key, &mut messages, turn_start, stats.usage).map_err(session_err)?;
+        self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage).map_err(session_err)?;
         tracing::info!(
-            session = %req.session_key, channel = %req.channel, model_calls = stats.model_calls,
+            session = %req.conversation.session_key, channel = %req.conversation.channel, model_calls = stats.model_calls,
             tool_calls = stats.tool_calls, input_tokens = stats.usage.input_tokens,
             output_tokens = stats.usage.output_tokens, "turn finished"
         );
@@ -555,9 +551,8 @@ impl Agent {
     /// The messages of a turn's first model call.
     async fn prompt(&self, req: &TurnRequest) -> std::io::Result<Vec<Message>> {
         let system = self.system_prompt().await;
-        let history = self.sessions.history(&req.session_key, self.settings.history_messages)?;
-        let origin = Origin { channel: &req.channel, chat_id: &req.chat_id };
-        Ok(self.context.build(system, history, &req.text, origin, jiff::Timestamp::now()))
+        let history = self.sessions.history(&req.conversation.session_key, self.settings.history_messages)?;
+        Ok(self.context.build(system, history, &req.text, &req.conversation, jiff::Timestamp::now()))
     }
 
     /// The system prompt, read from the workspace off the runtime thread: the

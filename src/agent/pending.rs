@@ -22,15 +22,15 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bus::Target;
+use crate::bus::{Conversation, Target};
 use crate::util;
 
 /// One turn in flight.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingTurn {
-    pub session_key: String,
-    pub channel: String,
-    pub chat_id: String,
+    /// Stored flat: `session_key`, `channel`, `chat_id`.
+    #[serde(flatten)]
+    pub conversation: Conversation,
     pub text: String,
     /// RFC 3339.
     pub started: String,
@@ -42,7 +42,7 @@ pub struct PendingTurn {
 impl PendingTurn {
     /// Where the answer would have gone.
     pub fn target(&self) -> Target {
-        Target::origin(&self.channel, &self.chat_id)
+        self.conversation.reply_target()
     }
 
     /// What the user is told.
@@ -80,12 +80,10 @@ impl PendingStore {
     }
 
     /// Record a turn that starts now. Returns the record's path (for [`finish`](Self::finish)).
-    pub fn begin(&self, session_key: &str, channel: &str, chat_id: &str, text: &str) -> std::io::Result<PathBuf> {
+    pub fn begin(&self, conversation: &Conversation, text: &str) -> std::io::Result<PathBuf> {
         let pid = std::process::id();
         let record = PendingTurn {
-            session_key: session_key.into(),
-            channel: channel.into(),
-            chat_id: chat_id.into(),
+            conversation: conversation.clone(),
             text: text.into(),
             started: super::session::now_rfc3339(),
             pid,
@@ -173,9 +171,9 @@ mod tests {
     fn records_of_live_processes_are_kept_dead_ones_taken() {
         let dir = tempfile::tempdir().unwrap();
         let store = PendingStore::new(dir.path());
-        let mine = store.begin("telegram:1", "telegram", "1", "turn on the heater").unwrap();
+        let mine = store.begin(&Conversation::new("telegram", "1", "telegram:1"), "turn on the heater").unwrap();
         assert!(store.take_orphans(|_| true).is_empty(), "this turn is running");
-        let cut_off = store.begin("telegram:1", "telegram", "1", "cut off by a reload").unwrap();
+        let cut_off = store.begin(&Conversation::new("telegram", "1", "telegram:1"), "cut off by a reload").unwrap();
         store.release(&cut_off);
         let taken = store.take_orphans(|_| true);
         assert_eq!(taken.len(), 1, "a released record of this process is taken");
@@ -183,16 +181,14 @@ mod tests {
 
         // A record from a process that is gone (a pid that cannot exist).
         let dead = PendingTurn {
-            session_key: "cli:direct".into(),
-            channel: "cli".into(),
-            chat_id: "direct".into(),
+            conversation: Conversation::cli("cli:direct"),
             text: "hello".into(),
             started: "2026-05-01T10:00:00Z".into(),
             pid: u32::MAX - 1,
             proc_start: 1,
         };
         util::fs::write_atomic(&dir.path().join("pending/x.json"), &serde_json::to_vec(&dead).unwrap()).unwrap();
-        assert!(store.take_orphans(|r| r.channel == "telegram").is_empty(), "filtered out");
+        assert!(store.take_orphans(|r| r.conversation.channel == "telegram").is_empty(), "filtered out");
         let taken = store.take_orphans(|_| true);
         assert_eq!(taken, vec![dead.clone()]);
         assert!(store.take_orphans(|_| true).is_empty(), "taken once");
@@ -205,6 +201,16 @@ mod tests {
 
         store.finish(&mine);
         assert_eq!(std::fs::read_dir(dir.path().join("pending")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn the_record_format_is_flat() {
+        // Written by earlier versions: the three conversation fields at the top level.
+        let old = r#"{"session_key":"telegram:9","channel":"telegram","chat_id":"9","text":"hi","started":"2026-05-01T10:00:00Z","pid":7,"proc_start":3}"#;
+        let record: PendingTurn = serde_json::from_str(old).unwrap();
+        assert_eq!(record.conversation, Conversation::new("telegram", "9", "telegram:9"));
+        let written: serde_json::Value = serde_json::to_value(&record).unwrap();
+        assert_eq!(written, serde_json::from_str::<serde_json::Value>(old).unwrap());
     }
 
     #[test]

@@ -46,7 +46,7 @@ impl Agent {
             // Commands are answered here, ahead of the session's queue: `/stop` must
             // not wait behind the turn it stops.
             if let Some(inv) = commands::parse(&msg.text) {
-                let (key, target) = (msg.session_key, msg.reply_to);
+                let (key, target) = (msg.conversation.session_key, msg.reply_to);
                 let name = inv.name.to_string();
                 let args = inv.args.to_string();
                 running.spawn(async move {
@@ -60,9 +60,7 @@ impl Agent {
                 continue;
             }
             let req = TurnRequest {
-                session_key: msg.session_key,
-                channel: msg.channel,
-                chat_id: msg.chat_id,
+                conversation: msg.conversation,
                 text: msg.text,
                 in_job: false,
                 cancel: abort.child_token(),
@@ -88,10 +86,10 @@ impl Agent {
             if commands::parse(&msg.text).is_some() {
                 continue;
             }
-            match self.pending.begin(&msg.session_key, &msg.channel, &msg.chat_id, &msg.text) {
+            match self.pending.begin(&msg.conversation, &msg.text) {
                 Ok(path) => self.pending.release(&path),
                 Err(e) => {
-                    tracing::error!(session = %msg.session_key, "a message not answered before the stop is lost: {e}")
+                    tracing::error!(session = %msg.conversation.session_key, "a message not answered before the stop is lost: {e}")
                 }
             }
         }
@@ -113,9 +111,7 @@ impl Agent {
                 _ = cancel.cancelled() => return,
             };
             let req = TurnRequest {
-                session_key: a.session_key.clone(),
-                channel: a.channel.clone(),
-                chat_id: a.chat_id.clone(),
+                conversation: a.conversation.clone(),
                 text: a.prompt(),
                 in_job: true,
                 cancel: cancel.child_token(),
@@ -127,7 +123,7 @@ impl Agent {
                 Err(e) => Some(format!("Sub-agent `{}` finished:\n\n{}\n\n({e})", a.label, a.text)),
             };
             if let Some(text) = text {
-                let target = Target::origin(&a.channel, &a.chat_id);
+                let target = a.conversation.reply_target();
                 if outbound.send(OutboundMessage { target, text }).await.is_err() {
                     tracing::warn!("outbound queue closed; a sub-agent report was dropped");
                 }
@@ -141,7 +137,7 @@ impl Agent {
     /// `cli_only`: only those typed in a terminal (`bramble agent` takes these;
     /// the daemon takes all).
     pub fn take_unanswered(&self, cli_only: bool) -> Vec<PendingTurn> {
-        self.pending.take_orphans(|r| !cli_only || r.channel == "cli")
+        self.pending.take_orphans(|r| !cli_only || r.conversation.channel == "cli")
     }
 
     /// Handle unanswered messages as `[agent] unanswered` says: `deliver` gets
@@ -153,14 +149,12 @@ impl Agent {
         mut deliver: impl FnMut(Target, String),
     ) {
         for p in self.take_unanswered(cli_only) {
-            tracing::warn!(session = %p.session_key, started = %p.started, "a message was left unanswered by an earlier stop");
+            tracing::warn!(session = %p.conversation.session_key, started = %p.started, "a message was left unanswered by an earlier stop");
             let text = match self.settings.unanswered {
                 crate::config::Unanswered::Report => p.notice(self.context.timezone()),
                 crate::config::Unanswered::Rerun => {
                     let req = TurnRequest {
-                        session_key: p.session_key.clone(),
-                        channel: p.channel.clone(),
-                        chat_id: p.chat_id.clone(),
+                        conversation: p.conversation.clone(),
                         text: p.text.clone(),
                         in_job: false,
                         cancel: cancel.child_token(),

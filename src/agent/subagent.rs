@@ -28,10 +28,11 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::context::{ContextBuilder, Origin};
+use super::context::ContextBuilder;
 use super::usage::UsageLedger;
 use super::{run_loop, LoopSpec, LoopStats};
-use crate::bus::{OutboundMessage, Target};
+use crate::bus::Conversation;
+use crate::bus::OutboundMessage;
 use crate::provider::{Message, Provider, ToolSpec};
 use crate::tools::{parse_args, Tool, ToolContext, ToolError, ToolRegistry};
 use crate::util::BoxFuture;
@@ -45,9 +46,8 @@ const ANNOUNCE_QUEUE: usize = 16;
 /// A finished sub-agent's report, for the session that spawned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announcement {
-    pub session_key: String,
-    pub channel: String,
-    pub chat_id: String,
+    /// The conversation of the turn that spawned it.
+    pub conversation: Conversation,
     pub label: String,
     pub text: String,
 }
@@ -181,23 +181,23 @@ impl Hub {
         self.running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Running { session_key: ctx.session_key.clone(), cancel: cancel.clone() });
+            .insert(id, Running { session_key: ctx.conversation.session_key.clone(), cancel: cancel.clone() });
         self.active.fetch_add(1, Ordering::SeqCst);
         let hub = Arc::clone(self);
-        let origin = (ctx.session_key.clone(), ctx.channel.clone(), ctx.chat_id.clone());
+        let origin = ctx.conversation.clone();
         let label_out = label.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let text = hub.run(&task, &origin.1, &origin.2, &cancel).await;
+            let text = hub.run(&task, &origin, &cancel).await;
             hub.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             if cancel.is_cancelled() {
                 // Stopped (`/stop`, shutdown): the user asked for quiet, so no
                 // announcement turn — that would call the model and answer anyway.
-                tracing::info!(session = %origin.0, label = %label, "sub-agent stopped; no report");
+                tracing::info!(session = %origin.session_key, label = %label, "sub-agent stopped; no report");
                 hub.announced();
                 return;
             }
-            let a = Announcement { session_key: origin.0, channel: origin.1, chat_id: origin.2, label, text };
+            let a = Announcement { conversation: origin, label, text };
             hub.announce(a).await;
         });
         Ok(format!(
@@ -207,7 +207,7 @@ impl Hub {
     }
 
     /// Run the task; the report text (or why there is none).
-    async fn run(&self, task: &str, channel: &str, chat_id: &str, cancel: &CancellationToken) -> String {
+    async fn run(&self, task: &str, origin: &Conversation, cancel: &CancellationToken) -> String {
         let names = self.tools.names();
         let system = format!(
             "# bramble sub-agent\n\nYou are a sub-agent of bramble, started by the main agent for one task. Work on it \
@@ -220,11 +220,12 @@ impl Hub {
         );
         let mut messages = vec![
             Message::system(system),
-            self.context.runtime_context(Origin { channel, chat_id }, jiff::Timestamp::now()),
+            self.context.runtime_context(origin, jiff::Timestamp::now()),
             Message::user(task),
         ];
         // The sub-agent inherits the origin of the turn that spawned it (same channel).
-        let tool_ctx = ToolContext::new(format!("subagent:{chat_id}"), channel, chat_id, true, cancel.clone());
+        let own = Conversation { session_key: format!("subagent:{}", origin.chat_id), ..origin.clone() };
+        let tool_ctx = ToolContext::new(own, true, cancel.clone());
         let spec = LoopSpec {
             provider: self.provider.as_ref(),
             tools: &self.tools,
@@ -256,13 +257,13 @@ impl Hub {
         match self.announce_tx.try_send(a) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(a) | mpsc::error::TrySendError::Closed(a)) => {
-                tracing::warn!(session = %a.session_key, "no room for a sub-agent announcement; sending its report directly");
+                tracing::warn!(session = %a.conversation.session_key, "no room for a sub-agent announcement; sending its report directly");
                 let msg = OutboundMessage {
-                    target: Target::origin(&a.channel, &a.chat_id),
+                    target: a.conversation.reply_target(),
                     text: format!("Sub-agent `{}` finished:\n\n{}", a.label, a.text),
                 };
                 if self.outbound.send(msg).await.is_err() {
-                    tracing::error!(session = %a.session_key, label = %a.label, text = %a.text, "a sub-agent report could not be delivered");
+                    tracing::error!(session = %a.conversation.session_key, label = %a.label, text = %a.text, "a sub-agent report could not be delivered");
                 }
                 self.announced();
             }

@@ -20,7 +20,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::schedule::{Schedule, ScheduleError};
-use crate::bus::Target;
+use crate::bus::{Conversation, Target};
 use crate::config::Dur;
 
 /// At most this many run records are kept per job.
@@ -114,14 +114,6 @@ impl<'de> Deserialize<'de> for CatchUp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
     }
-}
-
-/// Who created the job, so a reminder set from a Telegram chat can answer there.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Origin {
-    pub channel: String,
-    pub chat_id: String,
-    pub session_key: String,
 }
 
 /// How one run (or one missed span) ended.
@@ -221,7 +213,9 @@ pub struct Job {
     #[serde(with = "super::timeser::ts")]
     pub created: Timestamp,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub origin: Option<Origin>,
+    /// The conversation the job was made in, so a reminder set from a
+    /// Telegram chat answers there (and its turns continue that session).
+    pub origin: Option<Conversation>,
     #[serde(default)]
     pub state: JobState,
 }
@@ -233,7 +227,7 @@ impl Job {
             return self.deliver.clone();
         }
         // A job made in the terminal has no terminal to report to later: the log.
-        let origin = self.origin.as_ref().map(|o| Target::origin(&o.channel, &o.chat_id)).filter(|t| *t != Target::Cli);
+        let origin = self.origin.as_ref().map(Conversation::reply_target).filter(|t| *t != Target::Cli);
         vec![origin.unwrap_or(Target::Log)]
     }
 
@@ -433,7 +427,7 @@ mod tests {
             &TimeZone::UTC,
         )
         .unwrap();
-        j.origin = Some(Origin { channel: "telegram".into(), chat_id: "42".into(), session_key: "telegram:42".into() });
+        j.origin = Some(Conversation::new("telegram", "42", "telegram:42"));
         let json = serde_json::to_string(&j).unwrap();
         assert!(json.contains(r#""deliver":["telegram:42","mqtt"]"#), "{json}");
         assert!(json.contains(r#""kind":{"type":"message","text":"summarise the night"}"#), "{json}");

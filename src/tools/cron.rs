@@ -19,7 +19,7 @@ use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::bus::Target;
 use crate::config::TzName;
 use crate::policy::AllowedChats;
-use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Origin, Schedule};
+use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Schedule};
 use crate::util::BoxFuture;
 
 pub struct CronTool {
@@ -69,11 +69,7 @@ impl CronTool {
         if let Some(policy) = a.catch_up {
             job.catch_up = policy.parse::<CatchUp>().map_err(err)?;
         }
-        job.origin = Some(Origin {
-            channel: ctx.channel.clone(),
-            chat_id: ctx.chat_id.clone(),
-            session_key: ctx.session_key.clone(),
-        });
+        job.origin = Some(ctx.conversation.clone());
         let targets: Vec<String> = job.report_target_names();
         let job = self.store.add(job).map_err(err)?;
         Ok(format!(

@@ -77,7 +77,7 @@ impl Tool for MessageTool {
             }
             let target = match args.target.as_deref().map(str::trim).filter(|t| !t.is_empty()) {
                 Some(t) => t.parse::<Target>().map_err(ToolError)?,
-                None => Target::origin(&ctx.channel, &ctx.chat_id),
+                None => ctx.conversation.reply_target(),
             };
             if let Target::Mqtt(Some(topic)) = &target {
                 self.mqtt_allow.check(topic)?;

@@ -36,6 +36,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::bus::Conversation;
 use crate::provider::{ToolCall, ToolSpec};
 use crate::util::BoxFuture;
 
@@ -113,7 +114,7 @@ impl Origin {
             )));
         }
         // The chat the turn came from (a group an allowed user wrote in) is its own reply target.
-        if self == Origin::Telegram && *chat == ctx.chat_id {
+        if self == Origin::Telegram && *chat == ctx.conversation.chat_id {
             return Ok(());
         }
         if chats.contains(chat) {
@@ -134,59 +135,40 @@ impl Origin {
 /// Where a tool call comes from: which session, which chat, and how to stop it.
 #[derive(Debug, Clone)]
 pub struct ToolContext {
-    /// The session key (`cli:direct`, `telegram:42`, `heartbeat`, `cron:<job>`).
-    pub session_key: String,
-    /// The channel of the message that started the turn (`cli`, `telegram`, `mqtt`, `system`).
-    pub channel: String,
-    /// The chat within that channel.
-    pub chat_id: String,
+    /// The turn's conversation: its channel (`cli`, `telegram`, `mqtt`,
+    /// `system`), chat and session (`cli:direct`, `telegram:42`, `heartbeat`, `cron:<job>`).
+    pub conversation: Conversation,
     /// True while a scheduled job runs the turn: tools that would schedule more
     /// work refuse (no feedback loops).
     pub in_job: bool,
     /// Cancelled by `/stop` or shutdown; long-running tools watch it.
     pub cancel: CancellationToken,
-    /// Who started the turn ([`Origin::of_channel`] of `channel`).
+    /// Who started the turn ([`Origin::of_channel`] of its channel).
     pub origin: Origin,
 }
 
 impl ToolContext {
-    /// The context of a turn; its [`Origin`] follows from `channel`.
-    pub fn new(
-        session_key: impl Into<String>,
-        channel: impl Into<String>,
-        chat_id: impl Into<String>,
-        in_job: bool,
-        cancel: CancellationToken,
-    ) -> Self {
-        let channel = channel.into();
-        ToolContext {
-            session_key: session_key.into(),
-            origin: Origin::of_channel(&channel),
-            channel,
-            chat_id: chat_id.into(),
-            in_job,
-            cancel,
-        }
+    /// The context of a turn; its [`Origin`] follows from the conversation's channel.
+    pub fn new(conversation: Conversation, in_job: bool, cancel: CancellationToken) -> Self {
+        ToolContext { origin: Origin::of_channel(&conversation.channel), conversation, in_job, cancel }
     }
 
     /// The same context as seen from `channel`/`chat_id` (tests).
     pub fn from_chat(mut self, channel: &str, chat_id: &str) -> Self {
-        self.channel = channel.to_string();
-        self.chat_id = chat_id.to_string();
+        self.conversation.channel = channel.to_string();
+        self.conversation.chat_id = chat_id.to_string();
         self.origin = Origin::of_channel(channel);
         self
     }
 
     /// A context for a turn with no particular chat (tests, one-off runs).
     pub fn detached(session_key: impl Into<String>) -> Self {
-        ToolContext {
-            session_key: session_key.into(),
-            channel: "cli".into(),
-            chat_id: "direct".into(),
-            in_job: false,
-            cancel: CancellationToken::new(),
-            origin: Origin::Cli,
-        }
+        ToolContext::new(Conversation::cli(session_key), false, CancellationToken::new())
+    }
+
+    /// The turn's session key.
+    pub fn session_key(&self) -> &str {
+        &self.conversation.session_key
     }
 }
 

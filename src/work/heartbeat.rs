@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, TurnRequest};
-use crate::bus::Target;
+use crate::bus::{Conversation, Target};
 use crate::config::{HeartbeatConfig, TzName};
 use crate::delivery::Reports;
 use crate::scheduler::heartbeat::{self, Decision, HeartbeatState, StateFile};
@@ -61,9 +61,7 @@ impl Heartbeat {
             return HeartbeatOutcome::DryRun(prompt);
         }
         let req = TurnRequest {
-            session_key: "heartbeat".into(),
-            channel: "system".into(),
-            chat_id: "heartbeat".into(),
+            conversation: Conversation::new("system", "heartbeat", "heartbeat"),
             text: prompt,
             in_job: true,
             cancel: cancel.child_token(),

@@ -7,6 +7,7 @@ use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use super::{Runner, Work};
+use crate::bus::Conversation;
 use crate::delivery::Reports;
 use crate::scheduler::{Job, JobExecutor, JobKind, RunOutcome};
 
@@ -25,11 +26,13 @@ impl JobRunner {
         let work = match &job.kind {
             JobKind::Remind { text } => Work::Text(text.clone()),
             JobKind::Message { text } => {
-                let origin = job.origin.as_ref();
+                // A job made in a chat answers in that chat's conversation.
+                let conversation = job
+                    .origin
+                    .clone()
+                    .unwrap_or_else(|| Conversation::new("system", job.name.clone(), format!("cron:{}", job.name)));
                 Work::Turn {
-                    session_key: origin.map(|o| o.session_key.clone()).unwrap_or_else(|| format!("cron:{}", job.name)),
-                    channel: origin.map(|o| o.channel.clone()).unwrap_or_else(|| "system".into()),
-                    chat_id: origin.map(|o| o.chat_id.clone()).unwrap_or_else(|| job.name.clone()),
+                    conversation,
                     text: format!(
                         "[Scheduled job `{}` is due now. Do it and reply with the result for the user.]\n\n{text}",
                         job.name

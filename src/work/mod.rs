@@ -20,13 +20,14 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, TurnRequest};
+use crate::bus::Conversation;
 use crate::config::ExecConfig;
 
 /// One piece of work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
     /// An agent turn in a session (as a job: tools that would schedule more work refuse).
-    Turn { session_key: String, channel: String, chat_id: String, text: String },
+    Turn { conversation: Conversation, text: String },
     /// A command in the sandbox, as the `exec` tool runs it, with `stdin` if given.
     Shell { command: String, stdin: Option<Vec<u8>> },
     /// A text as it is (a reminder).
@@ -52,9 +53,8 @@ impl Runner {
         let _busy = self.agent.inflight().enter();
         match work {
             Work::Text(text) => Ok(text),
-            Work::Turn { session_key, channel, chat_id, text } => {
-                let req =
-                    TurnRequest { session_key, channel, chat_id, text, in_job: true, cancel: cancel.child_token() };
+            Work::Turn { conversation, text } => {
+                let req = TurnRequest { conversation, text, in_job: true, cancel: cancel.child_token() };
                 self.agent.turn(req).await.map(|r| r.text).map_err(|e| e.to_string())
             }
             Work::Shell { command, stdin } => {

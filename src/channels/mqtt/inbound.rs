@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::{discovery, triggers, Link, Settings};
-use crate::bus::{InboundMessage, Target};
+use crate::bus::{Conversation, InboundMessage, Target};
 use crate::scheduler::{JobStore, SchedulerHandle};
 
 /// A `<prefix>/in` payload in JSON form.
@@ -58,10 +58,8 @@ pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMes
         }
     };
     Ok(InboundMessage {
-        channel: "mqtt".into(),
-        chat_id: reply_topic.clone(),
+        conversation: Conversation::new("mqtt", reply_topic.clone(), session_key),
         sender: "mqtt".into(),
-        session_key,
         text,
         reply_to: Target::Mqtt(Some(reply_topic)),
     })
@@ -88,7 +86,7 @@ impl Router {
             }
             match inbound_message(s, payload) {
                 Ok(msg) => {
-                    tracing::debug!(session = %msg.session_key, "MQTT message in");
+                    tracing::debug!(session = %msg.conversation.session_key, "MQTT message in");
                     if self.inbound.try_send(msg).is_err() {
                         tracing::warn!(topic, "the agent's queue is full: MQTT message dropped");
                     }

@@ -545,10 +545,10 @@ mod tests {
     fn inbound_text_and_json() {
         let s = settings();
         let m = inbound_message(&s, b"  hello  ").unwrap();
-        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hello", "mqtt:bramble/pi"));
+        assert_eq!((m.text.as_str(), m.conversation.session_key.as_str()), ("hello", "mqtt:bramble/pi"));
         assert_eq!(m.reply_to, Target::Mqtt(Some("bramble/pi/out".into())));
         let m = inbound_message(&s, br#"{"text":"hi","session":"kitchen","reply_to":"home/kitchen/say"}"#).unwrap();
-        assert_eq!((m.text.as_str(), m.session_key.as_str()), ("hi", "mqtt:bramble/pi:kitchen"));
+        assert_eq!((m.text.as_str(), m.conversation.session_key.as_str()), ("hi", "mqtt:bramble/pi:kitchen"));
         assert_eq!(m.reply_to, Target::Mqtt(Some("home/kitchen/say".into())));
         // Another channel's session cannot be named from MQTT.
         let err = inbound_message(&s, br#"{"text":"/history 50","session":"telegram:12345"}"#).unwrap_err();

@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::Target;
+use crate::bus::{Conversation, Target};
 use crate::config::{MqttTrigger, TriggerAction};
 use crate::work::Work;
 
@@ -147,9 +147,7 @@ pub async fn run(
 async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &CancellationToken) {
     let work = match &config.action {
         TriggerAction::Message(template) => Work::Turn {
-            session_key: format!("trigger:{}", config.topic),
-            channel: "mqtt".into(),
-            chat_id: fire.topic.clone(),
+            conversation: Conversation::new("mqtt", fire.topic.clone(), format!("trigger:{}", config.topic)),
             text: render(template, &fire.topic, &fire.payload),
         },
         TriggerAction::Exec(command) => Work::Shell { command: command.clone(), stdin: Some(fire.payload.clone()) },

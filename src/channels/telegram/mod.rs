@@ -42,7 +42,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::SessionActivity;
-use crate::bus::{InboundMessage, Target};
+use crate::bus::{Conversation, InboundMessage, Target};
 use crate::config::TelegramConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::policy::pins::{self, Allow, Verdict};
@@ -163,8 +163,8 @@ impl Telegram {
                     continue; // already handled (a server that repeats itself)
                 }
                 if let Some(msg) = update.message.and_then(|m| poller.accept(m)) {
-                    let chat = msg.chat_id.clone();
-                    let key = msg.session_key.clone();
+                    let chat = msg.conversation.chat_id.clone();
+                    let key = msg.conversation.session_key.clone();
                     let is_command = crate::agent::commands::parse(&msg.text).is_some();
                     // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
                     let sent =
@@ -257,10 +257,8 @@ impl Poller {
             None => from.id.to_string(),
         };
         Some(InboundMessage {
-            channel: "telegram".into(),
-            session_key: format!("telegram:{chat}"),
-            reply_to: Target::Telegram(chat.clone()),
-            chat_id: chat,
+            conversation: Conversation::new("telegram", chat.clone(), format!("telegram:{chat}")),
+            reply_to: Target::Telegram(chat),
             sender,
             text: text.to_string(),
         })
@@ -481,7 +479,10 @@ mod tests {
         assert!(p.accept(message("supergroup", 7, "/stop@Bramble_Bot")).is_some());
         assert!(p.accept(message("supergroup", 7, "/stop@other_bot")).is_none(), "another bot's command");
         let m = p.accept(message("supergroup", 7, "hey @bramble_bot, status?")).unwrap();
-        assert_eq!((m.session_key.as_str(), m.reply_to.to_string().as_str()), ("telegram:-100", "telegram:-100"));
+        assert_eq!(
+            (m.conversation.session_key.as_str(), m.reply_to.to_string().as_str()),
+            ("telegram:-100", "telegram:-100")
+        );
         let mut reply = message("group", 7, "and this?");
         reply.reply_to_message = Some(Box::new(Message { from: Some(user(99, None)), ..Default::default() }));
         assert!(p.accept(reply).is_some());
