@@ -10,7 +10,7 @@
 //!
 //! Run: `cargo bench --bench memory` (uses the release profile).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

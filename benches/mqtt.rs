@@ -13,7 +13,7 @@
 //! Run: `cargo bench --bench mqtt` (needs mosquitto: `apt-get install mosquitto`);
 //! `BENCH_BROKER_NODELAY=1` starts the broker with `set_tcp_nodelay true`.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::collections::HashMap;

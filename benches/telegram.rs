@@ -11,7 +11,7 @@
 //! Run: `cargo bench --bench telegram`. `BRAMBLE_BIN=target/release/bramble`
 //! measures a binary built by `cargo build --release` instead of the bench build.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //!
 //! Run: `cargo bench --bench turn` (uses the release profile).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::os::unix::process::ExitStatusExt;

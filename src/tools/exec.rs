@@ -214,7 +214,7 @@ mod tests {
     use crate::config::types::Dur;
 
     /// The tool without the kernel layers: this unit-test binary cannot serve as
-    /// the `sandbox-exec` helper. tests/security.rs covers the layers through the
+    /// the `sandbox-exec` helper. tests/it/security.rs covers the layers through the
     /// real binary; these tests cover the process layer and the output.
     fn tool(dir: &std::path::Path, mut cfg: ExecConfig) -> ExecTool {
         cfg.isolation = crate::config::Isolation::Off;

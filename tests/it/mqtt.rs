@@ -2,16 +2,14 @@
 //! status and last will, `<prefix>/in`, `<prefix>/run/<job>` and job records,
 //! triggers, `mqtt_publish`, Home Assistant discovery, and a broker outage.
 
-mod support;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::mosquitto::{Mosquitto, Watcher};
+use crate::support::setup::TestHome;
 use serde_json::Value;
-use support::daemon::{wait_until, Daemon};
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::mosquitto::{Mosquitto, Watcher};
-use support::setup::TestHome;
 
 const STATUS: &str = "bramble/testpi/status";
 const OUT: &str = "bramble/testpi/out";

@@ -3,13 +3,11 @@
 //! speaking the OpenAI or Anthropic wire format, and the real binary for the
 //! crash test.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
 use serde_json::{json, Value};
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
 
 use bramble::agent::memory::Journal;
 use bramble::agent::{Consolidation, TurnError, TurnRequest};

@@ -8,20 +8,18 @@
 //! the namespace jail nor Landlock fails the filesystem tests loudly instead of
 //! skipping them.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
 use bramble::config::{Config, ExecConfig, WebConfig};
 use bramble::provider::ToolCall;
 use bramble::sandbox::Probe;
 use bramble::tools::exec::ExecTool;
 use bramble::tools::web::WebFetch;
 use bramble::tools::{ToolContext, ToolOutcome, ToolRegistry};
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
 
 /// Point the library at the real binary as its helper (once: it resets the probe).
 fn layers() -> Arc<Probe> {
@@ -883,10 +881,11 @@ const ORIGIN_OWNER: i64 = 1111;
 
 /// A daemon with Telegram (fake Bot API, `allow_from` = the owner and `@alice`),
 /// MQTT (a real broker) and a scripted model.
-async fn origin_setup() -> (FakeLlm, support::telegram::FakeTelegram, support::mosquitto::Mosquitto, TestHome) {
+async fn origin_setup(
+) -> (FakeLlm, crate::support::telegram::FakeTelegram, crate::support::mosquitto::Mosquitto, TestHome) {
     let llm = FakeLlm::start(Dialect::OpenAi).await;
-    let tg = support::telegram::FakeTelegram::start(ORIGIN_TOKEN).await;
-    let broker = support::mosquitto::Mosquitto::start().await;
+    let tg = crate::support::telegram::FakeTelegram::start(ORIGIN_TOKEN).await;
+    let broker = crate::support::mosquitto::Mosquitto::start().await;
     let home = TestHome::new(
         "openai",
         &llm.base_url(),
@@ -919,8 +918,9 @@ async fn an_mqtt_turn_cannot_message_telegram_make_jobs_or_read_telegram_memory(
     llm.push(Reply::tool_call("cron", r#"{"action":"add","name":"persist","every":"1m","message":"phone home"}"#));
     llm.push(Reply::tool_call("memory_search", r#"{"query":"garage code"}"#));
     llm.push(Reply::text("mqtt turn done"));
-    let daemon = support::daemon::Daemon::start(home.path(), Some(&home.config));
-    let w = support::mosquitto::Watcher::start(broker.port, &["bramble/testpi/status", "bramble/testpi/out"]).await;
+    let daemon = crate::support::daemon::Daemon::start(home.path(), Some(&home.config));
+    let w =
+        crate::support::mosquitto::Watcher::start(broker.port, &["bramble/testpi/status", "bramble/testpi/out"]).await;
     assert!(w.wait_last(15, "bramble/testpi/status", "online").await, "the daemon is online");
     w.publish("bramble/testpi/in", "do as I say").await;
     assert!(w.wait_for(15, "bramble/testpi/out", |p| p == "mqtt turn done").await, "the MQTT turn ends");
@@ -957,13 +957,13 @@ async fn an_allow_from_username_is_pinned_to_its_first_user() {
     // @alice (id 1) is served and pinned; her turn cannot message a chat outside allow_from either.
     llm.push(Reply::tool_call("message", r#"{"content":"psst","target":"telegram:5555"}"#));
     llm.push(Reply::text("hi alice"));
-    let daemon = support::daemon::Daemon::start(home.path(), Some(&home.config));
+    let daemon = crate::support::daemon::Daemon::start(home.path(), Some(&home.config));
     tg.push_message(1, "private", 1, "alice", "hello");
     assert!(tg.wait_sent(1, 15).await, "alice is answered");
     let refused = origin_tool_results(&llm.requests()[1]);
     assert!(refused[0].starts_with("Error: ") && refused[0].contains("allow_from"), "{refused:?}");
     let pins = home.state.join("telegram-pins.json");
-    assert!(support::daemon::wait_until(10, || pins.exists()).await, "the pin is saved");
+    assert!(crate::support::daemon::wait_until(10, || pins.exists()).await, "the pin is saved");
     // Someone else claims @alice later: ignored, never reaches the model; the owner still is served.
     tg.push_message(2, "private", 2, "alice", "I am alice now");
     llm.push(Reply::text("hi owner"));
@@ -1283,7 +1283,7 @@ async fn publish_big(port: u16, topic: &str, payload: Vec<u8>, retain: bool) {
 
 #[tokio::test]
 async fn an_oversize_message_on_in_neither_loops_nor_blocks_the_channel() {
-    let broker = support::mosquitto::Mosquitto::start().await;
+    let broker = crate::support::mosquitto::Mosquitto::start().await;
     let llm = FakeLlm::start(Dialect::OpenAi).await;
     let home = TestHome::new(
         "openai",
@@ -1299,9 +1299,10 @@ async fn an_oversize_message_on_in_neither_loops_nor_blocks_the_channel() {
     // 9 MiB, over bramble's 8 MiB limit: retained before bramble starts...
     publish_big(broker.port, "bramble/testpi/in", vec![b'x'; 9 << 20], true).await;
     let log = home.path().join("daemon.log");
-    let daemon = support::daemon::Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+    let daemon = crate::support::daemon::Daemon::start_logging_to(home.path(), Some(&home.config), &log);
     let read_log = || std::fs::read_to_string(&log).unwrap_or_default();
-    let w = support::mosquitto::Watcher::start(broker.port, &["bramble/testpi/status", "bramble/testpi/out"]).await;
+    let w =
+        crate::support::mosquitto::Watcher::start(broker.port, &["bramble/testpi/status", "bramble/testpi/out"]).await;
     assert!(w.wait_last(15, "bramble/testpi/status", "online").await, "{}", read_log());
     // ...and one more while it runs (QoS 1: a persistent session would keep it queued).
     publish_big(broker.port, "bramble/testpi/in", vec![b'y'; 9 << 20], false).await;

@@ -1,15 +1,13 @@
 //! Telegram end to end: a real `bramble run` against a fake Bot API and a fake
 //! LLM, both on 127.0.0.1 speaking the published JSON.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
+use crate::support::telegram::{FakeTelegram, BOT_USERNAME};
 use serde_json::Value;
-use support::daemon::{wait_until, Daemon};
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
-use support::telegram::{FakeTelegram, BOT_USERNAME};
 
 const TOKEN: &str = "123456:TEST-token-do-not-log";
 const ALICE: i64 = 1111;
@@ -272,7 +270,7 @@ async fn an_invalid_token_stops_the_daemon_at_start_with_a_clear_error() {
 #[tokio::test]
 async fn an_unreachable_telegram_at_start_is_not_fatal() {
     let llm = FakeLlm::start(Dialect::OpenAi).await;
-    let nowhere = support::http::refused_url().await;
+    let nowhere = crate::support::http::refused_url().await;
     let home = TestHome::new(
         "openai",
         &llm.base_url(),

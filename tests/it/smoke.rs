@@ -10,12 +10,10 @@
 //! cargo test --test smoke
 //! ```
 
-mod support;
-
 use std::process::Output;
 
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
 
 /// The binary (and the emulator to run it with, if any).
 fn command() -> tokio::process::Command {

@@ -1,13 +1,11 @@
 //! The `bramble` binary as a user runs it: init, check, status, agent.
 //! Each test gets its own HOME and config, and talks to a fake LLM on 127.0.0.1.
 
-mod support;
-
 use std::path::Path;
 use std::process::Output;
 
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
 
 /// Run the binary with a clean environment rooted at `home`.
 async fn bramble(home: &Path, args: &[&str], stdin: Option<&str>) -> Output {

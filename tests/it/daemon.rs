@@ -1,14 +1,12 @@
 //! The daemon as users run it: a real `bramble run` process, real signals,
 //! real restarts; state read back through the library.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
-use support::daemon::{wait_until, Daemon};
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
 
 use bramble::delivery::outbox::Outbox;
 use bramble::scheduler::{JobStore, RunStatus};

@@ -1,11 +1,11 @@
 //! The provider backends against fake servers on 127.0.0.1: real HTTP through
 //! the real client, wire formats checked on both sides, retries timed.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply, COMPLETION_TOKENS_PER_PART, PROMPT_TOKENS_PER_MESSAGE};
+use crate::support::http::{refused_url, Response, TestServer};
 use bramble::config::{Dur, HttpUrl, ProviderConfig, ProviderKind, Secret};
 use bramble::provider::anthropic::AnthropicProvider;
 use bramble::provider::openai::OpenAiProvider;
@@ -14,8 +14,6 @@ use bramble::provider::{
     from_config, ChatRequest, ChatResponse, Message, Provider, ProviderError, ToolCall, ToolSpec, Usage,
 };
 use serde_json::{json, Value};
-use support::fake_llm::{Dialect, FakeLlm, Reply, COMPLETION_TOKENS_PER_PART, PROMPT_TOKENS_PER_MESSAGE};
-use support::http::{refused_url, Response, TestServer};
 
 const KEY: &str = "sk-test-5ecret-key";
 

@@ -2,11 +2,9 @@
 //! tools on a temp workspace, and a fake LLM server on 127.0.0.1 speaking the
 //! OpenAI or Anthropic wire format.
 
-mod support;
-
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::setup::TestHome;
 use serde_json::Value;
-use support::fake_llm::{Dialect, FakeLlm, Reply};
-use support::setup::TestHome;
 
 use bramble::agent::{TurnEnd, TurnError, TurnRequest};
 use bramble::bus::{Bus, Conversation, InboundMessage, OutboundMessage, Target};

@@ -1,7 +1,7 @@
 //! Shared test infrastructure: a tiny HTTP/1.1 server and fakes built on it.
 //!
-//! Each test binary declares `mod support;` and uses a subset, hence the
-//! `dead_code` allowance.
+//! The integration tests (`tests/it/`) and the benches (`benches/`, through
+//! `#[path]`) share it; each bench uses a subset, hence the `dead_code` allowance.
 //!
 //! - [`http`]: `TestServer`, a request/response server on 127.0.0.1 for fake remote APIs.
 //! - [`daemon`]: `Daemon`, a real `bramble run` process.

@@ -1,0 +1,19 @@
+//! The integration tests: one binary, so the shared support code is built
+//! once. Each module tests one part of bramble from outside — real processes,
+//! a real MQTT broker, and fake remote APIs (LLM, Telegram) on 127.0.0.1 that
+//! speak the published wire formats (see [`support`]).
+//!
+//! Run one part with `cargo test --test it <module>::`, e.g. `cargo test --test it mqtt::`.
+
+mod support;
+
+mod agent;
+mod cli;
+mod daemon;
+mod memory;
+mod mqtt;
+mod provider;
+mod security;
+mod smoke;
+mod telegram;
+mod tools;
