@@ -179,7 +179,7 @@ impl Bus {
 
 impl Default for Bus {
     fn default() -> Self {
-        Bus::new()
+        Self::new()
     }
 }
 

@@ -169,6 +169,32 @@ mod tests {
         assert!(wrong.is_empty(), "channels reaching into the agent:\n{}", wrong.join("\n"));
     }
 
+    /// The composition root is one file: nothing else makes the agent, the
+    /// bus, the scheduler or the channel registry (tests excepted).
+    #[test]
+    fn only_the_composition_root_assembles() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let makers = ["Agent::new(", "Bus::new(", "Scheduler::new(", "Channels::with_log("];
+        let mut wrong = Vec::new();
+        for file in files.iter().filter(|f| !f.ends_with("daemon/assemble.rs")) {
+            let text = std::fs::read_to_string(file).unwrap();
+            let text = text.find("#[cfg(test)]\nmod tests").map_or(text.as_str(), |i| &text[..i]);
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if makers
+                    .iter()
+                    .any(|m| code.contains(m) && !code.contains(&format!("fn {}", &m[m.find("::").unwrap() + 2..])))
+                {
+                    wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(files.len() > 50, "the sources were found");
+        assert!(wrong.is_empty(), "assembled outside daemon/assemble.rs:\n{}", wrong.join("\n"));
+    }
+
     #[test]
     fn paths_are_found_in_uses_groups_and_code() {
         let text = "use crate::bus::Target;\nuse crate::{agent::Agent, config,\n    channels::{a, b}};\n\

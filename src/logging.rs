@@ -45,7 +45,12 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
 
 /// Whether stderr is connected to the journal (`JOURNAL_STREAM=<dev>:<ino>`).
 fn stderr_is_journal() -> bool {
-    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else { return false };
+    is_stderr(std::env::var_os("JOURNAL_STREAM").as_deref())
+}
+
+/// Whether `stream` (a `JOURNAL_STREAM` value) names this process's stderr.
+fn is_stderr(stream: Option<&std::ffi::OsStr>) -> bool {
+    let Some(stream) = stream else { return false };
     let Some((dev, ino)) = stream.to_str().and_then(|s| s.split_once(':')) else { return false };
     let (Ok(dev), Ok(ino)) = (dev.parse::<u64>(), ino.parse::<u64>()) else { return false };
     // fstat(2) of stderr, through /proc to avoid unsafe code.
@@ -56,18 +61,15 @@ fn stderr_is_journal() -> bool {
 mod tests {
     use super::*;
 
-    /// The only test that touches JOURNAL_STREAM, so it cannot race another.
     #[test]
     fn journal_is_detected_only_when_the_stream_is_our_stderr() {
         let m = std::fs::metadata("/proc/self/fd/2").unwrap();
-        std::env::set_var("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino()));
-        assert!(stderr_is_journal());
+        let ours = format!("{}:{}", m.dev(), m.ino());
+        assert!(is_stderr(Some(ours.as_ref())));
         // Inherited by a child whose stderr went elsewhere: not the journal.
-        std::env::set_var("JOURNAL_STREAM", format!("{}:{}", m.dev(), m.ino() + 1));
-        assert!(!stderr_is_journal());
-        std::env::set_var("JOURNAL_STREAM", "garbage");
-        assert!(!stderr_is_journal());
-        std::env::remove_var("JOURNAL_STREAM");
-        assert!(!stderr_is_journal());
+        let elsewhere = format!("{}:{}", m.dev(), m.ino() + 1);
+        assert!(!is_stderr(Some(elsewhere.as_ref())));
+        assert!(!is_stderr(Some("garbage".as_ref())));
+        assert!(!is_stderr(None));
     }
 }

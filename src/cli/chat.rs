@@ -2,20 +2,18 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context as _;
 
 use crate::agent::{Agent, TurnError, TurnRequest};
-use crate::bus::{Bus, OutboundMessage, Target};
+use crate::bus::{OutboundMessage, Target};
 use crate::config::Loaded;
-use crate::daemon::assemble::{self, AgentLinks};
+use crate::daemon::assemble;
+use crate::delivery::outbox::Outbox;
 
 pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> anyhow::Result<ExitCode> {
-    let bus = Bus::new();
-    let agent = Arc::new(assemble::agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone())));
+    let assemble::Terminal { agent, outbound_tx, outbound_rx: mut outbound, outbox } = assemble::terminal(loaded);
     // Messages the agent sends mid-turn (the `message` tool).
-    let mut outbound = bus.outbound_rx;
     let printer = tokio::spawn(async move {
         while let Some(OutboundMessage { target, text }) = outbound.recv().await {
             match target {
@@ -28,8 +26,8 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
         }
     });
     let background = tokio_util::sync::CancellationToken::new();
-    let announcements = tokio::spawn(agent.clone().run_announcements(bus.outbound_tx.clone(), background.clone()));
-    report_unanswered(loaded, &agent).await;
+    let announcements = tokio::spawn(agent.clone().run_announcements(outbound_tx, background.clone()));
+    report_unanswered(&outbox, &agent).await;
     let result = match message {
         Some(text) => one_turn(&agent, &session, text).await,
         None => repl(&agent, &session).await,
@@ -53,8 +51,7 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
 
 /// Messages typed in a terminal that a crash left unanswered: told on stderr,
 /// or run again (`[agent] unanswered`); the answer is printed.
-async fn report_unanswered(loaded: &Loaded, agent: &Agent) {
-    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
+async fn report_unanswered(outbox: &Outbox, agent: &Agent) {
     let cancel = tokio_util::sync::CancellationToken::new();
     agent
         .resolve_unanswered(true, &cancel, |target, text| match target {

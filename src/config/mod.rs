@@ -879,8 +879,10 @@ deliver = ["telegram:123"]
 
     #[test]
     fn api_key_from_named_env_var() {
-        // A variable name unique to this test, so parallel tests cannot interfere.
-        std::env::set_var("BRAMBLE_TEST_KEY_7f3a", "sk-test");
+        let key = [("BRAMBLE_TEST_KEY_7f3a", "sk-test")];
+        if !crate::util::test_env::in_child(concat!(module_path!(), "::api_key_from_named_env_var"), &key, &[]) {
+            return;
+        }
         let c = parse("[provider]\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();
         assert_eq!(c.provider.api_key().unwrap().expose(), "sk-test");
         let c = parse("[provider]\napi_key = \"inline\"\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();

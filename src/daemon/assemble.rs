@@ -199,6 +199,29 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     })
 }
 
+/// The agent of a chat in the terminal (`bramble agent`).
+pub struct Terminal {
+    pub agent: Arc<Agent>,
+    /// Where the agent's sub-agent answers go (into `outbound_rx`).
+    pub outbound_tx: mpsc::Sender<OutboundMessage>,
+    /// What the agent sends mid-turn (the `message` tool), for the terminal to print.
+    pub outbound_rx: mpsc::Receiver<OutboundMessage>,
+    /// Where a notice for another channel goes (the daemon delivers it).
+    pub outbox: Outbox,
+}
+
+/// The terminal's agent: it sends to a queue the terminal prints.
+pub fn terminal(loaded: &Loaded) -> Terminal {
+    let bus = Bus::new();
+    let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone())));
+    Terminal {
+        agent,
+        outbound_tx: bus.outbound_tx,
+        outbound_rx: bus.outbound_rx,
+        outbox: Outbox::new(&loaded.paths.state_dir),
+    }
+}
+
 /// An agent for a one-off command (`heartbeat`, `cron run`): what it sends
 /// (the `message` tool) goes into the outbox, for the daemon to deliver.
 pub struct Queued {

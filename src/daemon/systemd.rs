@@ -60,18 +60,23 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixDatagram;
 
-    /// A fake systemd notify socket receives what the daemon would send.
-    /// (One test touches the process environment, so all cases live here.
-    /// Multi-threaded: the blocking `recv` must not stall the pinging task.)
+    /// A fake systemd notify socket receives what the daemon would send. The
+    /// variables systemd sets are given to a child process running this test.
+    /// (Multi-threaded: the blocking `recv` must not stall the pinging task.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn notifications_reach_the_notify_socket() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("notify.sock");
+        let test = concat!(module_path!(), "::notifications_reach_the_notify_socket");
+        let path_text = path.to_str().unwrap();
+        let vars = [("NOTIFY_SOCKET", path_text), ("WATCHDOG_USEC", "400000")];
+        if !crate::util::test_env::in_child(test, &vars, &["WATCHDOG_PID"]) {
+            return;
+        }
+        // In the child: the socket is where NOTIFY_SOCKET says.
+        let path = std::path::PathBuf::from(std::env::var_os("NOTIFY_SOCKET").unwrap());
         let sock = UnixDatagram::bind(&path).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        std::env::set_var("NOTIFY_SOCKET", &path);
-        std::env::set_var("WATCHDOG_USEC", "400000");
-        std::env::remove_var("WATCHDOG_PID");
         let recv = || {
             let mut buf = [0u8; 512];
             let n = sock.recv(&mut buf).unwrap();
@@ -87,7 +92,5 @@ mod tests {
         assert_eq!(recv(), "WATCHDOG=1\n", "pinged again at half the interval");
         cancel.cancel();
         pinger.await.unwrap();
-        std::env::remove_var("NOTIFY_SOCKET");
-        std::env::remove_var("WATCHDOG_USEC");
     }
 }

@@ -298,13 +298,16 @@ mod tests {
 
     #[tokio::test]
     async fn secrets_stay_out_of_the_environment() {
+        let name = "BRAMBLE_TEST_SECRET";
+        let test = concat!(module_path!(), "::secrets_stay_out_of_the_environment");
+        if !crate::util::test_env::in_child(test, &[(name, "sk-test-0123456789")], &[]) {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
-        let name = format!("BRAMBLE_TEST_SECRET_{}", std::process::id());
-        std::env::set_var(&name, "sk-test-0123456789");
         let t = tool(dir.path(), ExecConfig::default());
         let out = exec(&t, json!({"command": "env"})).await.unwrap();
         assert!(!out.contains("sk-test-0123456789"), "{out}");
-        assert!(!out.contains(&name));
+        assert!(!out.contains(name));
         let mut names: Vec<&str> = out.lines().filter_map(|l| l.split_once('=').map(|(k, _)| k)).collect();
         names.sort();
         // sh itself may add PWD (and SHLVL); nothing from bramble's environment.
@@ -312,7 +315,7 @@ mod tests {
         assert_eq!(names, ["HOME", "LANG", "PATH", "TERM"]);
 
         let cfg =
-            ExecConfig { env_allow: vec![name.clone(), "PATH".into(), "BAD=NAME".into()], ..ExecConfig::default() };
+            ExecConfig { env_allow: vec![name.into(), "PATH".into(), "BAD=NAME".into()], ..ExecConfig::default() };
         let out = exec(&tool(dir.path(), cfg), json!({"command": "env"})).await.unwrap();
         assert!(out.contains(&format!("{name}=sk-test-0123456789")), "{out}");
         assert!(out.contains(&format!("PATH={PATH}\n")), "{out}");

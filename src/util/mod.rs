@@ -11,6 +11,8 @@
 pub mod fs;
 pub mod mqtt;
 pub mod sys;
+#[cfg(test)]
+pub mod test_env;
 pub mod text;
 pub mod timer;
 

@@ -276,9 +276,13 @@ async fn hundred_megabytes_of_output_keep_memory_flat() {
 
 #[tokio::test]
 async fn secrets_in_the_environment_and_proc_are_unreachable() {
+    // The secrets are in this process's environment: the test runs in a child started with them.
+    let secrets = [("OPENAI_API_KEY", "sk-env-secret-424242"), ("BRAMBLE_TELEGRAM_TOKEN", "123456:tg-secret-token")];
+    let test = concat!(module_path!(), "::secrets_in_the_environment_and_proc_are_unreachable");
+    if !crate::support::env::in_child(test, &secrets, &[]) {
+        return;
+    }
     let p = layers();
-    std::env::set_var("OPENAI_API_KEY", "sk-env-secret-424242");
-    std::env::set_var("BRAMBLE_TELEGRAM_TOKEN", "123456:tg-secret-token");
     let s = Setup::new(ExecConfig::default());
     let me = std::process::id();
     let out = s

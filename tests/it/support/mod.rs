@@ -12,6 +12,9 @@
 #![allow(dead_code)]
 
 pub mod daemon;
+/// Variables in the process environment, for one test, in a child process.
+#[path = "../../../src/util/test_env.rs"]
+pub mod env;
 pub mod fake_llm;
 pub mod http;
 pub mod mosquitto;
