@@ -8,7 +8,8 @@
 //! - [`mosquitto`]: `Mosquitto`, Debian's MQTT broker on a free port, and `Watcher`, a test client.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
-//! - [`daemon`]: a real `bramble run` process.
+//! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
+//! - [`env`]: running one test in a child process with environment variables set.
 #![allow(dead_code)]
 
 pub mod daemon;
