@@ -42,7 +42,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, Notify, Semaphore};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Conversation, InboundMessage, OutboundMessage, Target};

@@ -29,55 +29,13 @@ impl Agent {
     ) {
         // Turns started but not finished, bounded like the bus itself: when all
         // are taken, messages wait in the bounded queue instead of in memory here.
-        let started = Arc::new(Semaphore::new(crate::bus::BUS_CAPACITY));
-        let mut running = JoinSet::new();
-        loop {
-            let permit = tokio::select! {
-                p = started.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-                _ = stop.cancelled() => break,
-            };
-            let msg = tokio::select! {
-                m = inbound.recv() => match m { Some(m) => m, None => break },
-                _ = stop.cancelled() => break,
-                Some(_) = running.join_next(), if !running.is_empty() => continue,
-            };
+        let mut running = crate::util::tasks::run_bounded(&mut inbound, crate::bus::BUS_CAPACITY, &stop, |msg| {
             let agent = Arc::clone(&self);
             let outbound = outbound.clone();
-            // Commands are answered here, ahead of the session's queue: `/stop` must
-            // not wait behind the turn it stops.
-            if let Some(inv) = commands::parse(&msg.text) {
-                let (key, target) = (msg.conversation.session_key, msg.reply_to);
-                let name = inv.name.to_string();
-                let args = inv.args.to_string();
-                running.spawn(async move {
-                    let _permit = permit;
-                    let inv = commands::Invocation { name: &name, args: &args };
-                    let text = commands::execute(&agent, &key, &inv).await;
-                    if outbound.send(OutboundMessage { target, text }).await.is_err() {
-                        tracing::warn!("outbound queue closed; a command's answer was dropped");
-                    }
-                });
-                continue;
-            }
-            let req = TurnRequest {
-                conversation: msg.conversation,
-                text: msg.text,
-                in_job: false,
-                cancel: abort.child_token(),
-            };
-            let target = msg.reply_to;
-            running.spawn(async move {
-                let _permit = permit;
-                let text = match agent.turn(req).await {
-                    Ok(report) => report.text,
-                    Err(TurnError::Cancelled) => return,
-                    Err(e) => format!("Sorry, I could not answer: {e}"),
-                };
-                if outbound.send(OutboundMessage { target, text }).await.is_err() {
-                    tracing::warn!("outbound queue closed; an answer was dropped");
-                }
-            });
-        }
+            let cancel = abort.child_token();
+            async move { agent.answer(msg, cancel, outbound).await }
+        })
+        .await;
         // Messages a channel handed over (and may have confirmed to its server)
         // that no turn took: kept as pending records, so the next start tells the
         // user (or answers them) instead of losing them.
@@ -94,6 +52,26 @@ impl Agent {
             }
         }
         while running.join_next().await.is_some() {}
+    }
+
+    /// One inbound message: a slash command is answered at once — ahead of
+    /// the session's queue, as `/stop` must not wait behind the turn it stops —
+    /// anything else is a turn. The answer goes to the message's reply target.
+    async fn answer(&self, msg: InboundMessage, cancel: CancellationToken, outbound: mpsc::Sender<OutboundMessage>) {
+        let target = msg.reply_to;
+        let text = if let Some(inv) = commands::parse(&msg.text) {
+            commands::execute(self, &msg.conversation.session_key, &inv).await
+        } else {
+            let req = TurnRequest { conversation: msg.conversation, text: msg.text, in_job: false, cancel };
+            match self.turn(req).await {
+                Ok(report) => report.text,
+                Err(TurnError::Cancelled) => return,
+                Err(e) => format!("Sorry, I could not answer: {e}"),
+            }
+        };
+        if outbound.send(OutboundMessage { target, text }).await.is_err() {
+            tracing::warn!("outbound queue closed; an answer was dropped");
+        }
     }
 
     /// Turn sub-agent reports into turns of the sessions that spawned them;

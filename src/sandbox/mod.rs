@@ -73,10 +73,14 @@ pub fn use_current_exe() {
     }
 }
 
-/// Use `path` (a bramble binary) as the helper; forgets an earlier probe.
+/// Use `path` (a bramble binary) as the helper; a different one forgets an earlier probe.
 pub fn set_helper(path: impl Into<PathBuf>) {
+    let path = path.into();
     let mut s = settings();
-    s.helper = Some(path.into());
+    if s.helper.as_ref() == Some(&path) {
+        return; // the same helper: what was probed stays true
+    }
+    s.helper = Some(path);
     s.probe = None;
     s.guess = None;
 }

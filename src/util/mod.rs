@@ -7,10 +7,12 @@
 //! - [`text`]: small text transformations.
 //! - [`sys`]: facts about the machine (host name).
 //! - [`mqtt`]: MQTT topic filters.
+//! - [`tasks`]: a bounded number of tasks over a bounded queue.
 
 pub mod fs;
 pub mod mqtt;
 pub mod sys;
+pub mod tasks;
 #[cfg(test)]
 pub mod test_env;
 pub mod text;

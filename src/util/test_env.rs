@@ -4,6 +4,9 @@
 //! `setenv` is a data race in glibc, and a variable one test sets changes what
 //! another reads (an API key, a systemd socket).
 //!
+//! A test that measures the whole process (its RSS) runs alone in a child the
+//! same way.
+//!
 //! Shared by the unit tests (`crate::util::test_env`) and the integration
 //! tests (`tests/it/support`, by `#[path]`), so it uses nothing of bramble.
 //!

@@ -9,7 +9,7 @@
 //! skipping them.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
@@ -21,10 +21,9 @@ use bramble::tools::exec::ExecTool;
 use bramble::tools::web::WebFetch;
 use bramble::tools::{ToolContext, ToolOutcome, ToolRegistry};
 
-/// Point the library at the real binary as its helper (once: it resets the probe).
+/// Point the library at the real binary as its helper.
 fn layers() -> Arc<Probe> {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| bramble::sandbox::set_helper(env!("CARGO_BIN_EXE_bramble")));
+    crate::support::setup::real_sandbox();
     let p = bramble::sandbox::probe();
     assert!(p.helper.is_ok(), "the helper must be found: {:?}", p.helper);
     p
@@ -261,6 +260,14 @@ fn rss_kib() -> u64 {
 
 #[tokio::test]
 async fn hundred_megabytes_of_output_keep_memory_flat() {
+    // The process's RSS is the measure: alone in a child, no other test allocates beside it.
+    if !crate::support::env::in_child(
+        concat!(module_path!(), "::hundred_megabytes_of_output_keep_memory_flat"),
+        &[],
+        &[],
+    ) {
+        return;
+    }
     layers();
     let s = Setup::new(ExecConfig::default());
     s.exec("true").await;

@@ -16,8 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
-use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -120,27 +119,17 @@ pub async fn run(
     abort: CancellationToken,
 ) {
     let deps = Arc::new(deps);
-    let slots = Arc::new(Semaphore::new(MAX_CONCURRENT));
-    let mut running = JoinSet::new();
-    loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            _ = stop.cancelled() => break,
-        };
-        let fire = tokio::select! {
-            f = rx.recv() => match f { Some(f) => f, None => break },
-            _ = stop.cancelled() => break,
-            Some(_) = running.join_next(), if !running.is_empty() => continue,
-        };
-        let Some(entry) = triggers.entries.get(fire.index) else { continue };
-        let config = entry.config.clone();
+    let mut running = crate::util::tasks::run_bounded(&mut rx, MAX_CONCURRENT, &stop, |fire: Fire| {
+        let entry = triggers.entries.get(fire.index).map(|e| e.config.clone());
         let deps = deps.clone();
         let abort = abort.clone();
-        running.spawn(async move {
-            let _permit = permit;
-            fire_one(&config, fire, &deps, &abort).await;
-        });
-    }
+        async move {
+            if let Some(config) = entry {
+                fire_one(&config, fire, &deps, &abort).await;
+            }
+        }
+    })
+    .await;
     while running.join_next().await.is_some() {}
 }
 

@@ -1,0 +1,91 @@
+//! Taking work from a bounded queue with a bounded number of tasks at once:
+//! the pattern the agent's bus server and MQTT's trigger runner share (as
+//! mini-redis's listener does with its connection semaphore).
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Take items from `rx` until `stop` fires or the queue closes, and run
+/// `handle(item)` for each in its own task, at most `limit` at once: when all
+/// are busy, items wait in the (bounded) queue, not in memory here. Finished
+/// tasks are reaped as it goes. Returns the tasks still running, for the caller
+/// to wait for (or abort) once it has dealt with what is left in `rx`.
+pub async fn run_bounded<T, F, Fut>(
+    rx: &mut mpsc::Receiver<T>,
+    limit: usize,
+    stop: &CancellationToken,
+    mut handle: F,
+) -> JoinSet<()>
+where
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(limit.max(1)));
+    let mut running = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stop.cancelled() => break,
+        };
+        let item = tokio::select! {
+            m = rx.recv() => match m { Some(m) => m, None => break },
+            _ = stop.cancelled() => break,
+            Some(_) = running.join_next(), if !running.is_empty() => continue,
+        };
+        let task = handle(item);
+        running.spawn(async move {
+            let _permit = permit;
+            task.await;
+        });
+    }
+    running
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn at_most_limit_run_at_once_and_all_run() {
+        let (tx, mut rx) = mpsc::channel(16);
+        for i in 0..10 {
+            tx.send(i).await.unwrap();
+        }
+        drop(tx);
+        let (now, peak, done) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let stop = CancellationToken::new();
+        let (n, p, d) = (now.clone(), peak.clone(), done.clone());
+        let mut left = run_bounded(&mut rx, 3, &stop, move |_| {
+            let (n, p, d) = (n.clone(), p.clone(), d.clone());
+            async move {
+                let c = n.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(c, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                n.fetch_sub(1, Ordering::SeqCst);
+                d.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .await;
+        while left.join_next().await.is_some() {}
+        assert_eq!(done.load(Ordering::SeqCst), 10);
+        assert_eq!(peak.load(Ordering::SeqCst), 3, "three at once, never more");
+    }
+
+    #[tokio::test]
+    async fn stop_ends_taking_and_leaves_the_rest_in_the_queue() {
+        let (tx, mut rx) = mpsc::channel(4);
+        tx.send(1).await.unwrap();
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let left = run_bounded(&mut rx, 2, &stop, |_| async {}).await;
+        assert!(left.is_empty());
+        assert_eq!(rx.try_recv().ok(), Some(1), "not taken");
+    }
+}
