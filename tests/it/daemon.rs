@@ -120,10 +120,18 @@ async fn reports_queued_while_down_are_delivered_after_a_restart() {
 async fn heartbeat_without_active_tasks_never_calls_the_model() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     let home = TestHome::new("openai", &fake.base_url(), "", "", "[heartbeat]\nevery = \"10s\"\n");
-    // The shipped HEARTBEAT.md template has no active tasks.
-    let daemon = Daemon::start(home.path(), Some(&home.config));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (code, log) = daemon.stop().await;
+    // The shipped HEARTBEAT.md template has no active tasks. A heartbeat that
+    // never ran has run never before: it ticks at start. Wait for that tick.
+    let log = home.path().join("daemon.log");
+    let daemon = Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+    let ticked = wait_until(20, || {
+        std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.lines().any(|l| l.contains("heartbeat tick") && l.contains("NoTasks")))
+    })
+    .await;
+    let (code, _) = daemon.stop().await;
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(ticked, "the heartbeat ticked and found no tasks: {log}");
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(fake.request_count(), 0, "no LLM request: {log}");
     let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "heartbeat"]).await;
