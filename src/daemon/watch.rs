@@ -24,6 +24,7 @@ pub async fn watch_state_dir(
     // SAFETY: `Watched` owns the inotify descriptor and never closes or swaps
     // it while the AsyncFd exists; `as_raw_fd` always returns that descriptor.
     let fd = unsafe { AsyncFd::register(Watched(inotify)) }?;
+    tracing::debug!(dir = %dir.display(), "watching the state directory");
     loop {
         let mut guard = tokio::select! {
             g = fd.readable() => g?,

@@ -109,6 +109,7 @@ impl Heartbeat {
             // meanwhile (NTP after boot), and the anchor is wall time.
             let wait = Duration::try_from(due.duration_since(now)).unwrap_or(Duration::ZERO);
             if !wait.is_zero() {
+                tracing::debug!(in_secs = wait.as_secs(), "heartbeat waiting");
                 tokio::select! {
                     _ = crate::util::timer::sleep(wait.min(Duration::from_secs(600))) => continue,
                     _ = stop.cancelled() => return,

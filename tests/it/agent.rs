@@ -280,7 +280,10 @@ async fn a_running_turn_counts_as_work_in_flight() {
     let (agent, _out) = home.agent();
     assert_eq!(agent.inflight().count(), 0);
     let watcher = async {
-        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        // The model has asked for the command: the turn is running it now.
+        while fake.request_count() < 1 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         let during = agent.inflight().count();
         let drained = agent.inflight().drained(std::time::Duration::from_secs(10)).await;
         (during, drained)

@@ -2,7 +2,6 @@
 //! real restarts; state read back through the library.
 
 use std::path::Path;
-use std::time::Duration;
 
 use crate::support::daemon::{wait_until, Daemon};
 use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
@@ -61,8 +60,8 @@ async fn a_job_added_while_running_is_picked_up_and_a_one_shot_runs_once() {
     let cfg = trust_the_clock(home);
     let daemon = Daemon::start(home, Some(&cfg));
     let state = home.join(".local/state/bramble");
-    assert!(wait_until(10, || state.join("outbox.lock").exists() || state.is_dir()).await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A `cron add` from another process reaches it through the state directory's watch.
+    assert!(daemon.wait_log("watching the state directory", 20).await, "{}", daemon.log());
     let at = in_secs(2);
     let out = bramble(home, &["cron", "add", "tea", "--at", &at, "--remind", "Tea is ready"]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -74,7 +73,7 @@ async fn a_job_added_while_running_is_picked_up_and_a_one_shot_runs_once() {
 
     // Restart: the one-shot is done and does not run again.
     let daemon = Daemon::start(home, Some(&cfg));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    daemon.scheduler_idle().await;
     let (_, log2) = daemon.stop().await;
     let job = JobStore::open(&state).get("tea").unwrap();
     assert!(job.state.done && !job.enabled, "{job:?}");
@@ -91,7 +90,9 @@ async fn a_one_shot_due_while_the_daemon_was_down_runs_once_when_it_starts() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // The daemon is down at the due time. (Runs missed by more than the 60 s grace go through the
     // catch-up policy; the engine tests cover that on a fake clock.)
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let due: jiff::Timestamp =
+        JobStore::open(&home.join(".local/state/bramble")).get("late").unwrap().state.next_run.unwrap();
+    assert!(wait_until(10, || jiff::Timestamp::now() > due).await, "the due time passed");
     let cfg = trust_the_clock(home);
     let daemon = Daemon::start(home, Some(&cfg));
     let state = home.join(".local/state/bramble");
@@ -147,7 +148,8 @@ async fn heartbeat_runs_tasks_and_delivers_only_real_reports() {
     fake.push(Reply::Text("HEARTBEAT_OK".into()));
     let daemon = Daemon::start(home.path(), Some(&home.config));
     assert!(wait_until(15, || fake.request_count() == 1).await);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The tick ends with its state saved and this line; a report would have been queued before it.
+    assert!(daemon.wait_log("heartbeat ran", 15).await, "{}", daemon.log());
     let (_, log) = daemon.stop().await;
     let outbox = Outbox::new(&home.state);
     assert!(
@@ -160,7 +162,7 @@ async fn heartbeat_runs_tasks_and_delivers_only_real_reports() {
 
     // A restart within the interval does not run it again (the interval is anchored on the last run).
     let daemon = Daemon::start(home.path(), Some(&home.config));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(daemon.wait_log("heartbeat waiting", 20).await, "it waits for the next run: {}", daemon.log());
     daemon.stop().await;
     assert_eq!(fake.request_count(), 1);
 
@@ -180,13 +182,14 @@ async fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     let cfg = dir.path().join("config.toml");
     std::fs::write(&cfg, "[heartbeat]\nenabled = false\n").unwrap();
     let daemon = Daemon::start(dir.path(), Some(&cfg));
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let running = "bramble 0.1.0 running";
+    assert!(daemon.wait_log_count(running, 1, 20).await, "{}", daemon.log());
     std::fs::write(&cfg, "[heartbeat]\nenabled = nope\n").unwrap();
     daemon.signal(nix::sys::signal::Signal::SIGHUP).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(daemon.wait_log_count(running, 2, 20).await, "restarted with the old config: {}", daemon.log());
     std::fs::write(&cfg, "[heartbeat]\nenabled = false\n[exec]\ntimeout = \"5s\"\n").unwrap();
     daemon.signal(nix::sys::signal::Signal::SIGHUP).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(daemon.wait_log_count(running, 3, 20).await, "restarted with the new config: {}", daemon.log());
     let (code, log) = daemon.stop().await;
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(log.matches("reloading the config").count(), 2, "{log}");
@@ -200,7 +203,8 @@ async fn a_second_daemon_on_the_same_state_is_refused() {
     let first = Daemon::start(dir.path(), None);
     let state = dir.path().join(".local/state/bramble");
     assert!(wait_until(10, || state.join("daemon.lock").exists()).await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The lock is taken before anything starts; "running" comes after.
+    assert!(first.wait_log("bramble 0.1.0 running", 20).await, "{}", first.log());
     let out = bramble(dir.path(), &["run"]).await;
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -233,7 +237,7 @@ async fn a_job_running_at_shutdown_finishes_and_is_recorded_once() {
     assert_eq!(job.state.history.len(), 1, "{:?}", job.state.history);
     // Restarted: not run again.
     let daemon = Daemon::start(home, Some(&cfg));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    daemon.scheduler_idle().await;
     daemon.stop().await;
     assert_eq!(std::fs::read_to_string(&done).unwrap(), "finished\n");
 }
@@ -249,7 +253,8 @@ async fn reports_for_an_unconfigured_channel_wait_without_rewrites() {
     outbox.enqueue(bramble::bus::Target::Telegram("42".into()), "for telegram", "agent").unwrap();
     let before = std::fs::metadata(outbox.path()).unwrap().modified().unwrap();
     let daemon = Daemon::start(home, None);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The dispatcher's first pass says why it holds the report; no write comes of it.
+    assert!(daemon.wait_log("no `telegram` channel is configured", 20).await, "{}", daemon.log());
     let (_, log) = daemon.stop().await;
     let pending = outbox.pending().unwrap();
     assert_eq!(pending.len(), 1, "{log}");

@@ -1,5 +1,7 @@
 //! A real `bramble run` process for tests: started with a clean environment,
-//! stopped with real signals, its log collected.
+//! stopped with real signals, its log collected in a file that tests can wait
+//! on (`wait_log`): a test waits for what the daemon says it did, with a
+//! deadline, not for a fixed time.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -7,12 +9,20 @@ use std::time::Duration;
 
 pub struct Daemon {
     pub child: tokio::process::Child,
+    /// Where its stderr goes.
+    log: std::path::PathBuf,
+    /// Holds the log file when the test did not name one.
+    _own_log: Option<tempfile::TempDir>,
 }
 
 impl Daemon {
     /// `bramble run` with HOME at `home` and the given config (None: no config file at all).
     pub fn start(home: &Path, config: Option<&Path>) -> Daemon {
-        Daemon::spawn(home, config, Stdio::piped(), &[])
+        let dir = tempfile::tempdir().expect("a temp dir for the log");
+        let log = dir.path().join("bramble-run.log");
+        let mut d = Daemon::start_with_env(home, config, &log, &[]);
+        d._own_log = Some(dir);
+        d
     }
 
     /// Like [`start`](Daemon::start), with the log written to `log` (for long
@@ -23,10 +33,33 @@ impl Daemon {
 
     /// Like [`start_logging_to`](Daemon::start_logging_to), with more environment variables.
     pub fn start_with_env(home: &Path, config: Option<&Path>, log: &Path, env: &[(&str, &Path)]) -> Daemon {
-        Daemon::spawn(home, config, std::fs::File::create(log).expect("log file").into(), env)
+        let file = std::fs::File::create(log).expect("log file");
+        let child = Daemon::spawn(home, config, file.into(), env);
+        Daemon { child, log: log.to_path_buf(), _own_log: None }
     }
 
-    fn spawn(home: &Path, config: Option<&Path>, stderr: Stdio, env: &[(&str, &Path)]) -> Daemon {
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Wait up to `secs` until the log holds `needle` at least `times` times.
+    pub async fn wait_log_count(&self, needle: &str, times: usize, secs: u64) -> bool {
+        wait_until(secs, || self.log().matches(needle).count() >= times).await
+    }
+
+    /// Wait up to `secs` until the log holds `needle`.
+    pub async fn wait_log(&self, needle: &str, secs: u64) -> bool {
+        self.wait_log_count(needle, 1, secs).await
+    }
+
+    /// Wait until the scheduler has planned every job and gone to sleep: a job
+    /// due now would have been started before this line.
+    pub async fn scheduler_idle(&self) {
+        assert!(self.wait_log("scheduler sleeping", 20).await, "the scheduler went to sleep: {}", self.log());
+    }
+
+    fn spawn(home: &Path, config: Option<&Path>, stderr: Stdio, env: &[(&str, &Path)]) -> tokio::process::Child {
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
@@ -41,7 +74,7 @@ impl Daemon {
             .stderr(stderr)
             .envs(env.iter().map(|(k, v)| (*k, *v)))
             .kill_on_drop(true);
-        Daemon { child: cmd.spawn().expect("spawn bramble run") }
+        cmd.spawn().expect("spawn bramble run")
     }
 
     /// The process id.
@@ -50,12 +83,12 @@ impl Daemon {
     }
 
     /// Wait for the daemon to exit on its own (up to `secs`): its status and log.
-    pub async fn exited(self, secs: u64) -> (Option<i32>, String) {
-        let out = tokio::time::timeout(Duration::from_secs(secs), self.child.wait_with_output())
+    pub async fn exited(mut self, secs: u64) -> (Option<i32>, String) {
+        let status = tokio::time::timeout(Duration::from_secs(secs), self.child.wait())
             .await
             .expect("the daemon exits by itself")
-            .expect("output");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+            .expect("exit status");
+        (status.code(), self.log())
     }
 
     /// Wait until the daemon catches SIGTERM and SIGHUP (`SigCgt` in
@@ -79,13 +112,13 @@ impl Daemon {
     }
 
     /// SIGTERM, then the exit status and everything it logged.
-    pub async fn stop(self) -> (Option<i32>, String) {
+    pub async fn stop(mut self) -> (Option<i32>, String) {
         self.signal(nix::sys::signal::Signal::SIGTERM).await;
-        let out = tokio::time::timeout(Duration::from_secs(20), self.child.wait_with_output())
+        let status = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
             .await
             .expect("daemon stops within 20 s")
-            .expect("output");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+            .expect("exit status");
+        (status.code(), self.log())
     }
 }
 
@@ -105,7 +138,7 @@ impl Daemon {
     /// SIGKILL: no goodbye, no last words but the broker's last will.
     pub async fn kill9(mut self) -> String {
         let _ = self.child.start_kill();
-        let out = self.child.wait_with_output().await.expect("output");
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        self.child.wait().await.expect("exit status");
+        self.log()
     }
 }
