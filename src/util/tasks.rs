@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Take items from `rx` until `stop` fires or the queue closes, and run
 /// `handle(item)` for each in its own task, at most `limit` at once: when all
-/// are busy, items wait in the (bounded) queue, not in memory here. Finished
+/// are busy, items wait in the (bounded) queue, not in memory here. Once
+/// `stop` has fired, no further item is taken. Finished
 /// tasks are reaped as it goes. Returns the tasks still running, for the caller
 /// to wait for (or abort) once it has dealt with what is left in `rx`.
 pub async fn run_bounded<T, F, Fut>(
@@ -27,13 +28,17 @@ where
     let slots = Arc::new(Semaphore::new(limit.max(1)));
     let mut running = JoinSet::new();
     loop {
+        // Biased, stop first: once stopping, nothing more is taken (what is
+        // left stays in the queue for the caller).
         let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            biased;
             _ = stop.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
         let item = tokio::select! {
-            m = rx.recv() => match m { Some(m) => m, None => break },
+            biased;
             _ = stop.cancelled() => break,
+            m = rx.recv() => match m { Some(m) => m, None => break },
             Some(_) = running.join_next(), if !running.is_empty() => continue,
         };
         let task = handle(item);
