@@ -31,13 +31,14 @@ pub fn parse() -> Cli {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let explicit = cli.config.as_deref();
     match cli.command {
-        Command::Check => return Ok(check::check(explicit)),
+        Command::Check { reload: false } => return Ok(check::check(explicit)),
+        Command::Check { reload: true } => return Ok(check::reload(explicit)),
         Command::Init { workspace } => return init::init(explicit, workspace.as_deref()),
         _ => {}
     }
     let loaded = config::load(explicit)?;
     // Commands started by this process never see the state dir, config or credentials.
-    crate::sandbox::protect(crate::sandbox::private_paths(&loaded));
+    crate::sandbox::configure(&loaded);
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
     match cli.command {
@@ -46,7 +47,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded),
-        Command::Check | Command::Init { .. } => unreachable!("handled above"),
+        Command::Check { .. } | Command::Init { .. } => unreachable!("handled above"),
     }
 }
 

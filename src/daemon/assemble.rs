@@ -60,7 +60,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         tools.register(tool);
     }
     if c.exec.enabled {
-        crate::sandbox::protect(crate::sandbox::private_paths(loaded));
+        crate::sandbox::configure(loaded);
         tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone())));
     }
     if c.web.enabled {

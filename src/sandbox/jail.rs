@@ -118,13 +118,17 @@ pub fn build(o: &Options) -> Result<(), String> {
             covers.push(blocked);
         }
     }
+    // Looked at all at once, before they are covered: a cover over the home
+    // hides the state directory beneath it (the default layout outside
+    // systemd), which then needs no cover of its own — and could not get one.
+    // What lies inside the workspace is covered after the workspace is back.
+    let inside_ws = |p: &Path| ws.as_ref().is_some_and(|(w, _)| p.starts_with(w) && p != w);
+    let (mut outside, mut inside): (Vec<PathBuf>, Vec<PathBuf>) = (Vec::new(), Vec::new());
     let mut files: Vec<&Path> = Vec::new();
     for path in &o.hide {
         match std::fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() => {
-                cover(path)?;
-                covers.push(path.clone());
-            }
+            Ok(m) if m.is_dir() && inside_ws(path) => inside.push(path.clone()),
+            Ok(m) if m.is_dir() => outside.push(path.clone()),
             Ok(_) => files.push(path),
             Err(_) => {} // Nothing there (or already covered), nothing to hide.
         }
@@ -132,14 +136,25 @@ pub fn build(o: &Options) -> Result<(), String> {
     for dir in &o.mask {
         // Only real directories: `/var/run` is usually a link to `/run`, masked already.
         if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
-            cover(dir)?;
-            covers.push(dir.clone());
+            outside.push(dir.clone());
         }
+    }
+    for dir in outermost(outside, &covers) {
+        cover(&dir)?;
+        covers.push(dir);
     }
     if let Some((ws, tree)) = &ws {
         std::fs::create_dir_all(ws).map_err(|e| format!("cannot recreate {}: {e}", ws.display()))?;
         move_mount(tree, ws)?;
     }
+    let early = covers.len();
+    for dir in outermost(inside, &[]) {
+        cover(&dir)?;
+        covers.push(dir);
+    }
+    // A file under a cover is gone already, unless the workspace brought it back.
+    files.retain(|f| !covers[..early].iter().any(|c| f.starts_with(c)) || inside_ws(f));
+    files.retain(|f| !covers[early..].iter().any(|c| f.starts_with(c)));
     for (path, tree, is_dir) in &exposed {
         // The mount point, made in the (still writable) cover if the path is under one.
         if std::fs::symlink_metadata(path).is_err() {
@@ -202,6 +217,19 @@ fn idmap(tree: &OwnedFd, uid: u32, gid: u32) -> Result<(), String> {
     let _ = kill(child, Signal::SIGKILL);
     let _ = waitpid(child, None);
     result
+}
+
+/// The directories of `dirs` that lie beneath no other one (nor beneath one of
+/// `covered`), each once.
+fn outermost(mut dirs: Vec<PathBuf>, covered: &[PathBuf]) -> Vec<PathBuf> {
+    dirs.sort(); // a parent sorts before what lies beneath it
+    let mut out: Vec<PathBuf> = Vec::new();
+    for d in dirs {
+        if !out.iter().chain(covered).any(|c| d.starts_with(c)) {
+            out.push(d);
+        }
+    }
+    out
 }
 
 /// An empty, small tmpfs over `dir` (writable until the caller remounts it read-only).
@@ -315,4 +343,17 @@ fn set_attr(path: &str, set: u64, clear: u64, flags: libc::c_uint) -> Result<(),
     let c = std::ffi::CString::new(path).map_err(|_| std::io::ErrorKind::InvalidInput)?;
     let attr = mount_attr { attr_set: set, attr_clr: clear, propagation: 0, userns_fd: 0 };
     mount_setattr(libc::AT_FDCWD, &c, flags, &attr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn covers_beneath_another_are_dropped() {
+        let p = |s: &str| PathBuf::from(s);
+        let dirs = vec![p("/home/pi/.local/state/bramble"), p("/run"), p("/home/pi"), p("/home/pi2"), p("/run")];
+        assert_eq!(outermost(dirs, &[]), [p("/home/pi"), p("/home/pi2"), p("/run")]);
+        assert_eq!(outermost(vec![p("/root/x"), p("/srv")], &[p("/root")]), [p("/srv")]);
+    }
 }

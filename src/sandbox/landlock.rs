@@ -18,17 +18,71 @@
 //! Landlock also stops ptrace-style access (`/proc/<pid>/environ`, `mem`) to
 //! processes outside the domain, such as bramble itself.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
-use landlock::{path_beneath_rules, Access, AccessFs, AccessNet, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI};
+use landlock::{
+    Access, AccessFs, AccessNet, BitFlags, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreated,
+    RulesetCreatedAttr, Scope, ABI,
+};
 
 use super::helper::Options;
 
 /// The newest ABI this code knows how to ask for; older kernels get a subset.
 const ABI_WANTED: ABI = ABI::V6;
 
-/// The kernel's Landlock ABI version, or `None` when Landlock is unavailable.
-pub fn abi_version() -> Option<i32> {
+/// Why commands get no Landlock. The kernel's answer to the version query tells
+/// "not there" apart from "there, but refused to us": the fix differs (another
+/// kernel or boot parameter, against one line in a container's or unit's filter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unavailable {
+    /// `ENOSYS`: the kernel was built without Landlock (stock Raspberry Pi OS kernels).
+    NotInKernel,
+    /// `EOPNOTSUPP`: built in, but not among the security modules enabled at boot.
+    DisabledAtBoot,
+    /// `EPERM`: a seccomp filter refuses the calls (a container's, or a unit's `SystemCallFilter=`).
+    Blocked,
+    /// Another error number from the version query.
+    Other(i32),
+    /// The calls work, but a real run of the helper (the probe) could not set the rules up.
+    Failed(String),
+}
+
+impl Unavailable {
+    fn from_errno(errno: i32) -> Unavailable {
+        match errno {
+            libc::ENOSYS => Unavailable::NotInKernel,
+            libc::EOPNOTSUPP => Unavailable::DisabledAtBoot,
+            libc::EPERM => Unavailable::Blocked,
+            other => Unavailable::Other(other),
+        }
+    }
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unavailable::NotInKernel => f.write_str("no Landlock in this kernel (built without CONFIG_SECURITY_LANDLOCK)"),
+            Unavailable::DisabledAtBoot => f.write_str(
+                "Landlock is in this kernel but was not enabled at boot (add `landlock` to the `lsm=` kernel parameter)",
+            ),
+            Unavailable::Blocked => f.write_str(
+                "Landlock BLOCKED by a seccomp filter: the kernel has it, but its system calls fail with EPERM \
+                 (a container's filter — systemd-nspawn needs --system-call-filter='landlock_create_ruleset \
+                 landlock_add_rule landlock_restrict_self' — or a unit's SystemCallFilter=)",
+            ),
+            Unavailable::Other(errno) => write!(
+                f,
+                "no Landlock: the kernel answered the version query with {}",
+                std::io::Error::from_raw_os_error(*errno)
+            ),
+            Unavailable::Failed(why) => write!(f, "Landlock FAILED in a test run: {why}"),
+        }
+    }
+}
+
+/// The kernel's Landlock ABI version, or why Landlock cannot be used.
+pub fn abi_version() -> Result<i32, Unavailable> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: landlock_create_ruleset(NULL, 0, VERSION) only returns a number.
     let v = unsafe {
@@ -39,7 +93,11 @@ pub fn abi_version() -> Option<i32> {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     };
-    (v > 0).then_some(v as i32)
+    if v > 0 {
+        return Ok(v as i32);
+    }
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENOSYS);
+    Err(Unavailable::from_errno(errno))
 }
 
 /// Restrict the calling process (and what it execs) as described above.
@@ -52,16 +110,55 @@ pub fn restrict(o: &Options) -> Result<(), String> {
     }
     let ruleset = ruleset.scope(Scope::from_all(abi)).map_err(err)?;
     let mut created = ruleset.create().map_err(err)?;
-    let readable = read_roots(&o.hide);
-    created = created.add_rules(path_beneath_rules(&readable, AccessFs::from_read(abi))).map_err(err)?;
-    let exposed: Vec<&PathBuf> = o.expose.iter().filter(|p| p.exists()).collect();
-    created = created.add_rules(path_beneath_rules(&exposed, AccessFs::from_read(abi))).map_err(err)?;
+    // What is read everywhere may hold entries that are no filesystem object
+    // (the kernel refuses a pipe or a socket reached through a magic link):
+    // nothing to grant there. What is granted by name must be granted.
+    grant(&mut created, &read_roots(&o.hide), AccessFs::from_read(abi), true)?;
+    let exposed: Vec<PathBuf> = o.expose.iter().filter(|p| p.exists()).cloned().collect();
+    grant(&mut created, &exposed, AccessFs::from_read(abi), false)?;
     let mut writable: Vec<PathBuf> = vec!["/tmp".into(), "/dev".into()];
     writable.extend(o.workspace.clone());
     writable.retain(|p| p.exists());
-    created = created.add_rules(path_beneath_rules(&writable, AccessFs::from_all(abi))).map_err(err)?;
+    grant(&mut created, &writable, AccessFs::from_all(abi), false)?;
     created.restrict_self().map_err(err)?;
     Ok(())
+}
+
+/// Add a rule per path, naming the path when the kernel refuses one.
+/// `lenient`: skip paths that vanished or that the kernel says are no
+/// filesystem object (`EBADFD`), rather than fail the command.
+fn grant(
+    created: &mut RulesetCreated,
+    paths: &[PathBuf],
+    access: BitFlags<AccessFs>,
+    lenient: bool,
+) -> Result<(), String> {
+    for path in paths {
+        let fd = match PathFd::new(path) {
+            Ok(fd) => fd,
+            Err(_) if lenient => continue,
+            Err(e) => return Err(format!("Landlock: cannot open {}: {e}", path.display())),
+        };
+        if let Err(e) = created.add_rule(PathBeneath::new(fd, access)) {
+            if lenient && os_error(&e) == Some(libc::EBADFD) {
+                continue;
+            }
+            return Err(format!("Landlock: cannot grant access beneath {}: {e}", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// The OS error number at the bottom of an error's chain of sources.
+fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(code) = err.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) {
+            return Some(code);
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Directories (and files) that together cover everything under `/` except `hidden`.
@@ -95,6 +192,12 @@ fn split_around(root: &Path, hidden: &Path, out: &mut Vec<PathBuf>) {
     let step = root.join(first);
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {
+        // A link is followed when a rule is made: `/x -> /var/lib/bramble` would grant
+        // the hidden state, `/dev/stdin -> /proc/self/fd/0` a pipe. Its target is
+        // readable through whichever root covers the target.
+        if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            continue;
+        }
         let p = entry.path();
         if p == step {
             split_around(&step, hidden, out);
@@ -117,6 +220,8 @@ mod tests {
         }
         std::fs::write(root.join("a/b/secret"), "k").unwrap();
         std::fs::write(root.join("a/b/ok"), "k").unwrap();
+        // A link beside the way down is no root: a rule on it would grant its target.
+        std::os::unix::fs::symlink(root.join("y"), root.join("a/to-hidden")).unwrap();
         let hidden = [root.join("a/b/secret"), root.join("y")];
         let mut got = read_roots(&hidden);
         got.retain(|p| p.starts_with(root));
@@ -125,5 +230,14 @@ mod tests {
         // Something outside our temp dir is still readable.
         assert!(read_roots(&hidden).iter().any(|p| Path::new("/etc/hostname").starts_with(p)));
         assert_eq!(read_roots(&[]), [PathBuf::from("/")]);
+    }
+
+    #[test]
+    fn the_version_query_tells_missing_from_blocked() {
+        assert_eq!(Unavailable::from_errno(libc::ENOSYS), Unavailable::NotInKernel);
+        assert_eq!(Unavailable::from_errno(libc::EOPNOTSUPP), Unavailable::DisabledAtBoot);
+        assert_eq!(Unavailable::from_errno(libc::EPERM), Unavailable::Blocked);
+        assert!(Unavailable::Blocked.to_string().contains("seccomp"), "{}", Unavailable::Blocked);
+        assert!(Unavailable::NotInKernel.to_string().starts_with("no Landlock in this kernel"));
     }
 }

@@ -55,12 +55,15 @@ struct Settings {
     helper: Option<PathBuf>,
     /// Paths commands must not see: state dirs, config files, credentials.
     private: Vec<PathBuf>,
+    /// The workspace, for the probe's test run of the real layout.
+    workspace: Option<PathBuf>,
     probe: Option<Arc<Probe>>,
     /// A cheap guess used until the probe has run (see [`assumed`]).
     guess: Option<Arc<Probe>>,
 }
 
-static SETTINGS: Mutex<Settings> = Mutex::new(Settings { helper: None, private: Vec::new(), probe: None, guess: None });
+static SETTINGS: Mutex<Settings> =
+    Mutex::new(Settings { helper: None, private: Vec::new(), workspace: None, probe: None, guess: None });
 
 fn settings() -> std::sync::MutexGuard<'static, Settings> {
     SETTINGS.lock().unwrap_or_else(|p| p.into_inner())
@@ -100,6 +103,18 @@ pub fn protect(paths: impl IntoIterator<Item = PathBuf>) {
     }
 }
 
+/// Commands started by this process from now on: hide what `loaded` keeps
+/// private ([`private_paths`]), and let the probe try its workspace.
+pub fn configure(loaded: &crate::config::Loaded) {
+    protect(private_paths(loaded));
+    let mut s = settings();
+    let ws = std::fs::canonicalize(&loaded.paths.workspace).unwrap_or_else(|_| loaded.paths.workspace.clone());
+    if s.workspace.as_ref() != Some(&ws) {
+        s.workspace = Some(ws);
+        s.probe = None; // a layout the probe has not tried
+    }
+}
+
 /// What commands must not see of a loaded configuration: its file, the state
 /// directory, and systemd's credentials directory.
 pub fn private_paths(loaded: &crate::config::Loaded) -> Vec<PathBuf> {
@@ -129,8 +144,8 @@ pub struct Probe {
     pub namespaces: Result<(), String>,
     /// Whether commands get an empty `/proc` (a fresh one could not be mounted).
     pub proc_hidden: bool,
-    /// The kernel's Landlock ABI version.
-    pub landlock_abi: Option<i32>,
+    /// The kernel's Landlock ABI version, or why commands get no Landlock.
+    pub landlock: Result<i32, landlock::Unavailable>,
     /// Whether bramble runs as root (commands then switch user).
     pub root: bool,
     /// How long the probe took.
@@ -182,8 +197,8 @@ fn guess() -> Probe {
     } else {
         Ok(())
     };
-    let landlock_abi = landlock::abi_version();
-    Probe { helper, namespaces, proc_hidden: false, landlock_abi, root, took: start.elapsed() }
+    let landlock = landlock::abi_version();
+    Probe { helper, namespaces, proc_hidden: false, landlock, root, took: start.elapsed() }
 }
 
 /// After a command failed to start or a layer failed: run the probe (once) and
@@ -194,13 +209,15 @@ pub fn recheck() -> bool {
     }
     let before = assumed();
     let now = probe();
-    (before.helper.is_ok() && now.helper.is_err()) || (before.jail_available() && !now.jail_available())
+    (before.helper.is_ok() && now.helper.is_err())
+        || (before.jail_available() && !now.jail_available())
+        || (before.landlock.is_ok() && now.landlock.is_err())
 }
 
 fn run_probe() -> Probe {
     let start = Instant::now();
     let root = nix::unistd::geteuid().is_root();
-    let landlock_abi = landlock::abi_version();
+    let mut landlock = landlock::abi_version();
     let helper = match helper_path() {
         None => Err(format!("no helper binary (set {HELPER_ENV})")),
         Some(p) if p.is_file() => Ok(p),
@@ -208,7 +225,23 @@ fn run_probe() -> Probe {
     };
     let mut helper = helper;
     let namespaces = match &helper {
-        Ok(h) => probe_namespaces(h),
+        Ok(h) => {
+            // One run of the real layout: the jail with Landlock, this workspace and these hidden paths.
+            let workspace = settings().workspace.clone().filter(|w| w.is_dir());
+            let hide = hidden_paths(workspace.as_deref());
+            let full = probe_run(h, landlock.is_ok(), workspace.as_deref(), &hide);
+            match (full, &landlock) {
+                (Err(e), Ok(_)) if !e.starts_with(CANNOT_START) => {
+                    // Without Landlock: which layer failed?
+                    let bare = probe_run(h, false, workspace.as_deref(), &hide);
+                    if bare.is_ok() {
+                        landlock = Err(landlock::Unavailable::Failed(e));
+                    }
+                    bare
+                }
+                (full, _) => full,
+            }
+        }
         Err(e) => Err(e.clone()),
     };
     if let Err(e) = &namespaces {
@@ -219,17 +252,22 @@ fn run_probe() -> Probe {
     }
     let proc_hidden = namespaces.as_ref().is_ok_and(|hidden| *hidden);
     let namespaces = namespaces.map(|_| ());
-    Probe { helper, namespaces, proc_hidden, landlock_abi, root, took: start.elapsed() }
+    Probe { helper, namespaces, proc_hidden, landlock, root, took: start.elapsed() }
 }
 
 const CANNOT_START: &str = "cannot start the helper";
 
-/// Build a complete jail (with an empty network namespace) around a shell that
-/// looks at its `/proc`. `Ok(true)`: the jail works but `/proc` is empty.
-fn probe_namespaces(helper: &Path) -> Result<bool, String> {
+/// Build a complete jail (with an empty network namespace, and Landlock if
+/// `landlock`) around a shell that looks at its `/proc`, with the workspace
+/// attached and the private paths hidden as commands will have them.
+/// `Ok(true)`: the jail works but `/proc` is empty.
+fn probe_run(helper: &Path, landlock: bool, workspace: Option<&Path>, hide: &[PathBuf]) -> Result<bool, String> {
     let opts = helper::Options {
         ns: true,
         no_network: true,
+        landlock,
+        workspace: workspace.map(Path::to_path_buf),
+        hide: hide.to_vec(),
         tmp_mb: 1,
         command: vec!["/bin/sh".into(), "-c".into(), "test -e /proc/self/status || exit 3".into()],
         ..helper::Options::default()
@@ -310,13 +348,13 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
             };
             parts.push(format!("seccomp (no set-id files, memfd, SysV shm or io_uring{sockets})"));
         }
-        parts.push(match p.landlock_abi {
-            Some(v) => format!("Landlock ABI {v}{}", if cfg.network || v >= 4 { "" } else { " (no TCP rules)" }),
-            None => "no Landlock in this kernel".into(),
+        parts.push(match &p.landlock {
+            Ok(v) => format!("Landlock ABI {v}{}", if cfg.network || *v >= 4 { "" } else { " (no TCP rules)" }),
+            Err(why) => why.to_string(),
         });
     }
     if cfg.isolation == Isolation::Required && !p.jail_available() {
-        parts.push("isolation = \"required\": commands are REFUSED".into());
+        parts.push(format!("isolation = \"required\": commands are REFUSED ({})", p.missing()));
     }
     parts.join("; ")
 }
@@ -334,6 +372,21 @@ impl Probe {
     pub fn jail_available(&self) -> bool {
         self.helper.is_ok() && self.namespaces.is_ok()
     }
+
+    /// The Landlock ABI commands get, if any.
+    pub fn landlock_abi(&self) -> Option<i32> {
+        self.landlock.as_ref().ok().copied()
+    }
+
+    /// Why the jail is missing, and what became of Landlock, the wall that
+    /// would remain: "not in this kernel" and "blocked by a filter" need different fixes.
+    fn missing(&self) -> String {
+        let jail = self.namespaces.as_ref().err().or(self.helper.as_ref().err()).cloned().unwrap_or_default();
+        match &self.landlock {
+            Ok(v) => format!("no namespace jail: {jail}; Landlock ABI {v} alone is not enough"),
+            Err(why) => format!("no namespace jail: {jail}; {why}"),
+        }
+    }
 }
 
 /// Turn `spec` (a program to run in `workspace`) into a sandboxed one, as `cfg` says.
@@ -344,8 +397,7 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     }
     let p = assumed();
     if cfg.isolation == Isolation::Required && !p.jail_available() {
-        let why = p.namespaces.as_ref().err().or(p.helper.as_ref().err()).cloned().unwrap_or_default();
-        return Err(format!("sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: {why}"));
+        return Err(format!("sandbox: [exec] isolation = \"required\" but it cannot be met: {}", p.missing()));
     }
     let helper = match &p.helper {
         Ok(helper) => helper,
@@ -370,14 +422,7 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     let workspace = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
     let cwd = std::fs::canonicalize(&spec.cwd).unwrap_or_else(|_| spec.cwd.clone());
     let canonical = |h: &PathBuf| std::fs::canonicalize(h).unwrap_or_else(|_| h.clone());
-    let mut hide: Vec<PathBuf> = settings().private.iter().map(canonical).collect();
-    for home in homes() {
-        // The home of bramble's user: keys in ~/.profile, ssh keys, other projects. The
-        // workspace is attached again inside; a workspace that *is* the home keeps it.
-        if !home.starts_with(&workspace) && !hide.contains(&home) {
-            hide.push(home);
-        }
-    }
+    let hide = hidden_paths(Some(&workspace));
     let jail = p.namespaces.is_ok();
     let mut expose: Vec<PathBuf> = cfg.expose.iter().map(canonical).collect();
     if cfg.network {
@@ -395,7 +440,7 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
         ns: jail,
         no_network: !cfg.network,
         no_unix: unix_sockets_refused(cfg, &p),
-        landlock: p.landlock_abi.is_some(),
+        landlock: p.landlock.is_ok(),
         run_as,
         limits: helper::Limits {
             cpu_seconds: cfg.max_cpu_seconds,
@@ -430,8 +475,22 @@ pub fn unix_sockets_refused(cfg: &ExecConfig, p: &Probe) -> bool {
         return false;
     }
     let jail = p.jail_available();
-    let abstract_scoped = !cfg.network || p.landlock_abi.is_some_and(|v| v >= 6);
+    let abstract_scoped = !cfg.network || p.landlock_abi().is_some_and(|v| v >= 6);
     !(jail && abstract_scoped)
+}
+
+/// What commands must not see: the private paths and bramble's user's home
+/// (keys in ~/.profile, ssh keys, other projects). The workspace is attached
+/// again inside a hidden home; a workspace that *is* the home keeps it.
+fn hidden_paths(workspace: Option<&Path>) -> Vec<PathBuf> {
+    let canonical = |h: &PathBuf| std::fs::canonicalize(h).unwrap_or_else(|_| h.clone());
+    let mut hide: Vec<PathBuf> = settings().private.iter().map(canonical).collect();
+    for home in homes() {
+        if !workspace.is_some_and(|w| home.starts_with(w)) && !hide.contains(&home) {
+            hide.push(home);
+        }
+    }
+    hide
 }
 
 /// The home directories of bramble's user: `$HOME` and the password database's.

@@ -79,7 +79,7 @@ impl Setup {
 /// Both filesystem layers are asserted where they exist; with neither, containment cannot hold.
 fn require_fs_layer(p: &Probe) {
     assert!(
-        p.jail_available() || p.landlock_abi.is_some(),
+        p.jail_available() || p.landlock_abi().is_some(),
         "this kernel offers neither user namespaces nor Landlock: writes outside the workspace are NOT contained"
     );
 }
@@ -328,7 +328,7 @@ async fn network_is_off_when_disabled() {
     let out = off.exec(&probe).await;
     assert!(!out.text.contains("CONNECTED"), "{out:?}");
     assert!(listener.accept().is_err(), "no connection arrived");
-    assert!(p.jail_available() || p.landlock_abi.is_some_and(|v| v >= 4), "no layer can take the network away");
+    assert!(p.jail_available() || p.landlock_abi().is_some_and(|v| v >= 4), "no layer can take the network away");
     // The seccomp filter answers first: no socket but AF_UNIX can even be created.
     assert!(out.text.contains("Address family not supported"), "{out:?}");
     if p.jail_available() {
@@ -686,9 +686,9 @@ async fn status_names_the_active_layers() {
         assert!(line.contains("namespaces UNAVAILABLE"), "{line}");
     }
     assert!(line.contains("no_new_privs"), "{line}");
-    match p.landlock_abi {
-        Some(v) => assert!(line.contains(&format!("Landlock ABI {v}")), "{line}"),
-        None => assert!(line.contains("no Landlock"), "{line}"),
+    match &p.landlock {
+        Ok(v) => assert!(line.contains(&format!("Landlock ABI {v}")), "{line}"),
+        Err(why) => assert!(line.contains(&why.to_string()), "{line}"),
     }
     if p.root {
         assert!(line.contains("runs as nobody:nogroup"), "{line}");
@@ -723,11 +723,15 @@ async fn agent_exec(extra_config: &str, env: &[(&str, &str)], command: &str) -> 
 async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
     let missing = [("BRAMBLE_SANDBOX_HELPER", "/nonexistent/bramble")];
     let (tool, _) = agent_exec("[exec]\nisolation = \"required\"\n", &missing, "echo ran").await;
-    assert_eq!(
-        tool,
-        "Error: sandbox: [exec] isolation = \"required\" but the namespace jail is unavailable: \
-         helper /nonexistent/bramble does not exist"
+    assert!(
+        tool.starts_with(
+            "Error: sandbox: [exec] isolation = \"required\" but it cannot be met: \
+             no namespace jail: helper /nonexistent/bramble does not exist; "
+        ),
+        "{tool}"
     );
+    // And what became of Landlock, the wall that would remain.
+    assert!(tool.contains("Landlock"), "{tool}");
     // auto: without the helper a root bramble refuses (it would run the command as
     // root, unconfined); otherwise the command runs with what is left, and the log
     // says the sandbox is degraded.
@@ -1326,4 +1330,179 @@ async fn an_oversize_message_on_in_neither_loops_nor_blocks_the_channel() {
     assert_eq!(connects, 1, "{}", read_log());
     assert!(!read_log().contains("connection lost"), "{}", read_log());
     daemon.stop().await;
+}
+
+// ---- where users put their files (issues 20, 21) ----
+
+/// A user's own layout of config, state and workspace, used by the real binary
+/// with `HOME` set: `bramble cron run` of an exec job, no model involved.
+struct Layout {
+    home: PathBuf,
+    config: PathBuf,
+    workspace: PathBuf,
+    state: PathBuf,
+}
+
+impl Layout {
+    fn new(home: &Path, config: PathBuf, workspace: PathBuf, state: PathBuf) -> Layout {
+        for d in [home, config.parent().unwrap(), &workspace, &state] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(state.join("session.jsonl"), SECRET_IN_STATE).unwrap();
+        let text = format!(
+            "[agent]\nworkspace = \"{}\"\n[provider]\napi_key = \"{SECRET_IN_CONFIG}\"\n[daemon]\nstate_dir = \"{}\"\n",
+            workspace.display(),
+            state.display()
+        );
+        std::fs::write(&config, text).unwrap();
+        Layout { home: home.to_path_buf(), config, workspace, state }
+    }
+
+    /// `bramble ARGS` as the user of this layout: success and stdout + stderr.
+    async fn bramble(&self, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env_clear()
+            .env("HOME", &self.home)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    }
+
+    /// Run `command` as an exec job; its report.
+    async fn exec(&self, command: &str) -> String {
+        let (ok, out) = self.bramble(&["cron", "add", "--every", "1h", "--exec", command, "probe"], &[]).await;
+        assert!(ok, "{out}");
+        let (_, out) = self.bramble(&["cron", "run", "probe"], &[]).await;
+        let (ok, removed) = self.bramble(&["cron", "remove", "probe"], &[]).await;
+        assert!(ok, "{removed}");
+        out
+    }
+
+    /// A command writes the workspace, and reads neither the state nor the config.
+    async fn assert_works_and_hides(&self, what: &str) {
+        let cmd = format!(
+            "echo kept > note.txt && cat note.txt; cat {s}/session.jsonl {c}; ls -a {s}",
+            s = self.state.display(),
+            c = self.config.display()
+        );
+        let out = self.exec(&cmd).await;
+        assert!(out.contains("kept\n"), "{what}: the command did not run or write:\n{out}");
+        assert!(!out.contains(SECRET_IN_STATE) && !out.contains(SECRET_IN_CONFIG), "{what}: a secret leaked:\n{out}");
+        assert!(!out.contains("session.jsonl\n"), "{what}: the state directory is visible:\n{out}");
+        assert_eq!(std::fs::read_to_string(self.workspace.join("note.txt")).unwrap(), "kept\n", "{what}");
+        let (ok, status) = self.bramble(&["status"], &[]).await;
+        assert!(ok, "{status}");
+        let line = status.lines().find(|l| l.starts_with("sandbox:")).unwrap_or_default();
+        assert!(!line.contains("FAILED"), "{what}: the probe's run of this layout failed: {line}");
+    }
+}
+
+/// A directory on tmpfs, as a Pi with log2ram, an overlay root or state in
+/// `/dev/shm` has. Fails loudly where `/dev/shm` is not tmpfs.
+fn tmpfs_dir() -> tempfile::TempDir {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    let shm =
+        mounts.lines().filter_map(|l| l.split(' ').nth(1).zip(l.split(' ').nth(2))).rfind(|(m, _)| *m == "/dev/shm");
+    assert_eq!(shm.map(|(_, fs)| fs), Some("tmpfs"), "these tests need /dev/shm on tmpfs:\n{mounts}");
+    let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+    let mode = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+    std::fs::set_permissions(dir.path(), mode).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn the_default_layout_under_the_users_home_works_and_hides() {
+    // Outside systemd everything is under the home, which commands must not see:
+    // ~/.config/bramble, ~/.local/state/bramble, ~/.local/share/bramble/workspace.
+    require_fs_layer(&layers());
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let home = tmp.path().join("home");
+    let layout = Layout::new(
+        &home,
+        home.join(".config/bramble/config.toml"),
+        home.join(".local/share/bramble/workspace"),
+        home.join(".local/state/bramble"),
+    );
+    std::fs::write(home.join(".profile"), "export KEY=home-secret\n").unwrap();
+    layout.assert_works_and_hides("the home layout").await;
+    let out = layout.exec(&format!("cat {}/.profile; echo end", home.display())).await;
+    assert!(out.contains("end") && !out.contains("home-secret"), "{out}");
+}
+
+#[tokio::test]
+async fn workspaces_and_state_on_tmpfs_work_and_hide() {
+    // Every exec once failed here: a hidden path under /dev made Landlock's
+    // rules follow /dev/stdin into a pipe ("File descriptor in bad state").
+    require_fs_layer(&layers());
+    let ram = tmpfs_dir();
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (r, d) = (ram.path(), disk.path());
+    let layouts = [
+        ("workspace and state on tmpfs", Layout::new(d, r.join("a/config.toml"), r.join("a/ws"), r.join("a/state"))),
+        ("state on tmpfs", Layout::new(d, d.join("b/config.toml"), d.join("b/ws"), r.join("b/state"))),
+        ("workspace on tmpfs", Layout::new(d, d.join("c/config.toml"), r.join("c/ws"), d.join("c/state"))),
+        ("workspace inside the state dir on tmpfs", {
+            Layout::new(d, r.join("d/config.toml"), r.join("d/state/workspace"), r.join("d/state"))
+        }),
+    ];
+    for (what, layout) in &layouts {
+        layout.assert_works_and_hides(what).await;
+    }
+}
+
+/// Run the real binary's `status` under a seccomp filter that refuses
+/// `landlock_create_ruleset` with `errno` — what a container's allow list does.
+fn status_with_landlock_refused(errno: i32) -> String {
+    use std::os::unix::process::CommandExt;
+    let home = TestHome::new("openai", "http://127.0.0.1:9/v1", "", "", "");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+    cmd.args(["--config", home.config.to_str().unwrap(), "status"]).env_clear().env("HOME", home.path());
+    // Classic BPF: load the syscall number; landlock_create_ruleset → ERRNO(errno); else allow.
+    let nr = libc::SYS_landlock_create_ruleset as u32;
+    let filter = [
+        libc::sock_filter { code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, jt: 0, jf: 0, k: 0 },
+        libc::sock_filter { code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16, jt: 0, jf: 1, k: nr },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | errno as u32,
+        },
+        libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+    ];
+    // SAFETY: between fork and exec only two prctl calls on memory the child owns (a copy of `filter`).
+    unsafe {
+        cmd.pre_exec(move || {
+            let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut libc::sock_filter };
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const _ as usize, 0, 0) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().find(|l| l.starts_with("sandbox:")).unwrap_or_else(|| panic!("{text}")).to_string()
+}
+
+#[test]
+fn landlock_blocked_by_a_filter_is_not_blamed_on_the_kernel() {
+    let line = status_with_landlock_refused(libc::EPERM);
+    assert!(line.contains("Landlock BLOCKED by a seccomp filter"), "{line}");
+    assert!(!line.contains("no Landlock in this kernel"), "{line}");
+    let line = status_with_landlock_refused(libc::ENOSYS);
+    assert!(line.contains("no Landlock in this kernel"), "{line}");
+    let line = status_with_landlock_refused(libc::EOPNOTSUPP);
+    assert!(line.contains("not enabled at boot"), "{line}");
 }
