@@ -4,7 +4,10 @@
 //! names the device and inode of our stderr (the check systemd documents;
 //! the variable alone is inherited by children whose stderr was redirected).
 //! Fields such as `job`, `session` and `channel` become journal fields
-//! (`journalctl -u bramble JOB=morning`).
+//! (`journalctl -u bramble JOB=morning`). Levels map to syslog priorities as
+//! journald users expect — error 3, warn 4, info 6, debug and trace 7 — so
+//! `journalctl -p info` shows what `info` shows, and `-p notice` only warnings
+//! and errors (tracing-journald's default puts info at notice, 5).
 //!
 //! The level comes from `RUST_LOG` when set, else `[daemon] log_level`, else
 //! the command's default (`info` for the daemon, `warn` for one-shot commands
@@ -34,13 +37,24 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
         );
         default_level.parse().unwrap_or_default()
     });
-    let journald = stderr_is_journal()
-        .then(|| tracing_journald::layer().ok())
-        .flatten()
-        .map(|l| l.with_syslog_identifier("bramble".into()).with_field_prefix(None));
+    let journald = stderr_is_journal().then(|| tracing_journald::layer().ok()).flatten().map(|l| {
+        l.with_syslog_identifier("bramble".into()).with_field_prefix(None).with_priority_mappings(priorities())
+    });
     let fmt =
         journald.is_none().then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false));
     let _ = tracing_subscriber::registry().with(journald).with(fmt).with(targets).try_init();
+}
+
+/// Each tracing level's syslog priority.
+fn priorities() -> tracing_journald::PriorityMappings {
+    use tracing_journald::Priority;
+    tracing_journald::PriorityMappings {
+        error: Priority::Error,
+        warn: Priority::Warning,
+        info: Priority::Informational,
+        debug: Priority::Debug,
+        trace: Priority::Debug,
+    }
 }
 
 /// Whether stderr is connected to the journal (`JOURNAL_STREAM=<dev>:<ino>`).

@@ -48,7 +48,12 @@ pub enum Command {
     /// Show provider, paths, tools and sessions
     Status,
     /// Validate the config and the workspace; errors as FILE:LINE:COL
-    Check,
+    Check {
+        /// Check what a reload of the running daemon needs: the config parses and keeps the
+        /// daemon's state directory (the unit's ExecReload runs this before sending SIGHUP)
+        #[arg(long)]
+        reload: bool,
+    },
 }
 
 // Parsed once per process: the size of the `Add` variant does not matter.
@@ -122,7 +127,7 @@ impl Command {
     /// Commands that print something and exit (no children, no long-lived connections).
     pub fn prints_and_exits(&self) -> bool {
         match self {
-            Command::Init { .. } | Command::Status | Command::Check => true,
+            Command::Init { .. } | Command::Status | Command::Check { .. } => true,
             Command::Cron(c) => !matches!(c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
         }

@@ -37,6 +37,33 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `bramble check --reload`: what the daemon's reload would refuse, found
+/// before the signal is sent, so that `systemctl reload` fails where the
+/// reload would (the unit runs this first) and the error reaches the terminal
+/// that asked, not only the journal. The running daemon keeps its config either way.
+pub(super) fn reload(explicit: Option<&Path>) -> ExitCode {
+    let loaded = match config::load(explicit) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("bramble: not reloaded: the running daemon keeps its config");
+            return ExitCode::FAILURE;
+        }
+    };
+    let state = &loaded.paths.state_dir;
+    if !crate::daemon::daemon_running(state) {
+        eprintln!(
+            "bramble: no running daemon uses the state directory {}: a reload cannot move it (the daemon would \
+             keep its old config); restart instead",
+            state.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    let name = loaded.path.as_ref().map_or_else(|| "defaults (no config file)".into(), |p| p.display().to_string());
+    println!("{name}: ok to reload");
+    ExitCode::SUCCESS
+}
+
 /// Whether Telegram is configured and who may use it (no network).
 /// Usernames are shown with the id they are pinned to (issue 22).
 pub(super) fn telegram_summary(t: &config::TelegramConfig, state_dir: &Path) -> String {

@@ -484,17 +484,24 @@ impl Default for DaemonConfig {
 }
 
 /// A secret from the environment variable `name`, or from the systemd
-/// credential of the same name (`$CREDENTIALS_DIRECTORY/<name>`).
+/// credential of that name (`$CREDENTIALS_DIRECTORY/<name>`, from a
+/// `LoadCredential=` of the admin's), or `bramble_<name>` (the unit loads
+/// the directory `/etc/bramble/credentials` under the ID `bramble`).
 pub fn secret_from_env(name: &str) -> Option<Secret> {
+    if name.is_empty() || name.contains(['=', '\0', '/']) {
+        return None; // no variable or credential can have such a name
+    }
     if let Ok(v) = std::env::var(name) {
         if !v.trim().is_empty() {
             return Some(Secret::new(v.trim()));
         }
     }
-    let dir = std::env::var_os("CREDENTIALS_DIRECTORY")?;
-    let text = std::fs::read_to_string(Path::new(&dir).join(name)).ok()?;
-    let text = text.trim();
-    (!text.is_empty()).then(|| Secret::new(text))
+    let dir = PathBuf::from(std::env::var_os("CREDENTIALS_DIRECTORY")?);
+    [name.to_string(), format!("bramble_{name}")].iter().find_map(|file| {
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        let text = text.trim();
+        (!text.is_empty()).then(|| Secret::new(text))
+    })
 }
 
 /// Why a config file could not be used. Displays as `FILE:LINE:COL: message`.
@@ -610,11 +617,19 @@ pub fn warnings(loaded: &Loaded) -> Vec<String> {
     let c = &loaded.config;
     let mut out = Vec::new();
     if c.provider.key_required() && c.provider.api_key().is_none() {
-        out.push(format!(
-            "no API key for the {} provider: set {} in the environment (or `api_key_env` / `api_key` in [provider]); LLM turns will fail until then",
+        let name = c.provider.key_env();
+        let mut line = format!(
+            "no API key for the {} provider: set {name} in the environment (or `api_key_env` / `api_key` in [provider]); LLM turns will fail until then",
             c.provider.kind.as_str(),
-            c.provider.key_env()
-        ));
+        );
+        if loaded.path.as_ref().is_some_and(|p| p.starts_with("/etc/bramble")) {
+            // The service's own places, which only systemd reads: not this command.
+            line.push_str(&format!(
+                ". If it is in /etc/bramble/env or /etc/bramble/credentials/{name}, only the service sees it: \
+                 `journalctl -u bramble` says `provider ready`"
+            ));
+        }
+        out.push(line);
     }
     if !loaded.paths.workspace.is_dir() {
         out.push(format!("the workspace {} does not exist yet: run `bramble init`", loaded.paths.workspace.display()));
@@ -887,5 +902,30 @@ deliver = ["telegram:123"]
         assert_eq!(c.provider.api_key().unwrap().expose(), "sk-test");
         let c = parse("[provider]\napi_key = \"inline\"\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();
         assert_eq!(c.provider.api_key().unwrap().expose(), "inline");
+    }
+
+    /// The unit hands `/etc/bramble/credentials/NAME` over as `bramble_NAME`;
+    /// an admin's own `LoadCredential=NAME:…` as `NAME`, which wins.
+    #[test]
+    fn api_keys_from_systemd_credentials() {
+        let dir = std::env::temp_dir().join(format!("bramble-creds-{}", std::process::id()));
+        let dir_text = dir.to_str().unwrap().to_string();
+        let vars = [("CREDENTIALS_DIRECTORY", dir_text.as_str())];
+        let test = concat!(module_path!(), "::api_keys_from_systemd_credentials");
+        if !crate::util::test_env::in_child(test, &vars, &["BRAMBLE_CRED_A", "BRAMBLE_CRED_B"]) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return;
+        }
+        let dir = PathBuf::from(std::env::var_os("CREDENTIALS_DIRECTORY").unwrap()); // the parent's
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("bramble_BRAMBLE_CRED_A"), "sk-from-dir\n").unwrap();
+        std::fs::write(dir.join("bramble_BRAMBLE_CRED_B"), "sk-from-dir").unwrap();
+        std::fs::write(dir.join("BRAMBLE_CRED_B"), "sk-own").unwrap();
+        std::fs::write(dir.join("bramble"), "none").unwrap();
+        assert_eq!(secret_from_env("BRAMBLE_CRED_A").unwrap().expose(), "sk-from-dir");
+        assert_eq!(secret_from_env("BRAMBLE_CRED_B").unwrap().expose(), "sk-own");
+        assert!(secret_from_env("BRAMBLE_CRED_C").is_none());
+        assert!(secret_from_env("").is_none(), "the fallback file `bramble` is no key");
+        assert!(secret_from_env("../etc/passwd").is_none());
     }
 }

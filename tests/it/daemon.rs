@@ -197,6 +197,40 @@ async fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     assert_eq!(log.matches("bramble 0.1.0 running").count(), 3, "{log}");
 }
 
+/// What the unit's `ExecReload=` runs before SIGHUP: `systemctl reload` fails,
+/// with the error on its terminal, where the daemon's reload would refuse.
+#[tokio::test]
+async fn check_reload_fails_where_the_reload_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    let good = "[heartbeat]\nenabled = false\n";
+    std::fs::write(&cfg, good).unwrap();
+    let check = || async {
+        let out = bramble(dir.path(), &["--config", cfg.to_str().unwrap(), "check", "--reload"]).await;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    };
+    let (ok, text) = check().await;
+    assert!(!ok && text.contains("no running daemon uses the state directory"), "no daemon, nothing to reload: {text}");
+    let daemon = Daemon::start(dir.path(), Some(&cfg));
+    assert!(daemon.wait_log("bramble 0.1.0 running", 20).await, "{}", daemon.log());
+    let (ok, text) = check().await;
+    assert!(ok && text.contains("ok to reload"), "{text}");
+    std::fs::write(&cfg, "[heartbeat]\nenabled = nope\n").unwrap();
+    let (ok, text) = check().await;
+    assert!(!ok, "{text}");
+    assert!(text.contains(&format!("{}:2:11", cfg.display())), "file, line and column: {text}");
+    assert!(text.contains("the running daemon keeps its config"), "{text}");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&cfg, format!("{good}[daemon]\nstate_dir = \"{}\"\n", elsewhere.display())).unwrap();
+    let (ok, text) = check().await;
+    assert!(!ok && text.contains("restart instead"), "a reload cannot move the state directory: {text}");
+    std::fs::write(&cfg, good).unwrap();
+    assert!(check().await.0);
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+}
+
 #[tokio::test]
 async fn a_second_daemon_on_the_same_state_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -339,4 +373,92 @@ async fn a_corrupt_job_store_is_logged_as_an_error_with_the_kept_copy() {
     let kept = kept().unwrap().display().to_string();
     let errors: Vec<_> = log.lines().filter(|l| l.contains("ERROR") && l.contains(&kept)).collect();
     assert!(!errors.is_empty(), "an ERROR line names {kept}: {log}");
+}
+
+/// Under systemd, log lines go to journald's native socket with syslog
+/// priorities as journald users expect: info 6 (not notice, 5), debug 7,
+/// warn 4. The socket is a datagram socket of the test's, bound over
+/// `/run/systemd/journal/socket` in a mount namespace of the daemon's own
+/// (root only: that is how it reaches the path the library writes to);
+/// the datagrams are journald's published native protocol.
+#[tokio::test]
+async fn journal_lines_carry_syslog_priorities() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("NOTE: journal_lines_carry_syslog_priorities needs root for its mount namespace; not run");
+        return;
+    }
+    let home = TestHome::new("openai", "http://127.0.0.1:9/v1", "", "", "");
+    let sock_path = home.path().join("journal.socket");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_millis(200))).unwrap();
+    let stderr_path = home.path().join("stderr");
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let meta = stderr.metadata().unwrap();
+    let script = "mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && : > /run/systemd/journal/socket \
+                  && mount --bind \"$SOCK\" /run/systemd/journal/socket && exec \"$BRAMBLE\" --config \"$CFG\" run";
+    let mut child = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("SOCK", &sock_path)
+        .env("BRAMBLE", env!("CARGO_BIN_EXE_bramble"))
+        .env("CFG", &home.config)
+        .env("RUST_LOG", "debug")
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("util-linux unshare");
+    // (priority, message) of each datagram, until an info and a debug line have come.
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut buf = vec![0u8; 64 * 1024];
+    while std::time::Instant::now() < deadline {
+        // (An empty datagram is the library's check that the socket is there.)
+        let Some(n) = sock.recv(&mut buf).ok().filter(|n| *n > 0) else { continue };
+        let fields = journal_fields(&buf[..n]);
+        let field = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_default();
+        assert_eq!(field("SYSLOG_IDENTIFIER"), "bramble", "{fields:?}");
+        seen.push((field("PRIORITY"), field("MESSAGE")));
+        let has = |p: &str, m: &str| seen.iter().any(|(pp, mm)| pp == p && mm.contains(m));
+        if has("6", "provider ready") && has("7", "watching the state directory") && has("4", "") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let has = |p: &str, m: &str| seen.iter().any(|(pp, mm)| pp == p && mm.contains(m));
+    let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    assert!(has("6", "provider ready"), "info is priority 6: {seen:?}\nstderr: {log}");
+    assert!(has("7", "watching the state directory"), "debug is priority 7: {seen:?}");
+    assert!(has("4", ""), "a warning (the config file others can read holds the API key) is priority 4: {seen:?}");
+    assert!(!seen.iter().any(|(p, _)| p == "5"), "nothing at notice: {seen:?}");
+    assert!(log.is_empty(), "with the journal as stderr, nothing is written there: {log}");
+}
+
+/// The fields of one datagram of journald's native protocol: `NAME=value\n`,
+/// or `NAME\n` + 64-bit little-endian length + value + `\n` (values with newlines).
+fn journal_fields(mut d: &[u8]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    while !d.is_empty() {
+        let end = d.iter().position(|b| *b == b'=' || *b == b'\n').expect("a field name");
+        let name = String::from_utf8_lossy(&d[..end]).into_owned();
+        let value;
+        if d[end] == b'=' {
+            let rest = &d[end + 1..];
+            let nl = rest.iter().position(|b| *b == b'\n').expect("a field ends in a newline");
+            value = &rest[..nl];
+            d = &rest[nl + 1..];
+        } else {
+            let len = u64::from_le_bytes(d[end + 1..end + 9].try_into().unwrap()) as usize;
+            value = &d[end + 9..end + 9 + len];
+            assert_eq!(d[end + 9 + len], b'\n', "a binary field ends in a newline");
+            d = &d[end + 10 + len..];
+        }
+        out.push((name, String::from_utf8_lossy(value).into_owned()));
+    }
+    out
 }
