@@ -10,8 +10,15 @@
 //!    so MQTT, the agent, the session append with fsync and the outbox write
 //!    are all counted; the broker and the fake server are other processes/threads).
 //!
+//! 4. Latency of each round trip (p50, p99), and with `BENCH_STRACE=1` the
+//!    fsync/fdatasync calls per reply (`strace -f -c` attached to the daemon
+//!    for the measured run only; strace slows the daemon, so throughput and
+//!    latency of that run are not comparable).
+//!
 //! Run: `cargo bench --bench mqtt` (needs mosquitto: `apt-get install mosquitto`);
 //! `BENCH_BROKER_NODELAY=1` starts the broker with `set_tcp_nodelay true`.
+//! The state directory is under `$TMPDIR` (default `/tmp`): compare a disk
+//! (`TMPDIR=/var/tmp`) with a RAM disk (`TMPDIR=/dev/shm`).
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
@@ -48,7 +55,8 @@ fn main() {
     let server_rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let fake = server_rt.block_on(FakeLlm::start(Dialect::OpenAi));
-    for _ in 0..SESSIONS * (TURNS_PER_SESSION + WARMUP_PER_SESSION) {
+    // Twice what the turns need: long sessions are consolidated now and then (one model call each).
+    for _ in 0..2 * SESSIONS * (TURNS_PER_SESSION + WARMUP_PER_SESSION) {
         fake.push(Reply::text("pong"));
     }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -115,26 +123,69 @@ fn main() {
         let session = |k: usize, n: usize, mut inbox: mpsc::UnboundedReceiver<()>| {
             let client = client.clone();
             async move {
+                let mut took = Vec::with_capacity(n);
                 for i in 0..n {
                     let msg = format!(r#"{{"text":"ping {i}","session":"s{k}","reply_to":"bench/reply/{k}"}}"#);
+                    let sent = Instant::now();
                     client.publish("bramble/bench/in", QoS::AtLeastOnce, false, msg).await.expect("publish");
                     inbox.recv().await.expect("reply");
+                    took.push(sent.elapsed());
                 }
-                inbox
+                (inbox, took)
             }
         };
         // Warm-up.
         let warm: Vec<_> = inboxes.into_iter().enumerate().map(|(k, inbox)| session(k, WARMUP_PER_SESSION, inbox)).collect();
-        let inboxes = join_all(warm).await;
+        let inboxes: Vec<_> = join_all(warm).await.into_iter().map(|(inbox, _)| inbox).collect();
 
+        let strace = std::env::var("BENCH_STRACE").is_ok_and(|v| v == "1").then(|| {
+            let out = home.path().join("strace.txt");
+            // -y: each call with its file's path, to tell which writes they were.
+            let child = std::process::Command::new("strace")
+                .args(["-f", "-y", "-e", "trace=fsync,fdatasync,sync_file_range", "-o"])
+                .arg(&out)
+                .args(["-p", &pid.to_string()])
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("strace (apt-get install strace)");
+            // Attached once it has printed its first line; a short wait is enough here.
+            std::thread::sleep(Duration::from_millis(500));
+            (child, out)
+        });
         let cpu0 = cpu_ticks(pid);
         let t0 = Instant::now();
         let runs: Vec<_> =
             inboxes.into_iter().enumerate().map(|(k, inbox)| session(k, TURNS_PER_SESSION, inbox)).collect();
-        join_all(runs).await;
+        let mut took: Vec<Duration> = join_all(runs).await.into_iter().flat_map(|(_, t)| t).collect();
         let wall = t0.elapsed();
         let cpu = cpu_ticks(pid) - cpu0;
         let turns = SESSIONS * TURNS_PER_SESSION;
+        if let Some((child, out)) = strace {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGINT,
+            );
+            let _ = child.wait_with_output();
+            let trace = std::fs::read_to_string(&out).unwrap_or_default();
+            // Lines like `1234  fdatasync(7</tmp/x/state/sessions/s0.jsonl>) = 0`: count by file,
+            // session files as one.
+            let mut by_file: std::collections::BTreeMap<String, u64> = Default::default();
+            for l in trace.lines().filter(|l| l.contains("sync") && l.contains('<') && !l.contains("resumed")) {
+                let path = l.split('<').nth(1).and_then(|p| p.split('>').next()).unwrap_or("?");
+                let name = std::path::Path::new(path).file_name().map_or("?".into(), |n| n.to_string_lossy().into_owned());
+                let name = if path.contains("/sessions/") { "sessions/*.jsonl".to_string() } else { name };
+                let call = l.split_whitespace().nth(1).and_then(|c| c.split('(').next()).unwrap_or("?");
+                *by_file.entry(format!("{call} {name}")).or_default() += 1;
+            }
+            let calls: u64 = by_file.values().sum();
+            for (what, n) in &by_file {
+                println!("  {n:6} {what}");
+            }
+            println!("fsync + fdatasync calls: {calls} for {turns} replies = {:.2} per reply", calls as f64 / turns as f64);
+        }
+        took.sort();
+        let pct = |p: f64| took[((took.len() as f64 * p) as usize).min(took.len() - 1)].as_secs_f64() * 1000.0;
+        println!("round trip latency: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
         let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
         println!(
             "<prefix>/in -> reply, {SESSIONS} sessions in parallel, {turns} turns: {:.0} round trips/s ({:.2} ms wall per turn)",

@@ -35,12 +35,12 @@ impl Drop for ActiveTurn<'_> {
 /// the turn ends without [`PendingStore::finish`].
 pub(super) struct PendingGuard<'a> {
     pub(super) store: &'a PendingStore,
-    pub(super) path: std::path::PathBuf,
+    pub(super) id: super::pending::PendingId,
 }
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.store.release(&self.path);
+        self.store.release(self.id);
     }
 }
 

@@ -47,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 use crate::bus::{Conversation, InboundMessage, OutboundMessage, Target};
 use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, Role, ToolSpec, Usage};
 use crate::tools::{ToolContext, ToolRegistry};
+use crate::util;
 use context::ContextBuilder;
 use memory::Journal;
 use pending::{PendingStore, PendingTurn};
@@ -397,12 +398,16 @@ impl Agent {
         let _busy = self.inflight.enter();
         let _stoppable = ActiveTurn::new(self, &req.conversation.session_key, &req.cancel);
         // The user's message survives a crash from here on (chat turns only:
-        // jobs have their own run records).
+        // jobs have their own run records): its record is written now and
+        // flushed if the turn is still running after `SYNC_AFTER` (a shorter
+        // turn's session commit holds the message). Both wait on the disk:
+        // off the runtime thread.
         let record = if req.in_job {
             None
         } else {
-            match self.pending.begin(&req.conversation, &req.text) {
-                Ok(path) => Some(path),
+            let (pending, conversation, text) = (self.pending.clone(), req.conversation.clone(), req.text.clone());
+            match util::tasks::blocking(move || pending.begin_unsynced(&conversation, &text)).await {
+                Ok(id) => Some(id),
                 Err(e) => {
                     tracing::warn!(session = %req.conversation.session_key, "cannot record the turn as pending: {e}");
                     None
@@ -410,13 +415,33 @@ impl Agent {
             }
         };
         // Dropped unfinished (the turn's future abandoned): the record stays for the next start.
-        let record = record.map(|path| PendingGuard { store: &self.pending, path });
-        let result = self.turn_queued(provider.as_ref(), &req).await;
+        let record = record.map(|id| PendingGuard { store: &self.pending, id });
+        let turn = self.turn_queued(provider.as_ref(), &req);
+        tokio::pin!(turn);
+        let result = match &record {
+            None => turn.await,
+            Some(record) => tokio::select! {
+                r = &mut turn => r,
+                () = util::timer::sleep(pending::SYNC_AFTER) => {
+                    let (pending, id) = (self.pending.clone(), record.id);
+                    if let Err(e) = util::tasks::blocking(move || pending.sync(id)).await {
+                        tracing::warn!(session = %req.conversation.session_key, "cannot flush the turn's pending record: {e}");
+                    }
+                    turn.await
+                }
+            },
+        };
         if let Some(record) = record {
             // Cut off by shutdown: the session is unchanged and the message stays pending.
             let keep = matches!(result, Err(TurnError::Cancelled)) && self.inflight.is_shutting_down();
-            if !keep {
-                self.pending.finish(&record.path);
+            if keep {
+                // It must outlive a power cut after the stop, too.
+                let (pending, id) = (self.pending.clone(), record.id);
+                if let Err(e) = util::tasks::blocking(move || pending.sync(id)).await {
+                    tracing::warn!(session = %req.conversation.session_key, "cannot flush the turn's pending record: {e}");
+                }
+            } else {
+                self.pending.finish(record.id);
             }
         }
         result
@@ -475,7 +500,8 @@ impl Agent {
                 if !self.inflight.is_shutting_down() {
                     // Stopped by the user: keep what was done, closed properly.
                     messages.push(Message::assistant("(stopped before finishing this turn)"));
-                    let saved = self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage);
+                    let saved =
+                        self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage).await;
                     if let Err(e) = saved {
                         tracing::error!(session = %req.conversation.session_key, "cannot save the stopped turn: {e}");
                     }
@@ -485,7 +511,9 @@ impl Agent {
         };
 
         messages.push(Message::assistant(text.clone()));
-        self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage).map_err(session_err)?;
+        self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage)
+            .await
+            .map_err(session_err)?;
         tracing::info!(
             session = %req.conversation.session_key, channel = %req.conversation.channel, model_calls = stats.model_calls,
             tool_calls = stats.tool_calls, input_tokens = stats.usage.input_tokens,
@@ -504,8 +532,9 @@ impl Agent {
         Ok(TurnReport { text, end, usage, model_calls, tool_calls })
     }
 
-    /// Append the turn (messages from `start` on) to its session in one write.
-    fn commit(&self, key: &str, messages: &mut Vec<Message>, start: usize, usage: Usage) -> std::io::Result<()> {
+    /// Append the turn (messages from `start` on) to its session in one
+    /// durable write, on a blocking thread (it waits on `fsync`).
+    async fn commit(&self, key: &str, messages: &mut Vec<Message>, start: usize, usage: Usage) -> std::io::Result<()> {
         let now = session::now_rfc3339();
         let last = messages.len() - 1;
         let to_save: Vec<StoredMessage> = messages
@@ -517,18 +546,16 @@ impl Agent {
                 usage: (start + i == last).then_some(usage),
             })
             .collect();
-        self.sessions.append_turn(key, &to_save)
+        let (sessions, key) = (self.sessions.clone(), key.to_string());
+        util::tasks::blocking(move || sessions.append_turn(&key, &to_save)).await
     }
 
-    /// Add a run's usage to today's ledger (one write); today's totals after it.
+    /// Add a run's usage to today's ledger (written within a minute); today's totals after it.
     fn record_usage(&self, stats: &LoopStats) -> DayUsage {
         if stats.model_calls == 0 {
             return self.usage.today();
         }
-        self.usage.add(stats.usage).unwrap_or_else(|e| {
-            tracing::warn!("cannot record token usage: {e}");
-            self.usage.today()
-        })
+        self.usage.add(stats.usage)
     }
 
     /// `Err(Budget)` when today's usage has reached `[agent] daily_token_budget`.

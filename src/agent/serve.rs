@@ -45,7 +45,7 @@ impl Agent {
                 continue;
             }
             match self.pending.begin(&msg.conversation, &msg.text) {
-                Ok(path) => self.pending.release(&path),
+                Ok(id) => self.pending.release(id),
                 Err(e) => {
                     tracing::error!(session = %msg.conversation.session_key, "a message not answered before the stop is lost: {e}")
                 }

@@ -13,12 +13,18 @@
 //! Consolidation (see [`super::memory`]) is the one rewrite: the file is
 //! replaced atomically by the metadata line, a `{"_type":"checkpoint"}` line
 //! holding the summary of what was dropped, and the messages after it. Appends
-//! and rewrites take an advisory lock on `sessions/.lock`, so a `bramble agent`
-//! process and the daemon never lose each other's turns.
+//! and rewrites take an advisory lock on the session's own file (and check,
+//! once they hold it, that no rewrite replaced the file meanwhile), so a
+//! `bramble agent` process and the daemon never lose each other's turns, and
+//! sessions do not wait for each other's `fsync`. The agent calls these on a
+//! blocking thread: they wait on the disk.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -101,18 +107,20 @@ impl Session {
     }
 }
 
-/// Session files in one directory, with a small in-memory cache of their tails.
+/// Session files in one directory, with a small in-memory cache of their
+/// tails. Clones share the cache.
+#[derive(Clone)]
 pub struct SessionStore {
     dir: PathBuf,
     /// Per session: the file length the tail was read at, and the tail. A
     /// different length on disk means another process appended: read again.
-    cache: Mutex<HashMap<String, (u64, Session)>>,
+    cache: Arc<Mutex<HashMap<String, (u64, Session)>>>,
 }
 
 impl SessionStore {
     /// Sessions under `<state_dir>/sessions`.
     pub fn new(state_dir: &Path) -> SessionStore {
-        SessionStore { dir: state_dir.join("sessions"), cache: Mutex::new(HashMap::new()) }
+        SessionStore { dir: state_dir.join("sessions"), cache: Arc::default() }
     }
 
     /// The state directory the sessions live in.
@@ -179,15 +187,16 @@ impl SessionStore {
             return Ok(());
         }
         let path = self.path(key);
-        let _lock = self.dir_lock()?;
+        let file = self.open_locked(&path)?;
         // Bring the cache up to date with the file before extending both.
         let mut cached = self.load(key)?;
         let mut buf = Vec::with_capacity(256 * messages.len());
-        if ends_torn(&path)? {
+        let len = file.metadata()?.len();
+        if len > 0 && ends_torn(&file, len)? {
             // A power cut left half a line: end it, so our first line stays whole.
             buf.push(b'\n');
         }
-        if !path.exists() {
+        if len == 0 {
             let meta = MetadataLine { kind: "metadata".into(), key: key.into(), created_at: now_rfc3339() };
             serde_json::to_writer(&mut buf, &meta).map_err(std::io::Error::other)?;
             buf.push(b'\n');
@@ -197,12 +206,10 @@ impl SessionStore {
             serde_json::to_writer(&mut buf, m).map_err(std::io::Error::other)?;
             buf.push(b'\n');
         }
-        let new_file = !path.exists();
-        util::fs::append_durable(&path, &buf)?;
-        if new_file {
-            if let Some(dir) = path.parent() {
-                util::fs::sync_dir(dir)?;
-            }
+        (&*file).write_all(&buf)?;
+        file.sync_data()?;
+        if len == 0 {
+            util::fs::sync_dir(&self.dir)?;
         }
         cached.messages.extend(messages);
         if cached.messages.len() > CACHE_MESSAGES {
@@ -231,7 +238,7 @@ impl SessionStore {
         checkpoint: Option<Checkpoint>,
     ) -> std::io::Result<Option<Vec<StoredMessage>>> {
         let path = self.path(key);
-        let _lock = self.dir_lock()?;
+        let _lock = self.open_locked(&path)?;
         let (_, mut all) = read_all(&path)?;
         if drop > all.len() || drop < expected.len() || all[drop - expected.len()..drop] != *expected {
             return Ok(None);
@@ -261,11 +268,26 @@ impl SessionStore {
         Ok(Some(dropped))
     }
 
-    /// An exclusive advisory lock on the sessions directory, held while a file is written.
-    fn dir_lock(&self) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
-        let file = util::fs::open_lock_file(&self.dir.join(".lock"))?;
-        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))
+    /// The session's file, opened for appending (created 0600 if missing) and
+    /// locked exclusively. A rewrite renames a new file over the path: if that
+    /// happened while we waited for the lock, the new file is locked instead.
+    fn open_locked(&self, path: &Path) -> std::io::Result<nix::fcntl::Flock<File>> {
+        util::fs::create_private_dir(&self.dir)?;
+        loop {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .read(true)
+                .append(true)
+                .mode(util::fs::FILE_MODE)
+                .open(path)?;
+            let file = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))?;
+            let held = file.metadata()?;
+            match std::fs::metadata(path) {
+                Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => return Ok(file),
+                _ => continue,
+            }
+        }
     }
 
     /// Session keys with a file on disk.
@@ -295,19 +317,9 @@ fn file_len(path: &Path) -> std::io::Result<u64> {
 }
 
 /// Whether the file is non-empty and does not end with a newline.
-fn ends_torn(path: &Path) -> std::io::Result<bool> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if f.metadata()?.len() == 0 {
-        return Ok(false);
-    }
-    f.seek(SeekFrom::End(-1))?;
+fn ends_torn(file: &File, len: u64) -> std::io::Result<bool> {
     let mut last = [0u8; 1];
-    f.read_exact(&mut last)?;
+    file.read_exact_at(&mut last, len - 1)?;
     Ok(last[0] != b'\n')
 }
 

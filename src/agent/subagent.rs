@@ -241,9 +241,7 @@ impl Hub {
         let mut stats = LoopStats::default();
         let result = run_loop(&spec, &mut messages, &mut stats).await;
         if stats.model_calls > 0 {
-            if let Err(e) = self.usage.add(stats.usage) {
-                tracing::warn!("cannot record token usage: {e}");
-            }
+            self.usage.add(stats.usage);
         }
         match result {
             Ok((text, _)) => text,

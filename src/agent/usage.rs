@@ -1,12 +1,18 @@
 //! Token usage per day, for `[agent] daily_token_budget` and `/status`.
 //!
 //! `<state>/usage.json` holds the totals of the last two months, by local date
-//! in the configured time zone. It is written when a turn (or a consolidation,
-//! or a sub-agent) ends — not on a timer — with an atomic replace under an
-//! advisory lock shared with other bramble processes.
+//! in the configured time zone. A run's usage is added in memory at once (the
+//! budget check sees it) and written at most once a minute — the write after
+//! a run waits [`FLUSH_AFTER`], so a busy minute costs one atomic replace,
+//! not two fsyncs per turn — and when the agent is dropped (shutdown, reload,
+//! the end of `bramble agent`). The write adds the unsaved counts to the file
+//! under an advisory lock shared with other bramble processes, so processes
+//! never overwrite each other's counts. A power cut loses at most the last
+//! minute's counts: this is accounting for a budget, not a user's data.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +36,14 @@ impl DayUsage {
     pub fn total(&self) -> u64 {
         self.input_tokens + self.output_tokens
     }
+
+    fn plus(self, o: DayUsage) -> DayUsage {
+        DayUsage {
+            input_tokens: self.input_tokens + o.input_tokens,
+            output_tokens: self.output_tokens + o.output_tokens,
+            runs: self.runs + o.runs,
+        }
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -38,22 +52,88 @@ struct UsageFile {
     days: BTreeMap<String, DayUsage>,
 }
 
-/// The usage ledger of a state directory.
+/// How long added usage may wait in memory before it is written.
+pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The usage ledger of a state directory. Clones share the unsaved counts;
+/// the last one dropped writes them.
 #[derive(Debug, Clone)]
 pub struct UsageLedger {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     path: PathBuf,
     tz: TzName,
+    /// Counts added since the last write, by local date.
+    unsaved: Mutex<Unsaved>,
+}
+
+#[derive(Debug, Default)]
+struct Unsaved {
+    days: BTreeMap<String, DayUsage>,
+    /// A delayed write is scheduled.
+    flush_scheduled: bool,
 }
 
 impl UsageLedger {
     pub fn new(state_dir: &Path, tz: TzName) -> UsageLedger {
-        UsageLedger { path: state_dir.join("usage.json"), tz }
+        UsageLedger { inner: Arc::new(Inner { path: state_dir.join("usage.json"), tz, unsaved: Mutex::default() }) }
     }
 
     fn today_key(&self) -> String {
-        jiff::Timestamp::now().to_zoned(self.tz.tz().clone()).strftime("%Y-%m-%d").to_string()
+        jiff::Timestamp::now().to_zoned(self.inner.tz.tz().clone()).strftime("%Y-%m-%d").to_string()
     }
 
+    fn unsaved(&self) -> std::sync::MutexGuard<'_, Unsaved> {
+        self.inner.unsaved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Today's totals (local date): the file's and this process's unsaved ones.
+    pub fn today(&self) -> DayUsage {
+        let key = self.today_key();
+        let saved = self.inner.read().days.get(&key).copied().unwrap_or_default();
+        let unsaved = self.unsaved().days.get(&key).copied().unwrap_or_default();
+        saved.plus(unsaved)
+    }
+
+    /// Add one run's usage to today's totals; returns them. The write follows
+    /// within [`FLUSH_AFTER`] on a blocking thread (at once outside a runtime).
+    pub fn add(&self, usage: Usage) -> DayUsage {
+        let schedule = {
+            let mut unsaved = self.unsaved();
+            let day = unsaved.days.entry(self.today_key()).or_default();
+            day.input_tokens += usage.input_tokens;
+            day.output_tokens += usage.output_tokens;
+            day.runs += 1;
+            !std::mem::replace(&mut unsaved.flush_scheduled, true)
+        };
+        if schedule {
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    // Holds only a weak reference: a dropped ledger has written its counts already.
+                    let weak = Arc::downgrade(&self.inner);
+                    rt.spawn(async move {
+                        crate::util::timer::sleep(FLUSH_AFTER).await;
+                        if let Some(inner) = weak.upgrade() {
+                            crate::util::tasks::blocking(move || inner.flush()).await;
+                        }
+                    });
+                }
+                Err(_) => self.inner.flush(),
+            }
+        }
+        self.today()
+    }
+
+    /// Write the unsaved counts now.
+    pub fn flush(&self) {
+        self.inner.flush();
+    }
+}
+
+impl Inner {
     fn read(&self) -> UsageFile {
         match std::fs::read(&self.path) {
             Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
@@ -64,29 +144,48 @@ impl UsageLedger {
         }
     }
 
-    /// Today's totals (local date).
-    pub fn today(&self) -> DayUsage {
-        self.read().days.get(&self.today_key()).copied().unwrap_or_default()
+    /// Add the unsaved counts to the file (under the lock) and forget them; on
+    /// failure they stay in memory for the next try.
+    fn flush(&self) {
+        let days = {
+            let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+            unsaved.flush_scheduled = false;
+            std::mem::take(&mut unsaved.days)
+        };
+        if days.is_empty() {
+            return;
+        }
+        if let Err(e) = self.write(&days) {
+            tracing::warn!(file = %self.path.display(), "cannot record token usage (kept in memory): {e}");
+            let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, d) in days {
+                let day = unsaved.days.entry(k).or_default();
+                *day = day.plus(d);
+            }
+        }
     }
 
-    /// Add one run's usage to today's totals; returns them.
-    pub fn add(&self, usage: Usage) -> std::io::Result<DayUsage> {
-        let lock = crate::util::fs::open_lock_file(&self.path.with_extension("lock"))?;
+    fn write(&self, days: &BTreeMap<String, DayUsage>) -> std::io::Result<()> {
+        let lock = util::fs::open_lock_file(&self.path.with_extension("lock"))?;
         let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))?;
         let mut file = self.read();
-        let day = file.days.entry(self.today_key()).or_default();
-        day.input_tokens += usage.input_tokens;
-        day.output_tokens += usage.output_tokens;
-        day.runs += 1;
-        let today = *day;
+        for (k, d) in days {
+            let day = file.days.entry(k.clone()).or_default();
+            *day = day.plus(*d);
+        }
         while file.days.len() > DAYS_KEPT {
             let Some(oldest) = file.days.keys().next().cloned() else { break };
             file.days.remove(&oldest);
         }
         let body = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
-        util::fs::write_atomic(&self.path, &body)?;
-        Ok(today)
+        util::fs::write_atomic(&self.path, &body)
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 
@@ -99,12 +198,42 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
         assert_eq!(l.today(), DayUsage::default());
-        l.add(Usage { input_tokens: 100, output_tokens: 20 }).unwrap();
-        let t = l.add(Usage { input_tokens: 5, output_tokens: 1 }).unwrap();
+        l.add(Usage { input_tokens: 100, output_tokens: 20 });
+        let t = l.add(Usage { input_tokens: 5, output_tokens: 1 });
         assert_eq!(t, DayUsage { input_tokens: 105, output_tokens: 21, runs: 2 });
+        drop(l);
         let again = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
         assert_eq!(again.today().total(), 126);
         std::fs::write(dir.path().join("usage.json"), "{garbage").unwrap();
         assert_eq!(again.today(), DayUsage::default(), "a corrupt file is not fatal");
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn usage_waits_in_memory_and_is_written_once_a_minute() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("usage.json");
+        let l = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
+        for _ in 0..10 {
+            l.add(Usage { input_tokens: 10, output_tokens: 1 });
+        }
+        assert!(!file.exists(), "nothing written per run");
+        assert_eq!(l.today().runs, 10, "the budget sees it at once");
+        // Another process (a CLI turn) adds to the file meanwhile: both counts are kept.
+        let cli = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
+        cli.add(Usage { input_tokens: 1000, output_tokens: 0 });
+        drop(cli);
+        tokio::time::sleep(FLUSH_AFTER + std::time::Duration::from_secs(1)).await;
+        // The delayed write runs on a blocking thread: wait for it in real time.
+        for _ in 0..500 {
+            if l.inner.read().days.values().map(|d| d.runs).sum::<u64>() == 11 {
+                break;
+            }
+            tokio::task::yield_now().await;
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let on_disk = l.inner.read();
+        let day = on_disk.days.values().next().copied().unwrap();
+        assert_eq!(day, DayUsage { input_tokens: 1100, output_tokens: 10, runs: 11 });
+        assert_eq!(l.today(), day, "nothing counted twice");
     }
 }

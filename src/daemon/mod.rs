@@ -240,7 +240,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         let poll = poll_outbox;
         let watched = vec![
             ("jobs.json", reload),
-            ("outbox.json", wake),
+            ("outbox.jsonl", wake),
             ("jobs.json", mqtt_jobs),
             ("heartbeat.json", mqtt_heartbeat),
         ];

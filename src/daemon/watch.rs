@@ -1,9 +1,10 @@
 //! Notice changes other processes make to the state directory.
 //!
 //! `bramble cron add` (another process, maybe another user) edits `jobs.json`;
-//! `bramble agent` may queue reports in `outbox.json`. The daemon learns of it
+//! `bramble agent` may queue reports in `outbox.jsonl`. The daemon learns of it
 //! at once through inotify — no polling, so an idle board stays idle. Files
-//! are replaced by rename (atomic writes), hence `IN_MOVED_TO`.
+//! are replaced by rename (atomic writes, hence `IN_MOVED_TO`) or appended to
+//! (journals, hence `IN_CLOSE_WRITE`).
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;

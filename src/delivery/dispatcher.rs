@@ -1,6 +1,6 @@
 //! The two tasks between producers and channels: [`pump_outbound`] moves the
 //! agent's messages from the bus into the outbox, [`run_outbox`] delivers what
-//! is due and records each attempt.
+//! is due and records the attempts, one write per pass.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +13,10 @@ use tokio_util::sync::CancellationToken;
 use super::outbox::{self, Attempt, Outbox};
 use super::{Channels, Report};
 use crate::bus::OutboundMessage;
+use crate::util::tasks::blocking;
+
+/// At most this many messages go into one outbox write.
+const MAX_BATCH: usize = 64;
 
 /// Deliver due outbox entries until cancelled. Wakes when `wake` is notified
 /// (a new entry) or when the earliest backoff ends — not on a fixed tick.
@@ -34,22 +38,17 @@ pub async fn run_outbox(
     let mut unrecorded: HashMap<u64, Attempt> = HashMap::new();
     loop {
         let mut write_failed = false;
-        // Outcomes from earlier passes that could not be written yet.
-        unrecorded.retain(|id, attempt| match outbox.record(*id, attempt.clone(), Timestamp::now()) {
-            Ok(()) => false,
-            Err(e) => {
-                tracing::error!("{e}");
-                write_failed = true;
-                true
-            }
-        });
-        let due = outbox.due(Timestamp::now()).unwrap_or_else(|e| {
+        // The outbox waits on the disk: read and written on a blocking thread.
+        let reader = outbox.clone();
+        let due = blocking(move || reader.due(Timestamp::now())).await.unwrap_or_else(|e| {
             tracing::error!("{e}");
             write_failed = true;
             Vec::new()
         });
+        // Outcomes from earlier passes that could not be written yet go into this pass's write.
+        let mut outcomes: Vec<(u64, Attempt)> = unrecorded.drain().collect();
         for entry in due {
-            if unrecorded.contains_key(&entry.id) {
+            if outcomes.iter().any(|(id, _)| *id == entry.id) {
                 continue;
             }
             let Some(ch) = channels.for_target(&entry.target) else {
@@ -74,9 +73,14 @@ pub async fn run_outbox(
                     Attempt::Drop(e.message)
                 }
             };
-            if let Err(e) = outbox.record(entry.id, attempt.clone(), Timestamp::now()) {
+            outcomes.push((entry.id, attempt));
+        }
+        if !outcomes.is_empty() {
+            // One append for the pass's outcomes.
+            let (writer, batch) = (outbox.clone(), outcomes.clone());
+            if let Err(e) = blocking(move || writer.record_many(batch, Timestamp::now())).await {
                 tracing::error!("{e}");
-                unrecorded.insert(entry.id, attempt);
+                unrecorded.extend(outcomes);
                 write_failed = true;
             }
         }
@@ -100,26 +104,50 @@ pub async fn run_outbox(
     }
 }
 
-/// Move messages the agent sends (answers, the `message` tool) into the outbox.
-/// On cancel, what is already queued is still written before returning.
+/// Move messages the agent sends (answers, the `message` tool) into the
+/// outbox: what has arrived meanwhile goes in one append and one flush (on a
+/// blocking thread), so a burst of answers shares a write. On cancel, what
+/// is already queued is still written before returning.
 pub async fn pump_outbound(
     mut rx: mpsc::Receiver<OutboundMessage>,
     outbox: Outbox,
     wake: Arc<Notify>,
     cancel: CancellationToken,
 ) {
-    let save = |msg: OutboundMessage| match outbox.enqueue(msg.target, &msg.text, "agent") {
-        Ok(_) => wake.notify_one(),
-        Err(e) => tracing::error!("a message could not be queued: {e}"),
+    let save = |batch: Vec<OutboundMessage>| {
+        let outbox = outbox.clone();
+        let wake = wake.clone();
+        async move {
+            let reports = batch.into_iter().map(|m| (m.target, m.text, "agent".to_string())).collect();
+            let results = blocking(move || outbox.enqueue_many(reports)).await;
+            if results.iter().any(Result::is_ok) {
+                wake.notify_one();
+            }
+            for e in results.into_iter().filter_map(Result::err) {
+                tracing::error!("a message could not be queued: {e}");
+            }
+        }
     };
     loop {
-        tokio::select! {
+        let first = tokio::select! {
             biased;
-            m = rx.recv() => match m { Some(m) => save(m), None => return },
+            m = rx.recv() => match m { Some(m) => m, None => return },
             _ = cancel.cancelled() => break,
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
         }
+        save(batch).await;
     }
+    let mut batch = Vec::new();
     while let Ok(m) = rx.try_recv() {
-        save(m);
+        batch.push(m);
+    }
+    if !batch.is_empty() {
+        save(batch).await;
     }
 }

@@ -64,11 +64,15 @@ impl Reports {
     }
 
     /// Queue `text` for every target (`source` says what produced it: `heartbeat`,
-    /// `job:<name>`, `trigger:<topic>`) and wake the dispatcher. A report that
-    /// cannot be queued is logged as an error; the others still go.
-    pub fn send(&self, targets: &[Target], text: &str, source: &str) {
-        for target in targets {
-            if let Err(e) = self.outbox.enqueue(target.clone(), text, source) {
+    /// `job:<name>`, `trigger:<topic>`) in one write on a blocking thread, and
+    /// wake the dispatcher. A report that cannot be queued is logged as an
+    /// error; the others still go.
+    pub async fn send(&self, targets: &[Target], text: &str, source: &str) {
+        let reports = targets.iter().map(|t| (t.clone(), text.to_string(), source.to_string())).collect();
+        let outbox = self.outbox.clone();
+        let results = crate::util::tasks::blocking(move || outbox.enqueue_many(reports)).await;
+        for (target, result) in targets.iter().zip(results) {
+            if let Err(e) = result {
                 tracing::error!(source, %target, "report not queued: {e}");
             }
         }

@@ -2,17 +2,29 @@
 //! channel has accepted it.
 //!
 //! Reminders that never arrive are one of the field's most common complaints,
-//! so delivery is at-least-once: a report is written to `outbox.json` (atomic
-//! replace) *before* delivery is attempted, and removed only after the channel
-//! said yes. A channel that is down (broker restarting, no network) gets the
-//! report again with exponential backoff (5 s … 10 min), across restarts too.
-//! A permanent refusal (the chat does not exist) is logged and dropped.
+//! so delivery is at-least-once: a report is appended to `outbox.jsonl` and
+//! flushed (`fdatasync`) *before* delivery is attempted, and marked done only
+//! after the channel said yes. A channel that is down (broker restarting, no
+//! network) gets the report again with exponential backoff (5 s … 10 min),
+//! across restarts too. A permanent refusal (the chat does not exist) is
+//! logged and dropped.
+//!
+//! The file is a journal: one line per change (`add`, `set` for a new attempt
+//! count or backoff, `done` with the outcome), never a rewrite of the whole
+//! outbox per report. Reports queued together go out in one append and one
+//! flush. Outcomes are appended without a flush of their own: the next
+//! report's flush carries them, and a power cut before that can only make a
+//! report be delivered twice, never lost. When the journal holds many more
+//! lines than live entries it is compacted (atomic replace). The daemon keeps
+//! the folded state in memory and reads only what other processes appended.
+//! An `outbox.json` of an earlier version is converted on first use.
 //!
 //! The file is shared with CLI processes (`bramble agent`, `bramble cron run`
 //! can queue reports for the daemon to deliver): every change happens under an
-//! advisory lock on `outbox.lock` and re-reads the file first. It is written
-//! on enqueue and on each delivery outcome — never on a timer — so an idle
-//! board does not wear out its SD card.
+//! advisory lock on `outbox.lock` after reading what was appended since. It is
+//! written on enqueue and on each delivery outcome — never on a timer — so an
+//! idle board does not wear out its SD card. These calls wait on the disk: the
+//! daemon makes them on a blocking thread.
 //!
 //! A full disk (or any failed write) must not lose reports either. In the
 //! daemon ([`Outbox::holding_in_memory`]) a report that cannot be written is
@@ -23,10 +35,13 @@
 //! again. Beyond the bound a report is dropped with an ERROR line naming its
 //! source and target. Held reports die with the process (a crash while the
 //! disk is full loses them). CLI processes do not hold: they exit, so they
-//! report the error instead.
+//! report the error instead. A failed append is cut back off the file, so a
+//! full disk never leaves half a line in the middle of the journal.
 
 use std::collections::VecDeque;
 use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -39,6 +54,12 @@ use crate::util;
 
 /// Delivered entries kept for `bramble status` (the newest ones).
 const RECENT_KEPT: usize = 20;
+/// The journal is compacted when it has this many lines more than live
+/// entries (≈ 250 KB; one atomic replace per ~500 reports).
+#[cfg(not(test))]
+const COMPACT_SLACK: usize = 1000;
+#[cfg(test)]
+const COMPACT_SLACK: usize = 100;
 /// First retry delay; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
@@ -76,13 +97,81 @@ pub struct Delivered {
     pub outcome: String,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// The outbox's state: what the journal folds to (and what `outbox.json`
+/// of earlier versions held).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
 struct OutboxFile {
+    #[serde(default)]
     version: u32,
     next_id: u64,
     pending: Vec<Entry>,
     #[serde(default)]
     recent: VecDeque<Delivered>,
+}
+
+/// One line of the journal.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Op {
+    /// The first line of a compacted journal: ids handed out so far.
+    Start { next_id: u64 },
+    /// A report queued.
+    Add(Entry),
+    /// A report's attempt count, backoff or last error changed.
+    Set(Entry),
+    /// A report delivered or dropped.
+    Done(Delivered),
+}
+
+impl OutboxFile {
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Start { next_id } => self.next_id = self.next_id.max(*next_id),
+            Op::Add(e) => {
+                self.next_id = self.next_id.max(e.id);
+                if !self.pending.iter().any(|p| p.id == e.id) {
+                    self.pending.push(e.clone());
+                }
+            }
+            Op::Set(e) => {
+                if let Some(p) = self.pending.iter_mut().find(|p| p.id == e.id) {
+                    *p = e.clone();
+                }
+            }
+            Op::Done(d) => {
+                self.next_id = self.next_id.max(d.id);
+                self.pending.retain(|p| p.id != d.id);
+                self.recent.push_back(d.clone());
+                while self.recent.len() > RECENT_KEPT {
+                    self.recent.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The journal that folds to this state.
+    fn compacted(&self) -> Vec<Op> {
+        let mut ops = vec![Op::Start { next_id: self.next_id }];
+        ops.extend(self.recent.iter().cloned().map(Op::Done));
+        ops.extend(self.pending.iter().cloned().map(Op::Add));
+        ops
+    }
+}
+
+/// The journal as last read by this process.
+#[derive(Debug, Default)]
+struct Cache {
+    /// Device and inode of the file read; another means it was replaced (compacted).
+    file: Option<(u64, u64)>,
+    /// Bytes folded so far (up to the last complete line).
+    len: u64,
+    state: OutboxFile,
+    /// Lines folded (for compaction).
+    lines: usize,
+    /// Lines that could not be read.
+    unreadable: usize,
+    /// The file ends in half a line (a power cut mid-append).
+    torn: bool,
 }
 
 /// Why the outbox could not be used.
@@ -95,11 +184,15 @@ pub enum OutboxError {
     Corrupt { path: PathBuf, kept_as: PathBuf, reason: String },
 }
 
-/// The outbox in a state directory. Clones share the reports held in memory.
+/// The outbox in a state directory. Clones share the reports held in memory
+/// and the journal's folded state.
 #[derive(Debug, Clone)]
 pub struct Outbox {
     path: PathBuf,
+    /// `outbox.json` of earlier versions.
+    legacy_path: PathBuf,
     lock_path: PathBuf,
+    cache: Arc<Mutex<Cache>>,
     /// Reports not yet on disk (the write failed); `None` outside the daemon.
     held: Option<Arc<Mutex<Held>>>,
     /// Tests: make every write fail with ENOSPC while set.
@@ -133,8 +226,10 @@ pub enum Attempt {
 impl Outbox {
     pub fn new(state_dir: &Path) -> Outbox {
         Outbox {
-            path: state_dir.join("outbox.json"),
+            path: state_dir.join("outbox.jsonl"),
+            legacy_path: state_dir.join("outbox.json"),
             lock_path: state_dir.join("outbox.lock"),
+            cache: Arc::default(),
             held: None,
             #[cfg(test)]
             fail_writes: Arc::default(),
@@ -162,7 +257,7 @@ impl Outbox {
         if self.held() == 0 {
             return Ok(());
         }
-        self.update(|_| ())
+        self.update(true, |_| (Vec::new(), ()))
     }
 
     /// Keep `entry` in memory after `err` (a failed write), if this outbox
@@ -206,23 +301,51 @@ impl Outbox {
     /// If the write fails, an outbox [holding in memory](Self::holding_in_memory)
     /// keeps the report there (within its bound) and returns its id.
     pub fn enqueue(&self, target: Target, text: &str, source: &str) -> Result<u64, OutboxError> {
-        let entry = Entry {
-            id: 0,
-            target,
-            text: text.to_string(),
-            source: source.to_string(),
-            created: Timestamp::now(),
-            attempts: 0,
-            next_attempt: None,
-            last_error: None,
-        };
-        let written = self.update(|f| {
-            f.next_id += 1;
-            let id = f.next_id;
-            f.pending.push(Entry { id, ..entry.clone() });
-            id
+        let mut ids = self.enqueue_many(vec![(target, text.to_string(), source.to_string())]);
+        ids.pop().unwrap_or_else(|| Err(self.io(std::io::Error::other("nothing queued"))))
+    }
+
+    /// Queue reports `(target, text, source)` with one append and one flush;
+    /// one result per report, in order (each held or dropped on its own if the
+    /// write fails).
+    pub fn enqueue_many(&self, reports: Vec<(Target, String, String)>) -> Vec<Result<u64, OutboxError>> {
+        let now = Timestamp::now();
+        let entries: Vec<Entry> = reports
+            .into_iter()
+            .map(|(target, text, source)| Entry {
+                id: 0,
+                target,
+                text,
+                source,
+                created: now,
+                attempts: 0,
+                next_attempt: None,
+                last_error: None,
+            })
+            .collect();
+        if entries.is_empty() {
+            return Vec::new();
+        }
+        let written = self.update(true, |f| {
+            let ops: Vec<Op> =
+                entries.iter().zip(1..).map(|(e, n)| Op::Add(Entry { id: f.next_id + n, ..e.clone() })).collect();
+            let ids = ops.iter().map(|op| if let Op::Add(e) = op { e.id } else { 0 }).collect::<Vec<_>>();
+            (ops, ids)
         });
-        written.or_else(|e| self.hold(e, entry))
+        match written {
+            Ok(ids) => ids.into_iter().map(Ok).collect(),
+            Err(e) => {
+                let reason = e.to_string();
+                let mut first = Some(e);
+                entries
+                    .into_iter()
+                    .map(|entry| {
+                        let err = first.take().unwrap_or_else(|| self.io(std::io::Error::other(reason.clone())));
+                        self.hold(err, entry)
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// The file's contents with the reports held in memory added.
@@ -283,21 +406,39 @@ impl Outbox {
         if !self.read()?.pending.iter().any(waiting) {
             return Ok(in_memory);
         }
-        self.update(|f| {
-            let mut n = 0;
-            for e in f.pending.iter_mut().filter(|e| waiting(e)) {
-                e.next_attempt = None;
-                n += 1;
-            }
-            n
+        self.update(false, |f| {
+            let ops: Vec<Op> = f
+                .pending
+                .iter()
+                .filter(|e| waiting(e))
+                .map(|e| Op::Set(Entry { next_attempt: None, ..e.clone() }))
+                .collect();
+            let n = ops.len();
+            (ops, n)
         })
         .map(|n| n + in_memory)
     }
 
     /// Record the outcome of an attempt on entry `id`.
     pub fn record(&self, id: u64, attempt: Attempt, now: Timestamp) -> Result<(), OutboxError> {
-        if let Some(mut h) = self.held_lock() {
-            if let Some(pos) = h.entries.iter().position(|e| e.id == id) {
+        self.record_many(vec![(id, attempt)], now)
+    }
+
+    /// Record the outcomes of several attempts with one append (not flushed:
+    /// see the module docs).
+    pub fn record_many(&self, outcomes: Vec<(u64, Attempt)>, now: Timestamp) -> Result<(), OutboxError> {
+        let mut on_disk = Vec::new();
+        {
+            let mut held = self.held_lock();
+            for (id, attempt) in outcomes {
+                let Some(h) = held.as_deref_mut() else {
+                    on_disk.push((id, attempt));
+                    continue;
+                };
+                let Some(pos) = h.entries.iter().position(|e| e.id == id) else {
+                    on_disk.push((id, attempt));
+                    continue;
+                };
                 // Never on disk: its outcome is kept in memory too.
                 match attempt {
                     Attempt::Retry(err) => {
@@ -314,57 +455,70 @@ impl Outbox {
                         }
                     }
                 }
-                return Ok(());
             }
         }
-        self.update(|f| {
-            let Some(pos) = f.pending.iter().position(|e| e.id == id) else { return };
-            let outcome = match attempt {
-                Attempt::Retry(err) => {
-                    let e = &mut f.pending[pos];
-                    e.attempts += 1;
-                    let backoff = backoff(e.attempts);
-                    e.next_attempt = now.checked_add(backoff).ok();
-                    e.last_error = Some(err);
-                    return;
-                }
-                Attempt::Delivered => "delivered".to_string(),
-                Attempt::Drop(why) => format!("dropped: {why}"),
-            };
-            let e = f.pending.remove(pos);
-            f.recent.push_back(Delivered {
-                id: e.id,
-                target: e.target,
-                source: e.source,
-                created: e.created,
-                finished: now,
-                outcome,
-            });
-            while f.recent.len() > RECENT_KEPT {
-                f.recent.pop_front();
-            }
+        if on_disk.is_empty() {
+            return Ok(());
+        }
+        self.update(false, |f| {
+            let ops = on_disk
+                .into_iter()
+                .filter_map(|(id, attempt)| {
+                    let e = f.pending.iter().find(|e| e.id == id)?;
+                    Some(match attempt {
+                        Attempt::Retry(err) => {
+                            let attempts = e.attempts + 1;
+                            Op::Set(Entry {
+                                attempts,
+                                next_attempt: now.checked_add(backoff(attempts)).ok(),
+                                last_error: Some(err),
+                                ..e.clone()
+                            })
+                        }
+                        Attempt::Delivered | Attempt::Drop(_) => Op::Done(Delivered {
+                            id: e.id,
+                            target: e.target.clone(),
+                            source: e.source.clone(),
+                            created: e.created,
+                            finished: now,
+                            outcome: match attempt {
+                                Attempt::Drop(why) => format!("dropped: {why}"),
+                                _ => "delivered".to_string(),
+                            },
+                        }),
+                    })
+                })
+                .collect();
+            (ops, ())
         })
     }
 
-    /// Read-modify-write under the lock.
-    fn update<T>(&self, change: impl FnOnce(&mut OutboxFile) -> T) -> Result<T, OutboxError> {
+    /// Read what was appended since, then append `change`'s lines (and the
+    /// reports held in memory) in one write, flushed if `sync`; all under the lock.
+    fn update<T>(&self, sync: bool, change: impl FnOnce(&OutboxFile) -> (Vec<Op>, T)) -> Result<T, OutboxError> {
         let _lock = self.lock()?;
-        let mut file = match self.read_unlocked() {
-            Ok(f) => f,
-            // Kept aside already; start a new file with this change rather than losing it.
-            Err(e @ OutboxError::Corrupt { .. }) => {
-                tracing::error!("{e}");
-                OutboxFile::default()
-            }
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.load(&mut cache) {
+            Ok(()) => {}
+            // Kept aside already; go on with a new journal rather than losing this change.
+            Err(e @ OutboxError::Corrupt { .. }) => tracing::error!("{e}"),
             Err(e) => return Err(e),
-        };
+        }
+        let mut next = cache.state.clone();
         // Reports held in memory go into the same write.
         let mut held = self.held_lock();
-        let merged = held.as_deref().map_or(0, |h| merge(&mut file, &h.entries));
-        let out = change(&mut file);
-        file.version = 1;
-        let data = serde_json::to_vec_pretty(&file).map_err(|e| self.io(std::io::Error::other(e)))?;
-        self.write(&data)?;
+        let mut ops = held.as_deref().map_or_else(Vec::new, |h| merge(&mut next, &h.entries));
+        let merged = ops.len();
+        let (changes, out) = change(&next);
+        ops.extend(changes);
+        if ops.is_empty() {
+            return Ok(out);
+        }
+        for op in &ops {
+            next.apply(op);
+        }
+        self.append(&mut cache, &ops, sync)?;
+        cache.state = next;
         if let Some(h) = held.as_deref_mut().filter(|_| merged > 0) {
             h.entries.drain(..merged);
             h.bytes = h.entries.iter().map(held_size).sum();
@@ -373,33 +527,152 @@ impl Outbox {
                 "the outbox could be written again: the reports held in memory are on disk"
             );
         }
+        drop(held);
+        if cache.lines > cache.state.pending.len() + cache.state.recent.len() + COMPACT_SLACK {
+            if let Err(e) = self.compact(&mut cache) {
+                tracing::warn!("cannot compact the outbox (it keeps growing until it can): {e}");
+            }
+        }
         Ok(out)
     }
 
-    fn write(&self, data: &[u8]) -> Result<(), OutboxError> {
+    /// Append `ops` as lines; on failure, cut the file back to where it was.
+    fn append(&self, cache: &mut Cache, ops: &[Op], sync: bool) -> Result<(), OutboxError> {
+        let mut buf = Vec::with_capacity(256 * ops.len());
+        if cache.torn {
+            // End the torn line, so ours stay whole.
+            buf.push(b'\n');
+        }
+        for op in ops {
+            serde_json::to_writer(&mut buf, op).map_err(|e| self.io(std::io::Error::other(e)))?;
+            buf.push(b'\n');
+        }
         #[cfg(test)]
         if self.fail_writes.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(self.io(std::io::Error::from_raw_os_error(libc::ENOSPC)));
         }
-        util::fs::write_atomic(&self.path, data).map_err(|e| self.io(e))
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(util::fs::FILE_MODE)
+            .open(&self.path)
+            .map_err(|e| self.io(e))?;
+        let meta = file.metadata().map_err(|e| self.io(e))?;
+        let before = meta.len();
+        let written = (&file).write_all(&buf).and_then(|()| if sync { file.sync_data() } else { Ok(()) });
+        if let Err(e) = written {
+            let _ = file.set_len(before);
+            return Err(self.io(e));
+        }
+        if cache.file.is_none() {
+            // A new journal: its name must survive a power cut too.
+            if let Some(dir) = self.path.parent() {
+                util::fs::sync_dir(dir).map_err(|e| self.io(e))?;
+            }
+        }
+        cache.file = Some((meta.dev(), meta.ino()));
+        cache.len = before + buf.len() as u64;
+        cache.lines += ops.len();
+        cache.torn = false;
+        Ok(())
     }
 
+    /// Replace the journal by the lines its state folds to. A journal with
+    /// unreadable lines is kept aside first.
+    fn compact(&self, cache: &mut Cache) -> Result<(), OutboxError> {
+        if cache.unreadable > 0 {
+            let kept_as = self.path.with_extension(format!("jsonl.corrupt-{}", Timestamp::now().as_second()));
+            std::fs::copy(&self.path, &kept_as).map_err(|e| self.io(e))?;
+            tracing::warn!(kept_as = %kept_as.display(), lines = cache.unreadable, "the outbox had unreadable lines; a copy is kept");
+        }
+        let ops = cache.state.compacted();
+        let mut buf = Vec::with_capacity(256 * ops.len());
+        for op in &ops {
+            serde_json::to_writer(&mut buf, op).map_err(|e| self.io(std::io::Error::other(e)))?;
+            buf.push(b'\n');
+        }
+        util::fs::write_atomic(&self.path, &buf).map_err(|e| self.io(e))?;
+        let meta = std::fs::metadata(&self.path).map_err(|e| self.io(e))?;
+        *cache = Cache {
+            file: Some((meta.dev(), meta.ino())),
+            len: buf.len() as u64,
+            state: std::mem::take(&mut cache.state),
+            lines: ops.len(),
+            unreadable: 0,
+            torn: false,
+        };
+        Ok(())
+    }
+
+    /// The current state (with what other processes appended), under the lock.
     fn read(&self) -> Result<OutboxFile, OutboxError> {
         let _lock = self.lock()?;
-        self.read_unlocked()
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        self.load(&mut cache)?;
+        Ok(cache.state.clone())
     }
 
-    fn read_unlocked(&self) -> Result<OutboxFile, OutboxError> {
-        let data = match std::fs::read(&self.path) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(OutboxFile::default()),
+    /// Bring `cache` up to date with the journal (the lock is held).
+    fn load(&self, cache: &mut Cache) -> Result<(), OutboxError> {
+        let file = match File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                *cache = Cache::default();
+                return self.convert_legacy(cache);
+            }
             Err(e) => return Err(self.io(e)),
         };
-        serde_json::from_slice(&data).or_else(|e| {
-            let kept_as = self.path.with_extension(format!("json.corrupt-{}", Timestamp::now().as_second()));
-            std::fs::rename(&self.path, &kept_as).map_err(|e| self.io(e))?;
-            Err(OutboxError::Corrupt { path: self.path.clone(), kept_as, reason: e.to_string() })
-        })
+        let meta = file.metadata().map_err(|e| self.io(e))?;
+        let id = (meta.dev(), meta.ino());
+        if cache.file != Some(id) || meta.len() < cache.len {
+            // Compacted (or cut back) by another process: read it all.
+            *cache = Cache { file: Some(id), ..Cache::default() };
+        }
+        if meta.len() == cache.len {
+            return Ok(());
+        }
+        let mut new = vec![0; (meta.len() - cache.len) as usize];
+        file.read_exact_at(&mut new, cache.len).map_err(|e| self.io(e))?;
+        let complete = new.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        for line in new[..complete].split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            match serde_json::from_slice::<Op>(line) {
+                Ok(op) => {
+                    cache.state.apply(&op);
+                    cache.lines += 1;
+                }
+                Err(e) => {
+                    cache.unreadable += 1;
+                    tracing::warn!(file = %self.path.display(), "an unreadable line in the outbox was skipped: {e}");
+                }
+            }
+        }
+        cache.len += complete as u64;
+        cache.torn = complete < new.len();
+        Ok(())
+    }
+
+    /// Start the journal from an `outbox.json` of an earlier version, if there
+    /// is one (an unreadable one is kept aside, as before).
+    fn convert_legacy(&self, cache: &mut Cache) -> Result<(), OutboxError> {
+        let data = match std::fs::read(&self.legacy_path) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.io(e)),
+        };
+        match serde_json::from_slice::<OutboxFile>(&data) {
+            Ok(old) => {
+                cache.state = old;
+                self.compact(cache)?;
+                std::fs::remove_file(&self.legacy_path).map_err(|e| self.io(e))?;
+                tracing::info!(file = %self.path.display(), "the outbox was converted to a journal");
+                Ok(())
+            }
+            Err(e) => {
+                let kept_as = self.legacy_path.with_extension(format!("json.corrupt-{}", Timestamp::now().as_second()));
+                std::fs::rename(&self.legacy_path, &kept_as).map_err(|e| self.io(e))?;
+                Err(OutboxError::Corrupt { path: self.legacy_path.clone(), kept_as, reason: e.to_string() })
+            }
+        }
     }
 
     fn lock(&self) -> Result<File, OutboxError> {
@@ -413,19 +686,21 @@ impl Outbox {
     }
 }
 
-/// Add held reports to `file` (a report whose id was taken meanwhile by
-/// another process gets a new one). Returns how many.
-fn merge(file: &mut OutboxFile, held: &[Entry]) -> usize {
+/// `Add` lines for the held reports (a report whose id was taken meanwhile
+/// by another process gets a new one), applied to `file` as well.
+fn merge(file: &mut OutboxFile, held: &[Entry]) -> Vec<Op> {
+    let mut ops = Vec::with_capacity(held.len());
     for e in held {
         let mut e = e.clone();
         let taken = |id: u64| file.pending.iter().any(|p| p.id == id) || file.recent.iter().any(|d| d.id == id);
         if taken(e.id) {
             e.id = file.next_id.max(e.id) + 1;
         }
-        file.next_id = file.next_id.max(e.id);
-        file.pending.push(e);
+        let op = Op::Add(e);
+        file.apply(&op);
+        ops.push(op);
     }
-    held.len()
+    ops
 }
 
 /// Delay before attempt `n + 1` after `n` failures: 5 s, 10 s, 20 s, … capped at 10 min.
@@ -437,6 +712,7 @@ pub fn backoff(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()
@@ -511,30 +787,111 @@ mod tests {
     }
 
     #[test]
-    fn a_corrupt_outbox_is_kept_aside_not_wiped() {
+    fn a_corrupt_outbox_of_an_earlier_version_is_kept_aside_not_wiped() {
         let dir = tempfile::tempdir().unwrap();
         let o = Outbox::new(dir.path());
-        std::fs::write(o.path(), b"{ not json").unwrap();
+        let legacy = dir.path().join("outbox.json");
+        std::fs::write(&legacy, b"{ not json").unwrap();
         let err = o.pending().unwrap_err();
         let OutboxError::Corrupt { kept_as, .. } = err else { panic!("expected Corrupt, got {err}") };
         assert_eq!(std::fs::read(&kept_as).unwrap(), b"{ not json");
         // A fresh outbox starts after that.
         o.enqueue(Target::Log, "new", "agent").unwrap();
         assert_eq!(o.pending().unwrap().len(), 1);
+        // A report queued onto it right away is not lost either.
+        std::fs::write(&legacy, b"\x00garbage").unwrap();
+        std::fs::remove_file(o.path()).unwrap();
+        let fresh = Outbox::new(dir.path());
+        fresh.enqueue(Target::Log, "must survive", "job:x").unwrap();
+        assert_eq!(fresh.pending().unwrap()[0].text, "must survive");
     }
 
     #[test]
-    fn a_report_queued_onto_a_corrupt_outbox_is_not_lost() {
+    fn an_outbox_of_an_earlier_version_is_converted() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"version":1,"next_id":7,"pending":[{"id":7,"target":"log","text":"from before","source":"job:a","created":"2026-01-01T00:00:00Z","attempts":2,"last_error":"x"}],"recent":[{"id":6,"target":"log","source":"agent","created":"2026-01-01T00:00:00Z","finished":"2026-01-01T00:00:01Z","outcome":"delivered"}]}"#;
+        std::fs::write(dir.path().join("outbox.json"), old).unwrap();
+        let o = Outbox::new(dir.path());
+        let pending = o.pending().unwrap();
+        assert_eq!((pending[0].id, pending[0].text.as_str(), pending[0].attempts), (7, "from before", 2));
+        assert_eq!(o.recent().unwrap()[0].id, 6);
+        assert!(!dir.path().join("outbox.json").exists(), "converted, not kept twice");
+        assert_eq!(o.enqueue(Target::Log, "next", "agent").unwrap(), 8, "ids go on");
+    }
+
+    #[test]
+    fn reports_are_appended_not_rewritten_and_the_journal_is_compacted() {
         let dir = tempfile::tempdir().unwrap();
         let o = Outbox::new(dir.path());
-        std::fs::write(o.path(), b"\x00garbage").unwrap();
-        o.enqueue(Target::Log, "must survive", "job:x").unwrap();
-        assert_eq!(o.pending().unwrap()[0].text, "must survive");
+        let ino = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(o.path()).unwrap());
+        let first = o.enqueue(Target::Log, "one", "agent").unwrap();
+        let inode = ino();
+        let ids: Vec<u64> = o
+            .enqueue_many((0..3).map(|i| (Target::Mqtt(None), format!("r{i}"), "job:x".to_string())).collect())
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(ids, [first + 1, first + 2, first + 3]);
+        o.record_many(vec![(first, Attempt::Delivered), (ids[0], Attempt::Retry("down".into()))], Timestamp::now())
+            .unwrap();
+        assert_eq!(ino(), inode, "appended to the same file");
+        let lines = std::fs::read_to_string(o.path()).unwrap().lines().count();
+        assert_eq!(lines, 6, "4 adds, 1 set, 1 done");
+        // Another process's handle sees the same.
+        let other = Outbox::new(dir.path());
+        assert_eq!(other.pending().unwrap().len(), 3);
+        assert_eq!(other.pending().unwrap()[0].attempts, 1);
+        // Many reports later the journal is replaced by a short one, with the same content.
+        for i in 0..COMPACT_SLACK {
+            let id = o.enqueue(Target::Log, &i.to_string(), "agent").unwrap();
+            o.record(id, Attempt::Delivered, Timestamp::now()).unwrap();
+        }
+        assert_ne!(ino(), inode, "compacted");
+        let lines = std::fs::read_to_string(o.path()).unwrap().lines().count();
+        assert!(lines < 6 + 2 * COMPACT_SLACK, "{lines} lines: compacted on the way");
+        let texts = |o: &Outbox| o.pending().unwrap().into_iter().map(|e| e.text).collect::<Vec<_>>();
+        assert_eq!(texts(&o), ["r0", "r1", "r2"]);
+        assert_eq!(texts(&other), ["r0", "r1", "r2"], "the other handle reads the new file");
+        assert_eq!(other.recent().unwrap().len(), RECENT_KEPT);
+    }
+
+    #[test]
+    fn a_torn_tail_and_unreadable_lines_lose_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        o.enqueue(Target::Log, "kept", "agent").unwrap();
+        // A power cut mid-append, and a line damaged on the card.
+        let mut f = std::fs::OpenOptions::new().append(true).open(o.path()).unwrap();
+        f.write_all(b"not json at all\n{\"add\":{\"id\":9,\"tar").unwrap();
+        drop(f);
+        let fresh = Outbox::new(dir.path());
+        assert_eq!(fresh.pending().unwrap().len(), 1);
+        fresh.enqueue(Target::Log, "after", "agent").unwrap();
+        let texts: Vec<_> = Outbox::new(dir.path()).pending().unwrap().into_iter().map(|e| e.text).collect();
+        assert_eq!(texts, ["kept", "after"], "the new line is whole");
+        // At compaction the damaged journal is kept aside.
+        for i in 0..COMPACT_SLACK {
+            let id = fresh.enqueue(Target::Log, &i.to_string(), "agent").unwrap();
+            fresh.record(id, Attempt::Delivered, Timestamp::now()).unwrap();
+        }
         let kept = std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(|e| e.ok())
-            .any(|e| e.file_name().to_string_lossy().starts_with("outbox.json.corrupt-"));
-        assert!(kept, "the corrupt file is kept aside");
+            .any(|e| e.file_name().to_string_lossy().starts_with("outbox.jsonl.corrupt-"));
+        assert!(kept, "a copy of the damaged journal is kept");
+        assert_eq!(fresh.pending().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_failed_append_leaves_no_half_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        o.enqueue(Target::Log, "a", "agent").unwrap();
+        let len = std::fs::metadata(o.path()).unwrap().len();
+        full(&o, true);
+        assert!(o.enqueue(Target::Log, "b", "agent").is_err());
+        full(&o, false);
+        assert_eq!(std::fs::metadata(o.path()).unwrap().len(), len);
     }
 
     #[test]

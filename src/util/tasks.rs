@@ -1,6 +1,7 @@
 //! Taking work from a bounded queue with a bounded number of tasks at once:
 //! the pattern the agent's bus server and MQTT's trigger runner share (as
-//! mini-redis's listener does with its connection semaphore).
+//! mini-redis's listener does with its connection semaphore) — and
+//! [`blocking`], the way durable writes leave the runtime thread.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -50,9 +51,64 @@ where
     running
 }
 
+/// Run `f` (a durable write: it waits on `fsync`) on tokio's blocking pool
+/// and wait for it, so the daemon's one runtime thread goes on with Telegram
+/// polling, MQTT keep-alives and the scheduler meanwhile.
+///
+/// `f` always runs to its end once: if this future is dropped, the write
+/// still finishes on its thread; if the runtime is already shutting down and
+/// refuses new blocking work, `f` runs right here instead of being lost. A
+/// panic in `f` is resumed in the caller.
+pub async fn blocking<T, F>(f: F) -> T
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let slot = Arc::new(std::sync::Mutex::new(Some(f)));
+    let theirs = Arc::clone(&slot);
+    let taken = |s: &std::sync::Mutex<Option<F>>| s.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let ran = match tokio::task::spawn_blocking(move || taken(&theirs).map(|f| f())).await {
+        Ok(out) => out,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Refused (the runtime is shutting down): never started.
+        Err(_) => None,
+    };
+    match ran {
+        Some(out) => out,
+        None => match taken(&slot) {
+            Some(f) => f(),
+            None => unreachable!("a blocking job that did not run was taken by nobody"),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn blocking_work_leaves_the_runtime_thread_and_comes_back() {
+        let here = std::thread::current().id();
+        let (there, v) = blocking(move || (std::thread::current().id(), 41 + 1)).await;
+        assert_eq!(v, 42);
+        assert_ne!(there, here, "ran on another thread");
+    }
+
+    #[test]
+    fn blocking_work_refused_at_shutdown_runs_inline() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let handle = rt.handle().clone();
+        // A runtime shut down refuses new blocking work; the write must still happen.
+        rt.shutdown_background();
+        let v = handle.block_on(blocking(|| 7));
+        assert_eq!(v, 7);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_panic_in_blocking_work_reaches_the_caller() {
+        let caught = tokio::spawn(blocking(|| -> u8 { panic!("disk on fire") })).await.unwrap_err();
+        assert!(caught.is_panic());
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[tokio::test]

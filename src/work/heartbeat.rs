@@ -77,7 +77,7 @@ impl Heartbeat {
             _ => None,
         };
         if let Some(text) = report {
-            self.reports.send(&self.config.deliver, &text, "heartbeat");
+            self.reports.send(&self.config.deliver, &text, "heartbeat").await;
         }
         let saved = HeartbeatState { last_run: Some(Timestamp::now()), last_status: Some(status.into()) };
         if let Err(e) = self.state.save(&saved) {

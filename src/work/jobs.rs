@@ -50,7 +50,7 @@ impl JobRunner {
             Ok(text) => (text.clone(), RunOutcome::ok(text)),
             Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
         };
-        self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name));
+        self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name)).await;
         outcome
     }
 }

@@ -257,7 +257,8 @@ async fn the_daily_budget_stops_jobs_and_warns_chats() {
     assert!(err.to_string().contains("daily_token_budget"), "{err}");
     assert_eq!(fake.request_count(), 2, "no model call for the refused job");
 
-    // Persisted per day, read by a fresh agent.
+    // Persisted per day (written when the agent goes, or within a minute), read by a fresh agent.
+    drop(agent);
     let usage: Value = serde_json::from_slice(&std::fs::read(home.state.join("usage.json")).unwrap()).unwrap();
     let day = usage["days"].as_object().unwrap().values().next().unwrap().clone();
     assert_eq!(

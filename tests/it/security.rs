@@ -621,15 +621,15 @@ async fn systemd_layout_workspace_inside_the_hidden_state_dir() {
     let state = tmp.path().join("state");
     let ws = state.join("workspace");
     std::fs::create_dir_all(&ws).unwrap();
-    std::fs::write(state.join("outbox.json"), SECRET_IN_STATE).unwrap();
+    std::fs::write(state.join("outbox.jsonl"), SECRET_IN_STATE).unwrap();
     bramble::sandbox::protect([state.clone()]);
     let mut registry = ToolRegistry::new(10_000);
     registry.register(Arc::new(ExecTool::new(ExecConfig::default(), ws.clone())));
-    let cmd = format!("echo kept > note.txt; cat note.txt; cat {s}/outbox.json; ls {s}", s = state.display());
+    let cmd = format!("echo kept > note.txt; cat note.txt; cat {s}/outbox.jsonl; ls {s}", s = state.display());
     let args = serde_json::json!({ "command": cmd }).to_string();
     let out = registry.execute(&ToolCall::new("c", "exec", args), &ToolContext::detached("security")).await;
     assert!(out.text.starts_with("kept\n"), "{out:?}");
-    assert!(!out.text.contains(SECRET_IN_STATE) && !out.text.contains("outbox.json\n"), "{out:?}");
+    assert!(!out.text.contains(SECRET_IN_STATE) && !out.text.contains("outbox.jsonl\n"), "{out:?}");
     assert_eq!(std::fs::read_to_string(ws.join("note.txt")).unwrap(), "kept\n");
 }
 

@@ -83,6 +83,12 @@ pub const MAX_INCOMING: usize = 8 * 1024 * 1024;
 pub const SESSION_EXPIRY: u32 = 7 * 24 * 3600;
 /// Requests rumqttc may hold before `try_publish` says "full".
 const REQUEST_QUEUE: usize = 64;
+/// QoS 1 publishes awaiting their PUBACK at once. rumqttc's MQTT 5 event loop
+/// otherwise sizes its in-flight table for 65,535 (a `Vec` of that many
+/// publishes, filled at connect: 13.8 MB of RSS for nothing); the broker's
+/// `Receive Maximum` can only lower this. Reports go out one at a time, and a
+/// discovery burst waits in the request queue.
+const MAX_INFLIGHT: u16 = 32;
 /// How long a delivery waits for the broker's PubAck.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
 /// Keep-alive (PINGREQ) interval: one wake-up a minute when idle; the broker
@@ -186,6 +192,7 @@ impl Settings {
             .set_clean_start(false)
             .set_session_expiry_interval(Some(SESSION_EXPIRY))
             .set_max_packet_size(Some(MAX_INCOMING as u32))
+            .set_outgoing_inflight_upper_limit(MAX_INFLIGHT)
             .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true, None))
             .set_network_options(network_options());
         if let Some(user) = &self.username {

@@ -156,7 +156,7 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
         }
     };
     let targets = if config.deliver.is_empty() { vec![Target::Log] } else { config.deliver.clone() };
-    deps.reports.send(&targets, &report, &format!("trigger:{}", fire.topic));
+    deps.reports.send(&targets, &report, &format!("trigger:{}", fire.topic)).await;
 }
 
 /// Render a trigger template: `{topic}`, `{payload}`, and `{payload.a.b}` /
