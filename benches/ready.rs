@@ -8,7 +8,9 @@
 //! a workspace from the templates and 20 jobs in the state directory.
 //! Also prints the idle RSS of the last daemon, 2 s after READY.
 //!
-//! Run: `cargo bench --bench ready` (`BENCH_RUNS`, default 100).
+//! Run: `cargo bench --bench ready` (`BENCH_RUNS`, default 100;
+//! `BENCH_JOBS=10000` for many jobs: the 20 added with `bramble cron add`
+//! are copied with new ids, names and cron expressions).
 
 mod common;
 
@@ -43,6 +45,23 @@ fn main() {
         assert!(status.success(), "bramble cron add failed");
     }
 
+    let jobs: usize = std::env::var("BENCH_JOBS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    if jobs > 20 {
+        let path = home.join("state/jobs.json");
+        let mut file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("jobs.json")).expect("json");
+        let list = file["jobs"].as_array_mut().expect("jobs");
+        let model = list.clone();
+        for i in 20..jobs {
+            let mut j = model[i % model.len()].clone();
+            j["id"] = format!("{:08x}", 0x1000_0000 + i).into();
+            j["name"] = format!("job{i}").into();
+            j["schedule"]["expr"] = format!("{} {} * * *", i % 60, i / 60 % 24).into();
+            list.push(j);
+        }
+        std::fs::write(&path, serde_json::to_vec_pretty(&file).expect("json")).expect("write jobs.json");
+    }
+
     let sock_path = home.join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).expect("bind the notify socket");
     sock.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
@@ -72,7 +91,7 @@ fn main() {
     }
     times.sort_unstable();
     let pct = |p: usize| times[(times.len() - 1) * p / 100];
-    println!("exec → READY=1, {runs} runs (20 jobs, no network):");
+    println!("exec → READY=1, {runs} runs ({jobs} jobs, no network):");
     println!(
         "  p50 {:.1} ms, p95 {:.1} ms, min {:.1} ms, max {:.1} ms",
         ms(pct(50)),

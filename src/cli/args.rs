@@ -93,6 +93,9 @@ pub enum CronCommand {
         /// Missed runs (daemon down, clock jump): skip, once, or a window like 2h [default: skip; once for --at]
         #[arg(long, value_name = "POLICY")]
         catch_up: Option<String>,
+        /// Give the job a "Run" button in Home Assistant (with `[mqtt] discovery = true`)
+        #[arg(long)]
+        ha_button: bool,
     },
     /// List jobs with their next run
     List,

@@ -17,7 +17,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
     let tz = loaded.config.timezone();
     let now = jiff::Timestamp::now();
     match cmd {
-        CronCommand::Add { name, every, cron, tz: job_tz, at, message, remind, exec, deliver, catch_up } => {
+        CronCommand::Add { name, every, cron, tz: job_tz, at, message, remind, exec, deliver, catch_up, ha_button } => {
             let schedule = if let Some(every) = every {
                 Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
             } else if let Some(expr) = cron {
@@ -41,7 +41,11 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             if let Some(policy) = catch_up {
                 job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
             }
+            job.ha_button = ha_button;
             let job = store.add(job)?;
+            if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
+                eprintln!("warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set");
+            }
             println!("added job {} ({})", job.name, job.id);
             for t in &job.deliver {
                 let configured = match t {
@@ -60,13 +64,16 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             println!("  next run: {}", when(job.state.next_run, &tz));
         }
         CronCommand::List => {
+            use std::io::Write as _;
             let jobs = store.list()?;
+            // One buffered writer: thousands of jobs are thousands of lines.
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             let corrupt = store.corrupt_notice();
             if let Some(notice) = &corrupt {
-                println!("job store: {notice}");
+                writeln!(out, "job store: {notice}")?;
             }
             if jobs.is_empty() && corrupt.is_none() {
-                println!("no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"");
+                writeln!(out, "no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"")?;
             }
             for j in jobs {
                 let state = if j.state.done {
@@ -77,14 +84,16 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                     format!("next {}", when(j.state.next_run, &tz))
                 };
                 let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
-                println!(
+                writeln!(
+                    out,
                     "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
                     j.id,
                     j.name,
                     kind_name(&j.kind),
-                    j.schedule.describe(tz.tz())
-                );
+                    j.schedule.summary(tz.tz())
+                )?;
             }
+            out.flush()?;
         }
         CronCommand::Show { id } => {
             let j = store.get(&id)?;
@@ -96,6 +105,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             println!("  schedule:  {}", j.schedule.describe(tz.tz()));
             println!("  catch-up:  {}", j.catch_up);
+            if j.ha_button {
+                println!("  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name));
+            }
             let targets: Vec<String> = j.report_target_names();
             println!("  deliver:   {}", targets.join(", "));
             println!("  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" });

@@ -168,7 +168,13 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let assemble::Daemon { agent, bus, channels, telegram, mqtt, scheduler, outbox, wake } = assemble::daemon(loaded)?;
+    let assemble::Daemon { agent, bus, channels, telegram, mqtt, mut scheduler, outbox, wake } =
+        assemble::daemon(loaded)?;
+    // Read once, here: the scheduler starts from these, and the start-up line counts them.
+    let jobs = scheduler.preload().unwrap_or_else(|e| {
+        tracing::error!("{e}");
+        0
+    });
     let reports = Reports::new(outbox.clone(), wake.clone());
     // Turns (chat, jobs, heartbeat), reminders and exec jobs: what shutdown waits for.
     let inflight = agent.inflight().clone();
@@ -251,7 +257,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     });
 
     tasks.spawn(systemd::watchdog(abort.clone()));
-    let summary = log_startup(loaded, &agent, &channels);
+    let summary = log_startup(loaded, &agent, &channels, jobs);
     systemd::ready(&summary);
     // After READY: this probes the kernel with one real jail (a few ms).
     if c.exec.enabled {
@@ -261,7 +267,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
 }
 
 /// Log what runs and what is missing; returns a one-line status for systemd.
-fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels) -> String {
+fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels, jobs: usize) -> String {
     let c = &loaded.config;
     match agent.provider_problem() {
         None => tracing::info!(provider = c.provider.kind.as_str(), model = %c.model(), "provider ready"),
@@ -272,13 +278,6 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
     for w in crate::config::security_warnings(loaded) {
         tracing::warn!("{w}");
     }
-    let jobs = JobStore::open(&loaded.paths.state_dir).list().map_or_else(
-        |e| {
-            tracing::error!("{e}");
-            0
-        },
-        |j| j.len(),
-    );
     let tasks = heartbeat::read_file(&loaded.paths.workspace).map(|t| heartbeat::active_tasks(&t).len()).unwrap_or(0);
     tracing::info!(
         config = %loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into()),

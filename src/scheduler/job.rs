@@ -216,6 +216,10 @@ pub struct Job {
     /// The conversation the job was made in, so a reminder set from a
     /// Telegram chat answers there (and its turns continue that session).
     pub origin: Option<Conversation>,
+    /// A Home Assistant button runs it (`cron add --ha-button`; with
+    /// `[mqtt] discovery`, at most [`crate::channels::mqtt::discovery::MAX_BUTTONS`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ha_button: bool,
     #[serde(default)]
     pub state: JobState,
 }
@@ -274,6 +278,7 @@ impl Job {
             enabled: true,
             created: now,
             origin: None,
+            ha_button: false,
             state: JobState { next_run, ..JobState::default() },
         })
     }

@@ -133,6 +133,8 @@ pub struct Scheduler {
     run_now_rx: mpsc::Receiver<String>,
     sync_wait: Option<Duration>,
     wakeups: Arc<AtomicU64>,
+    /// Jobs read before the loop started ([`preload`](Self::preload)).
+    preloaded: Option<(Vec<Job>, Option<Stamp>)>,
 }
 
 impl Scheduler {
@@ -149,7 +151,18 @@ impl Scheduler {
             run_now_rx,
             sync_wait: Some(DEFAULT_SYNC_WAIT),
             wakeups: Arc::new(AtomicU64::new(0)),
+            preloaded: None,
         }
+    }
+
+    /// Read the jobs now (the daemon does, before READY, to log how many):
+    /// the loop starts from them instead of reading `jobs.json` again — with
+    /// thousands of jobs, a read is most of the start-up. Returns how many.
+    pub fn preload(&mut self) -> Result<usize, StoreError> {
+        let (jobs, stamp) = self.store.load_with_stamp()?;
+        let n = jobs.len();
+        self.preloaded = Some((jobs, stamp));
+        Ok(n)
     }
 
     /// Use another wall clock (tests; a daemon option to skip the sync probe).
@@ -183,7 +196,8 @@ impl Scheduler {
     /// Run until `cancel`. Due jobs are handed to `executor`, each in its own
     /// task, at most one run per job at a time.
     pub async fn run(self, executor: impl JobExecutor, cancel: CancellationToken) {
-        let Scheduler { store, default_tz, clock, reload, run_now_tx, mut run_now_rx, sync_wait, wakeups } = self;
+        let Scheduler { store, default_tz, clock, reload, run_now_tx, mut run_now_rx, sync_wait, wakeups, preloaded } =
+            self;
         drop(run_now_tx);
         let now = clock.now();
         let mut lp = Loop {
@@ -205,7 +219,11 @@ impl Scheduler {
             trusting_unsynced: false,
             went_back: None,
         };
-        lp.reload();
+        match preloaded {
+            // Changed since (a `cron add` in between) is caught by the first pass's stamp check.
+            Some((jobs, stamp)) => (lp.jobs, lp.stamp) = (jobs, stamp),
+            None => lp.reload(),
+        }
         if let Some(notice) = lp.store.corrupt_notice() {
             error!("{notice}");
         }
@@ -214,14 +232,20 @@ impl Scheduler {
         loop {
             wakeups.fetch_add(1, Ordering::Relaxed);
             lp.check_jump();
-            if force_reload || lp.store.changed_since(lp.stamp) {
+            let reloaded = force_reload || lp.store.changed_since(lp.stamp);
+            if reloaded {
                 lp.reload();
             }
             force_reload = false;
             let mut pass = lp.pass();
-            if pass.acted {
+            let acted = pass.acted;
+            if acted {
                 // Plan again against the state just written (new next_run values).
                 pass = lp.pass();
+            }
+            if reloaded || acted {
+                // A read or rewrite of a large jobs.json freed megabytes: not kept while asleep.
+                crate::util::sys::release_freed_memory();
             }
             debug!(sleep_ms = pass.wake.as_millis() as u64, "scheduler sleeping");
             tokio::select! {

@@ -156,8 +156,22 @@ impl Schedule {
         }
     }
 
-    /// One line for `bramble cron list`, times shown in `default_tz` (or the
-    /// job's own zone for cron).
+    /// The schedule for a table row (`bramble cron list`): like
+    /// [`describe`](Self::describe) without the English reading of a cron
+    /// expression — working that out parses the expression, ~20 µs a job,
+    /// most of a listing of thousands.
+    pub fn summary(&self, default_tz: &TimeZone) -> String {
+        match self {
+            Schedule::Cron { expr, tz } => {
+                let zone = tz.as_deref().unwrap_or_else(|| default_tz.iana_name().unwrap_or("local"));
+                format!("cron `{expr}` ({zone})")
+            }
+            other => other.describe(default_tz),
+        }
+    }
+
+    /// One line for `bramble cron show` and `cron add`, times shown in
+    /// `default_tz` (or the job's own zone for cron).
     pub fn describe(&self, default_tz: &TimeZone) -> String {
         match self {
             Schedule::Every { every, anchor } => {

@@ -70,6 +70,7 @@ impl CronTool {
             job.catch_up = policy.parse::<CatchUp>().map_err(err)?;
         }
         job.origin = Some(ctx.conversation.clone());
+        job.ha_button = a.ha_button;
         let targets: Vec<String> = job.report_target_names();
         let job = self.store.add(job).map_err(err)?;
         Ok(format!(
@@ -159,6 +160,8 @@ struct Args {
     #[serde(default)]
     deliver: Vec<String>,
     catch_up: Option<String>,
+    #[serde(default)]
+    ha_button: bool,
     job: Option<String>,
 }
 
@@ -189,6 +192,7 @@ impl Tool for CronTool {
                 "deliver": {"type": "array", "items": {"type": "string"},
                             "description": "Targets: telegram:<chat_id>, mqtt, mqtt:<topic>, log; default this chat"},
                 "catch_up": {"type": "string", "description": "Missed runs: skip, once, or a window like 2h"},
+                "ha_button": {"type": "boolean", "description": "Give the job a Run button in Home Assistant (only when the user asks for one)"},
                 "job": {"type": "string", "description": "For remove: the job's id or name"}
             },
             "required": ["action"]

@@ -221,3 +221,43 @@ async fn a_corrupt_job_store_is_reported_by_status_and_cron_list() {
     let status = text(&bramble(dir.path(), &["status"], None).await.stdout);
     assert!(status.contains("was corrupt") && status.contains(&kept), "{status}");
 }
+
+#[tokio::test]
+async fn cron_list_is_a_compact_table_and_show_has_the_details() {
+    let dir = tempfile::tempdir().unwrap();
+    let add = |args: &'static [&'static str]| {
+        let home = dir.path().to_path_buf();
+        async move {
+            let out = bramble(&home, args, None).await;
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            (text(&out.stdout), text(&out.stderr))
+        }
+    };
+    let (added, warning) = add(&[
+        "cron",
+        "add",
+        "standup",
+        "--cron",
+        "0 9 * * 1-5",
+        "--tz",
+        "Europe/Berlin",
+        "--remind",
+        "standup",
+        "--ha-button",
+    ])
+    .await;
+    assert!(added.contains("At 09:00, on Monday"), "add reads the expression out: {added}");
+    assert!(warning.contains("--ha-button needs [mqtt] with discovery = true"), "{warning}");
+    add(&["cron", "add", "tea", "--every", "2h", "--remind", "tea"]).await;
+    let (list, _) = add(&["cron", "list"]).await;
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 2, "{list}");
+    assert!(lines[0].contains("standup") && lines[0].contains("cron `0 9 * * 1-5` (Europe/Berlin)"), "{list}");
+    assert!(!lines[0].contains("Monday"), "the table stays compact: {list}");
+    assert!(lines[1].contains("tea") && lines[1].contains("every 2h"), "{list}");
+    let (show, _) = add(&["cron", "show", "standup"]).await;
+    assert!(show.contains("At 09:00, on Monday"), "{show}");
+    assert!(show.contains("HA button: yes (`run_standup`)"), "{show}");
+    let (show, _) = add(&["cron", "show", "tea"]).await;
+    assert!(!show.contains("HA button"), "{show}");
+}

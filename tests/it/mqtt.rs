@@ -125,9 +125,11 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
     let w =
         Watcher::start(s.broker.port, &[STATUS, "bramble/testpi/jobs/+", "bramble/testpi/last_job", "homeassistant/#"])
             .await;
-    s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran-by-mqtt"]).await;
-    // More retained documents than rumqttc's request queue holds at once.
+    s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran-by-mqtt", "--ha-button"]).await;
+    // Buttons only for jobs marked for one, at most MAX_BUTTONS of them (more
+    // retained documents than rumqttc's request queue holds at once).
     let store = bramble::scheduler::JobStore::open(&s.home.state);
+    let cap = bramble::channels::mqtt::discovery::MAX_BUTTONS;
     for i in 0..100 {
         let schedule = bramble::scheduler::Schedule::Every {
             every: bramble::scheduler::parse_every("1d").unwrap(),
@@ -135,15 +137,25 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
         };
         let kind = bramble::scheduler::JobKind::Remind { text: "x".into() };
         let now = jiff::Timestamp::now();
-        let job =
-            bramble::scheduler::Job::new(&format!("bulk-{i}"), schedule, kind, vec![], now, &jiff::tz::TimeZone::UTC);
-        store.add(job.unwrap()).unwrap();
+        let mut job =
+            bramble::scheduler::Job::new(&format!("bulk-{i}"), schedule, kind, vec![], now, &jiff::tz::TimeZone::UTC)
+                .unwrap();
+        job.ha_button = i < 60;
+        store.add(job).unwrap();
     }
+    // A button an earlier version published for an unmarked job.
+    let old = "homeassistant/button/bramble_testpi/run_bulk-99/config";
+    w.publish_retained(old, r#"{"name":"Run bulk-99"}"#).await;
+    assert!(w.wait_for(10, old, |p| !p.is_empty()).await);
     let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
-    let all_buttons =
-        || (0..100).all(|i| !w.on(&format!("homeassistant/button/bramble_testpi/run_bulk-{i}/config")).is_empty());
-    assert!(wait_until(15, all_buttons).await, "a button for each of 100 jobs: {}", s.log());
+    let bulk = |i: usize| format!("homeassistant/button/bramble_testpi/run_bulk-{i}/config");
+    // `ping` is the first marked job; then bulk-0 … up to the cap.
+    let capped = || (0..cap - 1).all(|i| !w.on(&bulk(i)).is_empty());
+    assert!(wait_until(15, capped).await, "a button for each marked job up to the cap: {}", s.log());
+    assert!(w.wait_last(10, old, "").await, "the old version's button is cleared: {}", s.log());
+    assert!((cap - 1..99).all(|i| w.on(&bulk(i)).is_empty()), "no button beyond the cap or for unmarked jobs");
+    assert!(s.log().contains("61 jobs are marked for a button; only the first 50 get one"), "{}", s.log());
 
     // Device, sensors and the job's button.
     assert!(w.wait_for(10, button, |p| p.contains("bramble/testpi/run/ping")).await, "{}", s.log());
@@ -174,13 +186,12 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
     assert!(w.wait_last(10, "bramble/testpi/jobs/ping", "").await, "record cleared");
 
     // Removed while the daemon was down: cleared at the next start.
-    s.cli(&["cron", "add", "gone", "--every", "1h", "--remind", "x"]).await;
-    let gone = "homeassistant/button/bramble_testpi/run_gone/config";
-    assert!(w.wait_for(10, gone, |p| !p.is_empty()).await);
+    let gone = bulk(0);
+    assert!(w.wait_for(10, &gone, |p| !p.is_empty()).await);
     daemon.stop().await;
-    s.cli(&["cron", "remove", "gone"]).await;
+    s.cli(&["cron", "remove", "bulk-0"]).await;
     let daemon = s.start();
-    assert!(w.wait_last(15, gone, "").await, "leftover cleared: {}", s.log());
+    assert!(w.wait_last(15, &gone, "").await, "leftover cleared: {}", s.log());
     daemon.stop().await;
 }
 

@@ -470,6 +470,8 @@ async fn state_watch(
 ) {
     let heartbeat = crate::scheduler::heartbeat::StateFile::new(&state_dir);
     let mut known: Vec<String> = Vec::new();
+    let mut buttons: Vec<String> = Vec::new();
+    let mut warned = false;
     let mut refresh_jobs = true;
     let mut refresh_heartbeat = true;
     loop {
@@ -487,12 +489,13 @@ async fn state_watch(
                         link.set_retained(&link.settings.topic(&format!("jobs/{gone}")), Vec::new());
                     }
                     if link.settings.discovery {
-                        discovery::publish(&link, &list, &known);
+                        buttons = discovery::publish(&link, &list, &buttons, &mut warned);
                     }
                     known = names;
                 }
                 Err(e) => tracing::warn!("MQTT: cannot read the jobs for discovery: {e}"),
             }
+            crate::util::sys::release_freed_memory();
         }
         tokio::select! {
             _ = jobs_changed.notified() => { refresh_jobs = true; refresh_heartbeat = false; }
