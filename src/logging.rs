@@ -11,14 +11,21 @@
 //!
 //! The level comes from `RUST_LOG` when set, else `[daemon] log_level`, else
 //! the command's default (`info` for the daemon, `warn` for one-shot commands
-//! so their output stays clean). Secrets never reach a log line: they live in
+//! so their output stays clean). A daemon reload applies a changed
+//! `log_level` ([`set_level`]). Secrets never reach a log line: they live in
 //! [`crate::config::Secret`], whose `Debug` prints `***`.
 
 use std::os::unix::fs::MetadataExt;
 
+use std::sync::OnceLock;
+
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, Registry};
+
+/// The installed filter, and the command's default level, for [`set_level`].
+static FILTER: OnceLock<(reload::Handle<Targets, Registry>, String)> = OnceLock::new();
 
 /// Install the global subscriber. Safe to call once; later calls are ignored.
 ///
@@ -42,7 +49,28 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
     });
     let fmt =
         journald.is_none().then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false));
-    let _ = tracing_subscriber::registry().with(journald).with(fmt).with(targets).try_init();
+    let (targets, handle) = reload::Layer::new(targets);
+    if tracing_subscriber::registry().with(targets).with(journald).with(fmt).try_init().is_ok() {
+        let _ = FILTER.set((handle, default_level.to_string()));
+    }
+}
+
+/// Apply `[daemon] log_level` from a reloaded config (unless `RUST_LOG` is
+/// set, which wins as at start). An invalid filter keeps the current one.
+pub fn set_level(config_level: Option<&str>) {
+    let Some((handle, default_level)) = FILTER.get() else { return };
+    if std::env::var("RUST_LOG").is_ok_and(|v| !v.trim().is_empty()) {
+        return;
+    }
+    let filter = config_level.unwrap_or(default_level);
+    match filter.parse::<Targets>() {
+        Ok(targets) => {
+            if let Err(e) = handle.reload(targets) {
+                tracing::warn!("cannot change the log level: {e}");
+            }
+        }
+        Err(e) => tracing::warn!("ignoring log filter `{filter}` ({e}); keeping the current one"),
+    }
 }
 
 /// Each tracing level's syslog priority.

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 /// bramble: a small, scheduler-first AI agent for your Raspberry Pi.
 #[derive(Debug, Parser)]
-#[command(name = "bramble", version, propagate_version = true, max_term_width = 100)]
+#[command(name = "bramble", version = env!("BRAMBLE_VERSION"), propagate_version = true, max_term_width = 100)]
 pub struct Cli {
     /// Config file [default: $XDG_CONFIG_HOME/bramble/config.toml, /etc/bramble/config.toml under systemd]
     #[arg(long, global = true, env = "BRAMBLE_CONFIG", value_name = "PATH")]

@@ -86,7 +86,10 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
                 "the new config moves the state directory to {}: that needs a restart, keeping the old config",
                 new.paths.state_dir.display()
             ),
-            Ok(new) => previous = Some(std::mem::replace(&mut loaded, new)),
+            Ok(new) => {
+                crate::logging::set_level(new.config.daemon.log_level.as_deref());
+                previous = Some(std::mem::replace(&mut loaded, new));
+            }
             Err(e) => tracing::error!("the new config has an error, keeping the old one: {e}"),
         }
     }

@@ -159,7 +159,17 @@ async fn help_on_every_level() {
         assert!(text(&out.stdout).contains("Usage: bramble"), "{args:?}");
     }
     let out = bramble(dir.path(), &["--version"], None).await;
-    assert_eq!(text(&out.stdout), format!("bramble {}\n", env!("CARGO_PKG_VERSION")));
+    assert_eq!(text(&out.stdout), format!("bramble {}\n", env!("BRAMBLE_VERSION")));
+    // Built from a checkout: the version names the commit.
+    let head = std::process::Command::new("git")
+        .args(["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| text(&o.stdout).trim().to_string());
+    if let Some(head) = head {
+        assert_eq!(text(&out.stdout), format!("bramble {} ({head})\n", env!("CARGO_PKG_VERSION")));
+    }
 }
 
 #[tokio::test]

@@ -197,6 +197,28 @@ async fn sighup_reloads_and_a_bad_config_keeps_the_old_one() {
     assert_eq!(log.matches("bramble 0.1.0 running").count(), 3, "{log}");
 }
 
+#[tokio::test]
+async fn a_reload_applies_a_new_log_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    let config = |level: &str| format!("[heartbeat]\nenabled = false\n[daemon]\nlog_level = \"{level}\"\n");
+    std::fs::write(&cfg, config("info")).unwrap();
+    let log = dir.path().join("daemon.log");
+    // No RUST_LOG (it would win over the config, at start and at reloads alike).
+    let daemon = Daemon::start_with_env(dir.path(), Some(&cfg), &log, &[("RUST_LOG", Path::new(""))]);
+    let running = "bramble 0.1.0 running";
+    assert!(daemon.wait_log_count(running, 1, 20).await, "{}", daemon.log());
+    std::fs::write(&cfg, config("debug")).unwrap();
+    daemon.signal(nix::sys::signal::Signal::SIGHUP).await;
+    assert!(daemon.wait_log_count(running, 2, 20).await, "{}", daemon.log());
+    // The scheduler's debug line, at its restart after the reload.
+    assert!(daemon.wait_log("scheduler sleeping", 20).await, "debug lines after the reload: {}", daemon.log());
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    let first_run = &log[..log.find("reloading the config").unwrap()];
+    assert!(!first_run.contains("DEBUG"), "no debug lines at info: {first_run}");
+}
+
 /// What the unit's `ExecReload=` runs before SIGHUP: `systemctl reload` fails,
 /// with the error on its terminal, where the daemon's reload would refuse.
 #[tokio::test]

@@ -42,7 +42,7 @@ async fn version_check_and_one_turn_with_an_exec_call() {
     let dir = tempfile::tempdir().unwrap();
     let out = run(dir.path(), &["--version"]).await;
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("bramble {}\n", env!("CARGO_PKG_VERSION")));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("bramble {}\n", env!("BRAMBLE_VERSION")));
 
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/bramble.toml");
     let out = run(dir.path(), &["--config", example, "check"]).await;

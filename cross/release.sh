@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Build a release: .debs and plain tarballs for every board, and SHA256SUMS.
+#
+#   cross/release.sh 0.1.0          # VERSION must be Cargo.toml's version
+#
+# On an x86-64 Debian 12 machine, from a clean checkout, as root the first time
+# (cross/build.sh --install puts Debian's cross toolchain in place). Output in
+# target-release/<VERSION>/:
+#   bramble_<VERSION>_{amd64,arm64,armhf}.deb
+#   bramble-<VERSION>-{x86_64,aarch64,armv7}-linux-gnu.tar.gz
+#       bramble-<VERSION>-<arch>/bramble, bramble.service, README.md, LICENSE-NOTICE
+#   SHA256SUMS
+#
+# The packaging is deterministic: files sorted, owned by root, dated at the
+# commit's time (SOURCE_DATE_EPOCH), gzip without a timestamp, build paths
+# remapped out of the binaries; packaging the same binaries twice gives the
+# same bytes. A tree with uncommitted changes is refused: a release is a commit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version="${1:-}"
+cargo_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)
+if [ -z "$version" ]; then
+    echo "usage: $0 VERSION   (Cargo.toml says $cargo_version)" >&2
+    exit 2
+fi
+if [ "$version" != "$cargo_version" ]; then
+    echo "error: VERSION $version is not Cargo.toml's version $cargo_version: change Cargo.toml first" >&2
+    exit 1
+fi
+if [ -n "$(git status --porcelain --untracked-files=no)" ] && [ "${RELEASE_ALLOW_DIRTY:-}" != 1 ]; then
+    echo "error: the checkout has uncommitted changes; commit them (or RELEASE_ALLOW_DIRTY=1 for a trial)" >&2
+    exit 1
+fi
+commit=$(git rev-parse --short=12 HEAD)
+export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"
+# The build directory must not end up in the binaries (panic messages carry paths).
+export RUSTFLAGS="${RUSTFLAGS:-} --remap-path-prefix=$PWD=/build/bramble --remap-path-prefix=$HOME=/home"
+out="target-release/$version"
+rm -rf "$out"
+mkdir -p "$out"
+echo "== release $version ($commit), SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH, into $out"
+
+echo "== amd64: cargo build --release"
+CARGO_TARGET_DIR=target-release/amd64 cargo build --release --locked
+amd64=target-release/amd64/release/bramble
+
+echo "== arm64 and armhf: cross/build.sh"
+for arch in aarch64 armv7; do
+    CARGO_TARGET_DIR=target-cross cross/build.sh --install "$arch"
+done
+arm64=target-cross/aarch64-unknown-linux-gnu/release/bramble
+armhf=target-cross/armv7-unknown-linux-gnueabihf/release/bramble
+
+for pair in "amd64:$amd64" "arm64:$arm64" "armhf:$armhf"; do
+    deb_arch=${pair%%:*}
+    bin=${pair#*:}
+    echo "== $deb_arch: .deb"
+    BRAMBLE_BIN="$bin" OUT_DIR="$out" DEB_VERSION="$version" cross/deb.sh "$deb_arch"
+done
+
+# Plain tarballs, for systems without dpkg.
+tarball() {
+    local bin=$1 triple=$2 name="bramble-$version-$2"
+    local dir
+    dir=$(mktemp -d)
+    mkdir "$dir/$name"
+    install -m 0755 "$bin" "$dir/$name/bramble"
+    install -m 0644 systemd/bramble.service README.md "$dir/$name/"
+    printf 'bramble %s (%s)\nCopyright 2026 the bramble authors\nLicense: MIT OR Apache-2.0 (Cargo.toml)\n' \
+        "$version" "$commit" >"$dir/$name/LICENSE-NOTICE"
+    touch -d "@$SOURCE_DATE_EPOCH" "$dir/$name" "$dir/$name"/*
+    tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+        --format=gnu -C "$dir" -cf - "$name" | gzip -n -9 >"$out/$name.tar.gz"
+    rm -rf "$dir"
+}
+echo "== tarballs"
+tarball "$amd64" x86_64-linux-gnu
+tarball "$arm64" aarch64-linux-gnu
+tarball "$armhf" armv7-linux-gnu
+
+(cd "$out" && sha256sum -- *.deb *.tar.gz >SHA256SUMS)
+echo "== done: $out"
+cat "$out/SHA256SUMS"
