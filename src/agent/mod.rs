@@ -441,7 +441,8 @@ impl Agent {
                     tracing::warn!(session = %req.conversation.session_key, "cannot flush the turn's pending record: {e}");
                 }
             } else {
-                self.pending.finish(record.id);
+                let (pending, id) = (self.pending.clone(), record.id);
+                util::tasks::blocking(move || pending.finish(id)).await;
             }
         }
         result

@@ -84,9 +84,16 @@ pub async fn run_outbox(
                 write_failed = true;
             }
         }
-        let mut sleep = match outbox.next_due_for(|t| channels.for_target(t).is_some()) {
-            Ok(Some(t)) => Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO),
-            _ => Duration::from_secs(3600),
+        let reader = outbox.clone();
+        let waiting = blocking(move || reader.pending()).await.unwrap_or_default();
+        let next = waiting
+            .iter()
+            .filter(|e| channels.for_target(&e.target).is_some())
+            .map(|e| e.next_attempt.unwrap_or(e.created))
+            .min();
+        let mut sleep = match next {
+            Some(t) => Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO),
+            None => Duration::from_secs(3600),
         };
         if write_failed {
             // A full or failing disk: do not spin on it.

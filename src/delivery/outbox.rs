@@ -378,18 +378,7 @@ impl Outbox {
 
     /// The earliest time a pending entry may be tried, if any.
     pub fn next_due(&self) -> Result<Option<Timestamp>, OutboxError> {
-        self.next_due_for(|_| true)
-    }
-
-    /// The earliest time a pending entry whose target passes `deliverable` may be tried.
-    pub fn next_due_for(&self, deliverable: impl Fn(&Target) -> bool) -> Result<Option<Timestamp>, OutboxError> {
-        Ok(self
-            .read_all()?
-            .pending
-            .iter()
-            .filter(|e| deliverable(&e.target))
-            .map(|e| e.next_attempt.unwrap_or(e.created))
-            .min())
+        Ok(self.read_all()?.pending.iter().map(|e| e.next_attempt.unwrap_or(e.created)).min())
     }
 
     /// A channel is back (the MQTT broker reconnected): its reports waiting

@@ -999,13 +999,20 @@ async fn an_allow_from_username_is_pinned_to_its_first_user() {
 
 /// `bramble ARGS` with the test home's config; stdout and stderr together.
 async fn bramble_output(home: &TestHome, args: &[&str]) -> (bool, String) {
+    run_bramble(home.path(), &home.config, args, &[]).await
+}
+
+/// `bramble --config CONFIG ARGS` with only `home`, `PATH` and `env` in the
+/// environment: whether it succeeded, and stdout + stderr.
+async fn run_bramble(home: &Path, config: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
         .arg("--config")
-        .arg(&home.config)
+        .arg(config)
         .args(args)
         .env_clear()
-        .env("HOME", home.path())
+        .env("HOME", home)
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output();
@@ -1360,20 +1367,7 @@ impl Layout {
 
     /// `bramble ARGS` as the user of this layout: success and stdout + stderr.
     async fn bramble(&self, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .env_clear()
-            .env("HOME", &self.home)
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .envs(env.iter().copied())
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .output();
-        let out = tokio::time::timeout(Duration::from_secs(60), out).await.unwrap().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        (out.status.success(), text)
+        run_bramble(&self.home, &self.config, args, env).await
     }
 
     /// Run `command` as an exec job; its report.
