@@ -46,11 +46,20 @@ CARGO_TARGET_DIR=target-release/amd64 cargo build --release --locked
 amd64=target-release/amd64/release/bramble
 
 echo "== arm64 and armhf: cross/build.sh"
-for arch in aarch64 armv7; do
-    CARGO_TARGET_DIR=target-cross cross/build.sh --install "$arch"
-done
-arm64=target-cross/aarch64-unknown-linux-gnu/release/bramble
-armhf=target-cross/armv7-unknown-linux-gnueabihf/release/bramble
+# Debian's std for an architecture can lag its rustc while a mirror syncs
+# (seen for armhf for hours): then rustup's std, the same compiler's own.
+cross_build() {
+    local arch=$1 triple=$2
+    if CARGO_TARGET_DIR=target-cross cross/build.sh --install "$arch" >&2; then
+        echo "target-cross/$triple/release/bramble"
+    else
+        echo "== Debian's $arch toolchain failed; rustup's std instead" >&2
+        CARGO_TARGET_DIR=target-cross-rustup cross/build.sh --install --rustup "$arch" >&2
+        echo "target-cross-rustup/$triple/release/bramble"
+    fi
+}
+arm64=$(cross_build aarch64 aarch64-unknown-linux-gnu)
+armhf=$(cross_build armv7 armv7-unknown-linux-gnueabihf)
 
 for pair in "amd64:$amd64" "arm64:$arm64" "armhf:$armhf"; do
     deb_arch=${pair%%:*}
