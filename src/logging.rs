@@ -47,8 +47,12 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
     let journald = stderr_is_journal().then(|| tracing_journald::layer().ok()).flatten().map(|l| {
         l.with_syslog_identifier("bramble".into()).with_field_prefix(None).with_priority_mappings(priorities())
     });
-    let fmt =
-        journald.is_none().then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false));
+    let fmt = journald.is_none().then(|| {
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(colour(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
+    });
     let (targets, handle) = reload::Layer::new(targets);
     if tracing_subscriber::registry().with(targets).with(journald).with(fmt).try_init().is_ok() {
         let _ = FILTER.set((handle, default_level.to_string()));
@@ -71,6 +75,13 @@ pub fn set_level(config_level: Option<&str>) {
         }
         Err(e) => tracing::warn!("ignoring log filter `{filter}` ({e}); keeping the current one"),
     }
+}
+
+/// Colour in log lines only on a terminal, and not when `NO_COLOR` is set to
+/// anything but the empty string (no-color.org): a pipe, a file or a CI log
+/// gets plain text.
+fn colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Each tracing level's syslog priority.
@@ -113,5 +124,13 @@ mod tests {
         assert!(!is_stderr(Some(elsewhere.as_ref())));
         assert!(!is_stderr(Some("garbage".as_ref())));
         assert!(!is_stderr(None));
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_and_without_no_color() {
+        assert!(colour(true, None));
+        assert!(colour(true, Some("".as_ref())), "an empty NO_COLOR is unset");
+        assert!(!colour(true, Some("1".as_ref())));
+        assert!(!colour(false, None), "a pipe or a file");
     }
 }

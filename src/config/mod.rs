@@ -559,7 +559,7 @@ impl Config {
             .map(|p| expand_tilde(p, &home))
             .or_else(|| std::env::var_os("BRAMBLE_STATE_DIR").map(PathBuf::from))
             .or_else(|| under_systemd.clone().map(|p| first_path(&p)))
-            .or_else(|| std::env::var_os("XDG_STATE_HOME").map(|p| PathBuf::from(p).join("bramble")))
+            .or_else(|| xdg_dir("XDG_STATE_HOME").map(|p| p.join("bramble")))
             .unwrap_or_else(|| home.join(".local/state/bramble"));
         let workspace = self
             .agent
@@ -568,10 +568,17 @@ impl Config {
             .map(|p| expand_tilde(p, &home))
             .or_else(|| std::env::var_os("BRAMBLE_WORKSPACE").map(PathBuf::from))
             .or_else(|| under_systemd.map(|p| first_path(&p).join("workspace")))
-            .or_else(|| std::env::var_os("XDG_DATA_HOME").map(|p| PathBuf::from(p).join("bramble/workspace")))
+            .or_else(|| xdg_dir("XDG_DATA_HOME").map(|p| p.join("bramble/workspace")))
             .unwrap_or_else(|| home.join(".local/share/bramble/workspace"));
         Paths { workspace, state_dir }
     }
+}
+
+/// An XDG base directory variable, if it is set to an absolute path: the
+/// spec says an empty or relative value is to be ignored (an empty
+/// `XDG_STATE_HOME` once made the state directory `./bramble`).
+fn xdg_dir(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name).map(PathBuf::from).filter(|p| p.is_absolute())
 }
 
 /// systemd may pass several `:`-separated directories; the first is ours.
@@ -589,8 +596,8 @@ pub fn default_config_path() -> PathBuf {
     if let Some(dir) = std::env::var_os("CONFIGURATION_DIRECTORY") {
         return first_path(Path::new(&dir)).join("config.toml");
     }
-    if let Some(dir) = std::env::var_os("XDG_CONFIG_HOME") {
-        return PathBuf::from(dir).join("bramble/config.toml");
+    if let Some(dir) = xdg_dir("XDG_CONFIG_HOME") {
+        return dir.join("bramble/config.toml");
     }
     home_dir().join(".config/bramble/config.toml")
 }

@@ -51,10 +51,12 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     let c = &loaded.config;
     let ws = loaded.paths.workspace.clone();
     let state = &loaded.paths.state_dir;
-    let provider = crate::provider::from_config(&c.provider).map_err(|e| e.to_string());
-    if let Err(why) = &provider {
-        tracing::warn!("LLM turns will fail: {why}");
-    }
+    // The reason alone: a turn reports it as "no LLM provider is configured: <reason>",
+    // the daemon's start-up line as "no LLM: <reason>".
+    let provider = crate::provider::from_config(&c.provider).map_err(|e| match e {
+        crate::provider::ProviderError::NotConfigured(why) => why,
+        other => other.to_string(),
+    });
     let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars);
     for tool in crate::tools::fs::fs_tools(&ws) {
         tools.register(tool);

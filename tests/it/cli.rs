@@ -271,3 +271,40 @@ async fn cron_list_is_a_compact_table_and_show_has_the_details() {
     let (show, _) = add(&["cron", "show", "tea"]).await;
     assert!(!show.contains("HA button"), "{show}");
 }
+
+#[tokio::test]
+async fn no_key_is_one_clear_error_line_without_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bramble(dir.path(), &["agent", "-m", "hi"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(
+        err.trim_end(),
+        "bramble: error: no LLM provider is configured: the openai provider needs an API key: set OPENAI_API_KEY \
+         in the environment (or `api_key_env` / `api_key` in [provider])",
+        "one line, the reason once: {err:?}"
+    );
+    // Log lines into a pipe (here: a daemon's warnings) carry no ANSI codes.
+    let out = bramble(dir.path(), &["status"], None).await;
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!all.contains('\u{1b}'), "no escape codes in a pipe: {all:?}");
+}
+
+#[tokio::test]
+async fn empty_xdg_directories_mean_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().to_path_buf();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+    cmd.arg("status")
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("XDG_STATE_HOME", "")
+        .env("XDG_DATA_HOME", "")
+        .env("XDG_CONFIG_HOME", "relative/not/allowed");
+    let out = cmd.output().await.unwrap();
+    let s = text(&out.stdout);
+    assert!(s.contains(&format!("{}/.local/state/bramble", home.display())), "{s}");
+    assert!(s.contains(&format!("{}/.local/share/bramble/workspace", home.display())), "{s}");
+    assert!(s.contains("config:     (none: defaults)"), "{s}");
+}
