@@ -71,6 +71,11 @@ pub fn parse(text: &str) -> Option<Invocation<'_>> {
     valid.then_some(Invocation { name, args })
 }
 
+/// Whether `name` is one of the [`COMMANDS`] (any case).
+pub fn is_known(name: &str) -> bool {
+    COMMANDS.iter().any(|c| c.name.eq_ignore_ascii_case(name))
+}
+
 /// Run a command in `session_key` and return the answer.
 pub async fn execute(agent: &Agent, session_key: &str, inv: &Invocation<'_>) -> String {
     let name = inv.name.to_ascii_lowercase();

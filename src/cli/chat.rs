@@ -66,6 +66,16 @@ async fn report_unanswered(outbox: &Outbox, agent: &Agent) {
 }
 
 async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<ExitCode> {
+    // A slash command is a command here too, as in the chat: never a model call.
+    if let Some(inv) = crate::agent::commands::parse(&text) {
+        let answer = crate::agent::commands::execute(agent, session, &inv).await;
+        if crate::agent::commands::is_known(inv.name) {
+            println!("{answer}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!("bramble: {answer}");
+        return Ok(ExitCode::from(1));
+    }
     let req = TurnRequest::cli(session, text);
     let cancel = req.cancel.clone();
     let stop = tokio::spawn(async move {

@@ -321,8 +321,38 @@ pub struct TelegramConfig {
     pub token: Option<Secret>,
     pub token_env: Option<String>,
     /// User ids or `@usernames` that may talk to the bot. Empty: nobody.
+    /// Ids may be written as numbers (`[123456789]`) or strings.
+    #[serde(deserialize_with = "ids")]
     pub allow_from: Vec<String>,
     pub api_base: HttpUrl,
+}
+
+/// A list of ids, each a string or an integer (as users write Telegram ids
+/// in TOML), kept as strings.
+fn ids<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Id(String);
+    impl<'de> Deserialize<'de> for Id {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Id, D::Error> {
+            struct V;
+            impl serde::de::Visitor<'_> for V {
+                type Value = Id;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a user id (a number like 123456789) or \"@username\"")
+                }
+                fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Id, E> {
+                    Ok(Id(v.to_string()))
+                }
+                fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Id, E> {
+                    Ok(Id(v.to_string()))
+                }
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Id, E> {
+                    Ok(Id(v.to_string()))
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+    Ok(Vec::<Id>::deserialize(d)?.into_iter().map(|Id(s)| s).collect())
 }
 
 impl Default for TelegramConfig {
@@ -797,6 +827,15 @@ mod tests {
         assert_eq!(c.provider.kind, ProviderKind::Openai);
         assert_eq!(c.provider.base_url(), "https://api.openai.com/v1");
         assert_eq!(c.model(), "gpt-4.1-mini");
+    }
+
+    #[test]
+    fn telegram_ids_may_be_numbers_or_strings() {
+        let c = parse("[telegram]\nallow_from = [123456789, \"@me\", \"42\"]\n").unwrap();
+        assert_eq!(c.telegram.allow_from, ["123456789", "@me", "42"]);
+        let err = parse("[telegram]\nallow_from = [1.5]\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:2:"), "file and line: {err}");
+        assert!(err.contains("a user id (a number like 123456789) or \"@username\""), "{err}");
     }
 
     #[test]

@@ -308,3 +308,21 @@ async fn empty_xdg_directories_mean_unset() {
     assert!(s.contains(&format!("{}/.local/share/bramble/workspace", home.display())), "{s}");
     assert!(s.contains("config:     (none: defaults)"), "{s}");
 }
+
+#[tokio::test]
+async fn a_slash_command_in_agent_m_is_a_command_not_a_model_call() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let config = home.config.to_str().unwrap();
+    let out = bramble(home.path(), &["--config", config, "agent", "-m", "/status"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("test-model"), "the status names the model: {}", text(&out.stdout));
+    let out = bramble(home.path(), &["--config", config, "agent", "-m", "/stauts"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("Unknown command /stauts — did you mean /status?"), "{}", text(&out.stderr));
+    assert_eq!(fake.request_count(), 0, "no model call for either");
+    // A path is not a command: it goes to the model.
+    fake.push(Reply::text("that is a file"));
+    let out = bramble(home.path(), &["--config", config, "agent", "-m", "/etc/hosts"], None).await;
+    assert_eq!(text(&out.stdout).trim(), "that is a file");
+}
