@@ -47,6 +47,15 @@ pub enum Command {
     },
     /// Show provider, paths, tools and sessions
     Status,
+    /// The service's log: `journalctl -u bramble` where systemd runs it
+    Logs {
+        /// Keep printing new lines as they come
+        #[arg(short, long)]
+        follow: bool,
+        /// How many of the last lines to show
+        #[arg(short = 'n', long, value_name = "N", default_value_t = 100)]
+        lines: u32,
+    },
     /// Validate the config and the workspace; errors as FILE:LINE:COL
     Check {
         /// Check what a reload of the running daemon needs: the config parses and keeps the
@@ -130,7 +139,7 @@ impl Command {
     /// Commands that print something and exit (no children, no long-lived connections).
     pub fn prints_and_exits(&self) -> bool {
         match self {
-            Command::Init { .. } | Command::Status | Command::Check { .. } => true,
+            Command::Init { .. } | Command::Status | Command::Check { .. } | Command::Logs { .. } => true,
             Command::Cron(c) => !matches!(c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
         }

@@ -1,4 +1,4 @@
-//! The command line: `bramble init | run | agent | cron | heartbeat | status | check`.
+//! The command line: `bramble init | run | agent | cron | heartbeat | status | logs | check`.
 //!
 //! [`args`] defines the commands (clap); each command is one file here, a
 //! small function over the library that builds what it needs through the
@@ -12,6 +12,7 @@ mod check;
 mod cron;
 mod heartbeat;
 mod init;
+mod logs;
 mod status;
 
 use std::process::ExitCode;
@@ -34,6 +35,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { reload: false } => return Ok(check::check(explicit)),
         Command::Check { reload: true } => return Ok(check::reload(explicit)),
         Command::Init { workspace } => return init::init(explicit, workspace.as_deref()),
+        Command::Logs { follow, lines } => return logs::logs(follow, lines),
         _ => {}
     }
     let loaded = config::load(explicit)?;
@@ -47,7 +49,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded),
-        Command::Check { .. } | Command::Init { .. } => unreachable!("handled above"),
+        Command::Check { .. } | Command::Init { .. } | Command::Logs { .. } => unreachable!("handled above"),
     }
 }
 

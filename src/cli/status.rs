@@ -12,6 +12,33 @@ use crate::daemon::assemble;
 use super::check::telegram_summary;
 use super::when;
 
+/// Whether a daemon runs on `state` (it holds `daemon.lock`).
+fn daemon_line(state: &std::path::Path) -> String {
+    let lock = state.join("daemon.lock");
+    match std::fs::OpenOptions::new().write(true).open(&lock) {
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            format!("unknown: no access to {} (run as the service's user, e.g. with sudo)", state.display())
+        }
+        Err(_) => "not running (start it: `bramble run`, or `systemctl enable --now bramble`)".into(),
+        Ok(_) if crate::daemon::daemon_running(state) => "running on this state directory".into(),
+        Ok(_) => "not running (start it: `bramble run`, or `systemctl enable --now bramble`)".into(),
+    }
+}
+
+/// systemd's view of `bramble.service`, where systemd runs the machine.
+fn service_line() -> Option<String> {
+    if !std::path::Path::new("/run/systemd/system").is_dir() {
+        return None;
+    }
+    let out = std::process::Command::new("systemctl").args(["is-active", "bramble.service"]).output().ok()?;
+    let state = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Some(match state.as_str() {
+        "" => "unknown (systemctl said nothing)".into(),
+        "inactive" => "bramble.service inactive (`systemctl enable --now bramble` starts it)".into(),
+        other => format!("bramble.service {other} (`journalctl -u bramble` for its log)"),
+    })
+}
+
 pub(super) fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
     let c = &loaded.config;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
@@ -34,6 +61,10 @@ pub(super) fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" }
     );
     println!("state:      {}", loaded.paths.state_dir.display());
+    println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
+    if let Some(service) = service_line() {
+        println!("service:    {service}");
+    }
     // The parts `bramble run` would start for this config, built and not started.
     // Quietly: what it would warn about (no key, a bad MQTT url) has its own line.
     let parts =

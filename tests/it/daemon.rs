@@ -34,7 +34,13 @@ async fn runs_without_any_config_and_runs_exec_jobs() {
     let daemon = Daemon::start(home, None);
     let ticks = home.join(".local/share/bramble/workspace/ticks.txt");
     let ran = wait_until(20, || std::fs::read_to_string(&ticks).is_ok_and(|t| t.lines().count() >= 2)).await;
+    let daemon_line = |out: std::process::Output| {
+        let s = String::from_utf8_lossy(&out.stdout).into_owned();
+        s.lines().find(|l| l.starts_with("daemon:")).map(str::to_string).unwrap_or(s)
+    };
+    assert_eq!(daemon_line(bramble(home, &["status"]).await), "daemon:     running on this state directory");
     let (code, log) = daemon.stop().await;
+    assert!(daemon_line(bramble(home, &["status"]).await).starts_with("daemon:     not running (start it:"));
     assert!(ran, "the exec job ran twice: {log}");
     assert_eq!(code, Some(0), "{log}");
     assert!(log.contains("no LLM"), "says what is not configured: {log}");
