@@ -112,6 +112,8 @@ pub struct PendingStore {
 #[derive(Debug)]
 struct Journal {
     path: PathBuf,
+    /// This process's start time (`/proc/self/stat`), read once.
+    proc_start: u64,
     file: Mutex<Option<Arc<File>>>,
     /// Lines written (a sequence number per `begin`).
     written: AtomicU64,
@@ -136,7 +138,8 @@ impl PendingStore {
     pub fn new(state_dir: &Path) -> PendingStore {
         let dir = state_dir.join("pending");
         let pid = std::process::id();
-        let path = dir.join(format!("{pid}-{}.jsonl", process_start(pid).unwrap_or(0)));
+        let proc_start = process_start(pid).unwrap_or(0);
+        let path = dir.join(format!("{pid}-{proc_start}.jsonl"));
         let mut journals = guard(&JOURNALS);
         journals.retain(|_, j| j.strong_count() > 0);
         let journal = match journals.get(&path).and_then(std::sync::Weak::upgrade) {
@@ -144,6 +147,7 @@ impl PendingStore {
             None => {
                 let j = Arc::new(Journal {
                     path: path.clone(),
+                    proc_start,
                     file: Mutex::default(),
                     written: AtomicU64::default(),
                     synced: Mutex::default(),
@@ -197,7 +201,7 @@ impl PendingStore {
             text: text.into(),
             started: super::session::now_rfc3339(),
             pid,
-            proc_start: process_start(pid).unwrap_or(0),
+            proc_start: self.journal.proc_start,
         };
         let mut line = serde_json::to_vec(&Line::Begin { begin: id, turn }).map_err(std::io::Error::other)?;
         line.push(b'\n');

@@ -9,6 +9,10 @@
 //! under an advisory lock shared with other bramble processes, so processes
 //! never overwrite each other's counts. A power cut loses at most the last
 //! minute's counts: this is accounting for a budget, not a user's data.
+//!
+//! The file is read once and then kept (updated at each write), so a turn's
+//! budget check does no file I/O; counts another process added are seen at
+//! this process's next write.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -68,6 +72,8 @@ struct Inner {
     tz: TzName,
     /// Counts added since the last write, by local date.
     unsaved: Mutex<Unsaved>,
+    /// The file's days as this process last read or wrote them.
+    saved: Mutex<Option<BTreeMap<String, DayUsage>>>,
 }
 
 #[derive(Debug, Default)]
@@ -79,7 +85,14 @@ struct Unsaved {
 
 impl UsageLedger {
     pub fn new(state_dir: &Path, tz: TzName) -> UsageLedger {
-        UsageLedger { inner: Arc::new(Inner { path: state_dir.join("usage.json"), tz, unsaved: Mutex::default() }) }
+        UsageLedger {
+            inner: Arc::new(Inner {
+                path: state_dir.join("usage.json"),
+                tz,
+                unsaved: Mutex::default(),
+                saved: Mutex::default(),
+            }),
+        }
     }
 
     fn today_key(&self) -> String {
@@ -93,7 +106,10 @@ impl UsageLedger {
     /// Today's totals (local date): the file's and this process's unsaved ones.
     pub fn today(&self) -> DayUsage {
         let key = self.today_key();
-        let saved = self.inner.read().days.get(&key).copied().unwrap_or_default();
+        let saved = {
+            let mut saved = self.inner.saved.lock().unwrap_or_else(|p| p.into_inner());
+            saved.get_or_insert_with(|| self.inner.read().days).get(&key).copied().unwrap_or_default()
+        };
         let unsaved = self.unsaved().days.get(&key).copied().unwrap_or_default();
         saved.plus(unsaved)
     }
@@ -179,7 +195,9 @@ impl Inner {
             file.days.remove(&oldest);
         }
         let body = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
-        util::fs::write_atomic(&self.path, &body)
+        util::fs::write_atomic(&self.path, &body)?;
+        *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.days);
+        Ok(())
     }
 }
 
@@ -205,7 +223,8 @@ mod tests {
         let again = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
         assert_eq!(again.today().total(), 126);
         std::fs::write(dir.path().join("usage.json"), "{garbage").unwrap();
-        assert_eq!(again.today(), DayUsage::default(), "a corrupt file is not fatal");
+        let fresh = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
+        assert_eq!(fresh.today(), DayUsage::default(), "a corrupt file is not fatal");
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

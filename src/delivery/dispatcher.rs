@@ -86,11 +86,7 @@ pub async fn run_outbox(
         }
         let reader = outbox.clone();
         let waiting = blocking(move || reader.pending()).await.unwrap_or_default();
-        let next = waiting
-            .iter()
-            .filter(|e| channels.for_target(&e.target).is_some())
-            .map(|e| e.next_attempt.unwrap_or(e.created))
-            .min();
+        let next = outbox::next_attempt_at(&waiting, |t| channels.for_target(t).is_some());
         let mut sleep = match next {
             Some(t) => Duration::try_from(t.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO),
             None => Duration::from_secs(3600),

@@ -376,11 +376,6 @@ impl Outbox {
         Ok(self.read_all()?.pending.into_iter().filter(|e| e.next_attempt.is_none_or(|t| t <= now)).collect())
     }
 
-    /// The earliest time a pending entry may be tried, if any.
-    pub fn next_due(&self) -> Result<Option<Timestamp>, OutboxError> {
-        Ok(self.read_all()?.pending.iter().map(|e| e.next_attempt.unwrap_or(e.created)).min())
-    }
-
     /// A channel is back (the MQTT broker reconnected): its reports waiting
     /// out a backoff become due now. Writes only if there are any. Returns how many.
     pub fn retry_now(&self, channel: &str) -> Result<usize, OutboxError> {
@@ -692,6 +687,11 @@ fn merge(file: &mut OutboxFile, held: &[Entry]) -> Vec<Op> {
     ops
 }
 
+/// The earliest time one of `entries` whose target passes `deliverable` may be tried.
+pub fn next_attempt_at(entries: &[Entry], deliverable: impl Fn(&Target) -> bool) -> Option<Timestamp> {
+    entries.iter().filter(|e| deliverable(&e.target)).map(|e| e.next_attempt.unwrap_or(e.created)).min()
+}
+
 /// Delay before attempt `n + 1` after `n` failures: 5 s, 10 s, 20 s, … capped at 10 min.
 pub fn backoff(failures: u32) -> Duration {
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
@@ -731,7 +731,7 @@ mod tests {
         assert_eq!(o.due(now).unwrap().len(), 1);
         o.record(id, Attempt::Retry("broker down".into()), now).unwrap();
         assert!(o.due(now).unwrap().is_empty());
-        assert_eq!(o.next_due().unwrap(), Some(ts("2026-01-01T00:00:05Z")));
+        assert_eq!(next_attempt_at(&o.pending().unwrap(), |_| true), Some(ts("2026-01-01T00:00:05Z")));
         assert_eq!(o.due(ts("2026-01-01T00:00:05Z")).unwrap().len(), 1);
         o.record(id, Attempt::Retry("still down".into()), ts("2026-01-01T00:00:05Z")).unwrap();
         let e = &o.pending().unwrap()[0];
