@@ -169,7 +169,7 @@ fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Strin
         format!(
             "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\n{}",
             env!("CARGO_PKG_VERSION"),
-            agent.session_model(key),
+            agent.model_label(&agent.session_model(key)),
             agent.active_turns(),
             session.trim_end(),
         )
@@ -238,18 +238,29 @@ fn compact<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Stri
 
 fn model<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
-        let configured = &agent.settings().model;
+        let configured = agent.model_label(&agent.settings().model);
         match args.split_whitespace().next() {
-            None => format!(
-                "Model: {} (configured: {configured}). `/model NAME` switches this chat; `/model default` goes back.",
-                agent.session_model(key)
-            ),
+            None => {
+                let mut out = format!(
+                    "Model: {} (configured: {configured}). `/model NAME` switches this chat (`provider/model` \
+                     picks a provider); `/model default` goes back.",
+                    agent.model_label(&agent.session_model(key))
+                );
+                let health = agent.provider_health();
+                if !health.is_empty() {
+                    out.push_str("\nProviders:");
+                    for line in health {
+                        out.push_str(&format!("\n  {line}"));
+                    }
+                }
+                out
+            }
             Some("default" | "reset") => {
-                format!("Back to the configured model {}.", agent.set_session_model(key, None))
+                format!("Back to the configured model {}.", agent.model_label(&agent.set_session_model(key, None)))
             }
             Some(name) => format!(
                 "This chat now uses {} (until bramble restarts; `/model default` goes back).",
-                agent.set_session_model(key, Some(name))
+                agent.model_label(&agent.set_session_model(key, Some(name)))
             ),
         }
     })
@@ -334,6 +345,7 @@ mod tests {
             context_tokens: 10_000,
             daily_token_budget: 0,
             unanswered: crate::config::Unanswered::default(),
+            model_footer: crate::config::ModelFooter::default(),
         };
         let limits = context::ContextLimits { per_file_chars: 100, total_chars: 100 };
         let ctx = context::ContextBuilder::new(dir.to_path_buf(), crate::config::TzName::system(), limits);

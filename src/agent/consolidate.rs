@@ -107,7 +107,8 @@ impl Agent {
         let result = match provider {
             Some(p) => {
                 let summary = memory::summarise(p, model, self.settings.max_tokens, &current, chunk).await;
-                let stats = LoopStats { usage: summary.usage, model_calls: 1, tool_calls: 0 };
+                let mut stats = LoopStats::default();
+                stats.count(summary.usage, summary.route.clone());
                 self.record_usage(&stats);
                 summary.result
             }

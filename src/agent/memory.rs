@@ -279,6 +279,8 @@ pub struct Summary {
     /// `Ok` from the model, or why there is none.
     pub result: Result<SavedMemory, String>,
     pub usage: Usage,
+    /// Who answered, when a fallback chain said so.
+    pub route: Option<crate::provider::Route>,
 }
 
 /// The `save_memory` tool's spec.
@@ -361,8 +363,8 @@ pub async fn summarise(
         tool_choice: Some(SAVE_MEMORY),
     };
     match provider.chat(req).await {
-        Err(e) => Summary { result: Err(format!("the model call failed: {e}")), usage: Usage::default() },
-        Ok(r) => Summary { result: read_saved_memory(&r.tool_calls), usage: r.usage },
+        Err(e) => Summary { result: Err(format!("the model call failed: {e}")), usage: Usage::default(), route: None },
+        Ok(r) => Summary { result: read_saved_memory(&r.tool_calls), usage: r.usage, route: r.route },
     }
 }
 

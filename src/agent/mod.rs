@@ -78,6 +78,8 @@ pub struct AgentSettings {
     /// Tokens per local day; 0 = unlimited.
     pub daily_token_budget: u64,
     pub unanswered: crate::config::Unanswered,
+    /// When an answer names the model that gave it.
+    pub model_footer: crate::config::ModelFooter,
 }
 
 /// What a channel may know of the agent besides the bus: whether a session
@@ -100,6 +102,8 @@ pub struct TurnRequest {
     pub text: String,
     /// Set for scheduled job runs: tools that would schedule more work refuse.
     pub in_job: bool,
+    /// The model for this turn (a job's `--model`), instead of the session's.
+    pub model: Option<String>,
     pub cancel: CancellationToken,
 }
 
@@ -111,7 +115,7 @@ impl TurnRequest {
 
     /// A turn in `conversation`, not as a job, stopped only by its own token.
     pub fn new(conversation: Conversation, text: impl Into<String>) -> Self {
-        TurnRequest { conversation, text: text.into(), in_job: false, cancel: CancellationToken::new() }
+        TurnRequest { conversation, text: text.into(), in_job: false, model: None, cancel: CancellationToken::new() }
     }
 }
 
@@ -137,6 +141,8 @@ pub struct TurnReport {
     pub model_calls: u32,
     /// Tool calls run.
     pub tool_calls: u32,
+    /// Who answered (`provider/model`), when a fallback chain said so.
+    pub route: Option<crate::provider::Route>,
 }
 
 /// Why a turn produced no answer.
@@ -235,6 +241,8 @@ pub struct Agent {
     pending: PendingStore,
     /// Per-session model overrides (`/model`), in memory: a restart goes back to the configured model.
     models: Mutex<HashMap<String, String>>,
+    /// Who answered each session's last turn (`provider/model`, and why if a fallback), for `/status`.
+    answered: Mutex<HashMap<String, crate::provider::Route>>,
     subagents: Option<Arc<subagent::Hub>>,
 }
 
@@ -258,6 +266,9 @@ pub struct AgentParts {
     /// Shared with the sub-agent hub, which stops at its shutdown signal.
     pub inflight: InFlight,
     pub subagents: Option<Arc<subagent::Hub>>,
+    /// The usage ledger, when the provider chain shares it (per-provider
+    /// budgets); `None`: the agent opens its state directory's.
+    pub usage: Option<UsageLedger>,
 }
 
 impl AgentParts {
@@ -280,6 +291,7 @@ impl AgentParts {
             scheduler: None,
             inflight: InFlight::default(),
             subagents: None,
+            usage: None,
         }
     }
 }
@@ -287,15 +299,26 @@ impl AgentParts {
 impl Agent {
     /// An agent from its parts.
     pub fn new(parts: AgentParts) -> Agent {
-        let AgentParts { provider, tools, sessions, context, settings, jobs, exec, scheduler, inflight, subagents } =
-            parts;
+        let AgentParts {
+            provider,
+            tools,
+            sessions,
+            context,
+            settings,
+            jobs,
+            exec,
+            scheduler,
+            inflight,
+            subagents,
+            usage,
+        } = parts;
         let state_dir = sessions.state_dir().to_path_buf();
         Agent {
             provider,
             specs: tools.specs(),
             tools,
             journal: Journal::new(context.workspace(), context.timezone().clone()),
-            usage: UsageLedger::new(&state_dir, context.timezone().clone()),
+            usage: usage.unwrap_or_else(|| UsageLedger::new(&state_dir, context.timezone().clone())),
             pending: PendingStore::new(&state_dir),
             sessions,
             context,
@@ -309,6 +332,7 @@ impl Agent {
             exec,
             scheduler,
             models: Mutex::new(HashMap::new()),
+            answered: Mutex::new(HashMap::new()),
             subagents,
         }
     }
@@ -465,7 +489,7 @@ impl Agent {
 
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
         let session_err = |source| TurnError::Session { key: req.conversation.session_key.clone(), source };
-        let model = self.session_model(&req.conversation.session_key);
+        let model = req.model.clone().unwrap_or_else(|| self.session_model(&req.conversation.session_key));
         let mut messages = self.prompt(req).await.map_err(session_err)?;
         if self.needs_consolidation(&req.conversation.session_key, &messages) {
             tokio::select! {
@@ -529,8 +553,14 @@ impl Agent {
                 today.total()
             ));
         }
-        let LoopStats { usage, model_calls, tool_calls } = stats;
-        Ok(TurnReport { text, end, usage, model_calls, tool_calls })
+        if let Some(route) = &stats.route {
+            self.answered_lock().insert(req.conversation.session_key.clone(), route.clone());
+            if let Some(footer) = footer(self.settings.model_footer, route) {
+                text.push_str(&footer);
+            }
+        }
+        let LoopStats { usage, model_calls, tool_calls, route, .. } = stats;
+        Ok(TurnReport { text, end, usage, model_calls, tool_calls, route })
     }
 
     /// Append the turn (messages from `start` on) to its session in one
@@ -556,7 +586,11 @@ impl Agent {
         if stats.model_calls == 0 {
             return self.usage.today();
         }
-        self.usage.add(stats.usage)
+        self.usage.add(stats.usage, &stats.providers)
+    }
+
+    fn answered_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::provider::Route>> {
+        self.answered.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Err(Budget)` when today's usage has reached `[agent] daily_token_budget`.
@@ -571,6 +605,22 @@ impl Agent {
             return Err(TurnError::Budget { used, budget });
         }
         Ok(())
+    }
+}
+
+/// The line an answer ends with to say which model gave it, per `[agent] model_footer`.
+fn footer(setting: crate::config::ModelFooter, route: &crate::provider::Route) -> Option<String> {
+    use crate::config::ModelFooter;
+    match (setting, &route.fallback) {
+        (ModelFooter::Never, _) | (ModelFooter::Fallback, None) => None,
+        (_, Some(why)) => {
+            let mut why: String = why.chars().take(200).collect();
+            if why.len() < route.fallback.as_deref().map_or(0, str::len) {
+                why.push('…');
+            }
+            Some(format!("\n\n_— {} answered (fallback: {why})_", route.label()))
+        }
+        (ModelFooter::Always, None) => Some(format!("\n\n_— {}_", route.label())),
     }
 }
 

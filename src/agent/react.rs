@@ -22,11 +22,32 @@ pub(crate) struct LoopSpec<'a> {
 }
 
 /// What a loop spent, kept even when it fails.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct LoopStats {
     pub usage: Usage,
     pub model_calls: u32,
     pub tool_calls: u32,
+    /// The usage again, per provider that answered (a fallback chain's route).
+    pub providers: Vec<(String, Usage)>,
+    /// Who answered the last call, when a chain said so.
+    pub route: Option<crate::provider::Route>,
+}
+
+impl LoopStats {
+    /// Count one model call's answer.
+    pub fn count(&mut self, usage: Usage, route: Option<crate::provider::Route>) {
+        self.model_calls += 1;
+        self.usage.add(usage);
+        if let Some(route) = &route {
+            match self.providers.iter_mut().find(|(name, _)| *name == route.provider) {
+                Some((_, u)) => u.add(usage),
+                None => self.providers.push((route.provider.clone(), usage)),
+            }
+        }
+        if route.is_some() {
+            self.route = route;
+        }
+    }
 }
 
 /// Why a loop ended without an answer.
@@ -70,8 +91,7 @@ pub(crate) async fn run_loop(
             r = spec.provider.chat(request) => r.map_err(LoopFail::Provider)?,
             _ = cancel.cancelled() => return Err(LoopFail::Cancelled),
         };
-        stats.model_calls += 1;
-        stats.usage.add(response.usage);
+        stats.count(response.usage, response.route.clone());
 
         if !response.tool_calls.is_empty() {
             rounds += 1;

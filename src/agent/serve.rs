@@ -62,7 +62,8 @@ impl Agent {
         let text = if let Some(inv) = commands::parse(&msg.text) {
             commands::execute(self, &msg.conversation.session_key, &inv).await
         } else {
-            let req = TurnRequest { conversation: msg.conversation, text: msg.text, in_job: false, cancel };
+            let req =
+                TurnRequest { conversation: msg.conversation, text: msg.text, in_job: false, model: None, cancel };
             match self.turn(req).await {
                 Ok(report) => report.text,
                 Err(TurnError::Cancelled) => return,
@@ -89,6 +90,7 @@ impl Agent {
                 _ = cancel.cancelled() => return,
             };
             let req = TurnRequest {
+                model: None,
                 conversation: a.conversation.clone(),
                 text: a.prompt(),
                 in_job: true,
@@ -132,6 +134,7 @@ impl Agent {
                 crate::config::Unanswered::Report => p.notice(self.context.timezone()),
                 crate::config::Unanswered::Rerun => {
                     let req = TurnRequest {
+                        model: None,
                         conversation: p.conversation.clone(),
                         text: p.text.clone(),
                         in_job: false,

@@ -21,11 +21,25 @@ pub struct SessionStatus {
     pub daily_budget: u64,
     /// Sub-agents running for this session.
     pub subagents: usize,
+    /// Who answered the session's last turn, when a fallback chain said so.
+    pub answered: Option<crate::provider::Route>,
+    /// The providers of a fallback chain and their state (empty for one provider).
+    pub providers: Vec<String>,
 }
 
 impl std::fmt::Display for SessionStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "model: {}", self.model)?;
+        // With one provider there is no one else to have answered.
+        if let Some(r) = self.answered.as_ref().filter(|_| !self.providers.is_empty()) {
+            match &r.fallback {
+                Some(why) => writeln!(f, "last answer: {} (fallback: {why})", r.label())?,
+                None => writeln!(f, "last answer: {}", r.label())?,
+            }
+        }
+        for line in &self.providers {
+            writeln!(f, "  {line}")?;
+        }
         writeln!(
             f,
             "session: {} messages{}, prompt ≈ {} of {} tokens",
@@ -49,6 +63,19 @@ impl Agent {
     pub fn session_model(&self, key: &str) -> String {
         let models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         models.get(key).cloned().unwrap_or_else(|| self.settings.model.clone())
+    }
+
+    /// `provider/model` for a model name, when there are several providers.
+    pub fn model_label(&self, model: &str) -> String {
+        match &self.provider {
+            Ok(p) => p.label(model),
+            Err(_) => model.to_string(),
+        }
+    }
+
+    /// The provider chain's state, one line per provider (empty for one provider).
+    pub fn provider_health(&self) -> Vec<String> {
+        self.provider.as_ref().map(|p| p.health()).unwrap_or_default()
     }
 
     /// `/model [name]`: use `model` for this session's turns (until restart);
@@ -106,8 +133,11 @@ impl Agent {
         let session_err = |source| TurnError::Session { key: key.to_string(), source };
         let session = self.sessions.load(key).map_err(session_err)?;
         let history = self.sessions.history(key, self.settings.history_messages).map_err(session_err)?;
+        let answered = self.answered_lock().get(key).cloned();
         Ok(SessionStatus {
-            model: self.session_model(key),
+            model: self.model_label(&self.session_model(key)),
+            answered,
+            providers: self.provider.as_ref().map(|p| p.health()).unwrap_or_default(),
             messages: session.messages.len() + session.skipped,
             consolidated: session.checkpoint.is_some(),
             estimated_tokens: self.base_prompt_tokens().await + memory::estimate_tokens(&history),

@@ -241,7 +241,7 @@ impl Hub {
         let mut stats = LoopStats::default();
         let result = run_loop(&spec, &mut messages, &mut stats).await;
         if stats.model_calls > 0 {
-            self.usage.add(stats.usage);
+            self.usage.add(stats.usage, &stats.providers);
         }
         match result {
             Ok((text, _)) => text,

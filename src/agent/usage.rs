@@ -54,6 +54,44 @@ impl DayUsage {
 struct UsageFile {
     #[serde(default)]
     days: BTreeMap<String, DayUsage>,
+    /// The same per provider (`[provider] name`): date → provider → totals.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    providers: BTreeMap<String, BTreeMap<String, DayUsage>>,
+}
+
+/// Saved counts: all of them by date, and by date and provider.
+#[derive(Debug, Default, Clone)]
+struct Counts {
+    days: BTreeMap<String, DayUsage>,
+    providers: BTreeMap<(String, String), DayUsage>,
+}
+
+impl Counts {
+    fn is_empty(&self) -> bool {
+        self.days.is_empty() && self.providers.is_empty()
+    }
+
+    fn merge(&mut self, other: Counts) {
+        for (k, d) in other.days {
+            let day = self.days.entry(k).or_default();
+            *day = day.plus(d);
+        }
+        for (k, d) in other.providers {
+            let day = self.providers.entry(k).or_default();
+            *day = day.plus(d);
+        }
+    }
+}
+
+impl From<UsageFile> for Counts {
+    fn from(f: UsageFile) -> Counts {
+        let providers = f
+            .providers
+            .into_iter()
+            .flat_map(|(date, by)| by.into_iter().map(move |(name, d)| ((date.clone(), name), d)))
+            .collect();
+        Counts { days: f.days, providers }
+    }
 }
 
 /// How long added usage may wait in memory before it is written.
@@ -72,13 +110,13 @@ struct Inner {
     tz: TzName,
     /// Counts added since the last write, by local date.
     unsaved: Mutex<Unsaved>,
-    /// The file's days as this process last read or wrote them.
-    saved: Mutex<Option<BTreeMap<String, DayUsage>>>,
+    /// The file's counts as this process last read or wrote them.
+    saved: Mutex<Option<Counts>>,
 }
 
 #[derive(Debug, Default)]
 struct Unsaved {
-    days: BTreeMap<String, DayUsage>,
+    counts: Counts,
     /// A delayed write is scheduled.
     flush_scheduled: bool,
 }
@@ -106,23 +144,62 @@ impl UsageLedger {
     /// Today's totals (local date): the file's and this process's unsaved ones.
     pub fn today(&self) -> DayUsage {
         let key = self.today_key();
+        self.count(|c| c.days.get(&key).copied())
+    }
+
+    /// Today's totals of one provider.
+    pub fn today_of(&self, provider: &str) -> DayUsage {
+        let key = (self.today_key(), provider.to_string());
+        self.count(|c| c.providers.get(&key).copied())
+    }
+
+    /// Today's totals per provider, by name.
+    pub fn today_by_provider(&self) -> BTreeMap<String, DayUsage> {
+        let today = self.today_key();
+        let mut out: BTreeMap<String, DayUsage> = BTreeMap::new();
+        let mut add = |c: &Counts| {
+            for ((date, name), d) in &c.providers {
+                if *date == today {
+                    let e = out.entry(name.clone()).or_default();
+                    *e = e.plus(*d);
+                }
+            }
+        };
+        {
+            let mut saved = self.inner.saved.lock().unwrap_or_else(|p| p.into_inner());
+            add(saved.get_or_insert_with(|| self.inner.read().into()));
+        }
+        add(&self.unsaved().counts);
+        out
+    }
+
+    /// `pick` of the saved counts plus `pick` of the unsaved ones.
+    fn count(&self, pick: impl Fn(&Counts) -> Option<DayUsage>) -> DayUsage {
         let saved = {
             let mut saved = self.inner.saved.lock().unwrap_or_else(|p| p.into_inner());
-            saved.get_or_insert_with(|| self.inner.read().days).get(&key).copied().unwrap_or_default()
+            pick(saved.get_or_insert_with(|| self.inner.read().into())).unwrap_or_default()
         };
-        let unsaved = self.unsaved().days.get(&key).copied().unwrap_or_default();
+        let unsaved = pick(&self.unsaved().counts).unwrap_or_default();
         saved.plus(unsaved)
     }
 
-    /// Add one run's usage to today's totals; returns them. The write follows
-    /// within [`FLUSH_AFTER`] on a blocking thread (at once outside a runtime).
-    pub fn add(&self, usage: Usage) -> DayUsage {
+    /// Add one run's usage to today's totals (`providers`: its share per
+    /// provider); returns today's totals. The write follows within
+    /// [`FLUSH_AFTER`] on a blocking thread (at once outside a runtime).
+    pub fn add(&self, usage: Usage, providers: &[(String, Usage)]) -> DayUsage {
         let schedule = {
+            let today = self.today_key();
             let mut unsaved = self.unsaved();
-            let day = unsaved.days.entry(self.today_key()).or_default();
+            let day = unsaved.counts.days.entry(today.clone()).or_default();
             day.input_tokens += usage.input_tokens;
             day.output_tokens += usage.output_tokens;
             day.runs += 1;
+            for (name, u) in providers {
+                let day = unsaved.counts.providers.entry((today.clone(), name.clone())).or_default();
+                day.input_tokens += u.input_tokens;
+                day.output_tokens += u.output_tokens;
+                day.runs += 1;
+            }
             !std::mem::replace(&mut unsaved.flush_scheduled, true)
         };
         if schedule {
@@ -163,41 +240,52 @@ impl Inner {
     /// Add the unsaved counts to the file (under the lock) and forget them; on
     /// failure they stay in memory for the next try.
     fn flush(&self) {
-        let days = {
+        let counts = {
             let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
             unsaved.flush_scheduled = false;
-            std::mem::take(&mut unsaved.days)
+            std::mem::take(&mut unsaved.counts)
         };
-        if days.is_empty() {
+        if counts.is_empty() {
             return;
         }
-        if let Err(e) = self.write(&days) {
+        if let Err(e) = self.write(&counts) {
             tracing::warn!(file = %self.path.display(), "cannot record token usage (kept in memory): {e}");
             let mut unsaved = self.unsaved.lock().unwrap_or_else(|p| p.into_inner());
-            for (k, d) in days {
-                let day = unsaved.days.entry(k).or_default();
-                *day = day.plus(d);
-            }
+            unsaved.counts.merge(counts);
         }
     }
 
-    fn write(&self, days: &BTreeMap<String, DayUsage>) -> std::io::Result<()> {
+    fn write(&self, counts: &Counts) -> std::io::Result<()> {
         let lock = util::fs::open_lock_file(&self.path.with_extension("lock"))?;
         let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| std::io::Error::from_raw_os_error(e as i32))?;
         let mut file = self.read();
-        for (k, d) in days {
+        for (k, d) in &counts.days {
             let day = file.days.entry(k.clone()).or_default();
+            *day = day.plus(*d);
+        }
+        for ((date, name), d) in &counts.providers {
+            let day = file.providers.entry(date.clone()).or_default().entry(name.clone()).or_default();
             *day = day.plus(*d);
         }
         while file.days.len() > DAYS_KEPT {
             let Some(oldest) = file.days.keys().next().cloned() else { break };
             file.days.remove(&oldest);
         }
+        while file.providers.len() > DAYS_KEPT {
+            let Some(oldest) = file.providers.keys().next().cloned() else { break };
+            file.providers.remove(&oldest);
+        }
         let body = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
         util::fs::write_atomic(&self.path, &body)?;
-        *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.days);
+        *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.into());
         Ok(())
+    }
+}
+
+impl crate::provider::chain::Meter for UsageLedger {
+    fn used_today(&self, provider: &str) -> u64 {
+        self.today_of(provider).total()
     }
 }
 
@@ -216,8 +304,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let l = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
         assert_eq!(l.today(), DayUsage::default());
-        l.add(Usage { input_tokens: 100, output_tokens: 20 });
-        let t = l.add(Usage { input_tokens: 5, output_tokens: 1 });
+        l.add(Usage { input_tokens: 100, output_tokens: 20 }, &[]);
+        let t = l.add(Usage { input_tokens: 5, output_tokens: 1 }, &[]);
         assert_eq!(t, DayUsage { input_tokens: 105, output_tokens: 21, runs: 2 });
         drop(l);
         let again = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
@@ -233,13 +321,13 @@ mod tests {
         let file = dir.path().join("usage.json");
         let l = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
         for _ in 0..10 {
-            l.add(Usage { input_tokens: 10, output_tokens: 1 });
+            l.add(Usage { input_tokens: 10, output_tokens: 1 }, &[]);
         }
         assert!(!file.exists(), "nothing written per run");
         assert_eq!(l.today().runs, 10, "the budget sees it at once");
         // Another process (a CLI turn) adds to the file meanwhile: both counts are kept.
         let cli = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
-        cli.add(Usage { input_tokens: 1000, output_tokens: 0 });
+        cli.add(Usage { input_tokens: 1000, output_tokens: 0 }, &[]);
         drop(cli);
         tokio::time::sleep(FLUSH_AFTER + std::time::Duration::from_secs(1)).await;
         // The delayed write runs on a blocking thread: wait for it in real time.
@@ -254,5 +342,27 @@ mod tests {
         let day = on_disk.days.values().next().copied().unwrap();
         assert_eq!(day, DayUsage { input_tokens: 1100, output_tokens: 10, runs: 11 });
         assert_eq!(l.today(), day, "nothing counted twice");
+    }
+
+    #[test]
+    fn usage_is_counted_per_provider_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
+        let u = |i, o| Usage { input_tokens: i, output_tokens: o };
+        l.add(u(100, 10), &[("cloud".into(), u(60, 5)), ("lan".into(), u(40, 5))]);
+        l.add(u(7, 3), &[("lan".into(), u(7, 3))]);
+        assert_eq!(l.today().total(), 120);
+        assert_eq!(l.today_of("cloud"), DayUsage { input_tokens: 60, output_tokens: 5, runs: 1 });
+        assert_eq!(l.today_of("lan").total(), 55);
+        use crate::provider::chain::Meter;
+        assert_eq!(l.used_today("lan"), 55);
+        assert_eq!(l.used_today("nobody"), 0);
+        drop(l);
+        let again = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
+        assert_eq!(again.today_of("lan").total(), 55, "kept in the file");
+        let by = again.today_by_provider();
+        assert_eq!(by.keys().collect::<Vec<_>>(), ["cloud", "lan"]);
+        let text = std::fs::read_to_string(dir.path().join("usage.json")).unwrap();
+        assert!(text.contains("\"providers\""), "{text}");
     }
 }

@@ -38,7 +38,7 @@ pub enum Command {
     },
     /// Scheduled jobs: reminders, agent tasks and commands
     #[command(subcommand)]
-    Cron(CronCommand),
+    Cron(Box<CronCommand>),
     /// Run one heartbeat now: read HEARTBEAT.md and, if it lists active tasks, run them
     Heartbeat {
         /// Show what would run, without calling the model or delivering anything
@@ -105,6 +105,10 @@ pub enum CronCommand {
         /// Give the job a "Run" button in Home Assistant (with `[mqtt] discovery = true`)
         #[arg(long)]
         ha_button: bool,
+        /// The model for its turns: `provider/model`, a provider's name, or a model
+        /// of the first provider; `[agent] fallback` still applies
+        #[arg(long, value_name = "MODEL", requires = "message")]
+        model: Option<String>,
     },
     /// List jobs with their next run
     List,
@@ -140,7 +144,7 @@ impl Command {
     pub fn prints_and_exits(&self) -> bool {
         match self {
             Command::Init { .. } | Command::Status | Command::Check { .. } | Command::Logs { .. } => true,
-            Command::Cron(c) => !matches!(c, CronCommand::Run { .. }),
+            Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
         }
     }

@@ -17,7 +17,20 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
     let tz = loaded.config.timezone();
     let now = jiff::Timestamp::now();
     match cmd {
-        CronCommand::Add { name, every, cron, tz: job_tz, at, message, remind, exec, deliver, catch_up, ha_button } => {
+        CronCommand::Add {
+            name,
+            every,
+            cron,
+            tz: job_tz,
+            at,
+            message,
+            remind,
+            exec,
+            deliver,
+            catch_up,
+            ha_button,
+            model,
+        } => {
             let schedule = if let Some(every) = every {
                 Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
             } else if let Some(expr) = cron {
@@ -42,6 +55,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                 job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
             }
             job.ha_button = ha_button;
+            job.model = model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
             let job = store.add(job)?;
             if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
                 eprintln!("warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set");
@@ -62,6 +76,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             println!("  schedule: {}", job.schedule.describe(tz.tz()));
             println!("  next run: {}", when(job.state.next_run, &tz));
+            if let Some(m) = &job.model {
+                println!("  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
+            }
         }
         CronCommand::List => {
             use std::io::Write as _;
@@ -105,6 +122,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             println!("  schedule:  {}", j.schedule.describe(tz.tz()));
             println!("  catch-up:  {}", j.catch_up);
+            if let Some(m) = &j.model {
+                println!("  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
+            }
             if j.ha_button {
                 println!("  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name));
             }
@@ -116,7 +136,10 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                 println!("  last error: {e}");
             }
             for r in &j.state.history {
-                println!("  {}  {:<7}  {}", when(Some(r.started), &tz), r.status.to_string(), r.summary);
+                let by = r.model.as_deref().map(|m| format!("  [{m}]")).unwrap_or_default();
+                // One line per run: a report's lines joined.
+                let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
+                println!("  {}  {:<7}  {summary}{by}", when(Some(r.started), &tz), r.status.to_string());
             }
         }
         CronCommand::Remove { id } => {
@@ -188,6 +211,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
                 true,
                 tz.tz(),
             );
+            jobs[i].state.answered_by(outcome.model.as_deref());
         }
         Ok(())
     })?;

@@ -45,7 +45,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
     match cli.command {
         Command::Run => crate::daemon::run(explicit, loaded).await.map(|()| ExitCode::SUCCESS),
-        Command::Cron(cmd) => cron::cron(&loaded, cmd).await,
+        Command::Cron(cmd) => cron::cron(&loaded, *cmd).await,
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded),

@@ -46,14 +46,41 @@ pub(super) fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
         "config:     {}",
         loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into())
     );
-    println!("provider:   {} at {}", c.provider.kind.as_str(), c.provider.base_url());
-    println!("model:      {}", c.model());
-    let key = match c.provider.api_key() {
+    let key = |p: &crate::config::ProviderConfig| match p.api_key() {
         Some(_) => "set".to_string(),
-        None if !c.provider.key_required() => "not needed (custom base_url)".to_string(),
-        None => format!("MISSING: set {}", c.provider.key_env()),
+        None if !p.key_required() => "not needed (custom base_url)".to_string(),
+        None => format!("MISSING: set {}", p.key_env()),
     };
-    println!("api key:    {key}");
+    if let [p] = c.providers.as_slice() {
+        println!("provider:   {} at {}", p.kind.as_str(), p.base_url());
+        println!("model:      {}", c.model());
+        println!("api key:    {}", key(p));
+    } else {
+        let usage = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone());
+        for (i, p) in c.providers.iter().enumerate() {
+            let used = usage.today_of(p.name()).total();
+            let budget = match p.daily_token_budget {
+                0 => String::new(),
+                b => format!(" of {b}"),
+            };
+            println!(
+                "{:<12}{} ({} at {}): model {}, api key {}, {used}{budget} tokens today",
+                if i == 0 { "providers:" } else { "" },
+                p.name(),
+                p.kind.as_str(),
+                p.base_url(),
+                p.default_model(),
+                key(p),
+            );
+        }
+        println!("model:      {}", crate::provider::chain::Chain::label_in(c, c.model()));
+        let fallback: Vec<&str> = c.agent.fallback.iter().map(|f| f.get_ref().as_str()).collect();
+        println!(
+            "fallback:   {} (cooldown {})",
+            if fallback.is_empty() { "none".to_string() } else { fallback.join(" → ") },
+            c.agent.fallback_cooldown
+        );
+    }
     println!("time zone:  {}", c.timezone().name());
     println!(
         "workspace:  {}{}",

@@ -23,17 +23,61 @@ pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
 use crate::bus::Target;
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub agent: AgentConfig,
-    pub provider: ProviderConfig,
+    /// `[provider]` (one) or `[[provider]]` (several, each with a `name`): the
+    /// first is the default, the others are there for `[agent] fallback`,
+    /// `/model` and jobs' `--model`.
+    #[serde(rename = "provider", deserialize_with = "providers")]
+    pub providers: Vec<ProviderConfig>,
     pub heartbeat: HeartbeatConfig,
     pub exec: ExecConfig,
     pub web: WebConfig,
     pub telegram: TelegramConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            agent: AgentConfig::default(),
+            providers: vec![ProviderConfig::default()],
+            heartbeat: HeartbeatConfig::default(),
+            exec: ExecConfig::default(),
+            web: WebConfig::default(),
+            telegram: TelegramConfig::default(),
+            mqtt: MqttConfig::default(),
+            daemon: DaemonConfig::default(),
+        }
+    }
+}
+
+/// `provider` as one table (`[provider]`) or an array of them (`[[provider]]`).
+fn providers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ProviderConfig>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<ProviderConfig>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a [provider] table or [[provider]] tables")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            ProviderConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(|p| vec![p])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(p) = seq.next_element::<ProviderConfig>()? {
+                out.push(p);
+            }
+            if out.is_empty() {
+                return Err(serde::de::Error::custom("at least one provider is needed"));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(V)
 }
 
 /// `[agent]`: the model and the loop.
@@ -71,6 +115,26 @@ pub struct AgentConfig {
     pub max_subagents: usize,
     /// Tool-call rounds of one sub-agent.
     pub subagent_max_iterations: u32,
+    /// Models tried in order when the one asked for fails (unreachable, rate
+    /// limited, 5xx after its retries, a refused key, an unknown model):
+    /// `"provider/model"` or just `"provider"` (its `model`).
+    pub fallback: Vec<toml::Spanned<String>>,
+    /// How long a provider that failed is skipped before it is tried first again.
+    pub fallback_cooldown: Dur,
+    /// When an answer says which model gave it: `fallback` (only when it was
+    /// not the one asked for), `always`, `never`.
+    pub model_footer: ModelFooter,
+}
+
+/// `[agent] model_footer`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelFooter {
+    /// Only when a fallback answered.
+    #[default]
+    Fallback,
+    Always,
+    Never,
 }
 
 /// `[agent] unanswered`.
@@ -102,6 +166,9 @@ impl Default for AgentConfig {
             unanswered: Unanswered::Report,
             max_subagents: 2,
             subagent_max_iterations: 15,
+            fallback: Vec::new(),
+            fallback_cooldown: Dur::secs(5 * 60),
+            model_footer: ModelFooter::Fallback,
         }
     }
 }
@@ -148,7 +215,16 @@ impl ProviderKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProviderConfig {
+    /// What `/model`, jobs and `[agent] fallback` call it (`lan/qwen2.5:3b`);
+    /// required when there are several. Default: the kind (`openai`).
+    pub name: Option<toml::Spanned<String>>,
     pub kind: ProviderKind,
+    /// This provider's model when only its name is given; the first
+    /// provider's is the default model unless `[agent] model` says otherwise.
+    pub model: Option<String>,
+    /// Tokens per day (local date) this provider may use; past it the chain
+    /// skips it until tomorrow. 0: unlimited.
+    pub daily_token_budget: u64,
     pub base_url: Option<HttpUrl>,
     pub api_key: Option<Secret>,
     /// Name of the environment variable holding the key (default `OPENAI_API_KEY` / `ANTHROPIC_API_KEY`).
@@ -164,7 +240,10 @@ pub struct ProviderConfig {
 impl Default for ProviderConfig {
     fn default() -> Self {
         ProviderConfig {
+            name: None,
             kind: ProviderKind::Openai,
+            model: None,
+            daily_token_budget: 0,
             base_url: None,
             api_key: None,
             api_key_env: None,
@@ -176,6 +255,18 @@ impl Default for ProviderConfig {
 }
 
 impl ProviderConfig {
+    /// Its name: `name`, else the kind (`openai`, `anthropic`).
+    pub fn name(&self) -> &str {
+        self.name.as_ref().map(|n| n.get_ref().as_str()).unwrap_or(self.kind.as_str())
+    }
+    /// Whether it was given a name (only then `name/model` refers to it).
+    pub fn is_named(&self) -> bool {
+        self.name.is_some()
+    }
+    /// The model used when only the provider is named: `model`, else the kind's default.
+    pub fn default_model(&self) -> &str {
+        self.model.as_deref().unwrap_or(self.kind.default_model())
+    }
     pub fn base_url(&self) -> &str {
         self.base_url.as_ref().map(HttpUrl::as_str).unwrap_or(self.kind.default_base_url())
     }
@@ -306,12 +397,94 @@ pub struct WebConfig {
     /// Characters of page text returned to the model.
     pub max_chars: usize,
     pub timeout: Dur,
+    /// The `web_search` engines, tried in order: `duckduckgo` (no key),
+    /// `searxng` (`searxng_url`), `brave`, `tavily` (keys from the environment).
+    /// One name or a list; an empty list turns `web_search` off.
+    #[serde(deserialize_with = "engines")]
+    pub search: Vec<SearchEngine>,
+    /// Results `web_search` returns at most (1–20).
+    pub search_max_results: usize,
+    /// A SearXNG instance (its JSON API must be enabled: `search.formats: [html, json]`).
+    /// On the LAN it must also be in `allow_private`.
+    pub searxng_url: Option<HttpUrl>,
+    /// Environment variable (or systemd credential) with the Brave Search API key.
+    pub brave_api_key_env: String,
+    /// Environment variable (or systemd credential) with the Tavily API key.
+    pub tavily_api_key_env: String,
+    /// Other endpoints for the engines (a proxy, a test double); the defaults are the public ones.
+    pub duckduckgo_url: Option<HttpUrl>,
+    pub brave_url: Option<HttpUrl>,
+    pub tavily_url: Option<HttpUrl>,
 }
 
 impl Default for WebConfig {
     fn default() -> Self {
-        WebConfig { enabled: true, allow_private: Vec::new(), max_chars: 50_000, timeout: Dur::secs(30) }
+        WebConfig {
+            enabled: true,
+            allow_private: Vec::new(),
+            max_chars: 50_000,
+            timeout: Dur::secs(30),
+            search: vec![SearchEngine::Duckduckgo],
+            search_max_results: 5,
+            searxng_url: None,
+            brave_api_key_env: "BRAVE_API_KEY".into(),
+            tavily_api_key_env: "TAVILY_API_KEY".into(),
+            duckduckgo_url: None,
+            brave_url: None,
+            tavily_url: None,
+        }
     }
+}
+
+/// A `web_search` engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SearchEngine {
+    Duckduckgo,
+    Searxng,
+    Brave,
+    Tavily,
+}
+
+impl SearchEngine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SearchEngine::Duckduckgo => "duckduckgo",
+            SearchEngine::Searxng => "searxng",
+            SearchEngine::Brave => "brave",
+            SearchEngine::Tavily => "tavily",
+        }
+    }
+}
+
+/// `[web] search`: one engine or a list of them.
+fn engines<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<SearchEngine>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(SearchEngine),
+        Many(Vec<SearchEngine>),
+    }
+    // Untagged errors say nothing useful: say what is accepted.
+    let value = toml::Value::deserialize(d)?;
+    let list = match value {
+        toml::Value::String(s) if s.is_empty() => return Ok(Vec::new()),
+        v => OneOrMany::deserialize(v).map_err(|_| {
+            serde::de::Error::custom("expected \"duckduckgo\", \"searxng\", \"brave\" or \"tavily\", or a list of them")
+        })?,
+    };
+    let mut out = match list {
+        OneOrMany::One(e) => vec![e],
+        OneOrMany::Many(v) => v,
+    };
+    let mut seen = Vec::new();
+    out.retain(|e| {
+        !seen.contains(e) && {
+            seen.push(*e);
+            true
+        }
+    });
+    Ok(out)
 }
 
 /// `[telegram]`.
@@ -562,15 +735,78 @@ pub struct Paths {
 impl Config {
     /// Parse config text. `path` is only used in error messages.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
-        toml::from_str::<Config>(text).map_err(|e| {
-            let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
-            ConfigError::Invalid { path: path.to_path_buf(), line, col, message: e.message().trim().to_string() }
-        })
+        let invalid = |span: Option<std::ops::Range<usize>>, message: String| {
+            let (line, col) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+            ConfigError::Invalid { path: path.to_path_buf(), line, col, message }
+        };
+        let config = toml::from_str::<Config>(text).map_err(|e| invalid(e.span(), e.message().trim().to_string()))?;
+        config.check_models(text).map_err(|(span, message)| invalid(span, message))?;
+        Ok(config)
     }
 
-    /// The model to ask for.
+    /// What one key cannot check alone: provider names (unique, needed when
+    /// there are several, usable in `name/model`) and `[agent] fallback`
+    /// entries that name a provider.
+    fn check_models(&self, text: &str) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+        let mut seen: Vec<&str> = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            match &p.name {
+                Some(name) => {
+                    let n = name.get_ref();
+                    let ok = (1..=32).contains(&n.len())
+                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+                    if !ok {
+                        return Err((
+                            Some(name.span()),
+                            format!("`{n}` is not a provider name: 1 to 32 characters from `A-Z a-z 0-9 - _ .`"),
+                        ));
+                    }
+                    if seen.contains(&n.as_str()) {
+                        return Err((Some(name.span()), format!("two providers are named `{n}`")));
+                    }
+                    seen.push(n);
+                }
+                None if self.providers.len() > 1 => {
+                    // The table has no span of its own: its header, found in the text.
+                    let header = text.match_indices("[[provider]]").nth(i).map(|(at, h)| at..at + h.len());
+                    return Err((
+                        header,
+                        "with several [[provider]] tables each needs a `name` (like `name = \"lan\"`), \
+                         which `[agent] fallback` and `/model` use"
+                            .to_string(),
+                    ));
+                }
+                None => {}
+            }
+        }
+        for entry in &self.agent.fallback {
+            let text = entry.get_ref().trim();
+            let provider = text.split('/').next().unwrap_or_default();
+            if !self.providers.iter().any(|p| p.is_named() && p.name() == provider) {
+                let names: Vec<&str> = self.providers.iter().filter(|p| p.is_named()).map(|p| p.name()).collect();
+                let known = if names.is_empty() {
+                    "no provider has a `name` yet".to_string()
+                } else {
+                    format!("the named providers are: {}", names.join(", "))
+                };
+                return Err((
+                    Some(entry.span()),
+                    format!("`{text}` does not start with a provider's name (`provider/model` or `provider`); {known}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The first provider: the default one.
+    pub fn provider(&self) -> &ProviderConfig {
+        // `providers` is never empty: the deserializer refuses an empty list.
+        &self.providers[0]
+    }
+
+    /// The model to ask for by default: `[agent] model`, else the first provider's.
     pub fn model(&self) -> &str {
-        self.agent.model.as_deref().unwrap_or(self.provider.kind.default_model())
+        self.agent.model.as_deref().unwrap_or(self.provider().default_model())
     }
 
     /// The configured time zone, or the system's.
@@ -653,11 +889,12 @@ pub fn load(explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
 pub fn warnings(loaded: &Loaded) -> Vec<String> {
     let c = &loaded.config;
     let mut out = Vec::new();
-    if c.provider.key_required() && c.provider.api_key().is_none() {
-        let name = c.provider.key_env();
+    for p in c.providers.iter().filter(|p| p.key_required() && p.api_key().is_none()) {
+        let name = p.key_env();
         let mut line = format!(
-            "no API key for the {} provider: set {name} in the environment (or `api_key_env` / `api_key` in [provider]); LLM turns will fail until then",
-            c.provider.kind.as_str(),
+            "no API key for the {} provider: set {name} in the environment (or `api_key_env` / `api_key` in [provider]); {}",
+            p.name(),
+            if c.providers.len() > 1 { "it is skipped until then" } else { "LLM turns will fail until then" },
         );
         if loaded.path.as_ref().is_some_and(|p| p.starts_with("/etc/bramble")) {
             // The service's own places, which only systemd reads: not this command.
@@ -708,7 +945,7 @@ pub fn security_warnings(loaded: &Loaded) -> Vec<String> {
 fn exposed_secrets(c: &Config, path: &Path) -> Option<String> {
     use std::os::unix::fs::PermissionsExt;
     let inline: Vec<&str> = [
-        ("[provider] api_key", c.provider.api_key.is_some()),
+        ("[provider] api_key", c.providers.iter().any(|p| p.api_key.is_some())),
         ("[telegram] token", c.telegram.token.is_some()),
         ("[mqtt] password", c.mqtt.password.is_some()),
     ]
@@ -824,8 +1061,8 @@ mod tests {
         assert_eq!(c.exec.timeout, Dur::secs(60));
         assert_eq!(c.exec.max_output, 10_000);
         assert_eq!(c.heartbeat.every, Dur::secs(1800));
-        assert_eq!(c.provider.kind, ProviderKind::Openai);
-        assert_eq!(c.provider.base_url(), "https://api.openai.com/v1");
+        assert_eq!(c.provider().kind, ProviderKind::Openai);
+        assert_eq!(c.provider().base_url(), "https://api.openai.com/v1");
         assert_eq!(c.model(), "gpt-4.1-mini");
     }
 
@@ -915,9 +1152,9 @@ deliver = ["telegram:123"]
 "#,
         )
         .unwrap();
-        assert_eq!(c.provider.base_url(), "http://192.168.1.10:11434/v1");
-        assert!(!c.provider.key_required());
-        assert_eq!(c.provider.timeout, Dur::secs(120));
+        assert_eq!(c.provider().base_url(), "http://192.168.1.10:11434/v1");
+        assert!(!c.provider().key_required());
+        assert_eq!(c.provider().timeout, Dur::secs(120));
         assert_eq!(c.mqtt.url, Some(MqttUrl { tls: true, host: "broker.lan".into(), port: 8883 }));
         assert_eq!(c.mqtt.trigger[0].action, TriggerAction::Message("door: {payload.contact}".into()));
         assert_eq!(c.mqtt.trigger[0].min_interval, Dur::secs(60));
@@ -945,9 +1182,9 @@ deliver = ["telegram:123"]
             return;
         }
         let c = parse("[provider]\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();
-        assert_eq!(c.provider.api_key().unwrap().expose(), "sk-test");
+        assert_eq!(c.provider().api_key().unwrap().expose(), "sk-test");
         let c = parse("[provider]\napi_key = \"inline\"\napi_key_env = \"BRAMBLE_TEST_KEY_7f3a\"\n").unwrap();
-        assert_eq!(c.provider.api_key().unwrap().expose(), "inline");
+        assert_eq!(c.provider().api_key().unwrap().expose(), "inline");
     }
 
     /// The unit hands `/etc/bramble/credentials/NAME` over as `bramble_NAME`;

@@ -51,12 +51,12 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     let c = &loaded.config;
     let ws = loaded.paths.workspace.clone();
     let state = &loaded.paths.state_dir;
+    // One ledger: the agent counts into it, the chain reads per-provider budgets from it.
+    let usage = UsageLedger::new(state, c.timezone());
     // The reason alone: a turn reports it as "no LLM provider is configured: <reason>",
     // the daemon's start-up line as "no LLM: <reason>".
-    let provider = crate::provider::from_config(&c.provider).map_err(|e| match e {
-        crate::provider::ProviderError::NotConfigured(why) => why,
-        other => other.to_string(),
-    });
+    let provider: Result<Arc<dyn crate::provider::Provider>, String> = crate::provider::chain::Chain::from_config(c)
+        .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>);
     let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars);
     for tool in crate::tools::fs::fs_tools(&ws) {
         tools.register(tool);
@@ -66,9 +66,11 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone())));
     }
     if c.web.enabled {
-        match crate::tools::web::WebFetch::new(&c.web) {
-            Ok(web) => tools.register(Arc::new(web)),
-            Err(e) => tracing::warn!("web_fetch is unavailable: {e}"),
+        // One guarded client for both: the same SSRF guard, one set of CA certificates.
+        let http = Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
+        tools.register(Arc::new(crate::tools::web::WebFetch::new(&c.web, Arc::clone(&http))));
+        if let Some(search) = crate::tools::search::WebSearch::new(&c.web, http) {
+            tools.register(Arc::new(search));
         }
     }
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
@@ -98,6 +100,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         context_tokens: c.agent.context_tokens,
         daily_token_budget: c.agent.daily_token_budget,
         unanswered: c.agent.unanswered,
+        model_footer: c.agent.model_footer,
     };
     let inflight = InFlight::default();
     // Sub-agents get the tools registered so far (not `spawn` itself).
@@ -115,7 +118,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
             context.clone(),
             sub,
             links.outbound,
-            UsageLedger::new(state, c.timezone()),
+            usage.clone(),
             inflight.shutdown_token().clone(),
         );
         tools.register(Arc::new(subagent::SpawnTool::new(Arc::clone(&hub))));
@@ -127,6 +130,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     parts.scheduler = links.scheduler;
     parts.inflight = inflight;
     parts.subagents = subagents;
+    parts.usage = Some(usage);
     Agent::new(parts)
 }
 

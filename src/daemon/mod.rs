@@ -273,7 +273,12 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
 fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels, jobs: usize) -> String {
     let c = &loaded.config;
     match agent.provider_problem() {
-        None => tracing::info!(provider = c.provider.kind.as_str(), model = %c.model(), "provider ready"),
+        None => {
+            tracing::info!(provider = c.provider().name(), model = %agent.model_label(c.model()), "provider ready");
+            for line in agent.provider_health() {
+                tracing::info!("provider {line}");
+            }
+        }
         Some(why) => {
             tracing::warn!("no LLM: {why}. Message jobs and the heartbeat will fail; reminders and exec jobs still run")
         }

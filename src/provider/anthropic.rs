@@ -244,6 +244,7 @@ fn parse_response(bytes: &[u8]) -> Result<ChatResponse, ProviderError> {
             input_tokens: u.input_tokens + u.cache_creation_input_tokens + u.cache_read_input_tokens,
             output_tokens: u.output_tokens,
         },
+        route: None,
     })
 }
 

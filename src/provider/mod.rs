@@ -14,6 +14,7 @@
 //! SDK types turn into hard failures. Retries live in [`retry`] and are shared.
 
 pub mod anthropic;
+pub mod chain;
 pub mod openai;
 pub mod retry;
 
@@ -162,6 +163,24 @@ pub struct ChatResponse {
     /// As the server said it (`stop`, `tool_calls`, `length`, `end_turn`, …); may be empty.
     pub finish_reason: Option<String>,
     pub usage: Usage,
+    /// Which provider and model answered, set by a fallback [`chain::Chain`].
+    pub route: Option<Route>,
+}
+
+/// Who answered a call of a [`chain::Chain`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub provider: String,
+    pub model: String,
+    /// Set when it is not the model asked for: why that one did not answer.
+    pub fallback: Option<String>,
+}
+
+impl Route {
+    /// `provider/model`.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.provider, self.model)
+    }
 }
 
 /// Why a model call failed. The text of each variant is what a user sees.
@@ -176,15 +195,22 @@ pub enum ProviderError {
     /// Any other HTTP error status from the server.
     #[error("the provider answered HTTP {status}: {message}")]
     Http { status: u16, message: String, retry_after: Option<std::time::Duration> },
-    /// Connection refused, DNS, TLS, timeout, reset.
+    /// Connection refused, DNS, TLS, reset.
     #[error("could not reach the provider at {url}: {message}")]
     Transport { url: String, message: String },
+    /// No (whole) answer within `[provider] timeout`: a hung socket, a model
+    /// still loading. Retried, except when a fallback is waiting.
+    #[error("the provider at {url} did not answer in time: {message}")]
+    Timeout { url: String, message: String },
     /// The server answered 2xx but not with something we can read.
     #[error("the provider's answer could not be read: {0}")]
     Decode(String),
     /// Retried and still failing; carries the last error.
     #[error("gave up after {attempts} attempts: {last}")]
     GaveUp { attempts: u32, last: Box<ProviderError> },
+    /// Every model of a fallback chain failed (or was skipped): why, each.
+    #[error("no model could answer: {}", .0.join("; "))]
+    Exhausted(Vec<String>),
 }
 
 impl ProviderError {
@@ -192,8 +218,33 @@ impl ProviderError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ProviderError::Http { status, .. } => matches!(status, 408 | 409 | 429) || *status >= 500,
-            ProviderError::Transport { .. } => true,
+            ProviderError::Transport { .. } | ProviderError::Timeout { .. } => true,
             _ => false,
+        }
+    }
+
+    /// Whether a fallback chain moves on to its next model: the provider is
+    /// unreachable or failing (retryable errors, after their retries), or
+    /// this provider cannot serve the request at all — a refused key (401,
+    /// 403), an unknown model (404), no key, an answer that is not one. A
+    /// bad request (400, 413, 422) is ours and would fail anywhere: returned.
+    pub fn falls_back(&self) -> bool {
+        match self {
+            ProviderError::GaveUp { .. }
+            | ProviderError::Auth { .. }
+            | ProviderError::NotConfigured(_)
+            | ProviderError::Decode(_) => true,
+            ProviderError::Http { status: 404, .. } => true,
+            other => other.is_retryable(),
+        }
+    }
+
+    /// The server's `Retry-After`, if this (or the last retried) error carried one.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ProviderError::Http { retry_after, .. } => *retry_after,
+            ProviderError::GaveUp { last, .. } => last.retry_after(),
+            _ => None,
         }
     }
 }
@@ -204,25 +255,33 @@ pub trait Provider: Send + Sync {
     fn name(&self) -> &str;
     /// One model call. Implementations do not retry: see [`retry::with_retries`].
     fn chat<'a>(&'a self, req: ChatRequest<'a>) -> BoxFuture<'a, Result<ChatResponse, ProviderError>>;
+    /// `provider/model` for a model as a request would name it, for status
+    /// lines; the model itself where there is only one provider.
+    fn label(&self, model: &str) -> String {
+        model.to_string()
+    }
+    /// One line per provider behind this one, for `/status`: its name and
+    /// whether it is usable now (cooling down after a failure, over its
+    /// budget). Empty for a single backend.
+    fn health(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 // ---------------------------------------------------------------------------
 // Construction and the HTTP plumbing both backends share.
 // ---------------------------------------------------------------------------
 
-/// Build the configured backend, wrapped in [`retry::Retrying`] with
-/// `cfg.max_retries` and the default 1/2/4 s backoff.
+/// The client for one configured provider, without retries (the [`chain`]
+/// and [`retry::Retrying`] add them).
 ///
 /// Fails with [`ProviderError::NotConfigured`] when a key is required but not
 /// set, or when an `extra_headers` entry is not a valid HTTP header.
-pub fn from_config(cfg: &crate::config::ProviderConfig) -> Result<std::sync::Arc<dyn Provider>, ProviderError> {
+pub fn client(cfg: &crate::config::ProviderConfig) -> Result<std::sync::Arc<dyn Provider>, ProviderError> {
     use crate::config::ProviderKind;
-    let policy = retry::RetryPolicy { max_retries: cfg.max_retries, ..Default::default() };
     Ok(match cfg.kind {
-        ProviderKind::Openai => std::sync::Arc::new(retry::Retrying::new(openai::OpenAiProvider::new(cfg)?, policy)),
-        ProviderKind::Anthropic => {
-            std::sync::Arc::new(retry::Retrying::new(anthropic::AnthropicProvider::new(cfg)?, policy))
-        }
+        ProviderKind::Openai => std::sync::Arc::new(openai::OpenAiProvider::new(cfg)?),
+        ProviderKind::Anthropic => std::sync::Arc::new(anthropic::AnthropicProvider::new(cfg)?),
     })
 }
 
@@ -288,9 +347,14 @@ async fn post_json(
     body: &Value,
     secret: Option<&crate::config::Secret>,
 ) -> Result<Vec<u8>, ProviderError> {
-    let transport = |e: reqwest::Error| ProviderError::Transport {
-        url: url.to_string(),
-        message: redact(&transport_message(e), secret),
+    let transport = |e: reqwest::Error| {
+        let timed_out = e.is_timeout();
+        let message = redact(&transport_message(e), secret);
+        if timed_out {
+            ProviderError::Timeout { url: url.to_string(), message }
+        } else {
+            ProviderError::Transport { url: url.to_string(), message }
+        }
     };
     let resp = client.post(url).headers(headers).json(body).send().await.map_err(transport)?;
     let status = resp.status();

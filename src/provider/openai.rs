@@ -254,6 +254,7 @@ fn parse_response(bytes: &[u8]) -> Result<ChatResponse, ProviderError> {
         tool_calls,
         finish_reason: choice.finish_reason.as_str().map(str::to_string),
         usage: Usage { input_tokens: wire.usage.prompt_tokens, output_tokens: wire.usage.completion_tokens },
+        route: None,
     })
 }
 

@@ -83,39 +83,63 @@ impl<P: Provider> Provider for Retrying<P> {
     /// Call the inner provider until it succeeds, fails for good, or the
     /// retries are used up. With `max_retries = 0` the error is returned as is.
     fn chat<'a>(&'a self, req: ChatRequest<'a>) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
-        Box::pin(async move {
-            let mut retry = 0;
-            loop {
-                let err = match self.inner.chat(req).await {
-                    Ok(resp) => return Ok(resp),
-                    Err(err) if !err.is_retryable() => return Err(err),
-                    Err(err) => err,
-                };
-                if retry >= self.policy.max_retries {
-                    if retry == 0 {
-                        return Err(err);
-                    }
-                    tracing::warn!(provider = self.inner.name(), attempts = retry + 1, error = %err, "giving up");
-                    return Err(ProviderError::GaveUp { attempts: retry + 1, last: Box::new(err) });
-                }
-                let delay = self.policy.delay(retry, &err);
-                let status = match &err {
-                    ProviderError::Http { status, .. } => Some(*status),
-                    _ => None,
-                };
-                tracing::warn!(
-                    provider = self.inner.name(),
-                    status,
-                    attempt = retry + 1,
-                    max_attempts = self.policy.max_retries + 1,
-                    delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                    error = %err,
-                    "provider call failed, retrying"
-                );
-                tokio::time::sleep(delay).await;
-                retry += 1;
+        Box::pin(call(&self.inner, self.policy, req, Patience::Full))
+    }
+}
+
+/// How long a call may keep trying before it gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// Every retry of the policy, every wait the server asks for (up to `max_delay`).
+    Full,
+    /// Another model is waiting (a fallback chain): a timeout is not tried
+    /// again (a hung host would cost `timeout` once more per retry), nor is a
+    /// server that asks for more than [`HURRIED_WAIT`].
+    Hurried,
+}
+
+/// The longest `Retry-After` waited for when another model is waiting.
+pub const HURRIED_WAIT: Duration = Duration::from_secs(10);
+
+/// One call of `inner` with the retries of `policy`.
+pub async fn call<P: Provider + ?Sized>(
+    inner: &P,
+    policy: RetryPolicy,
+    req: ChatRequest<'_>,
+    patience: Patience,
+) -> Result<ChatResponse, ProviderError> {
+    let mut retry = 0;
+    loop {
+        let err = match inner.chat(req).await {
+            Ok(resp) => return Ok(resp),
+            Err(err) if !err.is_retryable() => return Err(err),
+            Err(err) => err,
+        };
+        let delay = policy.delay(retry, &err);
+        let hurried = patience == Patience::Hurried
+            && (matches!(err, ProviderError::Timeout { .. }) || err.retry_after().is_some_and(|a| a > HURRIED_WAIT));
+        if retry >= policy.max_retries || hurried {
+            if retry == 0 {
+                return Err(err);
             }
-        })
+            tracing::warn!(provider = inner.name(), attempts = retry + 1, error = %err, "giving up");
+            return Err(ProviderError::GaveUp { attempts: retry + 1, last: Box::new(err) });
+        }
+        let status = match &err {
+            ProviderError::Http { status, .. } => Some(*status),
+            _ => None,
+        };
+        tracing::warn!(
+            provider = inner.name(),
+            status,
+            attempt = retry + 1,
+            max_attempts = policy.max_retries + 1,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            error = %err,
+            "provider call failed, retrying"
+        );
+        tokio::time::sleep(delay).await;
+        retry += 1;
     }
 }
 
@@ -126,6 +150,12 @@ impl<P: Provider + ?Sized> Provider for Arc<P> {
     }
     fn chat<'a>(&'a self, req: ChatRequest<'a>) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
         (**self).chat(req)
+    }
+    fn label(&self, model: &str) -> String {
+        (**self).label(model)
+    }
+    fn health(&self) -> Vec<String> {
+        (**self).health()
     }
 }
 

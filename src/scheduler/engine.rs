@@ -282,7 +282,14 @@ pub fn mark_started(job: &mut Job, scheduled: Timestamp, now: Timestamp, default
 pub fn mark_interrupted(job: &mut Job, scheduled: Timestamp, now: Timestamp, default_tz: &TimeZone) {
     let msg = "interrupted: the daemon stopped during this run (crash, kill or watchdog); not run again";
     let started = job.state.running_since.take().unwrap_or(now);
-    job.state.push(RunRecord { scheduled, started, finished: now, status: RunStatus::Error, summary: msg.into() });
+    job.state.push(RunRecord {
+        scheduled,
+        started,
+        finished: now,
+        status: RunStatus::Error,
+        summary: msg.into(),
+        model: None,
+    });
     job.state.last_error = Some(msg.into());
     let last = job.state.last_run.map_or(scheduled, |l| l.max(scheduled));
     job.state.last_run = Some(last);
@@ -338,6 +345,7 @@ pub fn mark_given_up(job: &mut Job, now: Timestamp) {
         finished: now,
         status: RunStatus::Error,
         summary: msg.clone(),
+        model: None,
     });
     job.state.last_error = Some(msg);
     finish_one_shot(job);
@@ -366,7 +374,7 @@ pub fn mark_finished(
     if let Some(m) = missed {
         job.state.push(missed_record(m, started));
     }
-    job.state.push(RunRecord { scheduled, started, finished: now, status, summary: summary.to_string() });
+    job.state.push(RunRecord { scheduled, started, finished: now, status, summary: summary.to_string(), model: None });
     if status == RunStatus::Cancelled && job.schedule.is_one_shot() {
         // Interrupted by shutdown: a one-shot keeps its write-ahead (tried once
         // more after the restart). A recurring run is at most once: recorded
@@ -397,7 +405,14 @@ fn finish_one_shot(job: &mut Job) {
 }
 
 fn missed_record(m: &Missed, now: Timestamp) -> RunRecord {
-    RunRecord { scheduled: m.last, started: now, finished: now, status: RunStatus::Missed, summary: m.to_string() }
+    RunRecord {
+        scheduled: m.last,
+        started: now,
+        finished: now,
+        status: RunStatus::Missed,
+        summary: m.to_string(),
+        model: None,
+    }
 }
 
 #[cfg(test)]

@@ -155,6 +155,9 @@ pub struct RunRecord {
     pub status: RunStatus,
     /// At most [`SUMMARY_LEN`] characters.
     pub summary: String,
+    /// Which model answered (`provider/model`), for runs of a fallback chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// What the scheduler remembers about a job between runs and restarts.
@@ -186,6 +189,13 @@ pub struct JobState {
 }
 
 impl JobState {
+    /// Say which model answered the run just recorded (the newest record).
+    pub fn answered_by(&mut self, model: Option<&str>) {
+        if let Some(record) = self.history.back_mut() {
+            record.model = model.map(str::to_string);
+        }
+    }
+
     /// Append a record, keeping the newest [`HISTORY_LEN`], and set `last_status`.
     pub fn push(&mut self, mut record: RunRecord) {
         record.summary = truncate(&record.summary, SUMMARY_LEN);
@@ -220,6 +230,10 @@ pub struct Job {
     /// `[mqtt] discovery`, at most [`crate::channels::mqtt::discovery::MAX_BUTTONS`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ha_button: bool,
+    /// The model its turns use (`provider/model`, `cron add --model`), still
+    /// with `[agent] fallback` behind it; `None`: the configured one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     #[serde(default)]
     pub state: JobState,
 }
@@ -279,6 +293,7 @@ impl Job {
             created: now,
             origin: None,
             ha_button: false,
+            model: None,
             state: JobState { next_run, ..JobState::default() },
         })
     }
@@ -411,6 +426,7 @@ mod tests {
                 finished: t,
                 status: if i == 14 { RunStatus::Error } else { RunStatus::Ok },
                 summary: format!("{i}{}", "é".repeat(300)),
+                model: None,
             });
         }
         assert_eq!(st.history.len(), HISTORY_LEN);

@@ -67,23 +67,31 @@ pub struct RunOutcome {
     /// One line for the history (cut to 200 characters).
     pub summary: String,
     pub error: Option<String>,
+    /// Which model answered (`provider/model`), for the history.
+    pub model: Option<String>,
 }
 
 impl RunOutcome {
     pub fn ok(summary: impl Into<String>) -> RunOutcome {
-        RunOutcome { status: RunStatus::Ok, summary: summary.into(), error: None }
+        RunOutcome { status: RunStatus::Ok, summary: summary.into(), error: None, model: None }
     }
     pub fn error(error: impl Into<String>) -> RunOutcome {
         let error = error.into();
-        RunOutcome { status: RunStatus::Error, summary: error.clone(), error: Some(error) }
+        RunOutcome { status: RunStatus::Error, summary: error.clone(), error: Some(error), model: None }
     }
     pub fn skipped(reason: impl Into<String>) -> RunOutcome {
-        RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None }
+        RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None, model: None }
     }
 
     /// Interrupted by shutdown before it could finish.
     pub fn cancelled() -> RunOutcome {
-        RunOutcome { status: RunStatus::Cancelled, summary: "interrupted by shutdown".into(), error: None }
+        RunOutcome { status: RunStatus::Cancelled, summary: "interrupted by shutdown".into(), error: None, model: None }
+    }
+
+    /// The same, saying which model answered.
+    pub fn answered_by(mut self, model: Option<String>) -> RunOutcome {
+        self.model = model;
+        self
     }
 }
 
@@ -341,18 +349,21 @@ impl Change {
                     engine::mark_started(job, *scheduled, now, tz);
                 }
             }
-            Change::Finish { flight, outcome, .. } => engine::mark_finished(
-                job,
-                flight.scheduled,
-                flight.started,
-                now,
-                outcome.status,
-                &outcome.summary,
-                outcome.error.as_deref(),
-                flight.missed.as_ref(),
-                flight.manual,
-                tz,
-            ),
+            Change::Finish { flight, outcome, .. } => {
+                engine::mark_finished(
+                    job,
+                    flight.scheduled,
+                    flight.started,
+                    now,
+                    outcome.status,
+                    &outcome.summary,
+                    outcome.error.as_deref(),
+                    flight.missed.as_ref(),
+                    flight.manual,
+                    tz,
+                );
+                job.state.answered_by(outcome.model.as_deref());
+            }
         }
     }
 }

@@ -71,6 +71,10 @@ impl CronTool {
         }
         job.origin = Some(ctx.conversation.clone());
         job.ha_button = a.ha_button;
+        job.model = a.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
+        if job.model.is_some() && !matches!(job.kind, JobKind::Message { .. }) {
+            return Err(ToolError::new("`model` is for `message` jobs only (a reminder calls no model)"));
+        }
         let targets: Vec<String> = job.report_target_names();
         let job = self.store.add(job).map_err(err)?;
         Ok(format!(
@@ -162,6 +166,7 @@ struct Args {
     catch_up: Option<String>,
     #[serde(default)]
     ha_button: bool,
+    model: Option<String>,
     job: Option<String>,
 }
 
@@ -193,6 +198,7 @@ impl Tool for CronTool {
                             "description": "Targets: telegram:<chat_id>, mqtt, mqtt:<topic>, log; default this chat"},
                 "catch_up": {"type": "string", "description": "Missed runs: skip, once, or a window like 2h"},
                 "ha_button": {"type": "boolean", "description": "Give the job a Run button in Home Assistant (only when the user asks for one)"},
+                "model": {"type": "string", "description": "For `message` jobs, only when the user names one: the model, as provider/model"},
                 "job": {"type": "string", "description": "For remove: the job's id or name"}
             },
             "required": ["action"]

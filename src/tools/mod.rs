@@ -28,6 +28,7 @@ pub mod exec;
 pub mod fs;
 pub mod message;
 pub mod mqtt;
+pub mod search;
 pub mod web;
 
 use std::sync::Arc;

@@ -181,36 +181,34 @@ fn embedded_v4(ip: IpAddr) -> Option<Ipv4Addr> {
     None
 }
 
-/// The `web_fetch` tool.
-pub struct WebFetch {
+/// An HTTP client that connects only where the [`AddressGuard`] allows:
+/// shared by `web_fetch` and `web_search` (a LAN SearXNG is reached only
+/// when `allow_private` lists it).
+pub struct GuardedHttp {
     /// Built on first use: loading the system's CA certificates costs time and
     /// memory that a turn which never fetches should not pay.
     client: std::sync::OnceLock<reqwest::Client>,
     timeout: std::time::Duration,
     guard: AddressGuard,
-    max_chars: usize,
 }
 
-#[derive(Deserialize)]
-struct FetchArgs {
-    url: String,
-    max_chars: Option<usize>,
-}
-
-impl WebFetch {
-    pub fn new(cfg: &WebConfig) -> Result<Self, ToolError> {
-        let guard = AddressGuard { allow_private: cfg.allow_private.clone().into() };
-        Ok(WebFetch {
+impl GuardedHttp {
+    pub fn new(cfg: &WebConfig) -> GuardedHttp {
+        GuardedHttp {
             client: std::sync::OnceLock::new(),
             timeout: cfg.timeout.get(),
-            guard,
-            max_chars: cfg.max_chars.max(MIN_CHARS),
-        })
+            guard: AddressGuard { allow_private: cfg.allow_private.clone().into() },
+        }
+    }
+
+    /// Scheme and (for IP literals) address of a URL about to be requested.
+    pub fn check_url(&self, url: &Url) -> Result<(), ToolError> {
+        self.guard.check_url(url).map_err(|r| ToolError::new(r.0))
     }
 
     /// The guarded client: our resolver (checks and pins addresses), a
     /// redirect policy that re-checks every hop, no proxy.
-    fn client(&self) -> Result<&reqwest::Client, ToolError> {
+    pub fn client(&self) -> Result<&reqwest::Client, ToolError> {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
@@ -240,13 +238,53 @@ impl WebFetch {
         Ok(self.client.get_or_init(|| client))
     }
 
+    /// Why a request failed, for the model: our refusal if the guard said
+    /// no anywhere in the chain, else the whole chain of causes.
+    pub fn describe(err: &reqwest::Error, url: &Url) -> String {
+        describe(err, url)
+    }
+}
+
+/// The body of `resp`, at most `cap` bytes; `true` when there was more.
+pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body: Vec<u8> = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = cap - body.len();
+        if chunk.len() >= room {
+            body.extend_from_slice(&chunk[..room]);
+            let more = chunk.len() > room || resp.chunk().await.ok().flatten().is_some_and(|c| !c.is_empty());
+            return Ok((body, more));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
+/// The `web_fetch` tool.
+pub struct WebFetch {
+    http: Arc<GuardedHttp>,
+    max_chars: usize,
+}
+
+#[derive(Deserialize)]
+struct FetchArgs {
+    url: String,
+    max_chars: Option<usize>,
+}
+
+impl WebFetch {
+    pub fn new(cfg: &WebConfig, http: Arc<GuardedHttp>) -> Self {
+        WebFetch { http, max_chars: cfg.max_chars.max(MIN_CHARS) }
+    }
+
     async fn fetch(&self, args: FetchArgs) -> Result<String, ToolError> {
         let url =
             Url::parse(args.url.trim()).map_err(|e| ToolError::new(format!("invalid URL {:?}: {e}", args.url)))?;
-        self.guard.check_url(&url).map_err(|r| ToolError::new(r.0))?;
+        self.http.check_url(&url)?;
         let limit = args.max_chars.unwrap_or(self.max_chars).clamp(MIN_CHARS, self.max_chars);
 
-        let mut resp = self
+        let resp = self
+            .http
             .client()?
             .get(url.clone())
             .header(ACCEPT, "text/html,application/xhtml+xml,text/plain;q=0.9,application/json;q=0.9,*/*;q=0.5")
@@ -258,17 +296,7 @@ impl WebFetch {
         let content_type =
             resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase();
 
-        let mut body: Vec<u8> = Vec::new();
-        let mut cut = false;
-        while let Some(chunk) = resp.chunk().await.map_err(|e| ToolError::new(describe(&e, &final_url)))? {
-            let room = BODY_CAP - body.len();
-            if chunk.len() >= room {
-                body.extend_from_slice(&chunk[..room]);
-                cut = chunk.len() > room || resp.chunk().await.ok().flatten().is_some_and(|c| !c.is_empty());
-                break;
-            }
-            body.extend_from_slice(&chunk);
-        }
+        let (body, cut) = read_capped(resp, BODY_CAP).await.map_err(|e| ToolError::new(describe(&e, &final_url)))?;
 
         let text = to_text(&content_type, &body);
         let limit = if status.is_success() { limit } else { limit.min(ERROR_EXCERPT) };

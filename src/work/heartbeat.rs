@@ -61,6 +61,7 @@ impl Heartbeat {
             return HeartbeatOutcome::DryRun(prompt);
         }
         let req = TurnRequest {
+            model: None,
             conversation: Conversation::new("system", "heartbeat", "heartbeat"),
             text: prompt,
             in_job: true,

@@ -37,6 +37,7 @@ impl JobRunner {
                         "[Scheduled job `{}` is due now. Do it and reply with the result for the user.]\n\n{text}",
                         job.name
                     ),
+                    model: job.model.clone(),
                 }
             }
             JobKind::Exec { command } => Work::Shell { command: command.clone(), stdin: None },
@@ -47,7 +48,7 @@ impl JobRunner {
             return RunOutcome::cancelled();
         }
         let (report, outcome) = match result {
-            Ok(text) => (text.clone(), RunOutcome::ok(text)),
+            Ok(done) => (done.text.clone(), RunOutcome::ok(done.text).answered_by(done.model)),
             Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
         };
         self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name)).await;
@@ -83,6 +84,7 @@ impl JobExecutor for ObservedRunner {
                     "started": started.to_string(),
                     "finished": Timestamp::now().to_string(),
                     "output": crate::scheduler::job::truncate(&outcome.summary, 4000),
+                    "model": outcome.model,
                 });
                 for observe in &self.observers {
                     observe(job, &record);

@@ -26,12 +26,28 @@ use crate::config::ExecConfig;
 /// One piece of work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
-    /// An agent turn in a session (as a job: tools that would schedule more work refuse).
-    Turn { conversation: Conversation, text: String },
+    /// An agent turn in a session (as a job: tools that would schedule more
+    /// work refuse), on `model` if given (`provider/model`, a job's `--model`).
+    Turn { conversation: Conversation, text: String, model: Option<String> },
     /// A command in the sandbox, as the `exec` tool runs it, with `stdin` if given.
     Shell { command: String, stdin: Option<Vec<u8>> },
     /// A text as it is (a reminder).
     Text(String),
+}
+
+/// What finished work produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Done {
+    /// The text to report.
+    pub text: String,
+    /// Which model answered (`provider/model`; for turns only).
+    pub model: Option<String>,
+}
+
+impl Done {
+    fn text(text: String) -> Done {
+        Done { text, model: None }
+    }
 }
 
 /// Runs [`Work`]: the agent for turns, the sandbox for commands.
@@ -49,17 +65,20 @@ impl Runner {
 
     /// Do `work`; the text to report, or why it failed. Counted in the agent's
     /// work in flight; `cancel` interrupts it (the caller then reports nothing).
-    pub async fn run(&self, work: Work, cancel: &CancellationToken) -> Result<String, String> {
+    pub async fn run(&self, work: Work, cancel: &CancellationToken) -> Result<Done, String> {
         let _busy = self.agent.inflight().enter();
         match work {
-            Work::Text(text) => Ok(text),
-            Work::Turn { conversation, text } => {
-                let req = TurnRequest { conversation, text, in_job: true, cancel: cancel.child_token() };
-                self.agent.turn(req).await.map(|r| r.text).map_err(|e| e.to_string())
+            Work::Text(text) => Ok(Done::text(text)),
+            Work::Turn { conversation, text, model } => {
+                let req = TurnRequest { conversation, text, in_job: true, model, cancel: cancel.child_token() };
+                match self.agent.turn(req).await {
+                    Ok(r) => Ok(Done { text: r.text, model: r.route.map(|r| r.label()) }),
+                    Err(e) => Err(e.to_string()),
+                }
             }
             Work::Shell { command, stdin } => {
                 match crate::tools::exec::run_shell(&self.exec, &self.workspace, &command, stdin, cancel).await {
-                    Ok((true, text)) => Ok(text),
+                    Ok((true, text)) => Ok(Done::text(text)),
                     Ok((false, text)) => Err(text),
                     Err(e) => Err(e.to_string()),
                 }

@@ -326,3 +326,134 @@ async fn a_slash_command_in_agent_m_is_a_command_not_a_model_call() {
     let out = bramble(home.path(), &["--config", config, "agent", "-m", "/etc/hosts"], None).await;
     assert_eq!(text(&out.stdout).trim(), "that is a file");
 }
+
+/// A config with two providers (`cloud` first, `lan` as the fallback), both fakes on 127.0.0.1.
+fn two_providers(home: &TestHome, cloud: &str, lan: &str, agent_extra: &str) {
+    let text = format!(
+        "[agent]\nworkspace = \"{ws}\"\ntimezone = \"UTC\"\nfallback = [\"lan\"]\nfallback_cooldown = \"10m\"\n{agent_extra}\n\
+         [[provider]]\nname = \"cloud\"\nmodel = \"big\"\nbase_url = \"{cloud}\"\napi_key = \"k\"\nmax_retries = 0\n\
+         daily_token_budget = 1000000\n\
+         [[provider]]\nname = \"lan\"\nmodel = \"small\"\nbase_url = \"{lan}\"\n\
+         [daemon]\nstate_dir = \"{st}\"\n",
+        ws = home.workspace.display(),
+        st = home.state.display(),
+    );
+    std::fs::write(&home.config, text).unwrap();
+}
+
+#[tokio::test]
+async fn a_job_falls_back_to_the_next_model_and_says_who_answered() {
+    let cloud = FakeLlm::start(Dialect::OpenAi).await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &cloud.base_url(), "", "", "");
+    two_providers(&home, &cloud.base_url(), &lan.base_url(), "");
+    let cfg = home.config.to_str().unwrap();
+    let run = |args: &'static [&'static str]| {
+        let mut all = vec!["--config", cfg];
+        all.extend_from_slice(args);
+        let home = home.path().to_path_buf();
+        async move { bramble(&home, &all, None).await }
+    };
+
+    let out =
+        run(&["cron", "add", "brief", "--every", "1d", "--message", "the 07:00 briefing", "--model", "cloud/huge"])
+            .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("model:    cloud/huge"), "{}", text(&out.stdout));
+
+    // The pinned model's provider is down (503): the LAN model answers, and the report says so.
+    cloud.push(Reply::error(503, "overloaded"));
+    lan.push(Reply::text("Sunny, 3 meetings, no news."));
+    let out = run(&["cron", "run", "brief"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("Sunny, 3 meetings, no news.\n\n_— lan/small answered (fallback: cloud/huge: the provider answered HTTP 503: overloaded)_"), "{stdout}");
+    assert_eq!(cloud.last_request().unwrap()["model"], "huge", "the pin was asked first");
+    assert_eq!(lan.last_request().unwrap()["model"], "small");
+
+    // The run history records it.
+    let out = run(&["cron", "show", "brief"]).await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("model:     cloud/huge"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.contains("ok") && l.ends_with("[lan/small]")), "{stdout}");
+    let jobs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(home.state.join("jobs.json")).unwrap()).unwrap();
+    let job = &jobs["jobs"][0];
+    assert_eq!(job["model"], "cloud/huge");
+    assert_eq!(job["state"]["history"][0]["model"], "lan/small");
+
+    // Usage is counted per provider: the answer's tokens are the LAN's.
+    let out = run(&["status"]).await;
+    let stdout = text(&out.stdout);
+    let lan_line = stdout.lines().find(|l| l.contains(" lan (openai at ")).unwrap_or_else(|| panic!("{stdout}"));
+    assert!(!lan_line.contains(", 0 tokens today"), "{stdout}");
+    assert!(stdout.contains("cloud (openai at") && stdout.contains("0 of 1000000 tokens today"), "{stdout}");
+    assert!(stdout.contains("fallback:   lan (cooldown 10m)"), "{stdout}");
+    assert!(stdout.contains("model:      cloud/big"), "{stdout}");
+
+    // Everything down: one clear failure naming each model.
+    cloud.push(Reply::error(401, "invalid key"));
+    lan.push(Reply::error(404, "model 'small' not found"));
+    let out = run(&["cron", "run", "brief"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("job brief failed: no model could answer: cloud/huge: the provider refused the credentials (HTTP 401): invalid key; lan/small: the provider answered HTTP 404: model 'small' not found"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn the_footer_follows_the_setting_and_status_shows_the_chain() {
+    let cloud = FakeLlm::start(Dialect::OpenAi).await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &cloud.base_url(), "", "", "");
+    two_providers(&home, &cloud.base_url(), &lan.base_url(), "model_footer = \"always\"");
+    let cfg = home.config.to_str().unwrap().to_string();
+    cloud.push(Reply::text("from the cloud"));
+    let out = bramble(home.path(), &["--config", &cfg, "agent", "-m", "hi"], None).await;
+    assert_eq!(text(&out.stdout).trim(), "from the cloud\n\n_— cloud/big_");
+
+    two_providers(&home, &cloud.base_url(), &lan.base_url(), "model_footer = \"never\"");
+    cloud.push(Reply::error(500, "down"));
+    lan.push(Reply::text("from the LAN"));
+    let out = bramble(home.path(), &["--config", &cfg, "agent", "-m", "hi"], None).await;
+    assert_eq!(text(&out.stdout).trim(), "from the LAN");
+
+    // /status in a chat names who answered last and each provider's state.
+    two_providers(&home, &cloud.base_url(), &lan.base_url(), "");
+    cloud.push(Reply::error(500, "down"));
+    lan.push(Reply::text("fine"));
+    let out = bramble(home.path(), &["--config", &cfg, "agent"], Some("hello\n/status\n")).await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("Model: cloud/big"), "{stdout}");
+    assert!(
+        stdout.contains("last answer: lan/small (fallback: cloud/big: the provider answered HTTP 500: down)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("  cloud: cooling down for 9m"), "{stdout}");
+    assert!(stdout.contains("  lan: ok · "), "{stdout}");
+    assert!(stdout.contains("  fallback: lan/small"), "{stdout}");
+}
+
+#[tokio::test]
+async fn provider_names_and_fallbacks_are_checked_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    let check = |body: &str| {
+        std::fs::write(&cfg, body).unwrap();
+        let (home, cfg) = (dir.path().to_path_buf(), cfg.to_str().unwrap().to_string());
+        async move { text(&bramble(&home, &["--config", &cfg, "check"], None).await.stderr) }
+    };
+    let err = check("[agent]\nfallback = [\"lan/x\"]\n\n[provider]\nbase_url = \"http://h/v1\"\n").await;
+    assert!(err.contains("config.toml:2:13: `lan/x` does not start with a provider's name"), "{err}");
+    assert!(err.contains("no provider has a `name` yet"), "{err}");
+    let err = check("[[provider]]\nname = \"a\"\n\n[[provider]]\nbase_url = \"http://h/v1\"\n").await;
+    assert!(err.contains("config.toml:4:1: with several [[provider]] tables each needs a `name`"), "{err}");
+    let err = check("[[provider]]\nname = \"a\"\n[[provider]]\nname = \"a\"\n").await;
+    assert!(err.contains("config.toml:4:8: two providers are named `a`"), "{err}");
+    let err = check("[[provider]]\nname = \"a/b\"\n").await;
+    assert!(err.contains("config.toml:2:8: `a/b` is not a provider name"), "{err}");
+    let err = check("provider = []\n").await;
+    assert!(err.contains("at least one provider is needed"), "{err}");
+}

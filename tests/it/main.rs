@@ -13,6 +13,7 @@ mod daemon;
 mod memory;
 mod mqtt;
 mod provider;
+mod search;
 mod security;
 mod smoke;
 mod telegram;

@@ -8,10 +8,11 @@ use crate::support::fake_llm::{Dialect, FakeLlm, Reply, COMPLETION_TOKENS_PER_PA
 use crate::support::http::{refused_url, Response, TestServer};
 use bramble::config::{Dur, HttpUrl, ProviderConfig, ProviderKind, Secret};
 use bramble::provider::anthropic::AnthropicProvider;
+use bramble::provider::chain::{Backend, Chain};
 use bramble::provider::openai::OpenAiProvider;
 use bramble::provider::retry::{RetryPolicy, Retrying};
 use bramble::provider::{
-    from_config, ChatRequest, ChatResponse, Message, Provider, ProviderError, ToolCall, ToolSpec, Usage,
+    client, ChatRequest, ChatResponse, Message, Provider, ProviderError, ToolCall, ToolSpec, Usage,
 };
 use serde_json::{json, Value};
 
@@ -20,6 +21,9 @@ const KEY: &str = "sk-test-5ecret-key";
 /// A config pointing at `base_url` with the test key (or none) and no env lookup.
 fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConfig {
     ProviderConfig {
+        name: None,
+        model: None,
+        daily_token_budget: 0,
         kind,
         base_url: Some(HttpUrl(base_url.to_string())),
         api_key: key.map(Secret::new),
@@ -273,7 +277,7 @@ async fn anthropic_translates_a_multi_step_history() {
 }
 
 #[tokio::test]
-async fn from_config_builds_a_working_backend_of_each_kind() {
+async fn a_one_provider_chain_is_a_working_backend_of_each_kind() {
     for dialect in [Dialect::OpenAi, Dialect::Anthropic] {
         let fake = FakeLlm::start(dialect).await;
         fake.push(Reply::error(503, "warming up"));
@@ -281,7 +285,7 @@ async fn from_config_builds_a_working_backend_of_each_kind() {
         let kind = if dialect == Dialect::OpenAi { ProviderKind::Openai } else { ProviderKind::Anthropic };
         let mut cfg = config(kind, &fake.base_url(), Some(KEY));
         cfg.max_retries = 1;
-        let p = from_config(&cfg).unwrap();
+        let p = Chain::new(vec![Backend::from_config(&cfg)], &[], Duration::from_secs(300));
         assert_eq!(p.name(), kind.as_str());
         // The default policy waits 1 s before the retry.
         let start = Instant::now();
@@ -289,6 +293,8 @@ async fn from_config_builds_a_working_backend_of_each_kind() {
         assert_eq!(r.content.as_deref(), Some("ready"));
         assert_eq!(fake.request_count(), 2);
         assert!(start.elapsed() >= Duration::from_secs(1), "{:?}", start.elapsed());
+        assert_eq!(r.route.map(|r| r.label()), Some(format!("{}/test-model", kind.as_str())));
+        assert!(p.health().is_empty(), "one provider has no chain to show");
     }
 }
 
@@ -297,7 +303,7 @@ async fn missing_key_for_a_public_endpoint_is_not_configured() {
     for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
         let cfg =
             ProviderConfig { kind, api_key_env: Some("BRAMBLE_TEST_NO_SUCH_KEY_e41b".into()), ..Default::default() };
-        let err = from_config(&cfg).err().expect("no key must be an error");
+        let err = client(&cfg).err().expect("no key must be an error");
         assert!(matches!(err, ProviderError::NotConfigured(_)), "{err:?}");
         assert!(err.to_string().contains("BRAMBLE_TEST_NO_SUCH_KEY_e41b"), "{err}");
     }
@@ -429,7 +435,7 @@ async fn connection_refused_is_a_transport_error_after_retries() {
 }
 
 #[tokio::test]
-async fn a_slow_server_times_out_as_a_transport_error() {
+async fn a_slow_server_is_a_timeout_error() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     fake.push(Reply::Delayed(Duration::from_secs(3), Box::new(Reply::text("too late"))));
     let mut cfg = config(ProviderKind::Openai, &fake.base_url(), Some(KEY));
@@ -439,7 +445,10 @@ async fn a_slow_server_times_out_as_a_transport_error() {
     let err = chat(&p, &[Message::user("hi")], &[]).await.unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
     match err {
-        ProviderError::Transport { message, .. } => assert!(message.contains("timed out"), "{message}"),
+        ProviderError::Timeout { ref message, .. } => {
+            assert!(message.contains("timed out"), "{message}");
+            assert!(err.is_retryable() && err.falls_back(), "a hung host is worth another try, or another model");
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -583,4 +592,192 @@ async fn test_server_speaks_keep_alive_chunked_and_close() {
         }
     }
     assert!(closed, "the port still accepts connections after the drop");
+}
+
+// ---------------------------------------------------------------------------
+// Fallback chains: real backends over HTTP, failing in each way
+// ---------------------------------------------------------------------------
+
+/// A named backend at `base_url` with the shrunk retry schedule.
+fn backend(name: &str, base_url: &str, model: &str) -> Backend {
+    let mut cfg = config(ProviderKind::Openai, base_url, Some(KEY));
+    cfg.name = Some(toml::Spanned::new(0..0, name.to_string()));
+    cfg.model = Some(model.to_string());
+    cfg.timeout = Dur(Duration::from_secs(1));
+    let mut b = Backend::from_config(&cfg);
+    b.policy = fast();
+    b
+}
+
+/// `primary` first (model `big`), then the fake `lan` (model `small`).
+fn two(primary_url: &str, lan: &FakeLlm, cooldown: Duration) -> Chain {
+    Chain::new(
+        vec![backend("cloud", primary_url, "big"), backend("lan", &lan.base_url(), "small")],
+        &["lan".to_string()],
+        cooldown,
+    )
+}
+
+async fn ask(p: &Chain, model: &str) -> Result<ChatResponse, ProviderError> {
+    let msgs = [Message::user("the 07:00 briefing")];
+    p.chat(ChatRequest { model, messages: &msgs, tools: &[], max_tokens: 64, temperature: None, tool_choice: None })
+        .await
+}
+
+#[tokio::test]
+async fn a_chain_moves_on_from_each_kind_of_failure() {
+    // (what the primary does, the error the route must name, requests the primary may get)
+    let cases: Vec<(&str, Vec<Reply>, &str, usize)> = vec![
+        ("500 after its retries", vec![Reply::error(500, "boom"); 4], "HTTP 500", 4),
+        (
+            "429 with a long Retry-After: not waited",
+            vec![Reply::Status {
+                status: 429,
+                body: json!({"error": {"message": "slow down"}}).to_string(),
+                retry_after: Some(30),
+            }],
+            "HTTP 429",
+            1,
+        ),
+        ("401: the key", vec![Reply::error(401, "bad key")], "refused the credentials", 1),
+        ("404: no such model", vec![Reply::error(404, "The model `big` does not exist")], "does not exist", 1),
+        (
+            "a hung socket: one timeout, no retry",
+            vec![Reply::Delayed(Duration::from_secs(20), Box::new(Reply::text("late")))],
+            "did not answer in time",
+            1,
+        ),
+    ];
+    for (what, script, error, requests) in cases {
+        let primary = FakeLlm::start(Dialect::OpenAi).await;
+        for r in script {
+            primary.push(r);
+        }
+        let lan = FakeLlm::start(Dialect::OpenAi).await;
+        lan.push(Reply::text("briefing from the LAN"));
+        let chain = two(&primary.base_url(), &lan, Duration::from_secs(300));
+        let start = Instant::now();
+        let r = ask(&chain, "big").await.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.content.as_deref(), Some("briefing from the LAN"), "{what}");
+        let route = r.route.expect("a chain says who answered");
+        assert_eq!(route.label(), "lan/small", "{what}");
+        let why = route.fallback.unwrap_or_else(|| panic!("{what}: a fallback says why"));
+        assert!(why.starts_with("cloud/big: ") && why.contains(error), "{what}: {why}");
+        assert_eq!(primary.request_count(), requests, "{what}");
+        assert!(start.elapsed() < Duration::from_secs(5), "{what}: took {:?}", start.elapsed());
+        assert_eq!(lan.last_request().unwrap()["model"], "small", "{what}");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_moves_on_and_the_cooldown_holds() {
+    let dead = refused_url().await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let chain = two(&format!("{dead}/v1"), &lan, Duration::from_millis(600));
+    lan.push(Reply::text("one"));
+    let r = ask(&chain, "big").await.unwrap();
+    let why = r.route.unwrap().fallback.unwrap();
+    assert!(why.contains("could not reach") && why.contains("after 4 attempts"), "{why}");
+    // Within the cooldown the dead host is skipped: at once, and the reason says so.
+    lan.push(Reply::text("two"));
+    let start = Instant::now();
+    let r = ask(&chain, "big").await.unwrap();
+    assert!(start.elapsed() < Duration::from_millis(60), "no retries against a cooling host: {:?}", start.elapsed());
+    assert!(r.route.unwrap().fallback.unwrap().contains("cooling down"));
+    let health = chain.health();
+    assert!(health[0].starts_with("cloud: cooling down for"), "{health:?}");
+    assert_eq!(health[1], "lan: ok");
+    assert_eq!(health[2], "fallback: lan/small");
+    // After it, the primary is tried first again (a host back up is used again).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let back = FakeLlm::start(Dialect::OpenAi).await;
+    let chain = two(&back.base_url(), &lan, Duration::from_millis(600));
+    back.push(Reply::error(503, "down"));
+    back.push(Reply::error(503, "down"));
+    back.push(Reply::error(503, "down"));
+    back.push(Reply::error(503, "down"));
+    lan.push(Reply::text("three"));
+    ask(&chain, "big").await.unwrap();
+    assert_eq!(back.request_count(), 4);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    back.push(Reply::text("the cloud again"));
+    let r = ask(&chain, "big").await.unwrap();
+    assert_eq!(r.content.as_deref(), Some("the cloud again"));
+    let route = r.route.unwrap();
+    assert_eq!((route.label().as_str(), route.fallback), ("cloud/big", None));
+    assert_eq!(chain.health()[0], "cloud: ok", "a success ends the cooldown");
+}
+
+#[tokio::test]
+async fn an_exhausted_chain_is_one_clear_error_and_bad_requests_do_not_fall_back() {
+    let primary = FakeLlm::start(Dialect::OpenAi).await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let chain = two(&primary.base_url(), &lan, Duration::from_secs(300));
+    primary.push(Reply::error(401, "bad key"));
+    lan.push(Reply::error(404, "model `small` not found, try pulling it first"));
+    let err = ask(&chain, "big").await.unwrap_err();
+    assert!(matches!(err, ProviderError::Exhausted(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.starts_with("no model could answer: cloud/big: the provider refused the credentials"), "{text}");
+    assert!(text.contains("; lan/small: the provider answered HTTP 404: model `small` not found"), "{text}");
+
+    // Both cooling now: still tried (last rather than not at all), in order.
+    primary.push(Reply::text("back"));
+    assert_eq!(ask(&chain, "big").await.unwrap().content.as_deref(), Some("back"));
+
+    // A request the server calls bad would fail anywhere: no fallback, the error as it is.
+    let fresh = two(&primary.base_url(), &lan, Duration::from_secs(300));
+    primary.push(Reply::error(400, "context length exceeded"));
+    let before = lan.request_count();
+    let err = ask(&fresh, "big").await.unwrap_err();
+    assert!(matches!(err, ProviderError::Http { status: 400, .. }), "{err:?}");
+    assert_eq!(lan.request_count(), before);
+}
+
+#[tokio::test]
+async fn models_are_named_by_provider_and_a_single_provider_keeps_its_errors() {
+    let a = FakeLlm::start(Dialect::OpenAi).await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let chain = two(&a.base_url(), &lan, Duration::from_secs(300));
+    assert_eq!(chain.label("lan/qwen2.5:3b"), "lan/qwen2.5:3b");
+    assert_eq!(chain.label("lan"), "lan/small");
+    assert_eq!(chain.label("openai/gpt-4o"), "cloud/openai/gpt-4o", "a plain model of the first provider");
+    lan.push(Reply::text("pinned"));
+    let r = ask(&chain, "lan/qwen2.5:3b").await.unwrap();
+    assert_eq!(lan.last_request().unwrap()["model"], "qwen2.5:3b");
+    assert_eq!(r.route.unwrap().fallback, None, "the model asked for answered");
+    assert_eq!(a.request_count(), 0);
+
+    // One provider, no fallback: exactly the old behaviour (its own error).
+    let only = Chain::new(vec![backend("cloud", &a.base_url(), "big")], &[], Duration::from_secs(300));
+    for _ in 0..4 {
+        a.push(Reply::error(503, "overloaded"));
+    }
+    let err = ask(&only, "big").await.unwrap_err();
+    assert!(matches!(err, ProviderError::GaveUp { attempts: 4, .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_provider_over_its_daily_budget_is_skipped() {
+    struct Spent;
+    impl bramble::provider::chain::Meter for Spent {
+        fn used_today(&self, provider: &str) -> u64 {
+            if provider == "cloud" {
+                5000
+            } else {
+                0
+            }
+        }
+    }
+    let cloud = FakeLlm::start(Dialect::OpenAi).await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let mut primary = backend("cloud", &cloud.base_url(), "big");
+    primary.budget = 5000;
+    let chain = Chain::new(vec![primary, backend("lan", &lan.base_url(), "small")], &["lan".into()], Duration::ZERO)
+        .with_meter(std::sync::Arc::new(Spent));
+    lan.push(Reply::text("local"));
+    let r = ask(&chain, "big").await.unwrap();
+    assert!(r.route.unwrap().fallback.unwrap().contains("budget of this provider is used up (5000 of 5000"));
+    assert_eq!(cloud.request_count(), 0);
+    assert!(chain.health()[0].contains("budget used up today"), "{:?}", chain.health());
 }

@@ -391,7 +391,8 @@ async fn a_failing_layer_is_an_error_the_model_reads() {
 async fn web_fetch_refuses_loopback_metadata_and_private_names() {
     let mut registry = ToolRegistry::new(10_000);
     bramble::install_crypto();
-    registry.register(Arc::new(WebFetch::new(&WebConfig::default()).unwrap()));
+    let cfg = WebConfig::default();
+    registry.register(Arc::new(WebFetch::new(&cfg, Arc::new(bramble::tools::web::GuardedHttp::new(&cfg)))));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     for url in [

@@ -259,7 +259,7 @@ fn fetcher(allow: &[&str], max_chars: usize) -> WebFetch {
         timeout: bramble::config::Dur(Duration::from_secs(5)),
         ..WebConfig::default()
     };
-    WebFetch::new(&cfg).unwrap()
+    WebFetch::new(&cfg, std::sync::Arc::new(bramble::tools::web::GuardedHttp::new(&cfg)))
 }
 
 async fn fetch(f: &WebFetch, url: &str) -> Result<String, ToolError> {

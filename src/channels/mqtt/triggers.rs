@@ -138,6 +138,7 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
         TriggerAction::Message(template) => Work::Turn {
             conversation: Conversation::new("mqtt", fire.topic.clone(), format!("trigger:{}", config.topic)),
             text: render(template, &fire.topic, &fire.payload),
+            model: None,
         },
         TriggerAction::Exec(command) => Work::Shell { command: command.clone(), stdin: Some(fire.payload.clone()) },
     };
@@ -146,9 +147,9 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
         return;
     }
     let report = match result {
-        Ok(text) => {
+        Ok(done) => {
             tracing::info!(trigger = %config.topic, topic = %fire.topic, "trigger ran");
-            text
+            done.text
         }
         Err(e) => {
             tracing::warn!(trigger = %config.topic, topic = %fire.topic, error = %e, "trigger failed");
