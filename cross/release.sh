@@ -11,11 +11,13 @@
 #       bramble-<VERSION>-<arch>/bramble, bramble.service, README.md, LICENSE-NOTICE
 #   SHA256SUMS
 #
-# The packaging aims to be deterministic: files sorted, owned by root, dated
-# at the commit's time (SOURCE_DATE_EPOCH), gzip without a timestamp, build
-# paths remapped out of the binaries. Not yet shown: two runs at one commit
-# giving the same bytes. A tree with uncommitted changes is refused: a
-# release is a commit.
+# The packaging is deterministic: files sorted, owned by root, dated at the
+# commit's time (SOURCE_DATE_EPOCH), gzip without a timestamp, build paths
+# remapped out of the binaries. Shown: two runs at one commit, in two checkout
+# directories, gave identical SHA256SUMS for all six files (BENCHMARKS.md).
+# The same toolchain is needed for the same bytes (Debian's std or rustup's,
+# whichever the run used: it says so). A tree with uncommitted changes is
+# refused: a release is a commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
