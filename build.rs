@@ -4,6 +4,11 @@
 
 use std::process::Command;
 
+// The CLI's definition, to write its man page and completions (it uses only clap and std).
+#[allow(dead_code)]
+#[path = "src/cli/args.rs"]
+mod args;
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok().filter(|o| o.status.success())?;
     let text = String::from_utf8(out.stdout).ok()?;
@@ -30,4 +35,31 @@ fn main() {
         println!("cargo:rerun-if-changed={packed}");
     }
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/cli/args.rs");
+    if let Err(e) = docs(&version) {
+        panic!("cannot write the man page and completions: {e}");
+    }
+}
+
+/// `bramble.1` and the bash, zsh and fish completions into OUT_DIR, where the
+/// binary includes them (`bramble man`, `bramble completions`) and the .deb
+/// finds them. No date in the page: the same commit gives the same bytes.
+fn docs(version: &str) -> std::io::Result<()> {
+    use clap::CommandFactory as _;
+    let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let version: &'static str = Box::leak(version.to_string().into_boxed_str());
+    let cmd = args::Cli::command().version(version);
+    let mut page = Vec::new();
+    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+    std::fs::write(out.join("bramble.1"), page)?;
+    for (shell, file) in [
+        (clap_complete::Shell::Bash, "bramble.bash"),
+        (clap_complete::Shell::Zsh, "_bramble"),
+        (clap_complete::Shell::Fish, "bramble.fish"),
+    ] {
+        let mut text = Vec::new();
+        clap_complete::generate(shell, &mut cmd.clone(), "bramble", &mut text);
+        std::fs::write(out.join(file), text)?;
+    }
+    Ok(())
 }

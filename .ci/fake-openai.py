@@ -80,6 +80,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(out)
 
+    def do_GET(self):
+        # The model list, as OpenAI's GET /v1/models answers (bramble doctor asks for it).
+        if not self.path.endswith("/models"):
+            self.send_error(404, "not found")
+            return
+        out = json.dumps({"object": "list", "data": [{"id": "gpt-4.1-mini", "object": "model", "owned_by": "fake"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
     def log_message(self, *args):
         pass
 

@@ -10,6 +10,7 @@
 # Cargo.toml's). OUT_DIR (default: target-deb) is where
 # bramble_<version>_<arch>.deb goes. The package holds:
 #   /usr/bin/bramble
+#   /usr/share/man/man1/bramble.1.gz, bash/zsh/fish completions (from build.rs)
 #   /usr/lib/systemd/system/bramble.service
 #   /usr/lib/sysusers.d/bramble.conf, /usr/lib/tmpfiles.d/bramble.conf
 #   /etc/bramble/config.toml         conffile, 0640 root:bramble (group set by postinst)
@@ -56,12 +57,23 @@ trap 'rm -rf "$root"' EXIT
 pkg="$root/bramble"
 
 install -D -m 0755 "$bin" "$pkg/usr/bin/bramble"
+# The man page and shell completions build.rs wrote from the CLI's definition,
+# beside the binary's build (the newest such directory: the latest build).
+gen=$(find "$(dirname "$bin")/build" -path '*/bramble-*/out/bramble.1' -printf '%T@ %h\n' 2>/dev/null |
+    sort -n | tail -1 | cut -d' ' -f2-)
+[ -n "$gen" ] || { echo "error: no bramble.1 from build.rs under $(dirname "$bin")/build: build the binary with cargo first" >&2; exit 1; }
+install -d "$pkg/usr/share/man/man1"
+gzip -9n < "$gen/bramble.1" > "$pkg/usr/share/man/man1/bramble.1.gz"
+chmod 0644 "$pkg/usr/share/man/man1/bramble.1.gz"
+install -D -m 0644 "$gen/bramble.bash" "$pkg/usr/share/bash-completion/completions/bramble"
+install -D -m 0644 "$gen/_bramble" "$pkg/usr/share/zsh/vendor-completions/_bramble"
+install -D -m 0644 "$gen/bramble.fish" "$pkg/usr/share/fish/vendor_completions.d/bramble.fish"
 install -D -m 0644 systemd/bramble.service "$pkg/usr/lib/systemd/system/bramble.service"
 install -D -m 0644 systemd/bramble.sysusers "$pkg/usr/lib/sysusers.d/bramble.conf"
 install -D -m 0644 systemd/bramble.tmpfiles "$pkg/usr/lib/tmpfiles.d/bramble.conf"
 
 # The example config with the service's paths filled in, so `bramble` run by
-# hand as the bramble user (`runuser -u bramble -- bramble --config …`) finds the
+# hand (`sudo bramble …`, which acts as the bramble user) finds the
 # same workspace and state as the service.
 install -d -m 0750 "$pkg/etc/bramble"
 sed -e 's|^# workspace = "~/.local/share/bramble/workspace".*$|workspace = "/var/lib/bramble/workspace"|' \

@@ -7,7 +7,13 @@ use clap::{Parser, Subcommand};
 
 /// bramble: a small, scheduler-first AI agent for your Raspberry Pi.
 #[derive(Debug, Parser)]
-#[command(name = "bramble", version = env!("BRAMBLE_VERSION"), propagate_version = true, max_term_width = 100)]
+// `option_env!`: build.rs compiles this file too (for the man page), before the version exists.
+#[command(
+    name = "bramble",
+    version = option_env!("BRAMBLE_VERSION").unwrap_or(env!("CARGO_PKG_VERSION")),
+    propagate_version = true,
+    max_term_width = 100
+)]
 pub struct Cli {
     /// Config file [default: $XDG_CONFIG_HOME/bramble/config.toml, /etc/bramble/config.toml under systemd]
     #[arg(long, global = true, env = "BRAMBLE_CONFIG", value_name = "PATH")]
@@ -47,6 +53,18 @@ pub enum Command {
     },
     /// Show provider, paths, tools and sessions
     Status,
+    /// Check what users ask about: config, keys, provider (one GET of its model list, no tokens),
+    /// Telegram (getMe), MQTT (one CONNECT), clock, sandbox, disk, service
+    Doctor,
+    /// Print a shell completion script: `bramble completions bash > /etc/bash_completion.d/bramble`
+    Completions {
+        /// The shell
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+    /// Print the man page (roff), as the .deb installs it
+    #[command(hide = true)]
+    Man,
     /// The service's log: `journalctl -u bramble` where systemd runs it
     Logs {
         /// Keep printing new lines as they come
@@ -63,6 +81,14 @@ pub enum Command {
         #[arg(long)]
         reload: bool,
     },
+}
+
+/// A shell `bramble completions` writes for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 // Parsed once per process: the size of the `Add` variant does not matter.
@@ -143,7 +169,13 @@ impl Command {
     /// Commands that print something and exit (no children, no long-lived connections).
     pub fn prints_and_exits(&self) -> bool {
         match self {
-            Command::Init { .. } | Command::Status | Command::Check { .. } | Command::Logs { .. } => true,
+            Command::Init { .. }
+            | Command::Status
+            | Command::Check { .. }
+            | Command::Logs { .. }
+            | Command::Doctor
+            | Command::Completions { .. }
+            | Command::Man => true,
             Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
         }

@@ -1,4 +1,5 @@
-//! The command line: `bramble init | run | agent | cron | heartbeat | status | logs | check`.
+//! The command line: `bramble init | run | agent | cron | heartbeat | status | doctor | logs | check |
+//! completions`.
 //!
 //! [`args`] defines the commands (clap); each command is one file here, a
 //! small function over the library that builds what it needs through the
@@ -10,9 +11,11 @@ mod args;
 mod chat;
 mod check;
 mod cron;
+mod doctor;
 mod heartbeat;
 mod init;
 mod logs;
+mod service;
 mod status;
 
 use std::process::ExitCode;
@@ -31,14 +34,34 @@ pub fn parse() -> Cli {
 /// Run a parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let explicit = cli.config.as_deref();
+    // `bramble logs` only reads the journal (as whoever may), completions and
+    // the man page are text; everything else on the installed service's
+    // config acts as the service's user.
+    let acting = match cli.command {
+        Command::Logs { .. } | Command::Completions { .. } | Command::Man => service::Acting::Own,
+        _ => service::enter(explicit)?,
+    };
     match cli.command {
         Command::Check { reload: false } => return Ok(check::check(explicit)),
         Command::Check { reload: true } => return Ok(check::reload(explicit)),
         Command::Init { workspace } => return init::init(explicit, workspace.as_deref()),
         Command::Logs { follow, lines } => return logs::logs(follow, lines),
+        Command::Doctor => return Ok(doctor::doctor(explicit).await),
+        Command::Completions { shell } => {
+            print!("{}", completions(shell));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Man => {
+            print!("{}", MAN_PAGE);
+            return Ok(ExitCode::SUCCESS);
+        }
         _ => {}
     }
     let loaded = config::load(explicit)?;
+    let needs_state = !matches!(cli.command, Command::Status);
+    if acting == service::Acting::ServiceConfigOnly && needs_state {
+        service::check_state_access(&loaded.paths.state_dir)?;
+    }
     // Commands started by this process never see the state dir, config or credentials.
     crate::sandbox::configure(&loaded);
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
@@ -48,8 +71,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cron(cmd) => cron::cron(&loaded, *cmd).await,
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
-        Command::Status => status::status(&loaded),
-        Command::Check { .. } | Command::Init { .. } | Command::Logs { .. } => unreachable!("handled above"),
+        Command::Status => status::status(&loaded, &acting),
+        Command::Check { .. }
+        | Command::Init { .. }
+        | Command::Logs { .. }
+        | Command::Doctor
+        | Command::Completions { .. }
+        | Command::Man => unreachable!("handled above"),
+    }
+}
+
+/// The man page, written by build.rs from the CLI's definition.
+const MAN_PAGE: &str = include_str!(concat!(env!("OUT_DIR"), "/bramble.1"));
+
+/// A completion script, written by build.rs from the CLI's definition.
+fn completions(shell: args::Shell) -> &'static str {
+    match shell {
+        args::Shell::Bash => include_str!(concat!(env!("OUT_DIR"), "/bramble.bash")),
+        args::Shell::Zsh => include_str!(concat!(env!("OUT_DIR"), "/_bramble")),
+        args::Shell::Fish => include_str!(concat!(env!("OUT_DIR"), "/bramble.fish")),
     }
 }
 

@@ -13,7 +13,7 @@ use super::check::telegram_summary;
 use super::when;
 
 /// Whether a daemon runs on `state` (it holds `daemon.lock`).
-fn daemon_line(state: &std::path::Path) -> String {
+pub(super) fn daemon_line(state: &std::path::Path) -> String {
     let lock = state.join("daemon.lock");
     match std::fs::OpenOptions::new().write(true).open(&lock) {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
@@ -26,7 +26,7 @@ fn daemon_line(state: &std::path::Path) -> String {
 }
 
 /// systemd's view of `bramble.service`, where systemd runs the machine.
-fn service_line() -> Option<String> {
+pub(super) fn service_line() -> Option<String> {
     if !std::path::Path::new("/run/systemd/system").is_dir() {
         return None;
     }
@@ -39,11 +39,17 @@ fn service_line() -> Option<String> {
     })
 }
 
-pub(super) fn status(loaded: &Loaded) -> anyhow::Result<ExitCode> {
+pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow::Result<ExitCode> {
+    use super::service::Acting;
     let c = &loaded.config;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
+    let whose = match acting {
+        Acting::Own => String::new(),
+        Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
+        Acting::ServiceConfigOnly => " (the installed service's; its state needs sudo)".to_string(),
+    };
     println!(
-        "config:     {}",
+        "config:     {}{whose}",
         loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into())
     );
     let key = |p: &crate::config::ProviderConfig| match p.api_key() {

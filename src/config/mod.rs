@@ -853,8 +853,46 @@ fn first_path(p: &Path) -> PathBuf {
     PathBuf::from(s.split(':').next().unwrap_or(&s))
 }
 
+/// The installed service's files (the .deb): its config, its secrets and its user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// `/etc/bramble/config.toml`.
+    pub config: PathBuf,
+    /// `/etc/bramble/env`, the unit's `EnvironmentFile`.
+    pub env_file: PathBuf,
+    /// `/etc/bramble/credentials`, the unit's `LoadCredential` directory.
+    pub credentials: PathBuf,
+    /// The user the service runs as: `bramble`.
+    pub user: String,
+}
+
+impl Service {
+    /// Where the .deb puts them. A test build (debug assertions on) may move
+    /// them under `BRAMBLE_TEST_SYSTEM_ROOT` and name another user with
+    /// `BRAMBLE_TEST_SERVICE_USER`; a release build has no such switch, so
+    /// nothing can point `sudo bramble` at another config or user.
+    pub fn installed() -> Service {
+        let root = PathBuf::from("/");
+        let user = "bramble".to_string();
+        #[cfg(debug_assertions)]
+        let (root, user) = (
+            std::env::var_os("BRAMBLE_TEST_SYSTEM_ROOT").map(PathBuf::from).unwrap_or(root),
+            std::env::var("BRAMBLE_TEST_SERVICE_USER").unwrap_or(user),
+        );
+        let etc = root.join("etc/bramble");
+        Service {
+            config: etc.join("config.toml"),
+            env_file: etc.join("env"),
+            credentials: etc.join("credentials"),
+            user,
+        }
+    }
+}
+
 /// The default config file: `$BRAMBLE_CONFIG`, systemd's `$CONFIGURATION_DIRECTORY/config.toml`,
-/// `$XDG_CONFIG_HOME/bramble/config.toml`, `~/.config/bramble/config.toml`.
+/// `$XDG_CONFIG_HOME/bramble/config.toml`, `~/.config/bramble/config.toml`; when
+/// that last one does not exist and the installed service's
+/// `/etc/bramble/config.toml` does, that one (so `sudo bramble cron add …` acts on the service).
 pub fn default_config_path() -> PathBuf {
     if let Some(p) = std::env::var_os("BRAMBLE_CONFIG") {
         return PathBuf::from(p);
@@ -862,10 +900,17 @@ pub fn default_config_path() -> PathBuf {
     if let Some(dir) = std::env::var_os("CONFIGURATION_DIRECTORY") {
         return first_path(Path::new(&dir)).join("config.toml");
     }
-    if let Some(dir) = xdg_dir("XDG_CONFIG_HOME") {
-        return dir.join("bramble/config.toml");
+    let own = match xdg_dir("XDG_CONFIG_HOME") {
+        Some(dir) => dir.join("bramble/config.toml"),
+        None => home_dir().join(".config/bramble/config.toml"),
+    };
+    if !own.exists() {
+        let service = Service::installed().config;
+        if service.exists() {
+            return service;
+        }
     }
-    home_dir().join(".config/bramble/config.toml")
+    own
 }
 
 /// Load the config. With `explicit` (from `--config`), the file must exist; the
@@ -883,6 +928,21 @@ pub fn load(explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
     };
     let paths = config.paths();
     Ok(Loaded { config, path, paths })
+}
+
+impl Loaded {
+    /// Whether this is the installed service's config (`/etc/bramble/config.toml`).
+    pub fn is_service(&self) -> bool {
+        self.path.as_deref().is_some_and(|p| same_file(p, &Service::installed().config))
+    }
+}
+
+/// Whether two paths name the same file (the same path when they cannot be resolved).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 /// Something `bramble check` wants the user to know that is not an error.

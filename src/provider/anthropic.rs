@@ -82,6 +82,11 @@ impl Provider for AnthropicProvider {
             parse_response(&bytes)
         })
     }
+
+    fn probe(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+        let url = format!("{}/models", self.url.strip_suffix("/messages").unwrap_or(&self.url));
+        Box::pin(async move { super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await })
+    }
 }
 
 // ---------------------------------------------------------------------------

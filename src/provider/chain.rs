@@ -239,11 +239,16 @@ impl Chain {
                     let mut all = self.cooling();
                     all.insert(c.backend, Cooling { until: Instant::now() + wait, reason: reason.clone() });
                     drop(all);
-                    let next = order.get(k + 1).map(|&n| self.label_of(&candidates[n]));
-                    tracing::warn!(
-                        model = %self.label_of(c), next = next.as_deref().unwrap_or("none"),
-                        cooldown_s = wait.as_secs(), error = %e, "model failed, trying the next one"
-                    );
+                    match order.get(k + 1).map(|&n| self.label_of(&candidates[n])) {
+                        Some(next) => tracing::warn!(
+                            model = %self.label_of(c), %next, cooldown_s = wait.as_secs(), error = %e,
+                            "model failed, trying the next one"
+                        ),
+                        None => tracing::warn!(
+                            model = %self.label_of(c), cooldown_s = wait.as_secs(), error = %e,
+                            "model failed, and it was the last one"
+                        ),
+                    }
                     failures.push((i, reason));
                 }
             }

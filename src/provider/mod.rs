@@ -266,6 +266,43 @@ pub trait Provider: Send + Sync {
     fn health(&self) -> Vec<String> {
         Vec::new()
     }
+    /// One cheap request that costs no tokens (the server's model list), for
+    /// `bramble doctor`: what it found, or why it failed.
+    fn probe(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+        Box::pin(async { Err(ProviderError::NotConfigured("this provider cannot be probed".into())) })
+    }
+}
+
+/// `GET url`: the model list of a server, as `probe` reports it
+/// (`GET …/models: HTTP 200, 12 models`). Errors are mapped as a chat call's are.
+async fn probe_models(
+    client: &reqwest::Client,
+    url: &str,
+    headers: reqwest::header::HeaderMap,
+    secret: Option<&crate::config::Secret>,
+) -> Result<String, ProviderError> {
+    let transport = |e: reqwest::Error| ProviderError::Transport {
+        url: url.to_string(),
+        message: redact(&transport_message(e), secret),
+    };
+    let resp = client.get(url).headers(headers).send().await.map_err(transport)?;
+    let status = resp.status();
+    let bytes = resp.bytes().await.map_err(transport)?;
+    if !status.is_success() {
+        let message = redact(&error_message(&bytes, status.canonical_reason()), secret);
+        let status = status.as_u16();
+        return Err(match status {
+            401 | 403 => ProviderError::Auth { status, message },
+            _ => ProviderError::Http { status, message, retry_after: None },
+        });
+    }
+    let count = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("data").or_else(|| v.get("models")).and_then(Value::as_array).map(Vec::len));
+    Ok(match count {
+        Some(n) => format!("GET {url}: HTTP {}, {n} model{}", status.as_u16(), if n == 1 { "" } else { "s" }),
+        None => format!("GET {url}: HTTP {}", status.as_u16()),
+    })
 }
 
 // ---------------------------------------------------------------------------

@@ -76,6 +76,12 @@ impl Provider for OpenAiProvider {
             parse_response(&bytes)
         })
     }
+
+    fn probe(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+        let base = self.url.strip_suffix("/chat/completions").unwrap_or(&self.url);
+        let url = format!("{base}/models");
+        Box::pin(async move { super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await })
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -16,6 +16,8 @@ async fn bramble(home: &Path, args: &[&str], stdin: Option<&str>) -> Output {
         .env("HOME", home)
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("LANG", "C.UTF-8")
+        // Hermetic: the installed service's /etc/bramble of this machine (if any) is not looked at.
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -456,4 +458,223 @@ async fn provider_names_and_fallbacks_are_checked_with_file_and_line() {
     assert!(err.contains("config.toml:2:8: `a/b` is not a provider name"), "{err}");
     let err = check("provider = []\n").await;
     assert!(err.contains("at least one provider is needed"), "{err}");
+}
+
+/// A fake installed service under a temp root: `/etc/bramble/{config.toml,env,credentials/}` and
+/// `/var/lib/bramble` owned by the service user (here `nobody`, as the test cannot add users).
+struct FakeService {
+    root: tempfile::TempDir,
+    state: std::path::PathBuf,
+}
+
+impl FakeService {
+    fn new(llm: &str) -> FakeService {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let etc = root.path().join("etc/bramble");
+        let state = root.path().join("var/lib/bramble");
+        std::fs::create_dir_all(etc.join("credentials")).unwrap();
+        std::fs::create_dir_all(state.join("workspace")).unwrap();
+        std::fs::write(
+            etc.join("config.toml"),
+            format!(
+                "[agent]\nmodel = \"m\"\nworkspace = \"{ws}\"\ntimezone = \"UTC\"\n[provider]\nbase_url = \"{llm}\"\n\
+                 api_key_env = \"BRAMBLE_SVC_KEY\"\n[daemon]\nstate_dir = \"{st}\"\n[heartbeat]\nenabled = false\n",
+                ws = state.join("workspace").display(),
+                st = state.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(etc.join("env"), "# the unit's EnvironmentFile\nBRAMBLE_SVC_KEY=\"sk-service-env\"\n").unwrap();
+        std::fs::write(etc.join("credentials/BRAMBLE_SVC_TOKEN"), "tok\n").unwrap();
+        for dir in [root.path().join("etc"), etc.clone(), root.path().join("var"), root.path().join("var/lib")] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        // As the .deb makes them: root's secrets, the service's state.
+        std::fs::set_permissions(etc.join("env"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(etc.join("config.toml"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("a nobody user");
+        for dir in [&state, &state.join("workspace")] {
+            nix::unistd::chown(dir.as_path(), Some(nobody.uid), Some(nobody.gid)).unwrap();
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
+        FakeService { root, state }
+    }
+
+    /// `bramble ARGS` with no --config, as `uid` (None: root), HOME without a config of its own.
+    async fn bramble(&self, args: &[&str], uid: Option<u32>) -> Output {
+        self.bramble_with_user(args, uid, "nobody").await
+    }
+
+    async fn bramble_with_user(&self, args: &[&str], uid: Option<u32>, service_user: &str) -> Output {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+        cmd.args(args)
+            .env_clear()
+            .env("HOME", "/nonexistent-home")
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("BRAMBLE_TEST_SYSTEM_ROOT", self.root.path())
+            .env("BRAMBLE_TEST_SERVICE_USER", service_user)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output()).await.unwrap().unwrap()
+    }
+}
+
+#[tokio::test]
+async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (the privilege drop is what is tested)");
+        return;
+    }
+    let llm = FakeLlm::start(Dialect::OpenAi).await;
+    let svc = FakeService::new(&llm.base_url());
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+
+    let out = svc.bramble(&["cron", "add", "brief", "--every", "1h", "--message", "the briefing"], None).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let jobs = std::fs::metadata(svc.state.join("jobs.json")).expect("the job is in the service's state");
+    assert_eq!((jobs.uid(), jobs.gid()), (nobody.uid.as_raw(), nobody.gid.as_raw()), "written as the service user");
+
+    // The run has the service's API key (its EnvironmentFile, read as root before the drop).
+    llm.push(Reply::text("Good morning."));
+    let out = svc.bramble(&["cron", "run", "brief"], None).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("Good morning."), "{}", text(&out.stdout));
+    let auth = llm.headers().last().unwrap().iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone());
+    assert_eq!(auth.as_deref(), Some("Bearer sk-service-env"));
+    for entry in walk(&svc.state) {
+        let m = std::fs::symlink_metadata(&entry).unwrap();
+        assert_eq!(m.uid(), nobody.uid.as_raw(), "{} is the service's", entry.display());
+    }
+
+    let out = svc.bramble(&["status"], None).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("etc/bramble/config.toml (the installed service's; acting as its user nobody)"),
+        "{stdout}"
+    );
+
+    // Another user (a member of the group, say) reads the config but is sent to sudo for the state.
+    let out = svc.bramble(&["cron", "list"], Some(1)).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("is the installed service's state and belongs to its user: run this with sudo"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // No service user: a clear error, nothing done as root.
+    let out =
+        svc.bramble_with_user(&["cron", "add", "x", "--every", "1h", "--remind", "r"], None, "no-such-user-b7").await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("its user `no-such-user-b7` does not exist: is bramble installed from its .deb?"),
+        "{}",
+        text(&out.stderr)
+    );
+    let jobs = std::fs::read_to_string(svc.state.join("jobs.json")).unwrap();
+    assert!(!jobs.contains("\"x\""), "{jobs}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+#[tokio::test]
+async fn doctor_checks_each_part_against_real_servers() {
+    use crate::support::http::{Response, TestServer};
+    use crate::support::mosquitto::Mosquitto;
+    use crate::support::telegram::{FakeTelegram, BOT_ID, BOT_USERNAME};
+    // An OpenAI-compatible model list (GET /v1/models), with the key checked.
+    let models = TestServer::start(|req| match (req.path_only(), req.header("authorization")) {
+        ("/v1/models", Some("Bearer test-key")) => Response::json(
+            200,
+            &serde_json::json!({"object": "list", "data": [{"id": "test-model", "object": "model"}, {"id": "other", "object": "model"}]}),
+        ),
+        ("/v1/models", _) => Response::json(401, &serde_json::json!({"error": {"message": "Incorrect API key provided"}})),
+        _ => Response::new(404),
+    })
+    .await;
+    let broker = Mosquitto::start().await;
+    let tg = FakeTelegram::start("123:doctor").await;
+    let extra = format!(
+        "[telegram]\ntoken = \"123:doctor\"\napi_base = \"{}\"\nallow_from = [1]\n[mqtt]\nurl = \"{}\"\n",
+        tg.url(),
+        broker.url()
+    );
+    let home = TestHome::new("openai", &format!("{}/v1", models.url()), "", "", &extra);
+    let cfg = home.config.to_str().unwrap().to_string();
+    let out = bramble(home.path(), &["--config", &cfg, "doctor"], None).await;
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let line = |what: &str| line_of(&stdout, what);
+    assert!(line("config").starts_with("ok"), "{stdout}");
+    let provider = line("provider openai");
+    assert!(
+        provider.starts_with("ok")
+            && provider.contains("key set; reachable (GET ")
+            && provider.contains("/v1/models: HTTP 200, 2 models; no tokens spent)"),
+        "{provider}"
+    );
+    assert_eq!(line("telegram"), format!("ok       telegram         the bot is @{BOT_USERNAME} (id {BOT_ID})"));
+    let mqtt = line("mqtt");
+    assert!(mqtt.starts_with("ok") && mqtt.contains("-doctor (plain)"), "{mqtt}");
+    assert!(line("sandbox").starts_with("ok") || line("sandbox").starts_with("warning"), "{stdout}");
+    assert!(line("disk").starts_with("ok") && line("disk").contains("MiB free"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("0 errors")), "{stdout}");
+
+    // A refused key, a bad bot token and a broker that is gone: each an error with the fix, exit 1.
+    let bad = std::fs::read_to_string(&home.config).unwrap().replace("api_key = \"test-key\"", "api_key = \"wrong\"");
+    std::fs::write(&home.config, bad).unwrap();
+    tg.fail_next("getMe", 401, "Unauthorized", None);
+    drop(broker);
+    let out = bramble(home.path(), &["--config", &cfg, "doctor"], None).await;
+    let stdout = text(&out.stdout);
+    let line = |what: &str| line_of(&stdout, what);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let provider = line("provider openai");
+    assert!(
+        provider.starts_with("error") && provider.contains("Incorrect API key provided: check the key"),
+        "{provider}"
+    );
+    assert!(line("telegram").contains("the token is wrong; get it again from @BotFather"), "{stdout}");
+    assert!(line("mqtt").starts_with("error"), "{stdout}");
+    assert!(stdout.contains("3 errors"), "{stdout}");
+}
+
+#[tokio::test]
+async fn completions_and_the_man_page_come_from_the_cli_definition() {
+    let dir = tempfile::tempdir().unwrap();
+    let bash = text(&bramble(dir.path(), &["completions", "bash"], None).await.stdout);
+    assert!(bash.contains("complete -F _bramble") && bash.contains("doctor") && bash.contains("--ha-button"), "{bash}");
+    let zsh = text(&bramble(dir.path(), &["completions", "zsh"], None).await.stdout);
+    assert!(zsh.starts_with("#compdef bramble"), "{zsh}");
+    let fish = text(&bramble(dir.path(), &["completions", "fish"], None).await.stdout);
+    assert!(fish.contains("complete -c bramble"), "{fish}");
+    let man = text(&bramble(dir.path(), &["man"], None).await.stdout);
+    assert!(man.contains(".TH bramble 1") && man.contains(env!("BRAMBLE_VERSION")) && man.contains("doctor"), "{man}");
+    let out = bramble(dir.path(), &["completions", "tcsh"], None).await;
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The doctor's line about `what` (after its 9-column level).
+fn line_of(stdout: &str, what: &str) -> String {
+    stdout
+        .lines()
+        .find(|l| l.get(9..).is_some_and(|rest| rest.starts_with(what)))
+        .unwrap_or_else(|| panic!("{what}: {stdout}"))
+        .to_string()
 }

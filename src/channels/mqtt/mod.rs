@@ -187,13 +187,19 @@ impl Settings {
 
     /// The rumqttc options: MQTT 5, persistent session, last will, packet limit.
     fn options(&self) -> Result<MqttOptions, MqttError> {
-        let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
-        o.set_keep_alive(KEEP_ALIVE)
-            .set_clean_start(false)
+        let mut o = self.connection(self.client_id.clone())?;
+        o.set_clean_start(false)
             .set_session_expiry_interval(Some(SESSION_EXPIRY))
-            .set_max_packet_size(Some(MAX_INCOMING as u32))
             .set_outgoing_inflight_upper_limit(MAX_INFLIGHT)
-            .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true, None))
+            .set_last_will(LastWill::new(self.topic("status"), "offline", QoS::AtLeastOnce, true, None));
+        Ok(o)
+    }
+
+    /// Broker, credentials, TLS and limits under `client_id`: what every connection shares.
+    fn connection(&self, client_id: String) -> Result<MqttOptions, MqttError> {
+        let mut o = MqttOptions::new(client_id, self.host.clone(), self.port);
+        o.set_keep_alive(KEEP_ALIVE)
+            .set_max_packet_size(Some(MAX_INCOMING as u32))
             .set_network_options(network_options());
         if let Some(user) = &self.username {
             o.set_credentials(user.clone(), self.password.as_ref().map(|p| p.expose().to_string()).unwrap_or_default());
@@ -207,6 +213,46 @@ impl Settings {
         }
         Ok(o)
     }
+}
+
+/// `bramble doctor`: a real MQTT CONNECT with the configured credentials and
+/// TLS, under a client id of its own (`<device>-doctor`, clean start, no will),
+/// so the daemon's session is neither taken over nor marked offline. `Ok`
+/// with what answered, `Err` with why not; `Ok(None)` when MQTT is not configured.
+pub async fn probe(c: &MqttConfig, limit: Duration) -> Result<Option<String>, String> {
+    let s = match Settings::from_config(c) {
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+        Ok(Some(s)) => s,
+    };
+    let mut o = s.connection(format!("{}-doctor", s.client_id)).map_err(|e| e.to_string())?;
+    o.set_clean_start(true);
+    let (client, mut events) = AsyncClient::new(o, 4);
+    let connected = tokio::time::timeout(limit, async {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(rumqttc::v5::mqttbytes::v5::Packet::ConnAck(ack))) => {
+                    return match ack.code {
+                        rumqttc::v5::mqttbytes::v5::ConnectReturnCode::Success => Ok(()),
+                        code => Err(format!("the broker refused the connection: {code:?}")),
+                    };
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer from the broker within {} s", limit.as_secs())));
+    let _ = client.try_disconnect();
+    connected.map(|()| {
+        Some(format!(
+            "connected to {} as {}-doctor ({})",
+            s.describe(),
+            s.client_id,
+            if s.tls { "TLS" } else { "plain" }
+        ))
+    })
 }
 
 /// `bramble status`: where the broker is, what is on, and whether it answers

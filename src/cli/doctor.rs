@@ -1,0 +1,203 @@
+//! `bramble doctor`: the things users ask about, checked in one go.
+//!
+//! Each line is `ok`, `warning` or `error`, what was found, and for the last
+//! two what to do. Network checks say what they send: the provider gets one
+//! `GET …/models` (no tokens are spent), Telegram one `getMe`, the broker one
+//! MQTT CONNECT under a client id of its own. Exit status 1 when any line is
+//! an error.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::{self, Loaded};
+
+/// How long each network check may take.
+const LIMIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Ok,
+    Warning,
+    Error,
+}
+
+/// The report as it is printed.
+#[derive(Default)]
+struct Report {
+    errors: usize,
+    warnings: usize,
+}
+
+impl Report {
+    fn line(&mut self, level: Level, what: &str, text: impl AsRef<str>) {
+        let tag = match level {
+            Level::Ok => "ok     ",
+            Level::Warning => {
+                self.warnings += 1;
+                "warning"
+            }
+            Level::Error => {
+                self.errors += 1;
+                "error  "
+            }
+        };
+        println!("{tag}  {what:<16} {}", text.as_ref());
+    }
+}
+
+pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
+    let mut r = Report::default();
+    let loaded = match config::load(explicit) {
+        Ok(l) => l,
+        Err(e) => {
+            r.line(
+                Level::Error,
+                "config",
+                format!("{e}\n                 fix the line it names; `bramble check` says the same"),
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let where_ = loaded.path.as_ref().map_or("none: all defaults".to_string(), |p| p.display().to_string());
+    r.line(Level::Ok, "config", format!("{where_} is valid"));
+    providers(&loaded, &mut r).await;
+    telegram(&loaded, &mut r).await;
+    match crate::channels::mqtt::probe(&loaded.config.mqtt, LIMIT).await {
+        Ok(None) => r.line(Level::Ok, "mqtt", "not configured"),
+        Ok(Some(found)) => r.line(Level::Ok, "mqtt", found),
+        Err(e) => r.line(Level::Error, "mqtt", format!("{e}: check [mqtt] url, username and password_env")),
+    }
+    if crate::scheduler::engine::clock_synchronized() {
+        r.line(Level::Ok, "clock", "synchronised");
+    } else {
+        r.line(
+            Level::Warning,
+            "clock",
+            format!(
+                "not synchronised: cron and `at` jobs wait for it up to [daemon] clock_sync_wait ({}) after a \
+                 start; enable an NTP client (`timedatectl set-ntp true`)",
+                loaded.config.daemon.clock_sync_wait
+            ),
+        );
+    }
+    if loaded.config.exec.enabled {
+        let layers = crate::sandbox::layers_summary(&loaded.config.exec);
+        let weak = ["NO ", "UNAVAILABLE", "BLOCKED", "MISSING", "off ("].iter().any(|w| layers.contains(w));
+        let level = if weak { Level::Warning } else { Level::Ok };
+        r.line(level, "sandbox", layers);
+    } else {
+        r.line(Level::Ok, "sandbox", "exec is off");
+    }
+    storage(&loaded, &mut r);
+    if let Some(service) = super::status::service_line() {
+        let level = if service.contains(" active") { Level::Ok } else { Level::Warning };
+        r.line(level, "service", service);
+    }
+    println!(
+        "\n{} error{}, {} warning{}",
+        r.errors,
+        if r.errors == 1 { "" } else { "s" },
+        r.warnings,
+        if r.warnings == 1 { "" } else { "s" }
+    );
+    if r.errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Each provider: its key, then one request that costs no tokens.
+async fn providers(loaded: &Loaded, r: &mut Report) {
+    for p in &loaded.config.providers {
+        let what = format!("provider {}", p.name());
+        let client = match crate::provider::client(p) {
+            Ok(c) => c,
+            Err(e) => {
+                r.line(Level::Error, &what, e.to_string());
+                continue;
+            }
+        };
+        let key = match p.api_key() {
+            Some(_) => "key set".to_string(),
+            None => "no key needed (own base_url)".to_string(),
+        };
+        match client.probe().await {
+            Ok(found) => r.line(Level::Ok, &what, format!("{key}; reachable ({found}; no tokens spent)")),
+            // Not found, not allowed, not implemented: a server without a model list.
+            Err(crate::provider::ProviderError::Http { status: 404 | 405 | 501, .. }) => r.line(
+                Level::Warning,
+                &what,
+                format!("{key}; the server answers but has no model list at {} (a chat may still work)", p.base_url()),
+            ),
+            Err(e @ crate::provider::ProviderError::Auth { .. }) => {
+                r.line(Level::Error, &what, format!("{e}: check the key ({})", p.key_env()))
+            }
+            Err(e) => r.line(Level::Error, &what, format!("{e}: is {} right and up?", p.base_url())),
+        }
+    }
+}
+
+async fn telegram(loaded: &Loaded, r: &mut Report) {
+    let c = &loaded.config.telegram;
+    let Some(token) = c.token() else {
+        let why = match &c.token_env {
+            Some(env) => (Level::Warning, format!("token_env names {env}, which is not set: Telegram stays off")),
+            None => (Level::Ok, "not configured".to_string()),
+        };
+        r.line(why.0, "telegram", why.1);
+        return;
+    };
+    crate::install_crypto();
+    let api = match crate::channels::telegram::api::Api::new(c.api_base.as_str(), token) {
+        Ok(a) => a,
+        Err(e) => return r.line(Level::Error, "telegram", e.to_string()),
+    };
+    match tokio::time::timeout(LIMIT, api.get_me()).await {
+        Ok(Ok(me)) => {
+            let name = me.username.map_or(me.first_name, |u| format!("@{u}"));
+            r.line(Level::Ok, "telegram", format!("the bot is {name} (id {})", me.id));
+            if c.allow_from.is_empty() {
+                r.line(Level::Warning, "telegram", "[telegram] allow_from is empty: the bot answers nobody");
+            }
+        }
+        Ok(Err(e)) if e.code() == Some(401) => {
+            r.line(Level::Error, "telegram", format!("{e}: the token is wrong; get it again from @BotFather"))
+        }
+        Ok(Err(e)) => r.line(Level::Error, "telegram", e.to_string()),
+        Err(_) => r.line(Level::Error, "telegram", format!("no answer within {} s", LIMIT.as_secs())),
+    }
+}
+
+/// The workspace exists, and the state directory's file system has room.
+fn storage(loaded: &Loaded, r: &mut Report) {
+    let ws = &loaded.paths.workspace;
+    if ws.is_dir() {
+        r.line(Level::Ok, "workspace", ws.display().to_string());
+    } else {
+        r.line(Level::Warning, "workspace", format!("{} does not exist: run `bramble init`", ws.display()));
+    }
+    let state = &loaded.paths.state_dir;
+    // The directory, or the nearest one above it that exists (where it will be made).
+    let Some(existing) = state.ancestors().find(|p| p.exists()) else { return };
+    match nix::sys::statvfs::statvfs(existing) {
+        Ok(st) => {
+            // u64 here, u32 on armv7: the conversion is not useless everywhere.
+            #[allow(clippy::useless_conversion)]
+            let free = u64::from(st.blocks_available()) * u64::from(st.fragment_size());
+            let mib = free / (1024 * 1024);
+            let text = format!("{}: {mib} MiB free", state.display());
+            match mib {
+                0..=9 => r.line(
+                    Level::Error,
+                    "disk",
+                    format!("{text}: reports and sessions cannot be saved; free some space"),
+                ),
+                10..=99 => r.line(Level::Warning, "disk", format!("{text}: little room left")),
+                _ => r.line(Level::Ok, "disk", text),
+            }
+        }
+        Err(e) => r.line(Level::Warning, "disk", format!("cannot read the free space of {}: {e}", existing.display())),
+    }
+}
