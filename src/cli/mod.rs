@@ -48,11 +48,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs { follow, lines } => return logs::logs(follow, lines),
         Command::Doctor => return Ok(doctor::doctor(explicit).await),
         Command::Completions { shell } => {
-            print!("{}", completions(shell));
+            print!("{}", gunzip(completions(shell)));
             return Ok(ExitCode::SUCCESS);
         }
         Command::Man => {
-            print!("{}", MAN_PAGE);
+            print!("{}", gunzip(MAN_PAGE));
             return Ok(ExitCode::SUCCESS);
         }
         _ => {}
@@ -81,16 +81,27 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The man page, written by build.rs from the CLI's definition.
-const MAN_PAGE: &str = include_str!(concat!(env!("OUT_DIR"), "/bramble.1"));
+/// The man page, written (gzipped) by build.rs from the CLI's definition.
+const MAN_PAGE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/bramble.1.gz"));
 
-/// A completion script, written by build.rs from the CLI's definition.
-fn completions(shell: args::Shell) -> &'static str {
+/// A completion script, written (gzipped) by build.rs from the CLI's definition.
+fn completions(shell: args::Shell) -> &'static [u8] {
     match shell {
-        args::Shell::Bash => include_str!(concat!(env!("OUT_DIR"), "/bramble.bash")),
-        args::Shell::Zsh => include_str!(concat!(env!("OUT_DIR"), "/_bramble")),
-        args::Shell::Fish => include_str!(concat!(env!("OUT_DIR"), "/bramble.fish")),
+        args::Shell::Bash => include_bytes!(concat!(env!("OUT_DIR"), "/bramble.bash.gz")),
+        args::Shell::Zsh => include_bytes!(concat!(env!("OUT_DIR"), "/_bramble.gz")),
+        args::Shell::Fish => include_bytes!(concat!(env!("OUT_DIR"), "/bramble.fish.gz")),
     }
+}
+
+/// The text of one of those (they were written by build.rs: they unpack).
+fn gunzip(gz: &[u8]) -> String {
+    use std::io::Read as _;
+    let mut text = String::new();
+    if let Err(e) = flate2::read::GzDecoder::new(gz).read_to_string(&mut text) {
+        // Only a broken build could get here.
+        return format!("(cannot unpack the text built into this binary: {e})\n");
+    }
+    text
 }
 
 /// A time in the configured zone, or `-`.

@@ -120,6 +120,11 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
     if c.exec.enabled {
         println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));
     }
+    if c.web.enabled {
+        let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
+        let engines = crate::tools::search::WebSearch::new(&c.web, http).map(|s| s.engines().join(" → "));
+        println!("web search: {}", engines.unwrap_or_else(|| "off ([web] search = [])".into()));
+    }
     println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
     println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
     let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();

@@ -92,11 +92,14 @@ impl<P: Provider> Provider for Retrying<P> {
 pub enum Patience {
     /// Every retry of the policy, every wait the server asks for (up to `max_delay`).
     Full,
-    /// Another model is waiting (a fallback chain): a timeout is not tried
-    /// again (a hung host would cost `timeout` once more per retry), nor is a
-    /// server that asks for more than [`HURRIED_WAIT`].
+    /// Another model is waiting (a fallback chain): at most [`HURRIED_RETRIES`]
+    /// retry, none after a timeout (a hung host would cost `timeout` once
+    /// more) or when the server asks for more than [`HURRIED_WAIT`].
     Hurried,
 }
+
+/// Retries of a hurried call: one, for a blip; a host that is down costs 1 s, not 1 + 2 + 4.
+pub const HURRIED_RETRIES: u32 = 1;
 
 /// The longest `Retry-After` waited for when another model is waiting.
 pub const HURRIED_WAIT: Duration = Duration::from_secs(10);
@@ -116,9 +119,13 @@ pub async fn call<P: Provider + ?Sized>(
             Err(err) => err,
         };
         let delay = policy.delay(retry, &err);
+        let max_retries = match patience {
+            Patience::Full => policy.max_retries,
+            Patience::Hurried => policy.max_retries.min(HURRIED_RETRIES),
+        };
         let hurried = patience == Patience::Hurried
             && (matches!(err, ProviderError::Timeout { .. }) || err.retry_after().is_some_and(|a| a > HURRIED_WAIT));
-        if retry >= policy.max_retries || hurried {
+        if retry >= max_retries || hurried {
             if retry == 0 {
                 return Err(err);
             }
@@ -133,7 +140,7 @@ pub async fn call<P: Provider + ?Sized>(
             provider = inner.name(),
             status,
             attempt = retry + 1,
-            max_attempts = policy.max_retries + 1,
+            max_attempts = max_retries + 1,
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             error = %err,
             "provider call failed, retrying"

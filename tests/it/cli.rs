@@ -392,6 +392,7 @@ async fn a_job_falls_back_to_the_next_model_and_says_who_answered() {
     assert!(stdout.contains("cloud (openai at") && stdout.contains("0 of 1000000 tokens today"), "{stdout}");
     assert!(stdout.contains("fallback:   lan (cooldown 10m)"), "{stdout}");
     assert!(stdout.contains("model:      cloud/big"), "{stdout}");
+    assert!(stdout.contains("web search: duckduckgo\n"), "{stdout}");
 
     // Everything down: one clear failure naming each model.
     cloud.push(Reply::error(401, "invalid key"));
