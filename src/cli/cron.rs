@@ -76,6 +76,13 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             println!("  schedule: {}", job.schedule.describe(tz.tz()));
             println!("  next run: {}", when(job.state.next_run, &tz));
+            if !matches!(job.schedule, Schedule::Every { .. }) {
+                let jobs = store.list().unwrap_or_default();
+                let wait = loaded.config.daemon.clock_sync_wait.get();
+                if let Some(note) = crate::scheduler::engine::clock_hold_note(&jobs, wait, tz.tz()) {
+                    eprintln!("note: {note}");
+                }
+            }
             if let Some(m) = &job.model {
                 println!("  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
             }

@@ -149,18 +149,16 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
             format!(", {} with errors: run `bramble check`", skill_errors.len())
         }
     );
-    let synced = crate::scheduler::clock_synchronized();
-    println!(
-        "clock:      {}",
-        if synced {
-            "synchronised".to_string()
-        } else {
-            format!(
-                "not reported as synchronised (cron and at jobs wait up to {} after start)",
-                c.daemon.clock_sync_wait
-            )
-        }
-    );
+    let jobs = crate::scheduler::JobStore::open(&loaded.paths.state_dir).list().unwrap_or_default();
+    let wait = c.daemon.clock_sync_wait.get();
+    let clock = match crate::scheduler::engine::clock_hold_note(&jobs, wait, c.timezone().tz()) {
+        None if crate::scheduler::clock_synchronized() => "synchronised".to_string(),
+        None => "not reported as synchronised, but trusted: the machine is not freshly booted and the clock is \
+                 past every time bramble recorded"
+            .to_string(),
+        Some(note) => note,
+    };
+    println!("clock:      {clock}");
     let hb_tasks = crate::scheduler::heartbeat::read_file(&loaded.paths.workspace)
         .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len())
         .unwrap_or(0);

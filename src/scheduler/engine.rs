@@ -73,6 +73,10 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
     /// Whether the wall clock is known to be right (NTP-synchronised).
     fn synchronized(&self) -> bool;
+    /// Time since boot (`CLOCK_BOOTTIME`), if known.
+    fn uptime(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 /// The real clock: `Timestamp::now()` and [`clock_synchronized`].
@@ -86,6 +90,110 @@ impl Clock for SystemClock {
     fn synchronized(&self) -> bool {
         clock_synchronized()
     }
+    fn uptime(&self) -> Option<std::time::Duration> {
+        boot_time()
+    }
+}
+
+/// Time since boot, suspend included (`CLOCK_BOOTTIME`).
+pub fn boot_time() -> Option<std::time::Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    Some(std::time::Duration::from(t))
+}
+
+/// Why an unsynchronised wall clock is not trusted for cron and `at` jobs.
+///
+/// A clock without NTP sync is only *suspect* when there is a reason: it is
+/// before [`TRUST_FLOOR`], the machine booted less than `clock_sync_wait` ago
+/// (a Pi without an RTC starts in the past until NTP sets it), or it is earlier
+/// than the latest time bramble has recorded (a clock that went back, as
+/// fake-hwclock reasons). A container, a VM or a board with an RTC whose kernel
+/// never reports sync is trusted at once when none of these holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suspect {
+    /// Before the 2024 floor: certainly wrong.
+    BeforeFloor,
+    /// Booted `uptime` ago, less than the wait: held until `left` more has passed.
+    Booting { uptime: std::time::Duration, left: std::time::Duration },
+    /// Earlier than `latest`, a time bramble wrote down before: the clock went back.
+    Behind { latest: Timestamp },
+    /// Nothing is known of the boot (no `CLOCK_BOOTTIME`): treated as booting.
+    Unknown,
+}
+
+impl std::fmt::Display for Suspect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Suspect::BeforeFloor => write!(f, "the clock is before {TRUST_FLOOR}"),
+            Suspect::Booting { uptime, .. } => {
+                write!(f, "the machine booted {} s ago and NTP has not synchronised the clock yet", uptime.as_secs())
+            }
+            Suspect::Behind { latest } => {
+                write!(f, "the clock is earlier than {latest}, a time bramble recorded before")
+            }
+            Suspect::Unknown => write!(f, "the clock is not NTP-synchronised and the time since boot is unknown"),
+        }
+    }
+}
+
+/// Whether wall-clock jobs must wait for the clock, and why (`None`: trust it).
+/// `wait` is `[daemon] clock_sync_wait`.
+pub fn clock_suspect(
+    now: Timestamp,
+    synced: bool,
+    uptime: Option<std::time::Duration>,
+    latest: Option<Timestamp>,
+    wait: std::time::Duration,
+) -> Option<Suspect> {
+    if now < TRUST_FLOOR {
+        return Some(Suspect::BeforeFloor);
+    }
+    if synced {
+        return None;
+    }
+    if let Some(latest) = latest.filter(|l| now < *l) {
+        return Some(Suspect::Behind { latest });
+    }
+    match uptime {
+        None => Some(Suspect::Unknown),
+        Some(uptime) if uptime < wait => Some(Suspect::Booting { uptime, left: wait - uptime }),
+        Some(_) => None,
+    }
+}
+
+/// What `bramble status` and `cron add` say of the clock: `None` when cron
+/// and `at` jobs run on time, else why they are held and until when (the
+/// daemon's own start matters too: a suspect clock is trusted anyway
+/// `clock_sync_wait` after the daemon started).
+pub fn clock_hold_note(jobs: &[Job], wait: std::time::Duration, tz: &TimeZone) -> Option<String> {
+    let now = Timestamp::now();
+    let why = clock_suspect(now, clock_synchronized(), boot_time(), latest_record(jobs), wait)?;
+    Some(match why {
+        Suspect::Booting { left, .. } => {
+            let until = now + jiff::SignedDuration::try_from(left).unwrap_or_default();
+            format!(
+                "{why}: cron and at jobs are held until it is, or until {} at the latest",
+                until.to_zoned(tz.clone()).strftime("%H:%M:%S")
+            )
+        }
+        Suspect::BeforeFloor => format!("{why}: cron and at jobs are held until the clock is set"),
+        _ => format!(
+            "{why}: cron and at jobs are held until it is synchronised, or {} after the daemon starts",
+            crate::config::Dur(wait)
+        ),
+    })
+}
+
+/// The latest wall-clock time the jobs record: when one was made, last
+/// started or finished a run. Written anyway, so remembering it costs no write.
+pub fn latest_record(jobs: &[Job]) -> Option<Timestamp> {
+    jobs.iter()
+        .flat_map(|j| {
+            let finished = j.state.history.back().map(|r| r.finished);
+            [Some(j.created), finished, j.state.running_since]
+        })
+        .flatten()
+        .max()
 }
 
 /// Whether the system clock is synchronised and plausible.
@@ -702,5 +810,27 @@ mod tests {
         assert!(synced_given(ts("2024-01-01T00:00:00Z"), yes, no));
         assert!(synced_given(ts("2026-05-01T00:00:00Z"), no, yes));
         assert!(!synced_given(ts("2026-05-01T00:00:00Z"), no, no));
+    }
+
+    #[test]
+    fn an_unsynced_clock_is_suspect_only_for_a_reason() {
+        let now = ts("2026-05-01T09:00:00Z");
+        let wait = Duration::from_secs(600);
+        let up = |s| Some(Duration::from_secs(s));
+        assert_eq!(clock_suspect(now, true, up(5), None, wait), None, "synchronised");
+        assert_eq!(
+            clock_suspect(now, false, up(7200), Some(ts("2026-05-01T08:00:00Z")), wait),
+            None,
+            "up long, past the record"
+        );
+        assert_eq!(
+            clock_suspect(now, false, up(120), None, wait),
+            Some(Suspect::Booting { uptime: Duration::from_secs(120), left: Duration::from_secs(480) })
+        );
+        let latest = ts("2026-05-02T00:00:00Z");
+        assert_eq!(clock_suspect(now, false, up(7200), Some(latest), wait), Some(Suspect::Behind { latest }));
+        assert_eq!(clock_suspect(now, false, None, None, wait), Some(Suspect::Unknown));
+        assert_eq!(clock_suspect(ts("2020-01-01T00:00:00Z"), true, up(7200), None, wait), Some(Suspect::BeforeFloor));
+        assert!(Suspect::Behind { latest }.to_string().contains("earlier than 2026-05-02T00:00:00Z"));
     }
 }

@@ -225,6 +225,7 @@ impl Scheduler {
             mono_ref: Instant::now(),
             holding: false,
             trusting_unsynced: false,
+            latest_record: None,
             went_back: None,
         };
         match preloaded {
@@ -232,6 +233,7 @@ impl Scheduler {
             Some((jobs, stamp)) => (lp.jobs, lp.stamp) = (jobs, stamp),
             None => lp.reload(),
         }
+        lp.latest_record = engine::latest_record(&lp.jobs);
         if let Some(notice) = lp.store.corrupt_notice() {
             error!("{notice}");
         }
@@ -393,6 +395,9 @@ struct Loop<E> {
     mono_ref: Instant,
     holding: bool,
     trusting_unsynced: bool,
+    /// The latest wall time the jobs recorded when the loop started (a clock
+    /// earlier than this went back): [`engine::latest_record`].
+    latest_record: Option<Timestamp>,
     /// A backward clock jump measured at the last wake, not yet applied.
     went_back: Option<SignedDuration>,
 }
@@ -440,18 +445,37 @@ impl<E: JobExecutor> Loop<E> {
         self.mono_ref = mono;
     }
 
-    /// Whether wall-clock (cron/at) jobs may run now.
+    /// Whether wall-clock (cron/at) jobs may run now: see [`engine::clock_suspect`].
+    /// A suspect clock is trusted anyway once the machine has been up for
+    /// `sync_wait` (booting) or this loop has run that long (behind, unknown).
     fn trusted(&mut self, now: Timestamp) -> bool {
-        if now < TRUST_FLOOR {
-            return false;
-        }
-        if self.clock.synchronized() {
+        let synced = now >= TRUST_FLOOR && self.clock.synchronized();
+        if synced {
             self.trusting_unsynced = false;
             return true;
         }
-        let waited_enough = self.sync_wait.is_some_and(|w| self.started.elapsed() >= w);
+        let Some(wait) = self.sync_wait else { return false };
+        let uptime = self.clock.uptime();
+        let suspect = engine::clock_suspect(now, false, uptime, self.latest_record, wait);
+        let waited_enough = match suspect {
+            None => true,
+            Some(engine::Suspect::BeforeFloor) => return false,
+            // Booting ends by itself (the uptime passes the wait: `None` above).
+            Some(engine::Suspect::Booting { .. } | engine::Suspect::Behind { .. } | engine::Suspect::Unknown) => {
+                self.started.elapsed() >= wait
+            }
+        };
         if waited_enough && !self.trusting_unsynced {
-            warn!("the clock still reports no NTP sync; trusting it for cron and at jobs anyway");
+            match suspect {
+                None => info!(
+                    uptime_s = uptime.map_or(0, |u| u.as_secs()),
+                    "the clock reports no NTP sync, but the machine is not freshly booted and the clock is past \
+                     bramble's last record: trusted for cron and at jobs"
+                ),
+                Some(why) => {
+                    warn!("the clock still reports no NTP sync ({why}); trusting it for cron and at jobs anyway")
+                }
+            }
             self.trusting_unsynced = true;
         }
         waited_enough
@@ -647,6 +671,8 @@ mod tests {
         start: Instant,
         offset: Mutex<SignedDuration>,
         synced: AtomicBool,
+        /// Uptime at `start`; `None`: unknown.
+        booted: Mutex<Option<Duration>>,
     }
 
     impl FakeClock {
@@ -656,6 +682,7 @@ mod tests {
                 start: Instant::now(),
                 offset: Mutex::new(SignedDuration::ZERO),
                 synced: AtomicBool::new(true),
+                booted: Mutex::new(None),
             })
         }
         fn jump(&self, by: SignedDuration) {
@@ -670,6 +697,9 @@ mod tests {
         }
         fn synchronized(&self) -> bool {
             self.synced.load(Ordering::SeqCst)
+        }
+        fn uptime(&self) -> Option<Duration> {
+            self.booted.lock().unwrap().map(|b| b + (Instant::now() - self.start))
         }
     }
 
@@ -1073,6 +1103,62 @@ mod tests {
         assert_eq!(late, [("once".to_string(), nine)]);
         assert_eq!(h.job("nine").state.last_status, Some(RunStatus::Missed));
         assert_eq!(h.job("nine").state.next_run, Some(ts("2026-05-02T09:00:00Z")));
+    }
+
+    /// A container, a VM, a board with an RTC: the kernel never reports sync,
+    /// but the machine has been up for hours and the clock is past every
+    /// record. Nothing is held (it was held 10 minutes after every start).
+    #[tokio::test(start_paused = true)]
+    async fn an_unsynced_clock_long_after_boot_is_trusted_at_once() {
+        let h = Harness::new("2026-05-01T08:59:00Z");
+        h.clock.synced.store(false, Ordering::SeqCst);
+        *h.clock.booted.lock().unwrap() = Some(Duration::from_secs(5 * 3600));
+        h.add("nine", parse_cron("0 9 * * *", None).unwrap(), |_| {});
+        let run = h.start(h.scheduler().with_sync_wait(Some(Duration::from_secs(600))), None);
+        advance(90).await;
+        stop(run).await;
+        assert_eq!(h.runs().into_iter().map(|r| r.1).collect::<Vec<_>>(), [ts("2026-05-01T09:00:00Z")]);
+    }
+
+    /// Booted a minute ago with no sync (a Pi without an RTC): held until the
+    /// machine has been up for the wait, not for the wait after the daemon started.
+    #[tokio::test(start_paused = true)]
+    async fn a_freshly_booted_unsynced_clock_is_held_until_uptime_reaches_the_wait() {
+        let h = Harness::new("2026-05-01T08:59:00Z");
+        h.clock.synced.store(false, Ordering::SeqCst);
+        *h.clock.booted.lock().unwrap() = Some(Duration::from_secs(60));
+        h.add("q", parse_cron("*/2 * * * *", None).unwrap(), |_| {});
+        let run = h.start(h.scheduler().with_sync_wait(Some(Duration::from_secs(5 * 60))), None);
+        advance(8 * 60 + 30).await; // wall 09:07:30; trusted from 09:03 (up 5 min), not 09:04 (5 min after start)
+        stop(run).await;
+        let t = |hm: &str| ts(&format!("2026-05-01T{hm}:00Z"));
+        // 09:00 passed while held, past the grace: missed. 09:02 is a minute old at 09:03: run then.
+        let runs = h.runs.lock().unwrap().clone();
+        assert_eq!(runs.iter().map(|r| r.1).collect::<Vec<_>>(), [t("09:02"), t("09:04"), t("09:06")]);
+        assert_eq!(runs[0].2, t("09:03"), "released when the machine had been up for the wait");
+    }
+
+    /// A clock earlier than what the jobs recorded went back: held as before.
+    #[tokio::test(start_paused = true)]
+    async fn an_unsynced_clock_behind_the_last_record_is_held() {
+        let h = Harness::new("2026-05-01T08:59:00Z");
+        h.clock.synced.store(false, Ordering::SeqCst);
+        *h.clock.booted.lock().unwrap() = Some(Duration::from_secs(5 * 3600));
+        h.add("nine", parse_cron("0 9 * * *", None).unwrap(), |j| {
+            j.created = ts("2026-05-03T12:00:00Z"); // written when the clock said the 3rd
+        });
+        let run = h.start(h.scheduler().with_sync_wait(Some(Duration::from_secs(600))), None);
+        advance(5 * 60).await;
+        assert!(h.runs().is_empty(), "held: the clock is behind bramble's own record");
+        stop(run).await;
+        let suspect = engine::clock_suspect(
+            ts("2026-05-01T09:00:00Z"),
+            false,
+            Some(Duration::from_secs(3600)),
+            engine::latest_record(&[h.job("nine")]),
+            Duration::from_secs(600),
+        );
+        assert_eq!(suspect, Some(engine::Suspect::Behind { latest: ts("2026-05-03T12:00:00Z") }));
     }
 
     #[tokio::test(start_paused = true)]
