@@ -133,8 +133,15 @@ pub enum CronCommand {
         ha_button: bool,
         /// The model for its turns: `provider/model`, a provider's name, or a model
         /// of the first provider; `[agent] fallback` still applies
-        #[arg(long, value_name = "MODEL", requires = "message")]
+        #[arg(long, value_name = "MODEL")]
         model: Option<String>,
+        /// A watcher: run this command (in the sandbox) on schedule, and the --message turn only when
+        /// its output changed (see --watch-mode); `{output}` and `{previous}` go into the message
+        #[arg(long, value_name = "CMD")]
+        watch: Option<String>,
+        /// When a watcher's turn runs: changed (output not empty and different), nonempty, exit-nonzero
+        #[arg(long, value_name = "MODE", requires = "watch", default_value = "changed")]
+        watch_mode: String,
     },
     /// List jobs with their next run
     List,

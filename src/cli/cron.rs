@@ -30,6 +30,8 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             catch_up,
             ha_button,
             model,
+            watch,
+            watch_mode,
         } => {
             let schedule = if let Some(every) = every {
                 Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
@@ -40,6 +42,10 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             } else {
                 unreachable!("clap requires one schedule")
             };
+            // Checked here: clap's `requires` does not hold against the `action` group.
+            if message.is_none() && (model.is_some() || watch.is_some()) {
+                anyhow::bail!("--model and --watch are for --message jobs (a reminder or a command calls no model)");
+            }
             let kind = match (message, remind, exec) {
                 (Some(text), _, _) => JobKind::Message { text },
                 (_, Some(text), _) => JobKind::Remind { text },
@@ -56,6 +62,11 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             job.ha_button = ha_button;
             job.model = model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
+            if let Some(command) = watch {
+                anyhow::ensure!(!command.trim().is_empty(), "--watch needs a command");
+                let mode = watch_mode.parse::<sched::WatchMode>().map_err(anyhow::Error::msg)?;
+                job.watch = Some(sched::Watch { command, mode });
+            }
             let job = store.add(job)?;
             if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
                 eprintln!("warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set");
@@ -86,6 +97,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             if let Some(m) = &job.model {
                 println!("  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
             }
+            if let Some(w) = &job.watch {
+                println!("  watch:    {} (the turn runs when: {})", w.command, w.mode.as_str());
+            }
         }
         CronCommand::List => {
             use std::io::Write as _;
@@ -113,7 +127,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                     "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
                     j.id,
                     j.name,
-                    kind_name(&j.kind),
+                    kind_name_of(&j),
                     j.schedule.summary(tz.tz())
                 )?;
             }
@@ -122,7 +136,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
         CronCommand::Show { id } => {
             let j = store.get(&id)?;
             println!("{} ({})", j.name, j.id);
-            println!("  kind:      {}", kind_name(&j.kind));
+            println!("  kind:      {}", kind_name_of(&j));
             match &j.kind {
                 JobKind::Message { text } | JobKind::Remind { text } => println!("  text:      {text}"),
                 JobKind::Exec { command } => println!("  command:   {command}"),
@@ -131,6 +145,13 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             println!("  catch-up:  {}", j.catch_up);
             if let Some(m) = &j.model {
                 println!("  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
+            }
+            if let Some(w) = &j.watch {
+                println!("  watch:     {} (the turn runs when: {})", w.command, w.mode.as_str());
+                if let Some(seen) = &j.state.watch {
+                    let first = seen.output.lines().next().unwrap_or("");
+                    println!("  last seen: {}", crate::scheduler::job::truncate(first, 80));
+                }
             }
             if j.ha_button {
                 println!("  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name));
@@ -218,12 +239,19 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
                 true,
                 tz.tz(),
             );
-            jobs[i].state.answered_by(outcome.model.as_deref());
+            jobs[i].state.note_run(outcome.model.as_deref(), outcome.watch.as_ref());
         }
         Ok(())
     })?;
     let targets: Vec<String> = job.report_target_names();
     match outcome.status {
+        // A watcher that found nothing new reports nothing.
+        RunStatus::Ok
+            if job.watch.is_some() && outcome.model.is_none() && outcome.summary.ends_with("(no model call)") =>
+        {
+            println!("{}", outcome.summary);
+            Ok(ExitCode::SUCCESS)
+        }
         RunStatus::Ok => {
             println!("{}\n\n(report queued for {}; the daemon delivers it)", outcome.summary, targets.join(", "));
             Ok(ExitCode::SUCCESS)
@@ -232,6 +260,14 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
             eprintln!("bramble: job {} failed: {}", job.name, outcome.error.unwrap_or(outcome.summary));
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+fn kind_name_of(j: &crate::scheduler::Job) -> &'static str {
+    if j.watch.is_some() {
+        "watch"
+    } else {
+        kind_name(&j.kind)
     }
 }
 

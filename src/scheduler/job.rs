@@ -56,6 +56,78 @@ pub enum JobKind {
     Exec { command: String },
 }
 
+/// A watcher: a command run on the job's schedule whose output decides
+/// whether the job's agent turn runs at all (`cron add --watch`). Most polls
+/// find nothing new and cost no model call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watch {
+    pub command: String,
+    #[serde(default)]
+    pub mode: WatchMode,
+}
+
+/// When a watcher's turn runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WatchMode {
+    /// The output is not empty and differs from the last run's.
+    #[default]
+    Changed,
+    /// The output is not empty.
+    Nonempty,
+    /// The command failed (exit status not 0).
+    ExitNonzero,
+}
+
+impl WatchMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchMode::Changed => "changed",
+            WatchMode::Nonempty => "nonempty",
+            WatchMode::ExitNonzero => "exit-nonzero",
+        }
+    }
+}
+
+impl FromStr for WatchMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "changed" => Ok(WatchMode::Changed),
+            "nonempty" => Ok(WatchMode::Nonempty),
+            "exit-nonzero" => Ok(WatchMode::ExitNonzero),
+            other => Err(format!("`{other}` is not a watch mode: expected changed, nonempty or exit-nonzero")),
+        }
+    }
+}
+
+/// What a watcher saw last: a hash of the whole output (to compare) and its
+/// start (for `{previous}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchSeen {
+    pub hash: String,
+    pub output: String,
+}
+
+/// Characters of a watcher's last output kept in the job state.
+pub const WATCH_KEPT: usize = 2000;
+
+impl WatchSeen {
+    pub fn of(output: &str) -> WatchSeen {
+        WatchSeen { hash: fnv1a(output.trim()), output: truncate(output.trim(), WATCH_KEPT) }
+    }
+}
+
+/// FNV-1a 64 as hex: stable across builds and Rust versions (std's hasher is not).
+fn fnv1a(text: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 /// What to do with occurrences that passed while the daemon could not run
 /// them (board off, daemon down, a forward clock jump).
 ///
@@ -186,13 +258,20 @@ pub struct JobState {
     pub history: VecDeque<RunRecord>,
     /// A one-shot that has run to completion; it never runs again.
     pub done: bool,
+    /// A watcher's last output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch: Option<WatchSeen>,
 }
 
 impl JobState {
-    /// Say which model answered the run just recorded (the newest record).
-    pub fn answered_by(&mut self, model: Option<&str>) {
+    /// After the run just recorded (the newest record): which model
+    /// answered, and what a watcher saw (kept for the next run).
+    pub fn note_run(&mut self, model: Option<&str>, watch: Option<&WatchSeen>) {
         if let Some(record) = self.history.back_mut() {
             record.model = model.map(str::to_string);
+        }
+        if let Some(seen) = watch {
+            self.watch = Some(seen.clone());
         }
     }
 
@@ -234,6 +313,9 @@ pub struct Job {
     /// with `[agent] fallback` behind it; `None`: the configured one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// Run this command first; the turn runs only when its output says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch: Option<Watch>,
     #[serde(default)]
     pub state: JobState,
 }
@@ -294,6 +376,7 @@ impl Job {
             origin: None,
             ha_button: false,
             model: None,
+            watch: None,
             state: JobState { next_run, ..JobState::default() },
         })
     }

@@ -33,7 +33,7 @@ pub mod store;
 mod timeser;
 
 pub use engine::{clock_synchronized, plan, Clock, Decision, Missed, SystemClock, GRACE};
-pub use job::{CatchUp, Job, JobError, JobKind, JobState, RunRecord, RunStatus};
+pub use job::{CatchUp, Job, JobError, JobKind, JobState, RunRecord, RunStatus, Watch, WatchMode, WatchSeen};
 pub use runner::{BoxFuture, JobExecutor, RunOutcome, Scheduler, SchedulerHandle};
 pub use schedule::{parse_at, parse_cron, parse_every, parse_tz, Schedule, ScheduleError};
 pub use store::{JobStore, Stamp, StoreError};

@@ -69,28 +69,42 @@ pub struct RunOutcome {
     pub error: Option<String>,
     /// Which model answered (`provider/model`), for the history.
     pub model: Option<String>,
+    /// What a watcher's command printed, kept in the job for the next run.
+    pub watch: Option<super::WatchSeen>,
 }
 
 impl RunOutcome {
     pub fn ok(summary: impl Into<String>) -> RunOutcome {
-        RunOutcome { status: RunStatus::Ok, summary: summary.into(), error: None, model: None }
+        RunOutcome { status: RunStatus::Ok, summary: summary.into(), error: None, model: None, watch: None }
     }
     pub fn error(error: impl Into<String>) -> RunOutcome {
         let error = error.into();
-        RunOutcome { status: RunStatus::Error, summary: error.clone(), error: Some(error), model: None }
+        RunOutcome { status: RunStatus::Error, summary: error.clone(), error: Some(error), model: None, watch: None }
     }
     pub fn skipped(reason: impl Into<String>) -> RunOutcome {
-        RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None, model: None }
+        RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None, model: None, watch: None }
     }
 
     /// Interrupted by shutdown before it could finish.
     pub fn cancelled() -> RunOutcome {
-        RunOutcome { status: RunStatus::Cancelled, summary: "interrupted by shutdown".into(), error: None, model: None }
+        RunOutcome {
+            status: RunStatus::Cancelled,
+            summary: "interrupted by shutdown".into(),
+            error: None,
+            model: None,
+            watch: None,
+        }
     }
 
     /// The same, saying which model answered.
     pub fn answered_by(mut self, model: Option<String>) -> RunOutcome {
         self.model = model;
+        self
+    }
+
+    /// The same, with what a watcher saw.
+    pub fn watched(mut self, seen: Option<super::WatchSeen>) -> RunOutcome {
+        self.watch = seen;
         self
     }
 }
@@ -364,7 +378,7 @@ impl Change {
                     flight.manual,
                     tz,
                 );
-                job.state.answered_by(outcome.model.as_deref());
+                job.state.note_run(outcome.model.as_deref(), outcome.watch.as_ref());
             }
         }
     }

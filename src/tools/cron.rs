@@ -75,6 +75,18 @@ impl CronTool {
         if job.model.is_some() && !matches!(job.kind, JobKind::Message { .. }) {
             return Err(ToolError::new("`model` is for `message` jobs only (a reminder calls no model)"));
         }
+        if let Some(command) = a.watch.filter(|c| !c.trim().is_empty()) {
+            if !matches!(job.kind, JobKind::Message { .. }) {
+                return Err(ToolError::new("`watch` needs `message`: the task to do when the output changes"));
+            }
+            let mode = a
+                .watch_mode
+                .as_deref()
+                .unwrap_or("changed")
+                .parse::<crate::scheduler::WatchMode>()
+                .map_err(ToolError)?;
+            job.watch = Some(crate::scheduler::Watch { command, mode });
+        }
         let targets: Vec<String> = job.report_target_names();
         let job = self.store.add(job).map_err(err)?;
         Ok(format!(
@@ -167,6 +179,8 @@ struct Args {
     #[serde(default)]
     ha_button: bool,
     model: Option<String>,
+    watch: Option<String>,
+    watch_mode: Option<String>,
     job: Option<String>,
 }
 
@@ -179,7 +193,9 @@ impl Tool for CronTool {
         "Schedule, list or remove jobs. `add` needs one schedule (`every` like \"2h\", `cron` like \"0 9 * * 1-5\" \
          with optional `tz`, or `at` like \"2026-05-01 09:00\" in the user's time zone) and one action: `remind` \
          (text delivered as is at that time: use this for plain reminders) or `message` (a task you will carry out \
-         then, with your tools). Results go back to this chat unless `deliver` names targets."
+         then, with your tools). For \"tell me when X changes\", add `watch`: a command run on schedule whose \
+         output gates the task, so unchanged polls cost no model call. Results go back to this chat unless \
+         `deliver` names targets."
     }
 
     fn parameters(&self) -> Value {
@@ -199,6 +215,8 @@ impl Tool for CronTool {
                 "catch_up": {"type": "string", "description": "Missed runs: skip, once, or a window like 2h"},
                 "ha_button": {"type": "boolean", "description": "Give the job a Run button in Home Assistant (only when the user asks for one)"},
                 "model": {"type": "string", "description": "For `message` jobs, only when the user names one: the model, as provider/model"},
+                "watch": {"type": "string", "description": "A shell command run on schedule; the `message` task runs only when its output changes (no model call otherwise). Put {output} and {previous} in the message"},
+                "watch_mode": {"type": "string", "enum": ["changed", "nonempty", "exit-nonzero"], "description": "When the task runs (default changed)"},
                 "job": {"type": "string", "description": "For remove: the job's id or name"}
             },
             "required": ["action"]

@@ -142,11 +142,38 @@ pub async fn run_shell(
     stdin: Option<Vec<u8>>,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(bool, String)> {
+    let r = run_shell_output(cfg, workspace, command, stdin, cancel).await?;
+    Ok((r.ok, r.rendered))
+}
+
+/// What a command run by [`run_shell_output`] left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShellOutput {
+    /// It exited with status 0.
+    pub ok: bool,
+    /// Its standard output alone (capped like the rest), for watchers.
+    pub stdout: String,
+    /// All of it as the tool renders it (stdout, stderr, how it ended).
+    pub rendered: String,
+}
+
+/// [`run_shell`], keeping the standard output apart.
+pub async fn run_shell_output(
+    cfg: &ExecConfig,
+    workspace: &std::path::Path,
+    command: &str,
+    stdin: Option<Vec<u8>>,
+    cancel: &tokio_util::sync::CancellationToken,
+) -> std::io::Result<ShellOutput> {
     let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
     let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
     let outcome = tool.start(spec, cancel).await.map_err(std::io::Error::other)?;
-    Ok((matches!(outcome.state, ExitState::Exited(0)), render(&outcome, timeout, cfg.max_output)))
+    Ok(ShellOutput {
+        ok: matches!(outcome.state, ExitState::Exited(0)),
+        stdout: truncate_middle(outcome.stdout.text.trim_end_matches('\n'), cfg.max_output),
+        rendered: render(&outcome, timeout, cfg.max_output),
+    })
 }
 
 /// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Runner, Work};
 use crate::bus::Conversation;
 use crate::delivery::Reports;
-use crate::scheduler::{Job, JobExecutor, JobKind, RunOutcome};
+use crate::scheduler::{Job, JobExecutor, JobKind, RunOutcome, RunStatus, Watch, WatchMode, WatchSeen};
 
 /// Runs due jobs for the scheduler: message (an agent turn), remind (the text
 /// as is), exec (a sandboxed command). Every result is a report in the outbox.
@@ -23,9 +23,20 @@ pub struct JobRunner {
 impl JobRunner {
     /// Run `job` now and queue its report. Used by the daemon and `bramble cron run`.
     pub async fn run_job(&self, job: &Job) -> RunOutcome {
+        let mut seen = None;
         let work = match &job.kind {
             JobKind::Remind { text } => Work::Text(text.clone()),
             JobKind::Message { text } => {
+                let text = match &job.watch {
+                    None => text.clone(),
+                    Some(watch) => match self.watch(job, watch).await {
+                        Watched::Quiet(outcome) => return outcome,
+                        Watched::Fire { text: fired, seen: now } => {
+                            seen = now;
+                            fill(text, &fired.output, fired.previous.as_deref())
+                        }
+                    },
+                };
                 // A job made in a chat answers in that chat's conversation.
                 let conversation = job
                     .origin
@@ -52,8 +63,101 @@ impl JobRunner {
             Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
         };
         self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name)).await;
-        outcome
+        outcome.watched(seen)
     }
+
+    /// Run a watcher's command and decide. Quiet runs cost no model call and
+    /// send no report; a failing command is reported once (not at every poll)
+    /// unless failing is what is watched for.
+    async fn watch(&self, job: &Job, watch: &Watch) -> Watched {
+        let out = match self.runner.watch(&watch.command, &self.abort).await {
+            Ok(out) => out,
+            Err(e) => {
+                return Watched::Quiet(self.watch_failed(job, format!("the watch command could not run: {e}")).await)
+            }
+        };
+        if self.abort.is_cancelled() {
+            return Watched::Quiet(RunOutcome::cancelled());
+        }
+        let previous = job.state.watch.as_ref();
+        let now = WatchSeen::of(&out.stdout);
+        let empty = out.stdout.trim().is_empty();
+        let fire = match watch.mode {
+            WatchMode::ExitNonzero => !out.ok,
+            _ if !out.ok => {
+                let why = format!("the watch command failed:\n{}", out.rendered);
+                return Watched::Quiet(self.watch_failed(job, why).await);
+            }
+            WatchMode::Nonempty => !empty,
+            WatchMode::Changed => !empty && previous.is_none_or(|p| p.hash != now.hash),
+        };
+        // `exit-nonzero` watches the whole output (stderr too).
+        let output = if watch.mode == WatchMode::ExitNonzero { out.rendered } else { out.stdout };
+        if !fire {
+            let why = match watch.mode {
+                WatchMode::Changed if empty => "no output",
+                WatchMode::Changed => "no change",
+                WatchMode::Nonempty => "no output",
+                WatchMode::ExitNonzero => "the command succeeded",
+            };
+            let outcome = RunOutcome::ok(format!("{why} (no model call)"));
+            return Watched::Quiet(outcome.watched(Some(now)));
+        }
+        Watched::Fire { text: Fired { output, previous: previous.map(|p| p.output.clone()) }, seen: Some(now) }
+    }
+
+    /// A watcher whose command failed: an error in the history; reported only
+    /// when the run before it did not fail too.
+    async fn watch_failed(&self, job: &Job, why: String) -> RunOutcome {
+        if job.state.last_status != Some(RunStatus::Error) {
+            let report = format!("Watcher `{}` failed (reported once until it works again): {why}", job.name);
+            self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name)).await;
+        }
+        RunOutcome::error(why)
+    }
+}
+
+/// What a watcher's command decided.
+enum Watched {
+    /// Nothing for the model: this is the run's outcome.
+    Quiet(RunOutcome),
+    /// Run the turn with this output; remember `seen`.
+    Fire { text: Fired, seen: Option<WatchSeen> },
+}
+
+struct Fired {
+    output: String,
+    previous: Option<String>,
+}
+
+/// The job's message with `{output}` and `{previous}` filled in; without
+/// `{output}` in it, the output is appended.
+pub fn fill(message: &str, output: &str, previous: Option<&str>) -> String {
+    let previous = previous.unwrap_or("(nothing: this is the first reading)");
+    let mut text = String::with_capacity(message.len() + output.len());
+    let mut rest = message;
+    let mut placed = false;
+    // One pass: what is filled in is never looked at again.
+    while let Some(at) = rest.find('{') {
+        text.push_str(&rest[..at]);
+        rest = &rest[at..];
+        if let Some(after) = rest.strip_prefix("{output}") {
+            text.push_str(output);
+            placed = true;
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("{previous}") {
+            text.push_str(previous);
+            rest = after;
+        } else {
+            text.push('{');
+            rest = &rest[1..];
+        }
+    }
+    text.push_str(rest);
+    if !placed {
+        text.push_str(&format!("\n\nThe watched command printed:\n```\n{output}\n```"));
+    }
+    text
 }
 
 impl JobExecutor for JobRunner {
@@ -92,5 +196,21 @@ impl JobExecutor for ObservedRunner {
             }
             outcome
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fill;
+
+    #[test]
+    fn the_message_gets_the_output_and_the_previous_reading() {
+        assert_eq!(fill("now {output}, was {previous}", "21.5", Some("20.0")), "now 21.5, was 20.0");
+        assert_eq!(
+            fill("was {previous}", "x", None),
+            "was (nothing: this is the first reading)\n\nThe watched command printed:\n```\nx\n```"
+        );
+        // Filled-in text is not filled again; other braces stay.
+        assert_eq!(fill("{output} {x}", "{previous}", Some("p")), "{previous} {x}");
     }
 }

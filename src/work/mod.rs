@@ -63,6 +63,18 @@ impl Runner {
         Runner { agent, exec, workspace }
     }
 
+    /// Run a watcher's command in the sandbox, counted as work in flight.
+    pub async fn watch(
+        &self,
+        command: &str,
+        cancel: &CancellationToken,
+    ) -> Result<crate::tools::exec::ShellOutput, String> {
+        let _busy = self.agent.inflight().enter();
+        crate::tools::exec::run_shell_output(&self.exec, &self.workspace, command, None, cancel)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// Do `work`; the text to report, or why it failed. Counted in the agent's
     /// work in flight; `cancel` interrupts it (the caller then reports nothing).
     pub async fn run(&self, work: Work, cancel: &CancellationToken) -> Result<Done, String> {

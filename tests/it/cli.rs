@@ -679,3 +679,102 @@ fn line_of(stdout: &str, what: &str) -> String {
         .unwrap_or_else(|| panic!("{what}: {stdout}"))
         .to_string()
 }
+
+#[tokio::test]
+async fn a_watcher_calls_the_model_only_when_its_output_changes() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let cfg = home.config.to_str().unwrap().to_string();
+    let reading = home.workspace.join("reading.txt");
+    std::fs::write(&reading, "20.0\n").unwrap();
+    let run = |args: Vec<&str>| {
+        let mut all = vec!["--config", cfg.as_str()];
+        all.extend(args);
+        let all: Vec<String> = all.into_iter().map(String::from).collect();
+        let home = home.path().to_path_buf();
+        async move {
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            bramble(&home, &refs, None).await
+        }
+    };
+    let out = run(vec![
+        "cron",
+        "add",
+        "temp",
+        "--every",
+        "5m",
+        "--watch",
+        "cat reading.txt",
+        "--message",
+        "The reading is {output} (was {previous}). Say if it is dangerous.",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("watch:    cat reading.txt (the turn runs when: changed)"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // The first reading is news: one turn, with the output in the message.
+    fake.push(Reply::text("20.0 is fine."));
+    let out = run(vec!["cron", "run", "temp"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let asked = fake.last_request().unwrap().to_string();
+    assert!(asked.contains("The reading is 20.0 (was (nothing: this is the first reading))"), "{asked}");
+
+    // Ten polls of the same value: no model call, no report.
+    for _ in 0..10 {
+        let out = run(vec!["cron", "run", "temp"]).await;
+        assert_eq!(text(&out.stdout).trim(), "no change (no model call)");
+    }
+    assert_eq!(fake.request_count(), 1, "unchanged polls cost no model call");
+
+    // It changes: one turn, with the previous reading.
+    std::fs::write(&reading, "31.5\n").unwrap();
+    fake.push(Reply::text("31.5 is hot."));
+    let out = run(vec!["cron", "run", "temp"]).await;
+    assert!(text(&out.stdout).starts_with("31.5 is hot."), "{}", text(&out.stdout));
+    let asked = fake.last_request().unwrap().to_string();
+    assert!(asked.contains("The reading is 31.5 (was 20.0)"), "{asked}");
+    assert_eq!(fake.request_count(), 2, "12 polls, 2 changes, 2 model calls");
+
+    let out = run(vec!["cron", "show", "temp"]).await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("kind:      watch") && stdout.contains("last seen: 31.5"), "{stdout}");
+    assert_eq!(stdout.matches("no change (no model call)").count(), 9, "history keeps the last 10 runs: {stdout}");
+
+    // A failing watch command is an error in the history, and no model call.
+    std::fs::remove_file(&reading).unwrap();
+    let out = run(vec!["cron", "run", "temp"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("the watch command failed"), "{}", text(&out.stderr));
+    assert_eq!(fake.request_count(), 2);
+
+    // exit-nonzero: the turn runs when the command fails.
+    let out = run(vec![
+        "cron",
+        "add",
+        "disk",
+        "--every",
+        "1h",
+        "--watch",
+        "test -e ok-marker",
+        "--watch-mode",
+        "exit-nonzero",
+        "--message",
+        "The check failed: {output}",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    fake.push(Reply::text("The marker is gone."));
+    let out = run(vec!["cron", "run", "disk"]).await;
+    assert!(text(&out.stdout).starts_with("The marker is gone."), "{}", text(&out.stdout));
+    assert!(fake.last_request().unwrap().to_string().contains("The check failed: Exit code: 1"));
+    std::fs::write(home.workspace.join("ok-marker"), "").unwrap();
+    let out = run(vec!["cron", "run", "disk"]).await;
+    assert_eq!(text(&out.stdout).trim(), "the command succeeded (no model call)");
+    let out = run(vec!["cron", "add", "x", "--every", "1h", "--watch", "true", "--remind", "r"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--model and --watch are for --message jobs"), "{}", text(&out.stderr));
+}
