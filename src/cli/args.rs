@@ -142,6 +142,16 @@ pub enum CronCommand {
         /// When a watcher's turn runs: changed (output not empty and different), nonempty, exit-nonzero
         #[arg(long, value_name = "MODE", requires = "watch", default_value = "changed")]
         watch_mode: String,
+        /// Start each run up to this much later (a fixed offset per job), so jobs set for the same
+        /// minute spread out: 5m
+        #[arg(long, value_name = "DURATION")]
+        jitter: Option<String>,
+        /// Done after this many scheduled runs ("remind me 3 times")
+        #[arg(long, value_name = "N")]
+        max_runs: Option<u32>,
+        /// Done when the next run would be after this time (RFC 3339 or `YYYY-MM-DD HH:MM`)
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
     },
     /// List jobs with their next run
     List,

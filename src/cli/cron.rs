@@ -32,6 +32,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             model,
             watch,
             watch_mode,
+            jitter,
+            max_runs,
+            until,
         } => {
             let schedule = if let Some(every) = every {
                 Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
@@ -67,6 +70,16 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                 let mode = watch_mode.parse::<sched::WatchMode>().map_err(anyhow::Error::msg)?;
                 job.watch = Some(sched::Watch { command, mode });
             }
+            if let Some(j) = jitter {
+                job.jitter = Some(j.parse::<crate::config::Dur>().map_err(|e| anyhow::anyhow!("--jitter: {e}"))?);
+            }
+            anyhow::ensure!(max_runs != Some(0), "--max-runs must be at least 1");
+            job.max_runs = max_runs;
+            if let Some(u) = until {
+                let u = sched::parse_at(&u, tz.tz())?;
+                anyhow::ensure!(u > now, "--until {u} is already past");
+                job.until = Some(u);
+            }
             let job = store.add(job)?;
             if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
                 eprintln!("warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set");
@@ -99,6 +112,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             if let Some(w) = &job.watch {
                 println!("  watch:    {} (the turn runs when: {})", w.command, w.mode.as_str());
+            }
+            for line in limits(&job, &tz) {
+                println!("  {line}");
             }
         }
         CronCommand::List => {
@@ -152,6 +168,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                     let first = seen.output.lines().next().unwrap_or("");
                     println!("  last seen: {}", crate::scheduler::job::truncate(first, 80));
                 }
+            }
+            for line in limits(&j, &tz) {
+                println!("  {}", line.replacen(": ", ":  ", 1));
             }
             if j.ha_button {
                 println!("  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name));
@@ -261,6 +280,21 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// `jitter`, `max runs` and `until` lines of a job, when set.
+fn limits(j: &crate::scheduler::Job, tz: &crate::config::TzName) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(w) = j.jitter {
+        out.push(format!("jitter:   up to {w} (this job starts {} late)", crate::config::Dur(j.jitter_offset())));
+    }
+    if let Some(m) = j.max_runs {
+        out.push(format!("runs:     {} of {m}", j.state.runs));
+    }
+    if let Some(u) = j.until {
+        out.push(format!("until:    {}", when(Some(u), tz)));
+    }
+    out
 }
 
 fn kind_name_of(j: &crate::scheduler::Job) -> &'static str {

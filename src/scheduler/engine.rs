@@ -277,6 +277,8 @@ pub enum Decision {
     /// finished: the process died during it. Record it ([`mark_interrupted`]);
     /// it is not run again.
     Interrupted { scheduled: Timestamp },
+    /// `max_runs` reached or the next occurrence past `until`: mark it done.
+    Expire,
 }
 
 /// Decide what to do with `job` at wall-clock `now`.
@@ -286,6 +288,13 @@ pub enum Decision {
 pub fn plan(job: &Job, now: Timestamp, default_tz: &TimeZone, trusted: bool) -> Decision {
     if !job.enabled || job.state.done {
         return Decision::Idle;
+    }
+    // Jitter: the job lives `offset` behind the wall clock, so each occurrence
+    // starts that much later; the occurrences themselves (and `last_run`) stay
+    // where the schedule puts them. The caller wakes at `next + offset`.
+    let now = now.checked_sub(jiff::SignedDuration::try_from(job.jitter_offset()).unwrap_or_default()).unwrap_or(now);
+    if job.state.running_since.is_none() && job.max_runs.is_some_and(|m| job.state.runs >= m) {
+        return Decision::Expire;
     }
     let sched = &job.schedule;
     if sched.is_wall_clock() && !trusted {
@@ -314,6 +323,9 @@ pub fn plan(job: &Job, now: Timestamp, default_tz: &TimeZone, trusted: bool) -> 
         },
     };
     let Some(next) = next else { return Decision::Idle };
+    if job.until.is_some_and(|u| next > u) && job.state.running_since.is_none() {
+        return Decision::Expire;
+    }
     if next > now {
         return Decision::Wait(next);
     }
@@ -435,6 +447,13 @@ pub fn mark_skipped(job: &mut Job, missed: &Missed, next: Option<Timestamp>, now
     if job.schedule.is_one_shot() {
         finish_one_shot(job);
     }
+}
+
+/// Record a [`Decision::Expire`]: the job is done (kept, disabled, listed as done).
+pub fn mark_expired(job: &mut Job) {
+    job.state.done = true;
+    job.enabled = false;
+    job.state.next_run = None;
 }
 
 /// Record a [`Decision::GiveUp`].

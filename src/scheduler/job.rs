@@ -261,6 +261,33 @@ pub struct JobState {
     /// A watcher's last output.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch: Option<WatchSeen>,
+    /// Scheduled runs started (for `max_runs`; manual runs do not count).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub runs: u32,
+}
+
+/// An optional duration as `jobs.json` writes it: `"5m"`.
+mod opt_dur {
+    use super::Dur;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Dur>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.collect_str(d),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Dur>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => text.parse::<Dur>().map(Some).map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl JobState {
@@ -316,6 +343,17 @@ pub struct Job {
     /// Run this command first; the turn runs only when its output says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch: Option<Watch>,
+    /// Start each occurrence this much later at most: an offset inside the
+    /// window, fixed per job ([`Job::jitter_offset`]), so jobs set for the same
+    /// minute do not all call the model in the same second.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_dur")]
+    pub jitter: Option<Dur>,
+    /// Done after this many scheduled runs ("remind me 3 times").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_runs: Option<u32>,
+    /// Done when the next occurrence would be after this ("every hour until Friday").
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "super::timeser::opt_ts")]
+    pub until: Option<Timestamp>,
     #[serde(default)]
     pub state: JobState,
 }
@@ -377,8 +415,23 @@ impl Job {
             ha_button: false,
             model: None,
             watch: None,
+            jitter: None,
+            max_runs: None,
+            until: None,
             state: JobState { next_run, ..JobState::default() },
         })
+    }
+
+    /// This job's start offset inside its `jitter` window: from its id, so the
+    /// same for every occurrence and across restarts, different between jobs.
+    /// Whole seconds, less than the window; zero without jitter.
+    pub fn jitter_offset(&self) -> std::time::Duration {
+        let window = self.jitter.map_or(0, |j| j.get().as_secs());
+        if window == 0 {
+            return std::time::Duration::ZERO;
+        }
+        let h = u64::from_str_radix(&fnv1a(&self.id), 16).unwrap_or(0);
+        std::time::Duration::from_secs(h % window)
     }
 
     /// Whether `key` names this job (its id or its name).

@@ -335,6 +335,7 @@ enum Change {
     Plan { id: String, next: Timestamp },
     Skip { id: String, missed: Missed, next: Option<Timestamp> },
     GiveUp { id: String },
+    Expire { id: String },
     Interrupted { id: String, scheduled: Timestamp },
     Reanchor { id: String, by: SignedDuration },
     Start { id: String, scheduled: Timestamp, manual: bool },
@@ -347,6 +348,7 @@ impl Change {
             Change::Plan { id, .. }
             | Change::Skip { id, .. }
             | Change::GiveUp { id }
+            | Change::Expire { id }
             | Change::Interrupted { id, .. }
             | Change::Reanchor { id, .. }
             | Change::Start { id, .. }
@@ -358,11 +360,15 @@ impl Change {
             Change::Plan { next, .. } => job.state.next_run = Some(*next),
             Change::Skip { missed, next, .. } => engine::mark_skipped(job, missed, *next, now),
             Change::GiveUp { .. } => engine::mark_given_up(job, now),
+            Change::Expire { .. } => engine::mark_expired(job),
             Change::Interrupted { scheduled, .. } => engine::mark_interrupted(job, *scheduled, now, tz),
             Change::Reanchor { by, .. } => engine::reanchor(job, *by),
             Change::Start { scheduled, manual, .. } => {
                 if job.enabled || *manual {
                     engine::mark_started(job, *scheduled, now, tz);
+                }
+                if !*manual {
+                    job.state.runs = job.state.runs.saturating_add(1);
                 }
             }
             Change::Finish { flight, outcome, .. } => {
@@ -535,7 +541,12 @@ impl<E: JobExecutor> Loop<E> {
                     if job.state.next_run != Some(next) {
                         changes.push(Change::Plan { id: job.id.clone(), next });
                     }
-                    wake = wake.min(dur_since(next, now));
+                    let start = next.checked_add(job.jitter_offset()).unwrap_or(next);
+                    wake = wake.min(dur_since(start, now));
+                }
+                Decision::Expire => {
+                    info!(job = %name, runs = job.state.runs, "job finished: its run limit or end time is reached");
+                    changes.push(Change::Expire { id: job.id.clone() });
                 }
                 Decision::Run { scheduled, missed, retry } => {
                     if retry {
@@ -1173,6 +1184,77 @@ mod tests {
             Duration::from_secs(600),
         );
         assert_eq!(suspect, Some(engine::Suspect::Behind { latest: ts("2026-05-03T12:00:00Z") }));
+    }
+
+    /// Ten jobs at 09:00 with `--jitter 5m` start spread over the window, each
+    /// at its own fixed offset, every day the same; the occurrence recorded
+    /// is still 09:00.
+    #[tokio::test(start_paused = true)]
+    async fn jitter_spreads_jobs_at_a_stable_offset_per_job() {
+        let h = Harness::new("2026-05-01T08:59:00Z");
+        let mut offsets = Vec::new();
+        for i in 0..10 {
+            let job = h.add(&format!("j{i}"), parse_cron("0 9 * * *", None).unwrap(), |j| {
+                j.jitter = Some(crate::config::Dur::secs(300));
+            });
+            offsets.push((job.name.clone(), job.jitter_offset()));
+        }
+        let run = h.start(h.scheduler(), None);
+        advance(24 * 3600 + 7 * 60).await; // two days' 09:00
+        stop(run).await;
+        let runs = h.runs.lock().unwrap().clone();
+        assert_eq!(runs.len(), 20);
+        for (name, offset) in &offsets {
+            assert!(*offset < Duration::from_secs(300), "{name}: {offset:?}");
+            let mine: Vec<_> = runs.iter().filter(|r| &r.0 == name).collect();
+            for (day, r) in mine.iter().enumerate() {
+                let occurrence = ts(&format!("2026-05-0{}T09:00:00Z", day + 1));
+                assert_eq!(r.1, occurrence, "{name}: recorded at its occurrence");
+                let late = dur_since(r.2, occurrence);
+                assert!(
+                    late >= *offset && late < *offset + Duration::from_secs(2),
+                    "{name}: started {late:?} late, offset {offset:?}"
+                );
+            }
+        }
+        let distinct: std::collections::HashSet<_> = offsets.iter().map(|o| o.1.as_secs()).collect();
+        assert!(distinct.len() >= 8, "spread out: {offsets:?}");
+    }
+
+    /// "Remind me 3 times": three scheduled runs, then done — also when the
+    /// process died during the third (it counts when it starts).
+    #[tokio::test(start_paused = true)]
+    async fn max_runs_and_until_end_a_job() {
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("thrice", every(60, h.now()), |j| j.max_runs = Some(3));
+        h.add("hourly", every(600, h.now()), |j| j.until = Some(ts("2026-05-01T08:25:00Z")));
+        let run = h.start(h.scheduler(), None);
+        advance(3600).await;
+        stop(run).await;
+        let count = |n: &str| h.runs().into_iter().filter(|r| r.0 == n).count();
+        assert_eq!(count("thrice"), 3);
+        assert_eq!(count("hourly"), 2, "08:10 and 08:20; 08:30 is past the end");
+        for name in ["thrice", "hourly"] {
+            let j = h.job(name);
+            assert!(j.state.done && !j.enabled && j.state.next_run.is_none(), "{name}: {:?}", j.state);
+        }
+        assert_eq!(h.job("thrice").state.runs, 3);
+
+        // A crash during the last run: recorded as interrupted, and the job is done all the same.
+        let h = Harness::new("2026-05-01T08:00:00Z");
+        h.add("twice", every(60, h.now()), |j| {
+            j.max_runs = Some(2);
+            j.state.runs = 2;
+            j.state.running_since = Some(ts("2026-05-01T07:59:30Z"));
+            j.state.last_run = Some(ts("2026-05-01T07:59:00Z"));
+        });
+        let run = h.start(h.scheduler(), None);
+        advance(300).await;
+        stop(run).await;
+        assert!(h.runs().is_empty());
+        let j = h.job("twice");
+        assert!(j.state.done, "{:?}", j.state);
+        assert!(j.state.history.back().unwrap().summary.starts_with("interrupted"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -87,6 +87,20 @@ impl CronTool {
                 .map_err(ToolError)?;
             job.watch = Some(crate::scheduler::Watch { command, mode });
         }
+        if let Some(j) = a.jitter.as_deref().filter(|j| !j.trim().is_empty()) {
+            job.jitter = Some(j.parse::<crate::config::Dur>().map_err(|e| ToolError::new(format!("jitter: {e}")))?);
+        }
+        if a.max_runs == Some(0) {
+            return Err(ToolError::new("max_runs must be at least 1"));
+        }
+        job.max_runs = a.max_runs;
+        if let Some(u) = a.until.as_deref() {
+            let u = sched::parse_at(u, self.tz.tz()).map_err(err)?;
+            if u <= now {
+                return Err(ToolError::new(format!("until {u} is already past")));
+            }
+            job.until = Some(u);
+        }
         let targets: Vec<String> = job.report_target_names();
         let job = self.store.add(job).map_err(err)?;
         Ok(format!(
@@ -181,6 +195,9 @@ struct Args {
     model: Option<String>,
     watch: Option<String>,
     watch_mode: Option<String>,
+    jitter: Option<String>,
+    max_runs: Option<u32>,
+    until: Option<String>,
     job: Option<String>,
 }
 
@@ -217,6 +234,9 @@ impl Tool for CronTool {
                 "model": {"type": "string", "description": "For `message` jobs, only when the user names one: the model, as provider/model"},
                 "watch": {"type": "string", "description": "A shell command run on schedule; the `message` task runs only when its output changes (no model call otherwise). Put {output} and {previous} in the message"},
                 "watch_mode": {"type": "string", "enum": ["changed", "nonempty", "exit-nonzero"], "description": "When the task runs (default changed)"},
+                "max_runs": {"type": "integer", "minimum": 1, "description": "Done after this many runs (\"remind me 3 times\")"},
+                "until": {"type": "string", "description": "Done when the next run would be after this time (\"every hour until Friday\"): YYYY-MM-DD HH:MM"},
+                "jitter": {"type": "string", "description": "Spread the start by up to this duration (e.g. 5m), a fixed offset per job"},
                 "job": {"type": "string", "description": "For remove: the job's id or name"}
             },
             "required": ["action"]

@@ -778,3 +778,42 @@ async fn a_watcher_calls_the_model_only_when_its_output_changes() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--model and --watch are for --message jobs"), "{}", text(&out.stderr));
 }
+
+#[tokio::test]
+async fn jitter_max_runs_and_until_are_kept_and_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let args = [
+        "cron",
+        "add",
+        "tea",
+        "--cron",
+        "0 16 * * *",
+        "--remind",
+        "Tea",
+        "--jitter",
+        "5m",
+        "--max-runs",
+        "3",
+        "--until",
+        "2031-01-01 00:00",
+    ];
+    let out = bramble(home, &args, None).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("jitter:   up to 5m (this job starts "), "{stdout}");
+    assert!(stdout.contains("runs:     0 of 3") && stdout.contains("until:    2031-01-01 00:00"), "{stdout}");
+    let show = text(&bramble(home, &["cron", "show", "tea"], None).await.stdout);
+    assert!(show.contains("jitter:    up to 5m") && show.contains("runs:      0 of 3"), "{show}");
+    for (bad, why) in [
+        (vec!["--max-runs", "0"], "--max-runs must be at least 1"),
+        (vec!["--until", "2020-01-01 00:00"], "is already past"),
+        (vec!["--jitter", "soon"], "--jitter:"),
+    ] {
+        let mut a = vec!["cron", "add", "bad", "--every", "1h", "--remind", "x"];
+        a.extend(bad);
+        let out = bramble(home, &a, None).await;
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stderr).contains(why), "{why}: {}", text(&out.stderr));
+    }
+}
