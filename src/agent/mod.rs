@@ -421,6 +421,20 @@ impl Agent {
         }
         let _busy = self.inflight.enter();
         let _stoppable = ActiveTurn::new(self, &req.conversation.session_key, &req.cancel);
+        // Take this turn's place in its session's queue now, before anything
+        // below waits: turns of one chat run in the order they came (the
+        // pending record's write must not let a later message overtake).
+        let session = SessionLock::new(self, &req.conversation.session_key);
+        let queued = Arc::clone(&session.lock).lock_owned();
+        tokio::pin!(queued);
+        let mut held = None;
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(guard) = std::future::Future::poll(queued.as_mut(), cx) {
+                held = Some(guard);
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
         // The user's message survives a crash from here on (chat turns only:
         // jobs have their own run records): its record is written now and
         // flushed if the turn is still running after `SYNC_AFTER` (a shorter
@@ -440,7 +454,7 @@ impl Agent {
         };
         // Dropped unfinished (the turn's future abandoned): the record stays for the next start.
         let record = record.map(|id| PendingGuard { store: &self.pending, id });
-        let turn = self.turn_queued(provider.as_ref(), &req);
+        let turn = self.turn_queued(provider.as_ref(), &req, held, queued.as_mut());
         tokio::pin!(turn);
         let result = match &record {
             None => turn.await,
@@ -472,13 +486,23 @@ impl Agent {
         result
     }
 
-    async fn turn_queued(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
+    /// The turn once its session is free: `held` if it was free at once, else
+    /// `queued` (its place in the session's queue, taken by [`Agent::turn`]).
+    async fn turn_queued(
+        &self,
+        provider: &dyn Provider,
+        req: &TurnRequest,
+        held: Option<tokio::sync::OwnedMutexGuard<()>>,
+        queued: std::pin::Pin<&mut impl std::future::Future<Output = tokio::sync::OwnedMutexGuard<()>>>,
+    ) -> Result<TurnReport, TurnError> {
         // The session first, then a slot: turns queued on one busy chat must not
         // hold slots that other sessions (the heartbeat, jobs) need.
-        let session = SessionLock::new(self, &req.conversation.session_key);
-        let _in_session = tokio::select! {
-            g = session.lock.lock() => g,
-            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+        let _in_session = match held {
+            Some(guard) => guard,
+            None => tokio::select! {
+                g = queued => g,
+                _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+            },
         };
         let _slot = tokio::select! {
             s = self.turn_slots.acquire() => s.map_err(|_| TurnError::Cancelled)?,

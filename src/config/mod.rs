@@ -38,6 +38,23 @@ pub struct Config {
     pub telegram: TelegramConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
+    pub alerts: AlertsConfig,
+}
+
+/// `[alerts]`: telling the owner when jobs go wrong.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Where alerts go (`telegram:<id>`, `mqtt[:topic]`, `log`); empty: no alerts.
+    pub deliver: Vec<Target>,
+    /// A job that fails this many times in a row raises one alert (and one note when it works again).
+    pub after_failures: u32,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        AlertsConfig { deliver: Vec::new(), after_failures: 3 }
+    }
 }
 
 impl Default for Config {
@@ -51,6 +68,7 @@ impl Default for Config {
             telegram: TelegramConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
+            alerts: AlertsConfig::default(),
         }
     }
 }
@@ -1082,6 +1100,7 @@ mod tests {
             ("TelegramConfig", "telegram"),
             ("MqttConfig", "mqtt"),
             ("DaemonConfig", "daemon"),
+            ("AlertsConfig", "alerts"),
         ];
         let mut missing = Vec::new();
         for (ty, section) in sections {

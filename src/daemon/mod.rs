@@ -208,7 +208,12 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let tz = c.timezone();
     let reload = scheduler.reload_handle();
     let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone());
-    let runner = JobRunner { runner: work.clone(), reports: reports.clone(), abort: abort.clone() };
+    let runner = JobRunner {
+        runner: work.clone(),
+        reports: reports.clone(),
+        abort: abort.clone(),
+        alerts: loaded.config.alerts.clone(),
+    };
     let mqtt_jobs = Arc::new(Notify::new());
     let mqtt_heartbeat = Arc::new(Notify::new());
     let mut observers: Vec<RunObserver> = Vec::new();

@@ -264,6 +264,9 @@ pub struct JobState {
     /// Scheduled runs started (for `max_runs`; manual runs do not count).
     #[serde(skip_serializing_if = "is_zero")]
     pub runs: u32,
+    /// Runs that failed in a row (reset by a successful one), for alerts.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failures: u32,
 }
 
 /// An optional duration as `jobs.json` writes it: `"5m"`.
@@ -305,6 +308,11 @@ impl JobState {
     /// Append a record, keeping the newest [`HISTORY_LEN`], and set `last_status`.
     pub fn push(&mut self, mut record: RunRecord) {
         record.summary = truncate(&record.summary, SUMMARY_LEN);
+        match record.status {
+            RunStatus::Error => self.failures = self.failures.saturating_add(1),
+            RunStatus::Ok => self.failures = 0,
+            RunStatus::Skipped | RunStatus::Missed | RunStatus::Cancelled => {}
+        }
         self.last_status = Some(record.status);
         self.history.push_back(record);
         while self.history.len() > HISTORY_LEN {

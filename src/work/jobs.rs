@@ -18,11 +18,42 @@ pub struct JobRunner {
     pub reports: Reports,
     /// Cancelled when running work must stop (shutdown after the grace period).
     pub abort: CancellationToken,
+    /// `[alerts]`.
+    pub alerts: crate::config::AlertsConfig,
 }
 
 impl JobRunner {
-    /// Run `job` now and queue its report. Used by the daemon and `bramble cron run`.
+    /// Run `job` now and queue its report, and an alert when it has now
+    /// failed `[alerts] after_failures` times in a row (once: when the count
+    /// reaches it; the count is in the job's state, so across restarts too),
+    /// and a note when such a job works again. Used by the daemon and
+    /// `bramble cron run`.
     pub async fn run_job(&self, job: &Job) -> RunOutcome {
+        let outcome = self.run_once(job).await;
+        let (after, before) = (self.alerts.after_failures.max(1), job.state.failures);
+        if self.alerts.deliver.is_empty() {
+            return outcome;
+        }
+        let text = match outcome.status {
+            RunStatus::Error if before + 1 == after => Some(format!(
+                "Alert: job `{}` has failed {after} time{} in a row. Last error: {}",
+                job.name,
+                if after == 1 { "" } else { "s" },
+                crate::scheduler::job::truncate(outcome.error.as_deref().unwrap_or(&outcome.summary), 500)
+            )),
+            RunStatus::Ok if before >= after => {
+                Some(format!("Recovered: job `{}` works again after {before} failed runs in a row.", job.name))
+            }
+            _ => None,
+        };
+        if let Some(text) = text {
+            tracing::warn!(job = %job.name, "{text}");
+            self.reports.send(&self.alerts.deliver, &text, &format!("alert:{}", job.name)).await;
+        }
+        outcome
+    }
+
+    async fn run_once(&self, job: &Job) -> RunOutcome {
         let mut seen = None;
         let work = match &job.kind {
             JobKind::Remind { text } => Work::Text(text.clone()),

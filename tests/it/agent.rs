@@ -294,3 +294,37 @@ async fn a_running_turn_counts_as_work_in_flight() {
     assert!(drained, "drained once the turn ended");
     assert_eq!(agent.inflight().count(), 0);
 }
+
+/// Messages of one chat that arrive while its turn runs are answered in the
+/// order they came: each takes its place in the session's queue before its
+/// pending record is written (that write once let a later message overtake).
+#[tokio::test]
+async fn turns_of_one_session_run_in_the_order_they_came() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.push(Reply::Delayed(std::time::Duration::from_millis(300), Box::new(Reply::text("a0"))));
+    for i in 1..16 {
+        fake.push(Reply::text(format!("a{i}")));
+    }
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let (agent, _out) = home.agent();
+    let agent = std::sync::Arc::new(agent);
+    let mut turns = Vec::new();
+    for i in 0..16 {
+        let agent = agent.clone();
+        turns.push(tokio::spawn(async move { agent.turn(TurnRequest::cli("chat", format!("m{i}"))).await }));
+    }
+    for t in turns {
+        t.await.unwrap().unwrap();
+    }
+    let asked: Vec<String> = fake
+        .requests()
+        .iter()
+        .map(|r| {
+            let msgs = r["messages"].as_array().unwrap();
+            let last = msgs.iter().rev().find(|m| m["role"] == "user").unwrap();
+            last["content"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    let expected: Vec<String> = (0..16).map(|i| format!("m{i}")).collect();
+    assert_eq!(asked, expected);
+}

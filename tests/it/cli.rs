@@ -817,3 +817,46 @@ async fn jitter_max_runs_and_until_are_kept_and_shown() {
         assert!(text(&out.stderr).contains(why), "{why}: {}", text(&out.stderr));
     }
 }
+
+#[tokio::test]
+async fn a_job_failing_in_a_row_raises_one_alert_and_one_recovery_note() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new(
+        "openai",
+        &fake.base_url(),
+        "",
+        "",
+        "[alerts]\ndeliver = [\"mqtt:alerts\"]\nafter_failures = 2\n",
+    );
+    let cfg = home.config.to_str().unwrap().to_string();
+    let run = |args: &[&str]| {
+        let mut all = vec!["--config".to_string(), cfg.clone()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let home = home.path().to_path_buf();
+        async move {
+            let refs: Vec<&str> = all.iter().map(String::as_str).collect();
+            bramble(&home, &refs, None).await
+        }
+    };
+    let out = run(&["cron", "add", "backup", "--every", "1d", "--exec", "test -e backup-ok"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let alerts = || {
+        let outbox = std::fs::read_to_string(home.state.join("outbox.jsonl")).unwrap_or_default();
+        let count = |needle: &str| outbox.lines().filter(|l| l.starts_with("{\"add\":") && l.contains(needle)).count();
+        (count("Alert: job `backup` has failed 2 times in a row"), count("Recovered: job `backup` works again"))
+    };
+    for _ in 0..4 {
+        assert_eq!(run(&["cron", "run", "backup"]).await.status.code(), Some(1));
+    }
+    assert_eq!(alerts(), (1, 0), "one alert for four failures, at the second");
+    std::fs::write(home.workspace.join("backup-ok"), "").unwrap();
+    assert_eq!(run(&["cron", "run", "backup"]).await.status.code(), Some(0));
+    assert_eq!(run(&["cron", "run", "backup"]).await.status.code(), Some(0));
+    assert_eq!(alerts(), (1, 1), "one recovery note");
+    // Failing again starts a new incident: a new alert at the second failure.
+    std::fs::remove_file(home.workspace.join("backup-ok")).unwrap();
+    run(&["cron", "run", "backup"]).await;
+    assert_eq!(alerts(), (1, 1));
+    run(&["cron", "run", "backup"]).await;
+    assert_eq!(alerts(), (2, 1));
+}
