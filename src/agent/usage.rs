@@ -153,26 +153,6 @@ impl UsageLedger {
         self.count(|c| c.providers.get(&key).copied())
     }
 
-    /// Today's totals per provider, by name.
-    pub fn today_by_provider(&self) -> BTreeMap<String, DayUsage> {
-        let today = self.today_key();
-        let mut out: BTreeMap<String, DayUsage> = BTreeMap::new();
-        let mut add = |c: &Counts| {
-            for ((date, name), d) in &c.providers {
-                if *date == today {
-                    let e = out.entry(name.clone()).or_default();
-                    *e = e.plus(*d);
-                }
-            }
-        };
-        {
-            let mut saved = self.inner.saved.lock().unwrap_or_else(|p| p.into_inner());
-            add(saved.get_or_insert_with(|| self.inner.read().into()));
-        }
-        add(&self.unsaved().counts);
-        out
-    }
-
     /// `pick` of the saved counts plus `pick` of the unsaved ones.
     fn count(&self, pick: impl Fn(&Counts) -> Option<DayUsage>) -> DayUsage {
         let saved = {
@@ -360,8 +340,7 @@ mod tests {
         drop(l);
         let again = UsageLedger::new(dir.path(), "UTC".parse().unwrap());
         assert_eq!(again.today_of("lan").total(), 55, "kept in the file");
-        let by = again.today_by_provider();
-        assert_eq!(by.keys().collect::<Vec<_>>(), ["cloud", "lan"]);
+        assert_eq!(again.today_of("cloud").total(), 65);
         let text = std::fs::read_to_string(dir.path().join("usage.json")).unwrap();
         assert!(text.contains("\"providers\""), "{text}");
     }

@@ -948,13 +948,6 @@ pub fn load(explicit: Option<&Path>) -> Result<Loaded, ConfigError> {
     Ok(Loaded { config, path, paths })
 }
 
-impl Loaded {
-    /// Whether this is the installed service's config (`/etc/bramble/config.toml`).
-    pub fn is_service(&self) -> bool {
-        self.path.as_deref().is_some_and(|p| same_file(p, &Service::installed().config))
-    }
-}
-
 /// Whether two paths name the same file (the same path when they cannot be resolved).
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {

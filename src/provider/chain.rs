@@ -123,11 +123,6 @@ impl Chain {
         self
     }
 
-    /// The backends, in configured order.
-    pub fn backends(&self) -> &[Backend] {
-        &self.backends
-    }
-
     /// `provider/model` or `provider` with an explicitly named provider.
     fn named(&self, text: &str) -> Option<Candidate> {
         named_in(self.backends.iter().map(|b| (b.name.as_str(), b.named, b.default_model.as_str())), text)
