@@ -223,7 +223,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
         runner: crate::work::Runner::new(run.agent.clone(), loaded.config.exec.clone(), loaded.paths.workspace.clone()),
         reports: run.reports(),
         abort: abort.clone(),
-        alerts: loaded.config.alerts.clone(),
+        alerts: crate::work::alerts::Alerts::new(&loaded.paths.state_dir, &loaded.config.alerts, run.reports()),
     };
     let started = jiff::Timestamp::now();
     let ctrl_c = abort.clone();

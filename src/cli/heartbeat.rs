@@ -16,6 +16,7 @@ pub(super) async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<
         tz: c.timezone(),
         state: crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir),
         reports: run.reports(),
+        pulse: crate::util::pulse::Pulse::new(),
     };
     let outcome = hb.tick(&run.agent, dry_run, &run.cancel).await;
     run.finish().await;

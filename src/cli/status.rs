@@ -197,5 +197,20 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
         }
         Err(e) => println!("outbox:     error: {e}"),
     }
+    let open = crate::work::alerts::open_in(&loaded.paths.state_dir);
+    let to = if c.alerts.deliver.is_empty() {
+        "sent nowhere: set [alerts] deliver".to_string()
+    } else {
+        format!("to {}", c.alerts.deliver.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "))
+    };
+    if open.is_empty() {
+        println!("alerts:     none open ({to})");
+    } else {
+        println!("alerts:     {} open ({to})", open.len());
+        for (key, o) in &open {
+            let first = o.text.lines().next().unwrap_or_default();
+            println!("  {key} since {}: {}", when(Some(o.since), &tz), crate::scheduler::job::truncate(first, 160));
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }

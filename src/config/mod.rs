@@ -49,11 +49,13 @@ pub struct AlertsConfig {
     pub deliver: Vec<Target>,
     /// A job that fails this many times in a row raises one alert (and one note when it works again).
     pub after_failures: u32,
+    /// A report waiting in the outbox longer than this raises one alert per channel.
+    pub undelivered_after: Dur,
 }
 
 impl Default for AlertsConfig {
     fn default() -> Self {
-        AlertsConfig { deliver: Vec::new(), after_failures: 3 }
+        AlertsConfig { deliver: Vec::new(), after_failures: 3, undelivered_after: Dur::secs(3600) }
     }
 }
 

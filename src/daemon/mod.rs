@@ -27,6 +27,7 @@ use crate::delivery::dispatcher::{pump_outbound, run_outbox};
 use crate::delivery::{Channels, Reports};
 use crate::scheduler::heartbeat::{self, StateFile};
 use crate::scheduler::{Job, JobStore};
+use crate::work::alerts::{self, Alerts, Watched};
 use crate::work::heartbeat::Heartbeat;
 use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
 use crate::work::Runner;
@@ -208,14 +209,12 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let tz = c.timezone();
     let reload = scheduler.reload_handle();
     let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone());
-    let runner = JobRunner {
-        runner: work.clone(),
-        reports: reports.clone(),
-        abort: abort.clone(),
-        alerts: loaded.config.alerts.clone(),
-    };
+    let alerts = Alerts::new(state, &c.alerts, reports.clone());
+    let runner =
+        JobRunner { runner: work.clone(), reports: reports.clone(), abort: abort.clone(), alerts: alerts.clone() };
     let mqtt_jobs = Arc::new(Notify::new());
     let mqtt_heartbeat = Arc::new(Notify::new());
+    let mqtt_alerts = Arc::new(Notify::new());
     let mut observers: Vec<RunObserver> = Vec::new();
     if let Some(link) = mqtt.clone() {
         let wiring = crate::channels::mqtt::Wiring {
@@ -225,6 +224,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             state_dir: state.clone(),
             jobs_changed: mqtt_jobs.clone(),
             heartbeat_changed: mqtt_heartbeat.clone(),
+            alerts_changed: mqtt_alerts.clone(),
             triggers: Some(crate::channels::mqtt::triggers::TriggerDeps { runner: work, reports: reports.clone() }),
             outbox: outbox.clone(),
             wake: wake.clone(),
@@ -236,6 +236,20 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             Err(e) => tracing::error!("MQTT is off: {e}"),
         }
     }
+    // The dead-man watches the scheduler's and the heartbeat's loops.
+    let mut watched = vec![Watched {
+        key: alerts::SCHEDULER_KEY,
+        pulse: scheduler.pulse(),
+        limit: alerts::SCHEDULER_STALL,
+        alert: |silent| {
+            format!(
+                "Alert: the scheduler has not completed a pass for {}: jobs may not run. (The systemd watchdog \
+                 restarts a daemon that hangs as a whole; this one still runs.) Try `sudo systemctl restart bramble`.",
+                crate::config::Dur(silent)
+            )
+        },
+        recovered: "Recovered: the scheduler runs again.",
+    }];
     tasks.spawn(scheduler.run(ObservedRunner { runner, observers }, stop.clone()));
 
     let heartbeat = Heartbeat {
@@ -244,8 +258,24 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         tz: tz.clone(),
         state: StateFile::new(state),
         reports,
+        pulse: crate::util::pulse::Pulse::new(),
     };
+    if c.heartbeat.enabled {
+        watched.push(Watched {
+            key: alerts::HEARTBEAT_KEY,
+            pulse: heartbeat.pulse.clone(),
+            limit: c.heartbeat.every.get().max(Duration::from_secs(10)) * 2,
+            alert: |silent| {
+                format!(
+                    "Alert: the heartbeat has not ticked for {} (twice its interval): HEARTBEAT.md is not being looked at.",
+                    crate::config::Dur(silent)
+                )
+            },
+            recovered: "Recovered: the heartbeat ticks again.",
+        });
+    }
     tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone()));
+    tasks.spawn(alerts::dead_man(alerts, watched, outbox.clone(), stop.clone()));
 
     let watch_dir = state.clone();
     let watch_stop = stop.clone();
@@ -257,6 +287,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             ("outbox.jsonl", wake),
             ("jobs.json", mqtt_jobs),
             ("heartbeat.json", mqtt_heartbeat),
+            (alerts::ALERTS_FILE, mqtt_alerts),
         ];
         if let Err(e) = watch::watch_state_dir(watch_dir, watched, watch_stop).await {
             tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");

@@ -21,7 +21,8 @@ pub async fn watch_state_dir(
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
-    inotify.add_watch(&dir, AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE)?;
+    // Deleted too: `alerts.json` is removed when the last alert closes.
+    inotify.add_watch(&dir, AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_DELETE)?;
     // SAFETY: `Watched` owns the inotify descriptor and never closes or swaps
     // it while the AsyncFd exists; `as_raw_fd` always returns that descriptor.
     let fd = unsafe { AsyncFd::register(Watched(inotify)) }?;

@@ -34,6 +34,6 @@ mod timeser;
 
 pub use engine::{clock_synchronized, plan, Clock, Decision, Missed, SystemClock, GRACE};
 pub use job::{CatchUp, Job, JobError, JobKind, JobState, RunRecord, RunStatus, Watch, WatchMode, WatchSeen};
-pub use runner::{BoxFuture, JobExecutor, RunOutcome, Scheduler, SchedulerHandle};
+pub use runner::{BoxFuture, Incident, JobExecutor, RunOutcome, Scheduler, SchedulerHandle};
 pub use schedule::{parse_at, parse_cron, parse_every, parse_tz, Schedule, ScheduleError};
 pub use store::{JobStore, Stamp, StoreError};

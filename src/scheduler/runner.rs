@@ -43,6 +43,7 @@ use super::engine::{self, plan, Clock, Decision, Missed, SystemClock, TRUST_FLOO
 use super::job::{Job, RunStatus};
 use super::schedule::{dur_since, Schedule};
 use super::store::{find, JobStore, Stamp, StoreError};
+use crate::util::pulse::Pulse;
 
 pub use crate::util::BoxFuture;
 
@@ -120,6 +121,38 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(20);
 /// honour the daemon's own cancellation; the scheduler never aborts it.
 pub trait JobExecutor: Send + Sync + 'static {
     fn execute<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> BoxFuture<'a, RunOutcome>;
+
+    /// What one pass decided that the owner should hear of, told after the
+    /// pass's store write (so a restart does not decide and tell it again).
+    /// Must not block: the scheduler's loop calls it. Default: nothing.
+    fn incidents(&self, _incidents: Vec<Incident>) {}
+
+    /// The jobs as just read from the store (at start and after every edit),
+    /// for state kept about jobs elsewhere (alerts of removed jobs). Must not
+    /// block. Default: nothing.
+    fn jobs_loaded(&self, _jobs: &[Job]) {}
+}
+
+/// Something the scheduler decided about a job without running it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incident {
+    /// Occurrences passed without a run (daemon down, clock jump, held) and
+    /// the job's catch-up policy did not make them up.
+    Missed { id: String, name: String, missed: Missed },
+    /// A recurring run was cut off by a crash, kill or watchdog restart; it is
+    /// not run again.
+    Interrupted { id: String, name: String, scheduled: Timestamp },
+    /// A one-shot was cut off twice: given up and disabled.
+    GaveUp { id: String, name: String },
+}
+
+impl Incident {
+    /// The job's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Incident::Missed { id, .. } | Incident::Interrupted { id, .. } | Incident::GaveUp { id, .. } => id,
+        }
+    }
 }
 
 /// Talks to a running [`Scheduler`] (from a SIGHUP handler, IPC, the agent's tool).
@@ -157,6 +190,8 @@ pub struct Scheduler {
     wakeups: Arc<AtomicU64>,
     /// Jobs read before the loop started ([`preload`](Self::preload)).
     preloaded: Option<(Vec<Job>, Option<Stamp>)>,
+    /// Beaten at the end of every pass: the dead-man's view of the loop.
+    pulse: Pulse,
 }
 
 impl Scheduler {
@@ -174,6 +209,7 @@ impl Scheduler {
             sync_wait: Some(DEFAULT_SYNC_WAIT),
             wakeups: Arc::new(AtomicU64::new(0)),
             preloaded: None,
+            pulse: Pulse::new(),
         }
     }
 
@@ -210,6 +246,12 @@ impl Scheduler {
         SchedulerHandle { reload: self.reload.clone(), run_now: self.run_now_tx.clone() }
     }
 
+    /// Beaten after every planning pass (at least once a minute while the
+    /// loop is alive): for the daemon's dead-man.
+    pub fn pulse(&self) -> Pulse {
+        self.pulse.clone()
+    }
+
     /// A counter of loop wake-ups since start (for `status` and for tests of idleness).
     pub fn wakeups(&self) -> Arc<AtomicU64> {
         self.wakeups.clone()
@@ -218,8 +260,18 @@ impl Scheduler {
     /// Run until `cancel`. Due jobs are handed to `executor`, each in its own
     /// task, at most one run per job at a time.
     pub async fn run(self, executor: impl JobExecutor, cancel: CancellationToken) {
-        let Scheduler { store, default_tz, clock, reload, run_now_tx, mut run_now_rx, sync_wait, wakeups, preloaded } =
-            self;
+        let Scheduler {
+            store,
+            default_tz,
+            clock,
+            reload,
+            run_now_tx,
+            mut run_now_rx,
+            sync_wait,
+            wakeups,
+            preloaded,
+            pulse,
+        } = self;
         drop(run_now_tx);
         let now = clock.now();
         let mut lp = Loop {
@@ -248,6 +300,7 @@ impl Scheduler {
             None => lp.reload(),
         }
         lp.latest_record = engine::latest_record(&lp.jobs);
+        lp.exec.jobs_loaded(&lp.jobs);
         if let Some(notice) = lp.store.corrupt_notice() {
             error!("{notice}");
         }
@@ -271,6 +324,7 @@ impl Scheduler {
                 // A read or rewrite of a large jobs.json freed megabytes: not kept while asleep.
                 crate::util::sys::release_freed_memory();
             }
+            pulse.beat();
             debug!(sleep_ms = pass.wake.as_millis() as u64, "scheduler sleeping");
             tokio::select! {
                 biased;
@@ -431,11 +485,13 @@ impl<E: JobExecutor> Loop<E> {
                 debug!(jobs = jobs.len(), "scheduler loaded jobs");
                 self.jobs = jobs;
                 self.stamp = stamp;
+                self.exec.jobs_loaded(&self.jobs);
             }
             Err(e @ StoreError::Corrupt { .. }) => {
                 error!("{e}");
                 self.jobs.clear();
                 self.stamp = self.store.stamp();
+                self.exec.jobs_loaded(&self.jobs);
             }
             Err(e) => {
                 // Unreadable or from a newer bramble: keep what we had, don't spin on it.
@@ -508,6 +564,7 @@ impl<E: JobExecutor> Loop<E> {
         let tz = self.default_tz.clone();
         let mut changes = Vec::new();
         let mut starts = Vec::new();
+        let mut incidents = Vec::new();
         let mut wake = MAX_SLEEP;
         let mut held = 0usize;
         // `every` jobs keep their interval across a backward jump: move their
@@ -561,6 +618,7 @@ impl<E: JobExecutor> Loop<E> {
                     if let Some(n) = next {
                         wake = wake.min(dur_since(n, now));
                     }
+                    incidents.push(Incident::Missed { id: job.id.clone(), name: name.clone(), missed });
                     changes.push(Change::Skip { id: job.id.clone(), missed, next });
                 }
                 Decision::Interrupted { scheduled } => {
@@ -570,10 +628,12 @@ impl<E: JobExecutor> Loop<E> {
                         "run was interrupted (the daemon died during it: crash, kill or watchdog); not run again"
                     );
                     changes.push(Change::Interrupted { id: job.id.clone(), scheduled });
+                    incidents.push(Incident::Interrupted { id: job.id.clone(), name: name.clone(), scheduled });
                 }
                 Decision::GiveUp => {
                     error!(job = %name, "one-shot was interrupted during its run twice; giving up");
                     changes.push(Change::GiveUp { id: job.id.clone() });
+                    incidents.push(Incident::GaveUp { id: job.id.clone(), name: name.clone() });
                 }
             }
         }
@@ -609,6 +669,9 @@ impl<E: JobExecutor> Loop<E> {
         let written = changes.is_empty() || self.commit(changes, now);
         if !written {
             wake = wake.min(RETRY_AFTER_ERROR);
+        }
+        if !incidents.is_empty() {
+            self.exec.incidents(incidents);
         }
         for s in starts {
             let Some(job) = self.jobs.iter().find(|j| j.id == s.id) else { continue };
@@ -734,9 +797,14 @@ mod tests {
         runs: Arc<Mutex<Vec<(String, Timestamp, Timestamp)>>>,
         takes: Duration,
         hang: Option<String>,
+        incidents: Arc<Mutex<Vec<Vec<Incident>>>>,
     }
 
     impl JobExecutor for Recorder {
+        fn incidents(&self, incidents: Vec<Incident>) {
+            self.incidents.lock().unwrap().push(incidents);
+        }
+
         fn execute<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> BoxFuture<'a, RunOutcome> {
             Box::pin(async move {
                 self.runs.lock().unwrap().push((job.name.clone(), scheduled, self.clock.now()));
@@ -753,11 +821,21 @@ mod tests {
         dir: tempfile::TempDir,
         clock: Arc<FakeClock>,
         runs: Arc<Mutex<Vec<(String, Timestamp, Timestamp)>>>,
+        /// What each pass told the executor, pass by pass.
+        incidents: Arc<Mutex<Vec<Vec<Incident>>>>,
     }
 
     impl Harness {
         fn new(base: &str) -> Harness {
-            Harness { dir: tempfile::tempdir().unwrap(), clock: FakeClock::new(base), runs: Arc::default() }
+            Harness {
+                dir: tempfile::tempdir().unwrap(),
+                clock: FakeClock::new(base),
+                runs: Arc::default(),
+                incidents: Arc::default(),
+            }
+        }
+        fn incidents(&self) -> Vec<Vec<Incident>> {
+            self.incidents.lock().unwrap().clone()
         }
         fn store(&self) -> JobStore {
             JobStore::open(self.dir.path())
@@ -782,6 +860,7 @@ mod tests {
                 runs: self.runs.clone(),
                 takes: Duration::from_secs(1),
                 hang: hang.map(str::to_string),
+                incidents: self.incidents.clone(),
             };
             let task = tokio::spawn(s.run(exec, cancel.clone()));
             (cancel, task)
@@ -853,12 +932,17 @@ mod tests {
         h.add("daily", parse_cron("0 9 * * *", None).unwrap(), |_| {});
         let s = h.scheduler();
         let wakes = s.wakeups();
+        let pulse = s.pulse();
         let run = h.start(s, None);
         advance(30 * 60).await;
+        // Idle, yet alive to the dead-man: a pass at least every minute.
+        assert!(pulse.silent_for() <= MAX_SLEEP, "{:?}", pulse.silent_for());
         stop(run).await;
         let n = wakes.load(Ordering::Relaxed);
         assert!((30..=32).contains(&n), "{n} wake-ups in 30 idle minutes");
         assert!(h.runs().is_empty());
+        advance(10 * 60).await;
+        assert!(pulse.silent_for() >= Duration::from_secs(10 * 60), "a stopped loop is silent");
     }
 
     #[tokio::test(start_paused = true)]
@@ -941,6 +1025,18 @@ mod tests {
         let missed = &h.job("hourly").state.history[0];
         assert_eq!(missed.status, RunStatus::Missed);
         assert!(missed.summary.contains("missed 5 occurrences"), "{}", missed.summary);
+        // Both misses told in one batch (one alert for the downtime), once.
+        let told = h.incidents();
+        assert_eq!(told.len(), 1, "{told:?}");
+        let mut names: Vec<_> = told[0]
+            .iter()
+            .map(|i| match i {
+                Incident::Missed { name, missed, .. } => (name.as_str(), missed.count),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        names.sort();
+        assert_eq!(names, [("hourly", 5), ("tick", 30)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -957,6 +1053,7 @@ mod tests {
             [("hourly".to_string(), ts("2026-05-01T12:30:00Z")), ("tick".to_string(), ts("2026-05-01T13:00:00Z"))]
         );
         assert_eq!(h.job("hourly").state.next_run, Some(ts("2026-05-01T13:30:00Z")));
+        assert!(h.incidents().is_empty(), "made up by the policy: nothing to alert");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1073,6 +1170,10 @@ mod tests {
         assert_eq!(hist, [(RunStatus::Error, t("08:01")), (RunStatus::Ok, t("08:02"))]);
         assert!(job.state.history[0].summary.starts_with("interrupted"));
         assert_eq!(job.state.running_since, None);
+        assert_eq!(
+            h.incidents(),
+            [vec![Incident::Interrupted { id: job.id.clone(), name: "e3".into(), scheduled: t("08:01") }]]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -1104,6 +1205,8 @@ mod tests {
         assert!(job.state.done && !job.enabled);
         assert_eq!(job.state.attempts, 2);
         assert_eq!(job.state.last_status, Some(RunStatus::Error));
+        // Told once (the third start), for the alert.
+        assert_eq!(h.incidents(), [vec![Incident::GaveUp { id: job.id.clone(), name: "remind".into() }]]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,9 +8,11 @@
 //! - [`sys`]: facts about the machine (host name).
 //! - [`mqtt`]: MQTT topic filters.
 //! - [`tasks`]: a bounded number of tasks over a bounded queue.
+//! - [`pulse`]: a loop's sign of life, for the dead-man.
 
 pub mod fs;
 pub mod mqtt;
+pub mod pulse;
 pub mod sys;
 pub mod tasks;
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::bus::{Conversation, Target};
 use crate::config::{HeartbeatConfig, TzName};
 use crate::delivery::Reports;
 use crate::scheduler::heartbeat::{self, Decision, HeartbeatState, StateFile};
+use crate::util::pulse::Pulse;
 
 /// What one heartbeat tick did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +44,8 @@ pub struct Heartbeat {
     pub tz: TzName,
     pub state: StateFile,
     pub reports: Reports,
+    /// Beaten when the loop starts and after every tick: the dead-man's view.
+    pub pulse: Pulse,
 }
 
 impl Heartbeat {
@@ -98,6 +101,7 @@ impl Heartbeat {
         }
         let every = self.config.every.get().max(Duration::from_secs(10));
         let mut anchor = self.state.load().last_run;
+        self.pulse.beat();
         loop {
             let now = Timestamp::now();
             // A last run "in the future" means the clock was wrong (a board
@@ -121,6 +125,7 @@ impl Heartbeat {
             }
             // The turn counts itself as work in flight (see `Agent::inflight`).
             let outcome = self.tick(&agent, false, &abort).await;
+            self.pulse.beat();
             tracing::debug!(?outcome, "heartbeat tick");
             if outcome == HeartbeatOutcome::Cancelled {
                 return;

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
+use super::alerts::{job_key, Alerts};
 use super::{Runner, Work};
 use crate::bus::Conversation;
 use crate::delivery::Reports;
-use crate::scheduler::{Job, JobExecutor, JobKind, RunOutcome, RunStatus, Watch, WatchMode, WatchSeen};
+use crate::scheduler::{Incident, Job, JobExecutor, JobKind, RunOutcome, RunStatus, Watch, WatchMode, WatchSeen};
 
 /// Runs due jobs for the scheduler: message (an agent turn), remind (the text
 /// as is), exec (a sandboxed command). Every result is a report in the outbox.
@@ -18,37 +19,43 @@ pub struct JobRunner {
     pub reports: Reports,
     /// Cancelled when running work must stop (shutdown after the grace period).
     pub abort: CancellationToken,
-    /// `[alerts]`.
-    pub alerts: crate::config::AlertsConfig,
+    /// `[alerts]`: a job failing in a row, a one-shot given up, missed runs.
+    pub alerts: Alerts,
 }
 
 impl JobRunner {
-    /// Run `job` now and queue its report, and an alert when it has now
-    /// failed `[alerts] after_failures` times in a row (once: when the count
-    /// reaches it; the count is in the job's state, so across restarts too),
-    /// and a note when such a job works again. Used by the daemon and
-    /// `bramble cron run`.
+    /// Run `job` now and queue its report. A job that has now failed
+    /// `[alerts] after_failures` times in a row raises its alert (once: the
+    /// condition stays open, across restarts, until a good run clears it
+    /// with a recovery note). Used by the daemon and `bramble cron run`.
     pub async fn run_job(&self, job: &Job) -> RunOutcome {
         let outcome = self.run_once(job).await;
-        let (after, before) = (self.alerts.after_failures.max(1), job.state.failures);
-        if self.alerts.deliver.is_empty() {
-            return outcome;
-        }
-        let text = match outcome.status {
-            RunStatus::Error if before + 1 == after => Some(format!(
-                "Alert: job `{}` has failed {after} time{} in a row. Last error: {}",
-                job.name,
-                if after == 1 { "" } else { "s" },
-                crate::scheduler::job::truncate(outcome.error.as_deref().unwrap_or(&outcome.summary), 500)
-            )),
-            RunStatus::Ok if before >= after => {
-                Some(format!("Recovered: job `{}` works again after {before} failed runs in a row.", job.name))
+        let (after, before) = (self.alerts.config().after_failures.max(1), job.state.failures);
+        let key = job_key(&job.id);
+        match outcome.status {
+            RunStatus::Error if before + 1 >= after => {
+                let text = format!(
+                    "Alert: job `{}` has failed {} time{} in a row. Last error: {}",
+                    job.name,
+                    before + 1,
+                    if before == 0 { "" } else { "s" },
+                    crate::scheduler::job::truncate(outcome.error.as_deref().unwrap_or(&outcome.summary), 500)
+                );
+                self.alerts.raise(&key, text).await;
             }
-            _ => None,
-        };
-        if let Some(text) = text {
-            tracing::warn!(job = %job.name, "{text}");
-            self.reports.send(&self.alerts.deliver, &text, &format!("alert:{}", job.name)).await;
+            RunStatus::Ok => {
+                let name = job.name.clone();
+                self.alerts
+                    .clear(&key, move |_| {
+                        if before > 0 {
+                            format!("Recovered: job `{name}` works again after {before} failed runs in a row.")
+                        } else {
+                            format!("Recovered: job `{name}` ran again and worked.")
+                        }
+                    })
+                    .await;
+            }
+            _ => {}
         }
         outcome
     }
@@ -195,6 +202,35 @@ impl JobExecutor for JobRunner {
     fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
         Box::pin(self.run_job(job))
     }
+
+    /// Missed runs and interrupted runs: one alert for the pass. A one-shot
+    /// given up: its job's condition (cleared when it runs well again).
+    fn incidents(&self, incidents: Vec<Incident>) {
+        let alerts = self.alerts.clone();
+        tokio::spawn(async move {
+            if let Some(text) = crate::work::alerts::incidents_text(&incidents) {
+                alerts.event(text).await;
+            }
+            for i in incidents {
+                if let Incident::GaveUp { id, name } = i {
+                    let text = format!(
+                        "Alert: the one-shot job `{name}` was cut off twice while running (crash, kill or \
+                         watchdog) and is given up: it is disabled. `bramble cron enable {name}` tries it again."
+                    );
+                    alerts.raise(&job_key(&id), text).await;
+                }
+            }
+        });
+    }
+
+    /// Conditions of jobs that were removed are closed (without a note).
+    fn jobs_loaded(&self, jobs: &[Job]) {
+        let ids: std::collections::HashSet<String> = jobs.iter().map(|j| j.id.clone()).collect();
+        let alerts = self.alerts.clone();
+        tokio::spawn(async move {
+            alerts.forget_jobs(ids).await;
+        });
+    }
 }
 
 /// Told about every job run as it ends, with its record
@@ -227,6 +263,14 @@ impl JobExecutor for ObservedRunner {
             }
             outcome
         })
+    }
+
+    fn incidents(&self, incidents: Vec<Incident>) {
+        self.runner.incidents(incidents);
+    }
+
+    fn jobs_loaded(&self, jobs: &[Job]) {
+        self.runner.jobs_loaded(jobs);
     }
 }
 

@@ -11,6 +11,7 @@
 //!
 //! Above the agent, below the channels (see `ARCHITECTURE.md`, "Layers").
 
+pub mod alerts;
 pub mod heartbeat;
 pub mod jobs;
 

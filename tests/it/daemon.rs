@@ -377,6 +377,40 @@ async fn a_recurring_run_killed_mid_run_is_not_run_again_after_the_restart() {
     assert!(!scheduled_runs(&log2, "e3").contains(&first[0]), "{} ran twice: {log2}", first[0]);
 }
 
+/// Alert lines (added reports whose source is `alert`) in the outbox journal that contain `needle`.
+fn alerts_in_outbox(state: &Path, needle: &str) -> usize {
+    let journal = std::fs::read_to_string(state.join("outbox.jsonl")).unwrap_or_default();
+    journal.lines().filter(|l| l.starts_with("{\"add\":") && l.contains("\"alert\"") && l.contains(needle)).count()
+}
+
+#[tokio::test]
+async fn a_run_cut_off_by_a_crash_is_one_alert_not_repeated_by_later_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let config = home.join(".config/bramble/config.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, "[heartbeat]\nenabled = false\n[alerts]\ndeliver = [\"log\"]\n").unwrap();
+    // The first run hangs (and is killed with the daemon); later ones are quick.
+    let cmd = "test -e runs.txt && exit 0; echo run >> runs.txt; sleep 30";
+    let out = bramble(home, &["cron", "add", "e3", "--every", "4s", "--exec", cmd]).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let runs = home.join(".local/share/bramble/workspace/runs.txt");
+    let state = home.join(".local/state/bramble");
+    let daemon = Daemon::start(home, None);
+    let started = wait_until(20, || std::fs::read_to_string(&runs).is_ok_and(|t| !t.is_empty())).await;
+    let log1 = daemon.kill9().await;
+    assert!(started, "the job started: {log1}");
+    let needle = "`e3`: the run of";
+    for restart in 0..2 {
+        let daemon = Daemon::start(home, None);
+        daemon.scheduler_idle().await;
+        let told = wait_until(10, || alerts_in_outbox(&state, needle) >= 1).await;
+        let (_, log) = daemon.stop().await;
+        assert!(told, "restart {restart}: alerted: {log}");
+        assert_eq!(alerts_in_outbox(&state, needle), 1, "restart {restart}: one alert in all: {log}");
+    }
+}
+
 // ---- issue 23: a corrupt job store is an ERROR in the daemon's log, with the kept copy ----
 
 #[tokio::test]

@@ -320,3 +320,36 @@ async fn mqtts_verifies_the_broker_certificate() {
     daemon.stop().await;
     assert!(w.wait_last(5, STATUS, "offline").await);
 }
+
+#[tokio::test]
+async fn alerts_go_to_the_alert_topic_and_drive_the_problem_sensor() {
+    let s = Setup::new("discovery = true\n[alerts]\ndeliver = [\"mqtt\"]\nafter_failures = 1").await;
+    let (problem, alert) = ("bramble/testpi/problem", "bramble/testpi/alert");
+    let doc = "homeassistant/binary_sensor/bramble_testpi/problem/config";
+    let w = Watcher::start(s.broker.port, &[STATUS, problem, alert, doc]).await;
+    s.cli(&["cron", "add", "flaky", "--every", "1d", "--exec", "test -e fixed"]).await;
+    let daemon = s.start();
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    let sensor: Value = serde_json::from_str(&w.last(doc).expect("problem sensor announced")).unwrap();
+    assert_eq!(sensor["device_class"], "problem");
+    assert_eq!(sensor["state_topic"], problem);
+    let state = |p: &str| serde_json::from_str::<Value>(p).map(|v| v["state"].clone()).unwrap_or_default();
+    assert!(w.wait_for(10, problem, |p| state(p) == "OFF").await, "nothing open at start: {}", s.log());
+
+    // It fails: one alert, and the sensor turns on with the alert as an attribute.
+    w.publish("bramble/testpi/run/flaky", "PRESS").await;
+    assert!(w.wait_for(20, alert, |p| p.contains("job `flaky` has failed 1 time in a row")).await, "{}", s.log());
+    assert!(w.wait_for(10, problem, |p| state(p) == "ON" && p.contains("flaky")).await, "{}", s.log());
+    // Failing again is the same incident: no second alert.
+    w.publish("bramble/testpi/run/flaky", "PRESS").await;
+    assert!(wait_until(20, || s.log().matches("job finished").count() >= 2).await, "{}", s.log());
+
+    // Fixed: one recovery note, and the sensor turns off.
+    std::fs::write(s.home.workspace.join("fixed"), "").unwrap();
+    w.publish("bramble/testpi/run/flaky", "PRESS").await;
+    assert!(w.wait_for(20, alert, |p| p.starts_with("Recovered: job `flaky` works again")).await, "{}", s.log());
+    assert!(w.wait_last(10, problem, r#"{"problems":[],"state":"OFF"}"#).await, "{:?}", w.last(problem));
+    let alerts: Vec<String> = w.on(alert).into_iter().map(|m| m.payload).collect();
+    assert_eq!(alerts.len(), 2, "one alert and one note: {alerts:?}");
+    daemon.stop().await;
+}

@@ -1,7 +1,9 @@
 //! Home Assistant MQTT discovery (`[mqtt] discovery = true`).
 //!
 //! One device per bramble (identifiers from the device name, sw_version), with:
-//! a connectivity `binary_sensor` on `<prefix>/status`, a timestamp `sensor`
+//! a connectivity `binary_sensor` on `<prefix>/status`, a `problem`
+//! `binary_sensor` on `<prefix>/problem` (on while an alert is open, the
+//! alerts as its attribute: [`crate::work::alerts`]), a timestamp `sensor`
 //! for the last heartbeat (`<prefix>/heartbeat/last`), a `sensor` for the last
 //! job run (`<prefix>/last_job`, JSON), and a `button` for each job marked for
 //! it (`cron add --ha-button`, the cron tool's `ha_button`) whose command
@@ -95,6 +97,23 @@ pub fn documents(s: &Settings, buttons: &[&Job]) -> Vec<(String, Value)> {
                 "state_topic": status,
                 "payload_on": "online",
                 "payload_off": "offline",
+                "device": device(s),
+            }),
+        ),
+        (
+            config_topic(s, "binary_sensor", "problem"),
+            json!({
+                "name": "Problem",
+                "unique_id": format!("{node}_problem"),
+                "device_class": "problem",
+                "entity_category": "diagnostic",
+                "state_topic": s.topic("problem"),
+                "value_template": "{{ value_json.state }}",
+                "json_attributes_topic": s.topic("problem"),
+                "json_attributes_template": "{{ {'problems': value_json.problems} | tojson }}",
+                "payload_on": "ON",
+                "payload_off": "OFF",
+                "availability": available,
                 "device": device(s),
             }),
         ),
@@ -208,14 +227,16 @@ mod tests {
         let (buttons, over) = button_jobs(&jobs);
         assert_eq!((buttons.len(), over), (1, 0));
         let docs = documents(&s, &buttons);
-        assert_eq!(docs.len(), 4);
-        let (topic, button) = &docs[3];
+        assert_eq!(docs.len(), 5);
+        let (topic, button) = &docs[4];
         assert_eq!(topic, "homeassistant/button/bramble_kitchen_pi/run_backup/config");
         assert_eq!(button["command_topic"], "bramble/kitchen pi/run/backup");
         assert_eq!(button["device"]["identifiers"][0], "bramble_kitchen_pi");
         assert!(is_own_config(&s, topic));
         assert_eq!(docs[0].1["device_class"], "connectivity");
-        assert_eq!(docs[1].1["device_class"], "timestamp");
+        assert_eq!(docs[1].1["device_class"], "problem");
+        assert_eq!(docs[1].1["state_topic"], "bramble/kitchen pi/problem");
+        assert_eq!(docs[2].1["device_class"], "timestamp");
     }
 
     #[test]

@@ -320,6 +320,7 @@ impl MqttChannel {
         match target {
             Target::Mqtt(Some(topic)) => Some(topic.clone()),
             Target::Mqtt(None) if source == "heartbeat" => Some(settings.topic("heartbeat")),
+            Target::Mqtt(None) if source == "alert" => Some(settings.topic("alert")),
             Target::Mqtt(None) => Some(settings.topic("out")),
             _ => None,
         }
@@ -355,6 +356,8 @@ pub struct Wiring {
     pub jobs_changed: Arc<Notify>,
     /// Notified when `heartbeat.json` changes (the last-heartbeat sensor).
     pub heartbeat_changed: Arc<Notify>,
+    /// Notified when `alerts.json` changes (the problem sensor).
+    pub alerts_changed: Arc<Notify>,
     pub triggers: Option<triggers::TriggerDeps>,
     /// The outbox and its wake-up: reports waiting out a backoff are retried
     /// at once when the broker is back.
@@ -392,7 +395,8 @@ pub fn spawn(
     };
     let outbox = (w.outbox, w.wake);
     tasks.spawn(connection(link.clone(), options, subscriptions, router, outbox, stop.clone()));
-    tasks.spawn(state_watch(link, w.jobs, w.state_dir, w.jobs_changed, w.heartbeat_changed, stop));
+    let changed = Changed { jobs: w.jobs_changed, heartbeat: w.heartbeat_changed, alerts: w.alerts_changed };
+    tasks.spawn(state_watch(link, w.jobs, w.state_dir, changed, stop));
     Ok(())
 }
 
@@ -504,27 +508,31 @@ async fn goodbye(link: &Link, events: &mut rumqttc::v5::EventLoop) {
     .await;
 }
 
+/// The notifications of changed state files.
+struct Changed {
+    jobs: Arc<Notify>,
+    heartbeat: Arc<Notify>,
+    alerts: Arc<Notify>,
+}
+
 /// Keep the retained state that follows files in the state directory
-/// current: discovery and job records (jobs.json), the last heartbeat.
-async fn state_watch(
-    link: Arc<Link>,
-    jobs: JobStore,
-    state_dir: PathBuf,
-    jobs_changed: Arc<Notify>,
-    heartbeat_changed: Arc<Notify>,
-    stop: CancellationToken,
-) {
+/// current: discovery and job records (jobs.json), the last heartbeat, the
+/// open alerts (`<prefix>/problem`).
+async fn state_watch(link: Arc<Link>, jobs: JobStore, state_dir: PathBuf, changed: Changed, stop: CancellationToken) {
     let heartbeat = crate::scheduler::heartbeat::StateFile::new(&state_dir);
     let mut known: Vec<String> = Vec::new();
     let mut buttons: Vec<String> = Vec::new();
     let mut warned = false;
-    let mut refresh_jobs = true;
-    let mut refresh_heartbeat = true;
+    let (mut refresh_jobs, mut refresh_heartbeat, mut refresh_alerts) = (true, true, true);
     loop {
         if refresh_heartbeat {
             if let Some(t) = heartbeat.load().last_run {
                 link.set_retained(&link.settings.topic("heartbeat/last"), t.to_string().into_bytes());
             }
+        }
+        if refresh_alerts {
+            let open = crate::work::alerts::open_in(&state_dir);
+            link.set_retained(&link.settings.topic("problem"), problem_payload(&open).into_bytes());
         }
         if refresh_jobs {
             match jobs.list() {
@@ -543,12 +551,22 @@ async fn state_watch(
             }
             crate::util::sys::release_freed_memory();
         }
-        tokio::select! {
-            _ = jobs_changed.notified() => { refresh_jobs = true; refresh_heartbeat = false; }
-            _ = heartbeat_changed.notified() => { refresh_jobs = false; refresh_heartbeat = true; }
+        (refresh_jobs, refresh_heartbeat, refresh_alerts) = tokio::select! {
+            _ = changed.jobs.notified() => (true, false, false),
+            _ = changed.heartbeat.notified() => (false, true, false),
+            _ = changed.alerts.notified() => (false, false, true),
             _ = stop.cancelled() => return,
-        }
+        };
     }
+}
+
+/// `<prefix>/problem`: `{"state":"ON"|"OFF","problems":[{"alert","since","text"}]}`.
+pub fn problem_payload(open: &std::collections::BTreeMap<String, crate::work::alerts::Open>) -> String {
+    let problems: Vec<serde_json::Value> = open
+        .iter()
+        .map(|(key, o)| serde_json::json!({"alert": key, "since": o.since.to_string(), "text": o.text}))
+        .collect();
+    serde_json::json!({"state": if open.is_empty() { "OFF" } else { "ON" }, "problems": problems}).to_string()
 }
 
 /// A job run's record on `<prefix>/jobs/<name>` (retained) and `<prefix>/last_job`.
@@ -619,6 +637,7 @@ mod tests {
         let s = settings();
         assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "heartbeat").unwrap(), "bramble/pi/heartbeat");
         assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "job:x").unwrap(), "bramble/pi/out");
+        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "alert").unwrap(), "bramble/pi/alert");
         assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(Some("a/b".into())), "heartbeat").unwrap(), "a/b");
     }
 
