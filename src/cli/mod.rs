@@ -58,9 +58,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let loaded = config::load(explicit)?;
-    let needs_state = !matches!(cli.command, Command::Status);
-    if acting == service::Acting::ServiceConfigOnly && needs_state {
-        service::check_state_access(&loaded.paths.state_dir)?;
+    match &acting {
+        service::Acting::ServiceConfigOnly => service::member_may(&cli.command, &loaded.paths.state_dir)?,
+        // As the daemon does at start: job files from before the state was shared become shared.
+        service::Acting::Service(_) => crate::daemon::share_job_files(&loaded.paths.state_dir),
+        service::Acting::Own => {}
     }
     // Commands started by this process never see the state dir, config or credentials.
     crate::sandbox::configure(&loaded);

@@ -8,9 +8,15 @@
 //! `EnvironmentFile` and credentials, so `cron run` has the API key the
 //! service has — and then drops to the `bramble` user and its groups *before*
 //! the config is used or any state is touched. Every file it writes is the
-//! service's, as if the service had written it. A member of the `bramble`
-//! group may read the config, but the state is the service user's alone
-//! (sessions hold private chats): such a command is told to use sudo.
+//! service's, as if the service had written it.
+//!
+//! A member of the `bramble` group (plain `bramble …`, no sudo) reads the
+//! config, sees `status` and manages the jobs: the state directory is shared
+//! with the group, and so are `jobs.json`, its lock and the open alerts (see
+//! [`crate::util::fs::shared_group`]); sessions, the outbox and the rest stay
+//! the service user's alone (they hold private chats). What would run as the
+//! service — a turn, a job by hand, the heartbeat — is told to use sudo
+//! ([`member_may`]).
 
 use std::ffi::CString;
 use std::path::Path;
@@ -40,7 +46,12 @@ pub fn enter(explicit: Option<&Path>) -> anyhow::Result<Acting> {
         return Ok(Acting::Own);
     }
     if !nix::unistd::geteuid().is_root() {
-        return Ok(Acting::ServiceConfigOnly);
+        // The service itself (`bramble run` under the unit, `runuser -u bramble`) is not a member.
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten();
+        return Ok(match me {
+            Some(me) if me.name == service.user => Acting::Service(me.name),
+            _ => Acting::ServiceConfigOnly,
+        });
     }
     let user = nix::unistd::User::from_name(&service.user)
         .with_context(|| format!("cannot look up the user `{}`", service.user))?
@@ -119,17 +130,33 @@ fn is_var_name(s: &str) -> bool {
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-/// For a non-root user on the service's config: refuse a command that needs
-/// the service's state when that state is not theirs to use.
-pub fn check_state_access(state_dir: &Path) -> anyhow::Result<()> {
+/// For a non-root user on the service's config (a member of its group, or
+/// anyone who may read the config): `status` and the job commands — when
+/// the state directory is shared with them (the .deb makes it 0770
+/// `bramble:bramble`) — and nothing that would run as the service: a turn, a
+/// job by hand, the heartbeat, the daemon need its secrets and its user.
+pub fn member_may(command: &crate::cli::args::Command, state_dir: &Path) -> anyhow::Result<()> {
+    use crate::cli::args::{Command, CronCommand};
     use nix::unistd::{access, AccessFlags};
-    if access(state_dir, AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK).is_ok() {
-        return Ok(());
-    }
+    let what = match command {
+        Command::Status => return Ok(()),
+        Command::Cron(c) if !matches!(**c, CronCommand::Run { .. }) => {
+            if access(state_dir, AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK).is_ok() {
+                return Ok(());
+            }
+            bail!(
+                "{} is the installed service's state: run this with sudo (`sudo bramble …` acts as the service's \
+                 user), or join its group to manage jobs without sudo (`sudo adduser $USER bramble`, then log in again)",
+                state_dir.display()
+            )
+        }
+        Command::Run => "the service runs under systemd (`sudo systemctl start bramble`)",
+        Command::Cron(_) => "a job run by hand runs as the service, with its secrets",
+        _ => "this runs as the service, with its secrets",
+    };
     bail!(
-        "{} is the installed service's state and belongs to its user: run this with sudo \
-         (`sudo bramble …` acts as the service's user)",
-        state_dir.display()
+        "{what}: use sudo (`sudo bramble …` acts as the service's user). Members of its group manage jobs and see \
+         the status without sudo; they do not run turns or commands as the service"
     )
 }
 

@@ -46,8 +46,13 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
     let whose = match acting {
         Acting::Own => String::new(),
         Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
-        Acting::ServiceConfigOnly => " (the installed service's; its state needs sudo)".to_string(),
+        Acting::ServiceConfigOnly => {
+            " (the installed service's; you see its jobs and status, the rest with `sudo bramble status`)".to_string()
+        }
     };
+    // Sessions, usage, the workspace and the outbox are the service user's alone.
+    let private = *acting == Acting::ServiceConfigOnly;
+    const PRIVATE: &str = "private to the service (`sudo bramble status`)";
     println!(
         "config:     {}{whose}",
         loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into())
@@ -127,28 +132,41 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
     }
     println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
     println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
-    let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
-    println!("sessions:   {}", sessions.len());
+    if private {
+        println!("sessions:   {PRIVATE}");
+    } else {
+        let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
+        println!("sessions:   {}", sessions.len());
+    }
     let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();
-    println!(
-        "tokens:     {} today{}",
-        today.total(),
-        match c.agent.daily_token_budget {
-            0 => String::new(),
-            b => format!(" (budget {b})"),
-        }
-    );
-    let (skills, skill_errors) = crate::agent::skills::load(&loaded.paths.workspace);
-    println!(
-        "skills:     {} ({} available{})",
-        skills.len(),
-        skills.iter().filter(|s| s.available()).count(),
-        if skill_errors.is_empty() {
-            String::new()
-        } else {
-            format!(", {} with errors: run `bramble check`", skill_errors.len())
-        }
-    );
+    if private {
+        println!("tokens:     {PRIVATE}");
+    } else {
+        println!(
+            "tokens:     {} today{}",
+            today.total(),
+            match c.agent.daily_token_budget {
+                0 => String::new(),
+                b => format!(" (budget {b})"),
+            }
+        );
+    }
+    let (skills, skill_errors) =
+        if private { (Vec::new(), Vec::new()) } else { crate::agent::skills::load(&loaded.paths.workspace) };
+    if private {
+        println!("skills:     {PRIVATE}");
+    } else {
+        println!(
+            "skills:     {} ({} available{})",
+            skills.len(),
+            skills.iter().filter(|s| s.available()).count(),
+            if skill_errors.is_empty() {
+                String::new()
+            } else {
+                format!(", {} with errors: run `bramble check`", skill_errors.len())
+            }
+        );
+    }
     let jobs = crate::scheduler::JobStore::open(&loaded.paths.state_dir).list().unwrap_or_default();
     let wait = c.daemon.clock_sync_wait.get();
     let clock = match crate::scheduler::engine::clock_hold_note(&jobs, wait, c.timezone().tz()) {
@@ -159,9 +177,9 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
         Some(note) => note,
     };
     println!("clock:      {clock}");
-    let hb_tasks = crate::scheduler::heartbeat::read_file(&loaded.paths.workspace)
-        .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len())
-        .unwrap_or(0);
+    let hb_tasks = if private { None } else { crate::scheduler::heartbeat::read_file(&loaded.paths.workspace) }
+        .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len().to_string())
+        .unwrap_or_else(|| if private { "?".into() } else { "0".into() });
     let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
     let tz = c.timezone();
     println!(
@@ -186,16 +204,18 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
         Err(e) => println!("jobs:       error: {e}"),
     }
     let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
-    match outbox.pending() {
-        Ok(p) if p.is_empty() => println!("outbox:     nothing undelivered"),
-        Ok(p) => {
+    let pending = if private { None } else { Some(outbox.pending()) };
+    match pending {
+        None => println!("outbox:     {PRIVATE}"),
+        Some(Ok(p)) if p.is_empty() => println!("outbox:     nothing undelivered"),
+        Some(Ok(p)) => {
             println!("outbox:     {} undelivered", p.len());
             for e in p.iter().take(5) {
                 let err = e.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
                 println!("  {} from {}, {} attempts{err}", e.target, e.source, e.attempts);
             }
         }
-        Err(e) => println!("outbox:     error: {e}"),
+        Some(Err(e)) => println!("outbox:     error: {e}"),
     }
     let open = crate::work::alerts::open_in(&loaded.paths.state_dir);
     let to = if c.alerts.deliver.is_empty() {

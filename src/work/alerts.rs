@@ -241,7 +241,7 @@ impl Alerts {
                 let file = AlertFile { version: 1, open: open.clone() };
                 serde_json::to_vec_pretty(&file)
                     .map_err(std::io::Error::other)
-                    .and_then(|data| crate::util::fs::write_atomic(&self.inner.path, &data))
+                    .and_then(|data| crate::util::fs::write_atomic_shared(&self.inner.path, &data))
             };
             result.map_err(|e| format!("cannot write {}: {e}", self.inner.path.display()))?;
         }
