@@ -16,7 +16,9 @@
 //! directory fsync, then an unlink): the SD card sees one small write and one
 //! flush. Turns that begin together share the flush (group commit: a turn
 //! whose line another turn's `fdatasync` already covered does not call it
-//! again). The `end` line is not flushed: a power cut may lose it, and the
+//! again; the journal's directory entry is flushed with its first flushed
+//! line, so a process whose turns are all short never flushes it). The
+//! `end` line is not flushed: a power cut may lose it, and the
 //! user is then told of a message that was in fact answered — never the
 //! reverse. A journal whose turns have all ended is emptied once it passes
 //! 64 KiB, and a dead process's journal is deleted once taken.
@@ -119,6 +121,9 @@ struct Journal {
     written: AtomicU64,
     /// The highest sequence number known to be on disk.
     synced: Mutex<u64>,
+    /// Whether the journal's directory entry is on disk: flushed with the
+    /// first `sync` (a journal nobody syncs — short turns only — needs none).
+    dir_synced: std::sync::atomic::AtomicBool,
 }
 
 /// The journals of this process, by path.
@@ -151,6 +156,7 @@ impl PendingStore {
                     file: Mutex::default(),
                     written: AtomicU64::default(),
                     synced: Mutex::default(),
+                    dir_synced: std::sync::atomic::AtomicBool::new(false),
                 });
                 journals.insert(path, Arc::downgrade(&j));
                 j
@@ -164,21 +170,22 @@ impl PendingStore {
         self.journal.path.clone()
     }
 
-    /// This process's journal, opened (and created, durably) on first use.
+    /// This process's journal, opened (and created) on first use. Its
+    /// directory entry is made durable by the first [`sync`](Self::sync).
     fn file(&self) -> std::io::Result<Arc<File>> {
         let mut slot = guard(&self.journal.file);
         if let Some(f) = slot.as_ref() {
             return Ok(Arc::clone(f));
         }
         util::fs::create_private_dir(&self.dir)?;
-        let path = self.own_path();
-        let existed = path.exists();
         let file = Arc::new(
-            std::fs::OpenOptions::new().create(true).read(true).append(true).mode(util::fs::FILE_MODE).open(&path)?,
+            std::fs::OpenOptions::new()
+                .create(true)
+                .read(true)
+                .append(true)
+                .mode(util::fs::FILE_MODE)
+                .open(self.own_path())?,
         );
-        if !existed {
-            util::fs::sync_dir(&self.dir)?;
-        }
         *slot = Some(Arc::clone(&file));
         Ok(file)
     }
@@ -223,6 +230,11 @@ impl PendingStore {
         if *synced < id.seq {
             let upto = self.journal.written.load(Ordering::SeqCst);
             self.file()?.sync_data()?;
+            if !self.journal.dir_synced.load(Ordering::SeqCst) {
+                // The file's name too, once: a line on disk in a file no directory names is lost.
+                util::fs::sync_dir(&self.dir)?;
+                self.journal.dir_synced.store(true, Ordering::SeqCst);
+            }
             *synced = upto;
         }
         Ok(())

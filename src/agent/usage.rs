@@ -7,8 +7,10 @@
 //! not two fsyncs per turn — and when the agent is dropped (shutdown, reload,
 //! the end of `bramble agent`). The write adds the unsaved counts to the file
 //! under an advisory lock shared with other bramble processes, so processes
-//! never overwrite each other's counts. A power cut loses at most the last
-//! minute's counts: this is accounting for a budget, not a user's data.
+//! never overwrite each other's counts. The replace flushes the file but not
+//! the directory (one fsync, not two): a power cut leaves the old file or the
+//! new one, whole, and loses at most the last minute's counts — this is
+//! accounting for a budget, not a user's data.
 //!
 //! The file is read once and then kept (updated at each write), so a turn's
 //! budget check does no file I/O; counts another process added are seen at
@@ -257,7 +259,9 @@ impl Inner {
             file.providers.remove(&oldest);
         }
         let body = serde_json::to_vec_pretty(&file).map_err(std::io::Error::other)?;
-        util::fs::write_atomic(&self.path, &body)?;
+        // No directory fsync: a power cut may lose this write (the counts of the last minute at
+        // most, as documented), never leave a torn file.
+        util::fs::write_atomic_relaxed(&self.path, &body)?;
         *self.saved.lock().unwrap_or_else(|p| p.into_inner()) = Some(file.into());
         Ok(())
     }

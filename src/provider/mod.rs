@@ -332,6 +332,8 @@ pub fn http_client(timeout: std::time::Duration) -> Result<reqwest::Client, Prov
     let connect = std::time::Duration::from_secs(10);
     let connect = if timeout.is_zero() { connect } else { connect.min(timeout) };
     let mut builder = reqwest::Client::builder()
+        // The CA store is read at the first https handshake, not here (a LAN model over http never needs it).
+        .tls_backend_preconfigured(crate::util::tls::client_config())
         .http1_only()
         .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(connect);
@@ -506,6 +508,33 @@ where
 #[cfg(test)]
 mod shared_tests {
     use super::*;
+
+    /// A client for a LAN model over plain http never reads the CA store
+    /// (147 files under /etc/ssl/certs): it is loaded at the first https
+    /// handshake. In a child process (the store is loaded once per process)
+    /// whose CA store is empty: a client that loaded it while being built
+    /// would fail to build ("no CA certificates found").
+    #[tokio::test]
+    async fn plain_http_never_loads_the_ca_store() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let test = concat!(module_path!(), "::plain_http_never_loads_the_ca_store");
+        let no_store = [("SSL_CERT_FILE", "/nonexistent-bramble-ca.pem"), ("SSL_CERT_DIR", "/nonexistent-bramble-ca")];
+        if !crate::util::test_env::in_child(test, &no_store, &[]) {
+            return;
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await;
+        });
+        let client = http_client(std::time::Duration::from_secs(5)).unwrap();
+        let body = client.get(format!("http://{addr}/")).send().await.unwrap().text().await.unwrap();
+        assert_eq!(body, "ok");
+        assert!(!crate::util::tls::ca_store_loaded(), "a plain http call loaded the CA store");
+    }
 
     #[test]
     fn error_message_prefers_the_json_message() {

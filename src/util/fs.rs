@@ -47,6 +47,14 @@ pub fn make_private(dir: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
+/// [`write_atomic`] without the directory's fsync: after a power cut `path`
+/// is the old file or the new one, each whole, but the replacement may be
+/// lost. For state whose last change may be lost (the usage ledger); one
+/// flush fewer than [`write_atomic`].
+pub fn write_atomic_relaxed(path: &Path, data: &[u8]) -> io::Result<()> {
+    replace(path, data, None, false)
+}
+
 /// The group `dir` shares its job files with: its group, when the group may
 /// read, write and enter it (and others may not write). `None`: private.
 pub fn shared_group(dir: &Path) -> Option<nix::unistd::Gid> {
@@ -73,17 +81,7 @@ fn share(file: &File, gid: nix::unistd::Gid) -> io::Result<()> {
 /// directory's group; elsewhere exactly [`write_atomic`].
 pub fn write_atomic_shared(path: &Path, data: &[u8]) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    match shared_group(dir) {
-        None => write_atomic(path, data),
-        Some(gid) => {
-            let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
-            share(tmp.as_file(), gid)?;
-            tmp.write_all(data)?;
-            tmp.as_file().sync_all()?;
-            tmp.persist(path).map_err(|e| e.error)?;
-            sync_dir(dir)
-        }
-    }
+    replace(path, data, shared_group(dir), true)
 }
 
 /// [`open_lock_file`] for a lock shared with the directory's group: created
@@ -135,14 +133,27 @@ pub fn open_lock_file(path: &Path) -> io::Result<File> {
 
 /// Replace `path` with `data` atomically (temp + fsync + rename + dir fsync).
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
+    replace(path, data, None, true)
+}
+
+/// Temp file (0600, or 0660 with `group`) in the same directory, data,
+/// fsync, rename over `path`; then the directory's fsync if `durable`.
+fn replace(path: &Path, data: &[u8], group: Option<nix::unistd::Gid>, durable: bool) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     create_private_dir(dir)?;
     // tempfile creates the file 0600; the rename keeps that mode.
     let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
+    if let Some(gid) = group {
+        share(tmp.as_file(), gid)?;
+    }
     tmp.write_all(data)?;
+    // The data before the rename, or a power cut could leave the new name on an empty file.
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
-    sync_dir(dir)
+    if durable {
+        sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Append `data` to `path` (created if missing) with one write, then fsync.

@@ -9,6 +9,7 @@
 //! - [`mqtt`]: MQTT topic filters.
 //! - [`tasks`]: a bounded number of tasks over a bounded queue.
 //! - [`pulse`]: a loop's sign of life, for the dead-man.
+//! - [`tls`]: the HTTP clients' TLS, CA store loaded at the first https handshake.
 
 pub mod fs;
 pub mod mqtt;
@@ -19,6 +20,7 @@ pub mod tasks;
 pub mod test_env;
 pub mod text;
 pub mod timer;
+pub mod tls;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -779,3 +779,39 @@ async fn a_provider_over_its_daily_budget_is_skipped() {
     assert_eq!(cloud.request_count(), 0);
     assert!(chain.health()[0].contains("budget used up today"), "{:?}", chain.health());
 }
+
+/// https through the real binary against a real TLS server (mosquitto's TLS
+/// listener: it speaks no HTTP, but the handshake is what is tested). The CA
+/// store is loaded lazily, at the handshake: an unknown issuer is refused, and
+/// one the platform trusts (SSL_CERT_FILE) passes the handshake.
+#[tokio::test]
+async fn https_verifies_the_certificate_with_the_platform_store_loaded_at_the_handshake() {
+    use crate::support::mosquitto::Mosquitto;
+    let (broker, ca) = Mosquitto::start_tls().await;
+    let port = broker.tls_port.expect("tls");
+    let home = crate::support::setup::TestHome::new("openai", &format!("https://localhost:{port}/v1"), "", "", "");
+    let run = |cert: Option<&std::path::Path>| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+        cmd.arg("--config")
+            .arg(&home.config)
+            .args(["agent", "-m", "hi"])
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        if let Some(cert) = cert {
+            cmd.env("SSL_CERT_FILE", cert);
+        }
+        async move { tokio::time::timeout(Duration::from_secs(60), cmd.output()).await.unwrap().unwrap() }
+    };
+    let out = run(None).await;
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("certificate") && err.contains("unknownissuer"), "refused for its issuer: {err}");
+    let out = run(Some(&ca)).await;
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert_eq!(out.status.code(), Some(1), "mosquitto is no LLM: {err}");
+    assert!(!err.contains("certificate"), "the trusted certificate passed the handshake: {err}");
+}
