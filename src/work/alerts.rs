@@ -40,11 +40,15 @@ use crate::util::tasks::blocking;
 
 /// The file of open conditions, in the state directory.
 pub const ALERTS_FILE: &str = "alerts.json";
-/// How often the dead-man looks at its pulses and the outbox.
-pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+/// The dead-man looks at its pulses and the outbox every half of the
+/// shortest limit, at most this seldom (an idle board should sleep: with the
+/// default limits it wakes every 5 minutes, one timerfd wake-up each) …
+pub const CHECK_AT_MOST_EVERY: Duration = Duration::from_secs(5 * 60);
+/// … and at least this seldom.
+pub const CHECK_AT_LEAST_EVERY: Duration = Duration::from_secs(10);
 /// The scheduler completes a pass at least once a minute; this long without
 /// one is a stall.
-pub const SCHEDULER_STALL: Duration = Duration::from_secs(5 * 60);
+pub const SCHEDULER_STALL: Duration = Duration::from_secs(10 * 60);
 /// Keys of the dead-man's conditions.
 pub const SCHEDULER_KEY: &str = "deadman:scheduler";
 pub const HEARTBEAT_KEY: &str = "deadman:heartbeat";
@@ -334,11 +338,20 @@ pub struct Watched {
     pub recovered: &'static str,
 }
 
-/// The dead-man: every [`CHECK_EVERY`], raise an alert for a watched loop
-/// silent beyond its limit (clear it once the loop beats again), and for
-/// reports that waited in the outbox longer than `[alerts] undelivered_after`.
-/// A hung *runtime* stops this task too: that is the systemd watchdog's job.
+/// The dead-man: every half of the shortest limit (within
+/// [`CHECK_AT_LEAST_EVERY`]…[`CHECK_AT_MOST_EVERY`]), raise an alert for a
+/// watched loop silent beyond its limit (clear it once the loop beats
+/// again), and for reports that waited in the outbox longer than `[alerts]
+/// undelivered_after`. A hung *runtime* stops this task too: that is the
+/// systemd watchdog's job.
 pub async fn dead_man(alerts: Alerts, watched: Vec<Watched>, outbox: Outbox, stop: CancellationToken) {
+    let every = watched
+        .iter()
+        .map(|w| w.limit / 2)
+        .chain([alerts.config().undelivered_after.get() / 2])
+        .min()
+        .unwrap_or(CHECK_AT_MOST_EVERY)
+        .clamp(CHECK_AT_LEAST_EVERY, CHECK_AT_MOST_EVERY);
     // A loop no longer watched (the heartbeat turned off) has nothing open.
     for key in [SCHEDULER_KEY, HEARTBEAT_KEY] {
         if !watched.iter().any(|w| w.key == key) {
@@ -347,7 +360,7 @@ pub async fn dead_man(alerts: Alerts, watched: Vec<Watched>, outbox: Outbox, sto
     }
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(CHECK_EVERY) => {}
+            _ = crate::util::timer::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
         for w in &watched {
@@ -424,10 +437,14 @@ mod tests {
     use crate::scheduler::{Incident, Missed};
 
     fn alerts_in(dir: &Path, deliver: &[&str]) -> Alerts {
+        alerts_with(dir, deliver, Dur::secs(0))
+    }
+
+    fn alerts_with(dir: &Path, deliver: &[&str], undelivered_after: Dur) -> Alerts {
         let config = AlertsConfig {
             deliver: deliver.iter().map(|t| t.parse().unwrap()).collect(),
             after_failures: 3,
-            undelivered_after: Dur::secs(0),
+            undelivered_after,
         };
         let reports = Reports::new(Outbox::new(dir), Arc::new(tokio::sync::Notify::new()));
         Alerts::new(dir, &config, reports)
@@ -505,7 +522,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_dead_man_alerts_a_silent_loop_once_and_notes_its_return() {
         let dir = tempfile::tempdir().unwrap();
-        let a = alerts_in(dir.path(), &["log"]);
+        let a = alerts_with(dir.path(), &["log"], Dur::secs(3600));
         let pulse = Pulse::new();
         let watched = vec![Watched {
             key: HEARTBEAT_KEY,
@@ -516,13 +533,14 @@ mod tests {
         }];
         let stop = CancellationToken::new();
         let task = tokio::spawn(dead_man(a.clone(), watched, Outbox::new(dir.path()), stop.clone()));
+        // Checked every 5 minutes (half the 20-minute limit would be 10).
         tokio::time::sleep(Duration::from_secs(19 * 60)).await;
         assert!(open_in(dir.path()).is_empty(), "within the limit");
         tokio::time::sleep(Duration::from_secs(10 * 60)).await;
-        assert_eq!(queued(dir.path()), ["Alert: silent for 21m"], "one alert, not one per check");
+        assert_eq!(queued(dir.path()), ["Alert: silent for 25m"], "one alert, not one per check");
         pulse.beat();
         tokio::time::sleep(Duration::from_secs(61)).await;
-        assert_eq!(queued(dir.path()), ["Alert: silent for 21m", "Recovered: ticks again"]);
+        assert_eq!(queued(dir.path()), ["Alert: silent for 25m", "Recovered: ticks again"]);
         assert!(open_in(dir.path()).is_empty());
         stop.cancel();
         task.await.unwrap();
