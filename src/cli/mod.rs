@@ -60,9 +60,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let loaded = config::load(explicit)?;
     match &acting {
         service::Acting::ServiceConfigOnly => service::member_may(&cli.command, &loaded.paths.state_dir)?,
-        // As the daemon does at start: job files from before the state was shared become shared.
-        service::Acting::Service(_) => crate::daemon::share_job_files(&loaded.paths.state_dir),
-        service::Acting::Own => {}
+        service::Acting::Service(_) | service::Acting::Own => {}
     }
     // Commands started by this process never see the state dir, config or credentials.
     crate::sandbox::configure(&loaded);

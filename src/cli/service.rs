@@ -11,12 +11,12 @@
 //! service's, as if the service had written it.
 //!
 //! A member of the `bramble` group (plain `bramble …`, no sudo) reads the
-//! config, sees `status` and manages the jobs: the state directory is shared
-//! with the group, and so are `jobs.json`, its lock and the open alerts (see
-//! [`crate::util::fs::shared_group`]); sessions, the outbox and the rest stay
-//! the service user's alone (they hold private chats). What would run as the
-//! service — a turn, a job by hand, the heartbeat — is told to use sudo
-//! ([`member_may`]).
+//! config and sees `status` (what the config says; the state's parts are
+//! shown as private). The state is the service user's alone — sessions hold
+//! private chats — so the job commands, and what would run as the service (a
+//! turn, a job by hand, the heartbeat), are told to use sudo ([`member_may`]).
+//! Sharing the jobs with the group needs a directory of their own (a group
+//! member who may write the state directory could swap any file in it).
 
 use std::ffi::CString;
 use std::path::Path;
@@ -131,10 +131,10 @@ fn is_var_name(s: &str) -> bool {
 }
 
 /// For a non-root user on the service's config (a member of its group, or
-/// anyone who may read the config): `status` and the job commands — when
-/// the state directory is shared with them (the .deb makes it 0770
-/// `bramble:bramble`) — and nothing that would run as the service: a turn, a
-/// job by hand, the heartbeat, the daemon need its secrets and its user.
+/// anyone who may read the config): `status`; the job commands only where an
+/// administrator gave them the state directory; nothing that would run as
+/// the service (a turn, a job by hand, the heartbeat, the daemon need its
+/// secrets and its user).
 pub fn member_may(command: &crate::cli::args::Command, state_dir: &Path) -> anyhow::Result<()> {
     use crate::cli::args::{Command, CronCommand};
     use nix::unistd::{access, AccessFlags};
@@ -145,8 +145,8 @@ pub fn member_may(command: &crate::cli::args::Command, state_dir: &Path) -> anyh
                 return Ok(());
             }
             bail!(
-                "{} is the installed service's state: run this with sudo (`sudo bramble …` acts as the service's \
-                 user), or join its group to manage jobs without sudo (`sudo adduser $USER bramble`, then log in again)",
+                "{} is the installed service's state and belongs to its user: run this with sudo (`sudo bramble …` \
+                 acts as the service's user)",
                 state_dir.display()
             )
         }
@@ -154,10 +154,7 @@ pub fn member_may(command: &crate::cli::args::Command, state_dir: &Path) -> anyh
         Command::Cron(_) => "a job run by hand runs as the service, with its secrets",
         _ => "this runs as the service, with its secrets",
     };
-    bail!(
-        "{what}: use sudo (`sudo bramble …` acts as the service's user). Members of its group manage jobs and see \
-         the status without sudo; they do not run turns or commands as the service"
-    )
+    bail!("{what}: use sudo (`sudo bramble …` acts as the service's user)")
 }
 
 #[cfg(test)]

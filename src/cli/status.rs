@@ -46,12 +46,15 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
     let whose = match acting {
         Acting::Own => String::new(),
         Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
-        Acting::ServiceConfigOnly => {
-            " (the installed service's; you see its jobs and status, the rest with `sudo bramble status`)".to_string()
-        }
+        Acting::ServiceConfigOnly => " (the installed service's; its state with `sudo bramble status`)".to_string(),
     };
-    // Sessions, usage, the workspace and the outbox are the service user's alone.
-    let private = *acting == Acting::ServiceConfigOnly;
+    // The service's state is its user's alone: what the config says is shown, the state's parts are not.
+    let private = *acting == Acting::ServiceConfigOnly
+        && nix::unistd::access(
+            &loaded.paths.state_dir,
+            nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::X_OK,
+        )
+        .is_err();
     const PRIVATE: &str = "private to the service (`sudo bramble status`)";
     println!(
         "config:     {}{whose}",
@@ -191,8 +194,9 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
         }
     );
     let jobs_store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
-    match jobs_store.list() {
-        Ok(jobs) => {
+    match (!private).then(|| jobs_store.list()) {
+        None => println!("jobs:       {PRIVATE}"),
+        Some(Ok(jobs)) => {
             println!("jobs:       {}", jobs.len());
             if let Some(notice) = jobs_store.corrupt_notice() {
                 println!("  job store: {notice}");
@@ -201,11 +205,10 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
                 println!("  {:<20} next {}", j.name, when(j.state.next_run, &tz));
             }
         }
-        Err(e) => println!("jobs:       error: {e}"),
+        Some(Err(e)) => println!("jobs:       error: {e}"),
     }
     let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
-    let pending = if private { None } else { Some(outbox.pending()) };
-    match pending {
+    match (!private).then(|| outbox.pending()) {
         None => println!("outbox:     {PRIVATE}"),
         Some(Ok(p)) if p.is_empty() => println!("outbox:     nothing undelivered"),
         Some(Ok(p)) => {
@@ -216,6 +219,10 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
             }
         }
         Some(Err(e)) => println!("outbox:     error: {e}"),
+    }
+    if private {
+        println!("alerts:     {PRIVATE}");
+        return Ok(ExitCode::SUCCESS);
     }
     let open = crate::work::alerts::open_in(&loaded.paths.state_dir);
     let to = if c.alerts.deliver.is_empty() {

@@ -103,10 +103,8 @@ fn lock_state_dir(state: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<s
     crate::util::fs::create_private_dir(state)
         .with_context(|| format!("cannot create the state directory {}", state.display()))?;
     if crate::util::fs::make_private(state).with_context(|| format!("cannot make {} private", state.display()))? {
-        tracing::warn!(state = %state.display(), "the state directory was readable by other users; now it is not");
+        tracing::warn!(state = %state.display(), "the state directory was readable by other users; it is 0700 now");
     }
-    // A state directory shared with its group (the .deb's): the job files written before are shared too.
-    share_job_files(state);
     let path = state.join("daemon.lock");
     let file = crate::util::fs::open_lock_file(&path).with_context(|| format!("cannot open {}", path.display()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
@@ -119,18 +117,6 @@ fn lock_state_dir(state: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<s
             anyhow::anyhow!("cannot lock {}: {e}", path.display())
         }
     })
-}
-
-/// In a state directory shared with its group (the .deb's, so that members
-/// of `bramble` manage jobs without sudo: [`crate::util::fs::shared_group`]),
-/// share the job files written before it was — an upgrade from a version
-/// that kept them private. The daemon does this at start, `sudo bramble` too.
-pub fn share_job_files(state: &std::path::Path) {
-    match crate::util::fs::share_existing(state, &["jobs.json", "jobs.lock", crate::work::alerts::ALERTS_FILE]) {
-        Ok(0) => {}
-        Ok(n) => tracing::info!(files = n, "job files shared with the state directory's group"),
-        Err(e) => tracing::warn!("cannot share the job files with the state directory's group: {e}"),
-    }
 }
 
 /// Whether a daemon holds the state directory (for CLI commands that would race it).

@@ -491,7 +491,7 @@ impl<E: JobExecutor> Loop<E> {
                 error!("{e}");
                 self.jobs.clear();
                 self.stamp = self.store.stamp();
-                self.exec.jobs_loaded(&self.jobs);
+                // Not told: the jobs are not gone, their file is (kept aside); their alerts stay.
             }
             Err(e) => {
                 // Unreadable or from a newer bramble: keep what we had, don't spin on it.

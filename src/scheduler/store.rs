@@ -28,7 +28,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use super::job::Job;
-use crate::util::fs::write_atomic_shared;
+use crate::util::fs::write_atomic;
 
 /// The file format version this code reads and writes.
 pub const VERSION: u32 = 1;
@@ -119,8 +119,7 @@ impl JobStore {
         let repr = FileRepr { version: VERSION, jobs };
         let mut data = serde_json::to_vec_pretty(&repr).map_err(|e| self.io_err(io::Error::other(e)))?;
         data.push(b'\n');
-        // Shared with the state directory's group if it is shared (the .deb's: `bramble` members).
-        write_atomic_shared(&self.path, &data).map_err(|e| self.io_err(e))?;
+        write_atomic(&self.path, &data).map_err(|e| self.io_err(e))?;
         Ok((out, self.stamp()))
     }
 
@@ -209,7 +208,7 @@ impl JobStore {
     }
 
     fn lock(&self) -> Result<Flock<File>, StoreError> {
-        let f = crate::util::fs::open_shared_lock_file(&self.lock_path)
+        let f = crate::util::fs::open_lock_file(&self.lock_path)
             .map_err(|e| StoreError::Io { path: self.lock_path.clone(), source: e })?;
         // flock(2), exclusive: released when the guard is dropped or the process
         // dies. nix's `Flock` rather than std's `File::lock` (the same call) for

@@ -9,15 +9,6 @@
 //! else's business on a shared board. Every directory made here is 0700 and
 //! every file 0600 (whatever the umask), and the daemon tightens a state
 //! directory left more open by an older version ([`make_private`]).
-//!
-//! One exception, made by the administrator: a state directory that is
-//! group-`rwx` (the .deb's `/var/lib/bramble`, 0770 `bramble:bramble`) shares
-//! the few files the job commands need — `jobs.json` and its lock, the open
-//! alerts — with that group, so its members manage the service's jobs
-//! without sudo ([`write_atomic_shared`], [`open_shared_lock_file`]): such a
-//! file is given the directory's group and mode 0660, whoever writes it.
-//! Everything else (sessions, the outbox, pending turns, usage) stays 0600
-//! and its directories 0700 even there.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Write};
@@ -34,16 +25,14 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
     DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
 }
 
-/// Make an existing directory 0700 if others may read or enter it (0770 if
-/// it is shared with its group: see [`shared_group`]). Returns whether it
-/// changed the mode (the caller logs that once).
+/// Make an existing directory 0700 if others may read or enter it. Returns
+/// whether it changed the mode (the caller logs that once).
 pub fn make_private(dir: &Path) -> io::Result<bool> {
     let mode = std::fs::metadata(dir)?.permissions().mode();
-    let keep = if mode & 0o070 == 0o070 { 0o770 } else { 0o700 };
-    if mode & 0o777 & !keep == 0 {
+    if mode & 0o077 == 0 {
         return Ok(false);
     }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & !0o777 | keep))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o700 | 0o700))?;
     Ok(true)
 }
 
@@ -52,74 +41,7 @@ pub fn make_private(dir: &Path) -> io::Result<bool> {
 /// lost. For state whose last change may be lost (the usage ledger); one
 /// flush fewer than [`write_atomic`].
 pub fn write_atomic_relaxed(path: &Path, data: &[u8]) -> io::Result<()> {
-    replace(path, data, None, false)
-}
-
-/// The group `dir` shares its job files with: its group, when the group may
-/// read, write and enter it (and others may not write). `None`: private.
-pub fn shared_group(dir: &Path) -> Option<nix::unistd::Gid> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(dir).ok()?;
-    (m.is_dir() && m.mode() & 0o070 == 0o070 && m.mode() & 0o002 == 0).then(|| nix::unistd::Gid::from_raw(m.gid()))
-}
-
-/// Give a file of ours the shared group and mode 0660 (whatever the umask).
-fn share(file: &File, gid: nix::unistd::Gid) -> io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let m = file.metadata()?;
-    if m.gid() != gid.as_raw() {
-        nix::unistd::fchown(file, None, Some(gid)).map_err(io::Error::from)?;
-    }
-    if m.mode() & 0o777 != 0o660 {
-        file.set_permissions(std::fs::Permissions::from_mode(0o660))?;
-    }
-    Ok(())
-}
-
-/// [`write_atomic`] for a file shared with the directory's group (see
-/// [`shared_group`]): in a shared directory the new file is 0660 and the
-/// directory's group; elsewhere exactly [`write_atomic`].
-pub fn write_atomic_shared(path: &Path, data: &[u8]) -> io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    replace(path, data, shared_group(dir), true)
-}
-
-/// [`open_lock_file`] for a lock shared with the directory's group: created
-/// 0660 with the directory's group in a shared directory (and made so if we
-/// own it and it is not yet).
-pub fn open_shared_lock_file(path: &Path) -> io::Result<File> {
-    let file = open_lock_file(path)?;
-    if let Some(gid) = path.parent().and_then(shared_group) {
-        if file.metadata().is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == nix::unistd::geteuid().as_raw()) {
-            share(&file, gid)?;
-        }
-    }
-    Ok(file)
-}
-
-/// In a shared directory, make each existing file of `names` that we own
-/// 0660 with the directory's group (files written before it was shared).
-/// Returns how many changed.
-pub fn share_existing(dir: &Path, names: &[&str]) -> io::Result<usize> {
-    use std::os::unix::fs::MetadataExt;
-    let Some(gid) = shared_group(dir) else { return Ok(0) };
-    let mut changed = 0;
-    for name in names {
-        // O_NOFOLLOW: a link planted in the state directory is not followed.
-        let file = match OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW).open(dir.join(name)) {
-            Ok(f) => f,
-            Err(_) => continue,
-        };
-        let m = file.metadata()?;
-        if !m.is_file() || m.uid() != nix::unistd::geteuid().as_raw() {
-            continue;
-        }
-        if m.gid() != gid.as_raw() || m.mode() & 0o777 != 0o660 {
-            share(&file, gid)?;
-            changed += 1;
-        }
-    }
-    Ok(changed)
+    replace(path, data, false)
 }
 
 /// Open (creating it 0600, and its directory 0700) the file at `path` for an
@@ -133,19 +55,16 @@ pub fn open_lock_file(path: &Path) -> io::Result<File> {
 
 /// Replace `path` with `data` atomically (temp + fsync + rename + dir fsync).
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    replace(path, data, None, true)
+    replace(path, data, true)
 }
 
-/// Temp file (0600, or 0660 with `group`) in the same directory, data,
-/// fsync, rename over `path`; then the directory's fsync if `durable`.
-fn replace(path: &Path, data: &[u8], group: Option<nix::unistd::Gid>, durable: bool) -> io::Result<()> {
+/// Temp file (0600) in the same directory, data, fsync, rename over `path`;
+/// then the directory's fsync if `durable`.
+fn replace(path: &Path, data: &[u8], durable: bool) -> io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     create_private_dir(dir)?;
     // tempfile creates the file 0600; the rename keeps that mode.
     let mut tmp = tempfile::Builder::new().prefix(".tmp-").tempfile_in(dir)?;
-    if let Some(gid) = group {
-        share(tmp.as_file(), gid)?;
-    }
     tmp.write_all(data)?;
     // The data before the rename, or a power cut could leave the new name on an empty file.
     tmp.as_file().sync_all()?;
@@ -234,41 +153,6 @@ mod tests {
         assert!(make_private(&state).unwrap());
         assert_eq!(mode(&state), 0o700);
         assert!(!make_private(&state).unwrap(), "already private");
-    }
-
-    #[test]
-    fn a_group_shared_directory_shares_the_job_files_and_nothing_else() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let state = dir.path().join("state");
-        create_private_dir(&state).unwrap();
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
-        // Private: the shared writers write private files.
-        write_atomic_shared(&state.join("jobs.json"), b"{}").unwrap();
-        assert_eq!(mode(&state.join("jobs.json")), 0o600);
-        assert_eq!(share_existing(&state, &["jobs.json"]).unwrap(), 0);
-        // Shared with its group (0770): 0660, the directory's group.
-        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o770)).unwrap();
-        assert!(!make_private(&state).unwrap(), "a shared directory stays shared");
-        assert_eq!(share_existing(&state, &["jobs.json", "missing"]).unwrap(), 1, "written before");
-        assert_eq!(mode(&state.join("jobs.json")), 0o660);
-        write_atomic_shared(&state.join("alerts.json"), b"{}").unwrap();
-        drop(open_shared_lock_file(&state.join("jobs.lock")).unwrap());
-        let gid = std::fs::metadata(&state).unwrap().gid();
-        for f in ["alerts.json", "jobs.lock"] {
-            assert_eq!(mode(&state.join(f)), 0o660, "{f}");
-            assert_eq!(std::fs::metadata(state.join(f)).unwrap().gid(), gid, "{f}");
-        }
-        // The rest stays private.
-        write_atomic(&state.join("usage.json"), b"{}").unwrap();
-        append_durable(&state.join("sessions/a.jsonl"), b"x\n").unwrap();
-        assert_eq!(mode(&state.join("usage.json")), 0o600);
-        assert_eq!(mode(&state.join("sessions")), 0o700);
-        // Others never: 0777 becomes 0770.
-        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
-        assert_eq!(shared_group(&state), None, "world-writable is not shared");
-        assert!(make_private(&state).unwrap());
-        assert_eq!(mode(&state), 0o770);
     }
 
     #[test]

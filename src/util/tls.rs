@@ -45,8 +45,10 @@ struct LazyVerifier {
     provider: Arc<CryptoProvider>,
 }
 
-/// The process's one platform verifier (and CA store).
-static PLATFORM: OnceLock<Result<rustls_platform_verifier::Verifier, rustls::Error>> = OnceLock::new();
+/// The process's one platform verifier (and CA store). Only a success is
+/// kept: a store that could not be read (mid-upgrade of ca-certificates) is
+/// tried again at the next handshake.
+static PLATFORM: OnceLock<rustls_platform_verifier::Verifier> = OnceLock::new();
 
 /// Whether the CA store has been loaded in this process (for tests).
 pub fn ca_store_loaded() -> bool {
@@ -55,9 +57,11 @@ pub fn ca_store_loaded() -> bool {
 
 impl LazyVerifier {
     fn get(&self) -> Result<&'static rustls_platform_verifier::Verifier, rustls::Error> {
-        let made = PLATFORM.get_or_init(|| rustls_platform_verifier::Verifier::new(self.provider.clone()));
-        match made {
-            Ok(v) => Ok(v),
+        if let Some(v) = PLATFORM.get() {
+            return Ok(v);
+        }
+        match rustls_platform_verifier::Verifier::new(self.provider.clone()) {
+            Ok(v) => Ok(PLATFORM.get_or_init(|| v)),
             Err(e) => Err(rustls::Error::General(format!("cannot load the system's CA certificates: {e}"))),
         }
     }

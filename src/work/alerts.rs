@@ -119,7 +119,7 @@ impl Alerts {
     pub async fn raise(&self, key: &str, text: String) -> bool {
         let (me, key_owned) = (self.clone(), key.to_string());
         let opened = blocking(move || {
-            me.change(|open| {
+            me.change(&key_owned.clone(), true, |open| {
                 if open.contains_key(&key_owned) {
                     return None;
                 }
@@ -138,7 +138,9 @@ impl Alerts {
             return false;
         }
         let (me, key_owned) = (self.clone(), key.to_string());
-        let closed = blocking(move || me.change(|open| open.remove(&key_owned).map(|o| note(&o)))).await;
+        let closed =
+            blocking(move || me.change(&key_owned.clone(), false, |open| open.remove(&key_owned).map(|o| note(&o))))
+                .await;
         self.after_change(key, closed, false)
     }
 
@@ -201,27 +203,37 @@ impl Alerts {
 
     /// Under the lock: read, let `f` change the set and say what to send,
     /// send it (outbox first), then write the file (or remove it if empty).
-    fn change(&self, f: impl FnOnce(&mut BTreeMap<String, Open>) -> Option<String>) -> Result<Option<String>, String> {
+    /// An empty text changes the set and sends nothing. When `opening` and
+    /// the alert cannot be queued (a full disk), nothing is recorded either,
+    /// so the next occasion raises it again instead of it being lost.
+    fn change(
+        &self,
+        key: &str,
+        opening: bool,
+        f: impl FnOnce(&mut BTreeMap<String, Open>) -> Option<String>,
+    ) -> Result<Option<String>, String> {
         let mut text = None;
         self.change_quietly(|open| {
             text = f(open);
-            if let Some(t) = &text {
-                if !self.inner.config.deliver.is_empty() {
-                    let reports = self
-                        .inner
-                        .config
-                        .deliver
-                        .iter()
-                        .map(|t2| (t2.clone(), t.clone(), "alert".to_string()))
-                        .collect();
-                    for r in self.inner.reports.outbox().enqueue_many(reports) {
-                        if let Err(e) = r {
-                            tracing::error!("alert not queued: {e}");
-                        }
-                    }
+            let Some(t) = text.as_ref().filter(|t| !t.is_empty()) else { return text.is_some() };
+            if self.inner.config.deliver.is_empty() {
+                return true;
+            }
+            let reports =
+                self.inner.config.deliver.iter().map(|to| (to.clone(), t.clone(), "alert".to_string())).collect();
+            let mut queued = true;
+            for r in self.inner.reports.outbox().enqueue_many(reports) {
+                if let Err(e) = r {
+                    tracing::error!(alert = key, "alert not queued: {e}");
+                    queued = false;
                 }
             }
-            text.is_some()
+            if !queued && opening {
+                open.remove(key);
+                text = None;
+                return false;
+            }
+            true
         })?;
         Ok(text)
     }
@@ -245,7 +257,7 @@ impl Alerts {
                 let file = AlertFile { version: 1, open: open.clone() };
                 serde_json::to_vec_pretty(&file)
                     .map_err(std::io::Error::other)
-                    .and_then(|data| crate::util::fs::write_atomic_shared(&self.inner.path, &data))
+                    .and_then(|data| crate::util::fs::write_atomic(&self.inner.path, &data))
             };
             result.map_err(|e| format!("cannot write {}: {e}", self.inner.path.display()))?;
         }
@@ -255,6 +267,10 @@ impl Alerts {
 
     fn after_change(&self, key: &str, result: Result<Option<String>, String>, raising: bool) -> bool {
         match result {
+            Ok(Some(text)) if text.is_empty() => {
+                tracing::info!(alert = key, "closed");
+                true
+            }
             Ok(Some(text)) => {
                 if raising {
                     tracing::warn!(alert = key, "{text}");
@@ -542,6 +558,28 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(61)).await;
         assert_eq!(queued(dir.path()), ["Alert: silent for 25m", "Recovered: ticks again"]);
         assert!(open_in(dir.path()).is_empty());
+        stop.cancel();
+        task.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loop_no_longer_watched_has_its_alert_closed_without_a_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = alerts_with(dir.path(), &["log"], Dur::secs(3600));
+        a.raise(HEARTBEAT_KEY, "Alert: the heartbeat is silent".into()).await;
+        // The heartbeat was turned off meanwhile: the dead-man watches the scheduler only.
+        let watched = vec![Watched {
+            key: SCHEDULER_KEY,
+            pulse: Pulse::new(),
+            limit: SCHEDULER_STALL,
+            alert: |_| "stalled".into(),
+            recovered: "runs",
+        }];
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(dead_man(a.clone(), watched, Outbox::new(dir.path()), stop.clone()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(open_in(dir.path()).is_empty());
+        assert_eq!(queued(dir.path()), ["Alert: the heartbeat is silent"], "no empty note");
         stop.cancel();
         task.await.unwrap();
     }

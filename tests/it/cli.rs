@@ -532,7 +532,7 @@ impl FakeService {
 
 #[tokio::test]
 async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root (the privilege drop is what is tested)");
         return;
@@ -565,44 +565,28 @@ async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
         "{stdout}"
     );
 
-    // Another user reads the config but, while the state is the service user's alone, is sent to sudo.
+    // Another user reads the config but is sent to sudo for the state.
     let out = svc.bramble(&["cron", "list"], Some(1)).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("is the installed service's state: run this with sudo (`sudo bramble …` acts as")
-            && text(&out.stderr).contains("or join its group to manage jobs without sudo"),
+        text(&out.stderr).contains("is the installed service's state and belongs to its user: run this with sudo"),
         "{}",
         text(&out.stderr)
     );
 
-    // The .deb shares the state directory with the service's group (0770): a member manages jobs
-    // with plain `bramble`, and the service still reads and rewrites what they wrote.
-    std::fs::set_permissions(&svc.state, std::fs::Permissions::from_mode(0o770)).unwrap();
-    // The service (its daemon at start, or any `sudo bramble`) shares the job files it wrote before.
-    assert_eq!(svc.bramble(&["status"], None).await.status.code(), Some(0));
+    // A member of the service's group sees the status (the state's parts shown as private, no
+    // warnings about what they may not read), and is sent to sudo for everything else.
     let member = |args: &'static [&'static str]| svc.bramble_as(args, 1, nobody.gid.as_raw());
-    let out = member(&["cron", "add", "tea", "--every", "1h", "--remind", "tea time"]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let jobs = std::fs::metadata(svc.state.join("jobs.json")).unwrap();
-    assert_eq!((jobs.gid(), jobs.mode() & 0o777), (nobody.gid.as_raw(), 0o660), "shared with the group");
-    let out = member(&["cron", "list"]).await;
-    assert!(text(&out.stdout).contains("tea") && text(&out.stdout).contains("brief"), "{}", text(&out.stdout));
     let out = member(&["status"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains("jobs:       2"), "{}", text(&out.stdout));
-    assert!(text(&out.stdout).contains("sessions:   private to the service"), "{}", text(&out.stdout));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("(the installed service's; its state with `sudo bramble status`)"), "{stdout}");
+    for part in ["sessions:   ", "jobs:       ", "outbox:     ", "alerts:     "] {
+        assert!(stdout.contains(&format!("{part}private to the service")), "{part}: {stdout}");
+    }
     assert!(text(&out.stderr).is_empty(), "no warnings about what a member may not read: {}", text(&out.stderr));
-    let out = svc.bramble(&["cron", "disable", "tea"], None).await;
-    assert_eq!(out.status.code(), Some(0), "the service user rewrites the member's file: {}", text(&out.stderr));
-    let out = member(&["cron", "remove", "tea"]).await;
-    assert_eq!(out.status.code(), Some(0), "and the member the service's: {}", text(&out.stderr));
-    // The service user itself (`runuser -u bramble`, the unit's `bramble run`) is not a mere member.
-    let out = svc.bramble_as(&["cron", "list"], nobody.uid.as_raw(), nobody.gid.as_raw()).await;
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = svc.bramble_as(&["status"], nobody.uid.as_raw(), nobody.gid.as_raw()).await;
-    assert!(text(&out.stdout).contains("acting as its user nobody"), "{}", text(&out.stdout));
-    // Private things stay private: a member runs nothing as the service.
     for (args, why) in [
+        (&["cron", "add", "tea", "--every", "1h", "--remind", "t"][..], "belongs to its user: run this with sudo"),
         (&["cron", "run", "brief"][..], "a job run by hand runs as the service, with its secrets: use sudo"),
         (&["agent", "-m", "hi"][..], "this runs as the service, with its secrets: use sudo"),
         (&["run"][..], "the service runs under systemd"),
@@ -612,13 +596,11 @@ async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
         assert!(text(&out.stderr).contains(why), "{args:?}: {}", text(&out.stderr));
     }
     assert_eq!(llm.request_count(), 1, "no model call for a member");
-    for entry in walk(&svc.state) {
-        let m = std::fs::symlink_metadata(&entry).unwrap();
-        let name = entry.file_name().unwrap().to_string_lossy().into_owned();
-        if !["jobs.json", "jobs.lock"].contains(&name.as_str()) {
-            assert_eq!(m.mode() & 0o077, 0, "{} stays private", entry.display());
-        }
-    }
+    // The service user itself (`runuser -u bramble`, the unit's `bramble run`) is not a mere member.
+    let out = svc.bramble_as(&["cron", "list"], nobody.uid.as_raw(), nobody.gid.as_raw()).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = svc.bramble_as(&["status"], nobody.uid.as_raw(), nobody.gid.as_raw()).await;
+    assert!(text(&out.stdout).contains("acting as its user nobody"), "{}", text(&out.stdout));
 
     // No service user: a clear error, nothing done as root.
     let out =
