@@ -583,6 +583,10 @@ pub struct MqttConfig {
     /// Topic patterns the agent's `mqtt_publish` tool may publish to.
     pub publish_allow: Vec<String>,
     pub trigger: Vec<MqttTrigger>,
+    /// `<prefix>/in` (agent turns) and `<prefix>/run/<job>` (and Home
+    /// Assistant's buttons). `false`: reports and state go out, nothing
+    /// comes in but the configured triggers.
+    pub inbound: bool,
 }
 
 impl Default for MqttConfig {
@@ -597,6 +601,7 @@ impl Default for MqttConfig {
             topic_prefix: None,
             publish_allow: Vec::new(),
             trigger: Vec::new(),
+            inbound: true,
         }
     }
 }

@@ -353,3 +353,32 @@ async fn alerts_go_to_the_alert_topic_and_drive_the_problem_sensor() {
     assert_eq!(alerts.len(), 2, "one alert and one note: {alerts:?}");
     daemon.stop().await;
 }
+
+#[tokio::test]
+async fn inbound_off_listens_to_neither_in_nor_run_but_triggers_still_work() {
+    let s = Setup::new(
+        "discovery = true\ninbound = false\n\
+         [[mqtt.trigger]]\ntopic = \"sensors/door\"\nexec = \"cat >> door.txt\"\nmin_interval = \"0s\"",
+    )
+    .await;
+    let button = "homeassistant/button/bramble_testpi/run_ping/config";
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT, button]).await;
+    s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran >> ping.txt", "--ha-button"]).await;
+    // A button an earlier run published while inbound was on: cleared.
+    w.publish_retained(button, r#"{"name":"Run ping"}"#).await;
+    assert!(w.wait_for(10, button, |p| !p.is_empty()).await);
+    let daemon = s.start();
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    w.publish("bramble/testpi/in", "hello").await;
+    w.publish("bramble/testpi/run/ping", "PRESS").await;
+    // The control: a trigger published after them runs, so the two were delivered and dropped.
+    w.publish("sensors/door", "open").await;
+    let door = s.home.workspace.join("door.txt");
+    assert!(wait_until(20, || std::fs::read_to_string(&door).is_ok_and(|t| t.contains("open"))).await, "{}", s.log());
+    assert!(w.wait_last(10, button, "").await, "no Run button while inbound is off: {}", s.log());
+    daemon.stop().await;
+    assert_eq!(s.fake.request_count(), 0, "no agent turn from <prefix>/in");
+    assert!(w.on(OUT).is_empty(), "no reply on out");
+    assert!(!s.home.workspace.join("ping.txt").exists(), "run/<job> did not run the job");
+    assert!(s.log().contains("MQTT inbound is off"), "{}", s.log());
+}

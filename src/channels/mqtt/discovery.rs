@@ -162,7 +162,8 @@ pub fn documents(s: &Settings, buttons: &[&Job]) -> Vec<(String, Value)> {
 /// names with a button now. `warned` says whether the cap was logged already.
 pub fn publish(link: &Link, jobs: &[Job], before: &[String], warned: &mut bool) -> Vec<String> {
     let s = &link.settings;
-    let (buttons, over) = button_jobs(jobs);
+    // A button publishes to `<prefix>/run/<job>`: none while inbound is off (old ones are cleared).
+    let (buttons, over) = if s.inbound { button_jobs(jobs) } else { (Vec::new(), 0) };
     if over > 0 && !std::mem::replace(warned, true) {
         tracing::warn!(
             "Home Assistant discovery: {} jobs are marked for a button; only the first {MAX_BUTTONS} get one \

@@ -78,7 +78,9 @@ pub(super) struct Router {
 impl Router {
     pub(super) fn dispatch(&self, topic: &str, payload: &[u8], retained: bool) {
         let s = &self.link.settings;
-        if topic == s.topic("in") {
+        // With `inbound = false` these are not subscribed; one that comes anyway (a
+        // trigger on `#`) is one of our own topics below, and never runs anything.
+        if s.inbound && topic == s.topic("in") {
             if retained {
                 // A retained command would run again on every reconnect.
                 tracing::warn!(topic, "ignoring a retained message on the input topic");
@@ -95,7 +97,7 @@ impl Router {
             }
             return;
         }
-        if let Some(job) = topic.strip_prefix(&s.topic("run/")) {
+        if let Some(job) = topic.strip_prefix(&s.topic("run/")).filter(|_| s.inbound) {
             if retained {
                 tracing::warn!(topic, "ignoring a retained run request");
                 return;

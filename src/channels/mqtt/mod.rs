@@ -124,6 +124,8 @@ pub struct Settings {
     pub username: Option<String>,
     password: Option<crate::config::Secret>,
     pub discovery: bool,
+    /// `[mqtt] inbound`: `<prefix>/in` and `<prefix>/run/<job>` are listened to.
+    pub inbound: bool,
 }
 
 impl Settings {
@@ -165,6 +167,7 @@ impl Settings {
             username: c.username.clone(),
             password,
             discovery: c.discovery,
+            inbound: c.inbound,
         }))
     }
 
@@ -273,8 +276,9 @@ pub fn status_line(c: &MqttConfig) -> String {
         }
     };
     format!(
-        "{} ({reach}); discovery {}, {} trigger(s), mqtt_publish to {}",
+        "{} ({reach}); {}; discovery {}, {} trigger(s), mqtt_publish to {}",
         s.describe(),
+        if s.inbound { format!("listens on {} and run/<job>", s.topic("in")) } else { "inbound off".into() },
         if s.discovery { "on" } else { "off" },
         c.trigger.len(),
         if c.publish_allow.is_empty() { "nothing".to_string() } else { c.publish_allow.join(", ") }
@@ -381,7 +385,12 @@ pub fn spawn(
     if let (Some(rx), Some(deps)) = (trigger_rx, w.triggers) {
         tasks.spawn(triggers::run(trigger_set.clone(), rx, deps, stop.clone(), abort));
     }
-    let mut subscriptions = vec![link.settings.topic("in"), link.settings.topic("run/+")];
+    let mut subscriptions = Vec::new();
+    if link.settings.inbound {
+        subscriptions.extend([link.settings.topic("in"), link.settings.topic("run/+")]);
+    } else {
+        tracing::info!("MQTT inbound is off: {} and run/<job> are not listened to", link.settings.topic("in"));
+    }
     subscriptions.extend(trigger_set.filters());
     if link.settings.discovery {
         subscriptions.push(discovery::cleanup_filter(&link.settings));
