@@ -170,9 +170,15 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
             }
         );
     }
-    let jobs = crate::scheduler::JobStore::open(&loaded.paths.state_dir).list().unwrap_or_default();
+    // Read once: the clock note and the job list below both need it.
+    let jobs_store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+    let listed = (!private).then(|| jobs_store.list());
+    let all_jobs = match &listed {
+        Some(Ok(jobs)) => jobs.as_slice(),
+        _ => &[],
+    };
     let wait = c.daemon.clock_sync_wait.get();
-    let clock = match crate::scheduler::engine::clock_hold_note(&jobs, wait, c.timezone().tz()) {
+    let clock = match crate::scheduler::engine::clock_hold_note(all_jobs, wait, c.timezone().tz()) {
         None if crate::scheduler::clock_synchronized() => "synchronised".to_string(),
         None => "not reported as synchronised, but trusted: the machine is not freshly booted and the clock is \
                  past every time bramble recorded"
@@ -193,8 +199,7 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
             "off".into()
         }
     );
-    let jobs_store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
-    match (!private).then(|| jobs_store.list()) {
+    match listed {
         None => println!("jobs:       {PRIVATE}"),
         Some(Ok(jobs)) => {
             println!("jobs:       {}", jobs.len());

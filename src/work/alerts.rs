@@ -192,7 +192,7 @@ impl Alerts {
 
     /// Whether some open condition's key may satisfy `pred`: from the cached
     /// copy when the file has not changed since (one `stat`), else `true`.
-    fn maybe_open(&self, pred: impl Fn(&str) -> bool) -> bool {
+    pub fn maybe_open(&self, pred: impl Fn(&str) -> bool) -> bool {
         let now = stamp(&self.inner.path);
         if now.is_none() {
             return false;
