@@ -152,6 +152,58 @@ pub struct InboundMessage {
     pub text: String,
     /// Where the answer goes.
     pub reply_to: Target,
+    /// Files that came with it, already saved in the workspace.
+    pub attachments: Vec<Attachment>,
+}
+
+/// A file that came with a message (a voice note, a photo, a document),
+/// saved in the workspace's `inbox/` before the channel confirmed the
+/// message to its server: what the turn reads, and what is left if it fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub kind: AttachmentKind,
+    /// Relative to the workspace (`inbox/2026-11-23/voice-12.ogg`).
+    pub path: String,
+    /// `audio/ogg`, `image/jpeg`, `application/pdf`, …
+    pub mime: String,
+    pub size: u64,
+}
+
+/// What a turn does with an [`Attachment`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachmentKind {
+    /// Speech: transcribed, and the turn runs on the transcript.
+    Voice { seconds: u64 },
+    /// Shown to the model as an image part (when it can see).
+    Image,
+    /// Any other file: the model is told its path and may read it.
+    File,
+}
+
+impl Attachment {
+    /// How the session (and a model that cannot see it) knows the file:
+    /// `[photo: inbox/…/photo-12.jpg]`, `[file: inbox/…/report.pdf, 12 KB, application/pdf]`.
+    pub fn reference(&self) -> String {
+        let size = human_size(self.size);
+        match self.kind {
+            AttachmentKind::Voice { seconds } => {
+                format!("[voice note {}:{:02}: {}]", seconds / 60, seconds % 60, self.path)
+            }
+            AttachmentKind::Image => format!("[image: {}, {size}]", self.path),
+            AttachmentKind::File => {
+                format!("[file: {}, {size}, {}; read it with read_file]", self.path, self.mime)
+            }
+        }
+    }
+}
+
+/// `812 B`, `12 KB`, `3.4 MB`.
+pub fn human_size(bytes: u64) -> String {
+    match bytes {
+        b if b < 1024 => format!("{b} B"),
+        b if b < 1024 * 1024 => format!("{} KB", b.div_ceil(1024)),
+        b => format!("{:.1} MB", b as f64 / (1024.0 * 1024.0)),
+    }
 }
 
 /// A message from the agent (or the scheduler) to a delivery target.
@@ -159,6 +211,16 @@ pub struct InboundMessage {
 pub struct OutboundMessage {
     pub target: Target,
     pub text: String,
+    /// Workspace files sent with it (the `message` tool's `attach`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attach: Vec<String>,
+}
+
+impl OutboundMessage {
+    /// A text message.
+    pub fn text(target: Target, text: impl Into<String>) -> OutboundMessage {
+        OutboundMessage { target, text: text.into(), attach: Vec::new() }
+    }
 }
 
 /// The two queues. Cloning the senders is how producers get access.

@@ -346,6 +346,8 @@ mod tests {
             daily_token_budget: 0,
             unanswered: crate::config::Unanswered::default(),
             model_footer: crate::config::ModelFooter::default(),
+            vision: true,
+            vision_model: None,
         };
         let limits = context::ContextLimits { per_file_chars: 100, total_chars: 100 };
         let ctx = context::ContextBuilder::new(dir.to_path_buf(), crate::config::TzName::system(), limits);

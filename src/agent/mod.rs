@@ -27,6 +27,7 @@
 pub mod commands;
 mod consolidate;
 pub mod context;
+pub mod input;
 mod locks;
 pub mod memory;
 pub mod pending;
@@ -56,6 +57,7 @@ use usage::{DayUsage, UsageLedger};
 
 pub use consolidate::Consolidation;
 use locks::{ActiveTurn, PendingGuard, SessionLock};
+pub use react::ProgressSink;
 pub(crate) use react::{run_loop, LoopFail, LoopSpec, LoopStats};
 pub use status::SessionStatus;
 
@@ -80,6 +82,10 @@ pub struct AgentSettings {
     pub unanswered: crate::config::Unanswered,
     /// When an answer names the model that gave it.
     pub model_footer: crate::config::ModelFooter,
+    /// Whether the turn's model can see images (`[agent] vision`).
+    pub vision: bool,
+    /// The model for turns that carry an image (`[agent] vision_model`).
+    pub vision_model: Option<String>,
 }
 
 /// What a channel may know of the agent besides the bus: whether a session
@@ -105,6 +111,8 @@ pub struct TurnRequest {
     /// The model for this turn (a job's `--model`), instead of the session's.
     pub model: Option<String>,
     pub cancel: CancellationToken,
+    /// Files that came with the message (voice notes, photos, documents).
+    pub attachments: Vec<crate::bus::Attachment>,
 }
 
 impl TurnRequest {
@@ -115,7 +123,14 @@ impl TurnRequest {
 
     /// A turn in `conversation`, not as a job, stopped only by its own token.
     pub fn new(conversation: Conversation, text: impl Into<String>) -> Self {
-        TurnRequest { conversation, text: text.into(), in_job: false, model: None, cancel: CancellationToken::new() }
+        TurnRequest {
+            conversation,
+            text: text.into(),
+            in_job: false,
+            model: None,
+            cancel: CancellationToken::new(),
+            attachments: Vec::new(),
+        }
     }
 }
 
@@ -159,6 +174,10 @@ pub enum TurnError {
          scheduled and triggered turns resume tomorrow"
     )]
     Budget { used: u64, budget: u64 },
+    /// What came with the message cannot be used (a voice note that cannot be
+    /// transcribed): the text is the whole answer, and the model is not asked.
+    #[error("{0}")]
+    Input(String),
 }
 
 /// Counts work in flight so shutdown can give it a grace period: every turn
@@ -241,6 +260,12 @@ pub struct Agent {
     pending: PendingStore,
     /// Per-session model overrides (`/model`), in memory: a restart goes back to the configured model.
     models: Mutex<HashMap<String, String>>,
+    /// Voice notes to text: `Ok(None)` not configured, `Err` configured but unusable (why).
+    transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, String>,
+    /// Sessions already told that their model cannot see images.
+    told_blind: Mutex<std::collections::HashSet<String>>,
+    /// Where chat turns say what they are doing (Telegram's status message).
+    progress: Option<Arc<dyn ProgressSink>>,
     /// Who answered each session's last turn (`provider/model`, and why if a fallback), for `/status`.
     answered: Mutex<HashMap<String, crate::provider::Route>>,
     subagents: Option<Arc<subagent::Hub>>,
@@ -269,6 +294,10 @@ pub struct AgentParts {
     /// The usage ledger, when the provider chain shares it (per-provider
     /// budgets); `None`: the agent opens its state directory's.
     pub usage: Option<UsageLedger>,
+    /// `[transcription]`: `Ok(None)` when off, `Err(why)` when it cannot work.
+    pub transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, String>,
+    /// Where chat turns say what they are doing, if a channel shows it.
+    pub progress: Option<Arc<dyn ProgressSink>>,
 }
 
 impl AgentParts {
@@ -292,6 +321,8 @@ impl AgentParts {
             inflight: InFlight::default(),
             subagents: None,
             usage: None,
+            transcriber: Ok(None),
+            progress: None,
         }
     }
 }
@@ -311,6 +342,8 @@ impl Agent {
             inflight,
             subagents,
             usage,
+            transcriber,
+            progress,
         } = parts;
         let state_dir = sessions.state_dir().to_path_buf();
         Agent {
@@ -333,6 +366,9 @@ impl Agent {
             scheduler,
             models: Mutex::new(HashMap::new()),
             answered: Mutex::new(HashMap::new()),
+            transcriber,
+            told_blind: Mutex::new(std::collections::HashSet::new()),
+            progress,
             subagents,
         }
     }
@@ -443,7 +479,8 @@ impl Agent {
         let record = if req.in_job {
             None
         } else {
-            let (pending, conversation, text) = (self.pending.clone(), req.conversation.clone(), req.text.clone());
+            let (pending, conversation, text) =
+                (self.pending.clone(), req.conversation.clone(), input::with_references(&req.text, &req.attachments));
             match util::tasks::blocking(move || pending.begin_unsynced(&conversation, &text)).await {
                 Ok(id) => Some(id),
                 Err(e) => {
@@ -513,15 +550,30 @@ impl Agent {
 
     async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
         let session_err = |source| TurnError::Session { key: req.conversation.session_key.clone(), source };
-        let model = req.model.clone().unwrap_or_else(|| self.session_model(&req.conversation.session_key));
-        let mut messages = self.prompt(req).await.map_err(session_err)?;
+        let mut model = req.model.clone().unwrap_or_else(|| self.session_model(&req.conversation.session_key));
+        // Voice notes become text, photos image parts (or references for a blind model).
+        let mut input = tokio::select! {
+            r = self.prepare_input(req) => r?,
+            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+        };
+        if !input.images.is_empty() {
+            match (&self.settings.vision_model, self.settings.vision) {
+                (Some(vision), _) => model = vision.clone(),
+                (None, true) => {}
+                (None, false) => input.drop_images(),
+            }
+        }
+        let mut messages = self.prompt(req, &input.text).await.map_err(session_err)?;
         if self.needs_consolidation(&req.conversation.session_key, &messages) {
             tokio::select! {
                 () = self.auto_consolidate(provider, &model, &req.conversation.session_key, &messages) => {}
                 // Nothing is written before the summary is back: stopping here changes nothing.
                 _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
             }
-            messages = self.prompt(req).await.map_err(session_err)?;
+            messages = self.prompt(req, &input.text).await.map_err(session_err)?;
+        }
+        if let Some(user) = messages.last_mut() {
+            user.images = input.images.clone();
         }
         // Everything from the user's message on is this turn's and will be saved.
         let turn_start = messages.len() - 1;
@@ -538,9 +590,22 @@ impl Agent {
             limit_setting: "[agent] max_iterations",
             tool_ctx: &tool_ctx,
             label: &req.conversation.session_key,
+            // Chats only: scheduled work reports through the outbox, never a status message.
+            progress: if req.in_job { None } else { self.progress.as_deref() },
         };
         let mut stats = LoopStats::default();
-        let outcome = run_loop(&spec, &mut messages, &mut stats).await;
+        let mut outcome = run_loop(&spec, &mut messages, &mut stats).await;
+        // A model that cannot see refuses the image parts: the same turn again without them.
+        if let Err(LoopFail::Provider(e)) = &outcome {
+            if !input.images.is_empty() && messages.len() == turn_start + 1 && input::refused_images(e) {
+                tracing::warn!(session = %req.conversation.session_key, %model, error = %e, "the model refused the image; asking again without it");
+                input.drop_images();
+                if let Some(user) = messages.last_mut() {
+                    user.images.clear();
+                }
+                outcome = run_loop(&spec, &mut messages, &mut stats).await;
+            }
+        }
         let today = self.record_usage(&stats);
         let (text, end) = match outcome {
             Ok(done) => done,
@@ -569,6 +634,12 @@ impl Agent {
             output_tokens = stats.usage.output_tokens, "turn finished"
         );
         let mut text = text;
+        if input.blind && self.told_blind_lock().insert(req.conversation.session_key.clone()) {
+            text.push_str(
+                "\n\n(This model cannot see images: it was given the photo's file name only. \
+                 Set [agent] vision_model to a model that can see to have photos looked at.)",
+            );
+        }
         let budget = self.settings.daily_token_budget;
         if budget > 0 && !req.in_job && today.total() >= budget {
             text.push_str(&format!(
@@ -613,6 +684,10 @@ impl Agent {
         self.usage.add(stats.usage, &stats.providers)
     }
 
+    fn told_blind_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.told_blind.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn answered_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::provider::Route>> {
         self.answered.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -650,10 +725,10 @@ fn footer(setting: crate::config::ModelFooter, route: &crate::provider::Route) -
 
 impl Agent {
     /// The messages of a turn's first model call.
-    async fn prompt(&self, req: &TurnRequest) -> std::io::Result<Vec<Message>> {
+    async fn prompt(&self, req: &TurnRequest, text: &str) -> std::io::Result<Vec<Message>> {
         let system = self.system_prompt().await;
         let history = self.sessions.history(&req.conversation.session_key, self.settings.history_messages)?;
-        Ok(self.context.build(system, history, &req.text, &req.conversation, jiff::Timestamp::now()))
+        Ok(self.context.build(system, history, text, &req.conversation, jiff::Timestamp::now()))
     }
 
     /// The system prompt, read from the workspace off the runtime thread: the

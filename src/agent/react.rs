@@ -19,6 +19,8 @@ pub(crate) struct LoopSpec<'a> {
     pub tool_ctx: &'a ToolContext,
     /// For logs.
     pub label: &'a str,
+    /// Told about each tool call before it runs (a chat's status message).
+    pub progress: Option<&'a dyn ProgressSink>,
 }
 
 /// What a loop spent, kept even when it fails.
@@ -111,6 +113,9 @@ pub(crate) async fn run_loop(
                     return Err(LoopFail::Cancelled);
                 }
                 stats.tool_calls += 1;
+                if let Some(p) = spec.progress {
+                    p.step(&spec.tool_ctx.conversation, &describe_call(call));
+                }
                 // `/stop` ends any tool at once (a dropped exec kills its process group).
                 let outcome = tokio::select! {
                     o = spec.tools.execute(call, spec.tool_ctx) => o,
@@ -148,5 +153,52 @@ pub(crate) async fn run_loop(
             continue;
         }
         return Ok((text.trim().to_string(), TurnEnd::Answered));
+    }
+}
+
+/// Where a chat turn says what it is doing while it runs tools (Telegram's
+/// status message). Called on the runtime thread: it must not wait.
+pub trait ProgressSink: Send + Sync {
+    /// The turn in `conversation` is about to do `what` (`running `df -h /`…`).
+    fn step(&self, conversation: &crate::bus::Conversation, what: &str);
+}
+
+/// What a tool call does, in a few words for a status line.
+pub(crate) fn describe_call(call: &crate::provider::ToolCall) -> String {
+    let args: serde_json::Value = serde_json::from_str(&call.function.arguments).unwrap_or_default();
+    let arg = |k: &str| {
+        args.get(k).and_then(serde_json::Value::as_str).map(|v| {
+            let v = v.lines().next().unwrap_or("").trim();
+            if v.chars().count() > 60 {
+                format!("{}…", v.chars().take(59).collect::<String>())
+            } else {
+                v.to_string()
+            }
+        })
+    };
+    let name = call.function.name.as_str();
+    match name {
+        "exec" => arg("command").map(|c| format!("running `{c}`…")),
+        "read_file" | "list_dir" => arg("path").map(|p| format!("reading {p}…")),
+        "write_file" | "edit_file" => arg("path").map(|p| format!("writing {p}…")),
+        "web_fetch" => arg("url").map(|u| format!("fetching {u}…")),
+        "web_search" => arg("query").map(|q| format!("searching the web for “{q}”…")),
+        _ => None,
+    }
+    .unwrap_or_else(|| format!("using {name}…"))
+}
+
+#[cfg(test)]
+mod describe_tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_described_in_a_few_words() {
+        let c = |n: &str, a: &str| describe_call(&crate::provider::ToolCall::new("1", n, a));
+        assert_eq!(c("exec", r#"{"command":"df -h /\nrm x"}"#), "running `df -h /`…");
+        assert_eq!(c("read_file", r#"{"path":"notes.md"}"#), "reading notes.md…");
+        assert_eq!(c("cron", "not json"), "using cron…");
+        let long = c("exec", &format!(r#"{{"command":"{}"}}"#, "x".repeat(100)));
+        assert!(long.chars().count() < 75, "{long}");
     }
 }

@@ -44,7 +44,7 @@ impl Agent {
             if commands::parse(&msg.text).is_some() {
                 continue;
             }
-            match self.pending.begin(&msg.conversation, &msg.text) {
+            match self.pending.begin(&msg.conversation, &input::with_references(&msg.text, &msg.attachments)) {
                 Ok(id) => self.pending.release(id),
                 Err(e) => {
                     tracing::error!(session = %msg.conversation.session_key, "a message not answered before the stop is lost: {e}")
@@ -62,15 +62,22 @@ impl Agent {
         let text = if let Some(inv) = commands::parse(&msg.text) {
             commands::execute(self, &msg.conversation.session_key, &inv).await
         } else {
-            let req =
-                TurnRequest { conversation: msg.conversation, text: msg.text, in_job: false, model: None, cancel };
+            let req = TurnRequest {
+                conversation: msg.conversation,
+                text: msg.text,
+                in_job: false,
+                model: None,
+                cancel,
+                attachments: msg.attachments,
+            };
             match self.turn(req).await {
                 Ok(report) => report.text,
                 Err(TurnError::Cancelled) => return,
+                Err(TurnError::Input(why)) => why,
                 Err(e) => format!("Sorry, I could not answer: {e}"),
             }
         };
-        if outbound.send(OutboundMessage { target, text }).await.is_err() {
+        if outbound.send(OutboundMessage::text(target, text)).await.is_err() {
             tracing::warn!("outbound queue closed; an answer was dropped");
         }
     }
@@ -95,6 +102,7 @@ impl Agent {
                 text: a.prompt(),
                 in_job: true,
                 cancel: cancel.child_token(),
+                attachments: Vec::new(),
             };
             let text = match self.turn(req).await {
                 Ok(r) => Some(r.text),
@@ -104,7 +112,7 @@ impl Agent {
             };
             if let Some(text) = text {
                 let target = a.conversation.reply_target();
-                if outbound.send(OutboundMessage { target, text }).await.is_err() {
+                if outbound.send(OutboundMessage::text(target, text)).await.is_err() {
                     tracing::warn!("outbound queue closed; a sub-agent report was dropped");
                 }
             }
@@ -139,6 +147,7 @@ impl Agent {
                         text: p.text.clone(),
                         in_job: false,
                         cancel: cancel.child_token(),
+                        attachments: Vec::new(),
                     };
                     match self.turn(req).await {
                         Ok(r) => r.text,

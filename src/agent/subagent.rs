@@ -237,6 +237,7 @@ impl Hub {
             limit_setting: "[agent] subagent_max_iterations",
             tool_ctx: &tool_ctx,
             label: "subagent",
+            progress: None,
         };
         let mut stats = LoopStats::default();
         let result = run_loop(&spec, &mut messages, &mut stats).await;
@@ -256,10 +257,10 @@ impl Hub {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(a) | mpsc::error::TrySendError::Closed(a)) => {
                 tracing::warn!(session = %a.conversation.session_key, "no room for a sub-agent announcement; sending its report directly");
-                let msg = OutboundMessage {
-                    target: a.conversation.reply_target(),
-                    text: format!("Sub-agent `{}` finished:\n\n{}", a.label, a.text),
-                };
+                let msg = OutboundMessage::text(
+                    a.conversation.reply_target(),
+                    format!("Sub-agent `{}` finished:\n\n{}", a.label, a.text),
+                );
                 if self.outbound.send(msg).await.is_err() {
                     tracing::error!(session = %a.conversation.session_key, label = %a.label, text = %a.text, "a sub-agent report could not be delivered");
                 }

@@ -15,7 +15,8 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
     let assemble::Terminal { agent, outbound_tx, outbound_rx: mut outbound, outbox } = assemble::terminal(loaded);
     // Messages the agent sends mid-turn (the `message` tool).
     let printer = tokio::spawn(async move {
-        while let Some(OutboundMessage { target, text }) = outbound.recv().await {
+        while let Some(OutboundMessage { target, text, attach }) = outbound.recv().await {
+            let text = if attach.is_empty() { text } else { format!("{text}\n(attached: {})", attach.join(", ")) };
             match target {
                 Target::Cli => println!("[message] {text}"),
                 other => tracing::warn!(

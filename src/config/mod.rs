@@ -39,6 +39,74 @@ pub struct Config {
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
+    pub transcription: TranscriptionConfig,
+}
+
+/// `[transcription]`: turning voice notes into text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TranscriptionConfig {
+    /// `openai`: any OpenAI-compatible `/v1/audio/transcriptions` (OpenAI,
+    /// Groq, a LAN faster-whisper or whisper.cpp server); `none`: voice notes
+    /// are kept in the inbox and the user is told transcription is off.
+    pub kind: TranscriptionKind,
+    /// Default `https://api.openai.com/v1`.
+    pub base_url: Option<HttpUrl>,
+    /// Default `whisper-1`.
+    pub model: Option<String>,
+    pub api_key: Option<Secret>,
+    /// Default `OPENAI_API_KEY`.
+    pub api_key_env: Option<String>,
+    /// ISO-639-1 language hint (`en`, `de`); unset: the server guesses.
+    pub language: Option<String>,
+    /// Voice notes longer than this are refused (kept in the inbox).
+    pub max_duration: Dur,
+    /// Limit for one transcription, from connect to the end of the answer.
+    pub timeout: Dur,
+}
+
+/// `[transcription] kind`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TranscriptionKind {
+    #[default]
+    None,
+    Openai,
+}
+
+impl Default for TranscriptionConfig {
+    fn default() -> Self {
+        TranscriptionConfig {
+            kind: TranscriptionKind::None,
+            base_url: None,
+            model: None,
+            api_key: None,
+            api_key_env: None,
+            language: None,
+            max_duration: Dur::secs(5 * 60),
+            timeout: Dur::secs(120),
+        }
+    }
+}
+
+impl TranscriptionConfig {
+    pub fn base_url(&self) -> &str {
+        self.base_url.as_ref().map(HttpUrl::as_str).unwrap_or("https://api.openai.com/v1")
+    }
+    pub fn model(&self) -> &str {
+        self.model.as_deref().unwrap_or("whisper-1")
+    }
+    pub fn key_env(&self) -> &str {
+        self.api_key_env.as_deref().unwrap_or("OPENAI_API_KEY")
+    }
+    /// The key: `api_key`, else the `api_key_env` variable (or credential).
+    pub fn api_key(&self) -> Option<Secret> {
+        self.api_key.clone().or_else(|| secret_from_env(self.key_env()))
+    }
+    /// A public endpoint needs a key; a LAN server usually does not.
+    pub fn key_required(&self) -> bool {
+        self.base_url.is_none()
+    }
 }
 
 /// `[alerts]`: telling the owner when jobs go wrong.
@@ -71,6 +139,7 @@ impl Default for Config {
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
+            transcription: TranscriptionConfig::default(),
         }
     }
 }
@@ -144,6 +213,12 @@ pub struct AgentConfig {
     /// When an answer says which model gave it: `fallback` (only when it was
     /// not the one asked for), `always`, `never`.
     pub model_footer: ModelFooter,
+    /// Whether the model can see images (photos from Telegram). `false`: a
+    /// photo reaches it as its inbox path only, and the user is told once.
+    pub vision: bool,
+    /// The model for turns that carry an image (`provider/model`), when the
+    /// usual one cannot see; it falls back like any other.
+    pub vision_model: Option<String>,
 }
 
 /// `[agent] model_footer`.
@@ -189,6 +264,8 @@ impl Default for AgentConfig {
             fallback: Vec::new(),
             fallback_cooldown: Dur::secs(5 * 60),
             model_footer: ModelFooter::Fallback,
+            vision: true,
+            vision_model: None,
         }
     }
 }
@@ -518,6 +595,29 @@ pub struct TelegramConfig {
     #[serde(deserialize_with = "ids")]
     pub allow_from: Vec<String>,
     pub api_base: HttpUrl,
+    /// A photo is taken in the largest size Telegram made whose longer side is
+    /// at most this many pixels.
+    pub max_image_px: u32,
+    /// Files (documents, audio) larger than this are refused; the Bot API's
+    /// own limit for bots is 20 MB.
+    pub max_file_mb: u64,
+    /// While a chat turn runs tools, one status message says what is happening.
+    pub progress: bool,
+    /// Which job reports carry Done / Snooze buttons: `reminders` (`remind`
+    /// jobs), `all`, `none`.
+    pub buttons: ReportButtons,
+    /// The time of day of the "Tomorrow" snooze (`HH:MM`, the agent's zone).
+    pub tomorrow_at: String,
+}
+
+/// `[telegram] buttons`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportButtons {
+    #[default]
+    Reminders,
+    All,
+    None,
 }
 
 /// A list of ids, each a string or an integer (as users write Telegram ids
@@ -555,8 +655,20 @@ impl Default for TelegramConfig {
             token_env: None,
             allow_from: Vec::new(),
             api_base: HttpUrl("https://api.telegram.org".into()),
+            max_image_px: 1280,
+            max_file_mb: 20,
+            progress: true,
+            buttons: ReportButtons::Reminders,
+            tomorrow_at: "09:00".into(),
         }
     }
+}
+
+/// `HH:MM` (24 h) as (hour, minute).
+pub fn parse_hh_mm(text: &str) -> Option<(i8, i8)> {
+    let (h, m) = text.trim().split_once(':')?;
+    let (h, m) = (h.parse::<i8>().ok()?, m.parse::<i8>().ok()?);
+    ((0..24).contains(&h) && (0..60).contains(&m)).then_some((h, m))
 }
 
 impl TelegramConfig {
@@ -773,6 +885,16 @@ impl Config {
     /// there are several, usable in `name/model`) and `[agent] fallback`
     /// entries that name a provider.
     fn check_models(&self, text: &str) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+        if parse_hh_mm(&self.telegram.tomorrow_at).is_none() {
+            let at = text.find("tomorrow_at").map(|i| i..i + "tomorrow_at".len());
+            return Err((
+                at,
+                format!(
+                    "[telegram] tomorrow_at = \"{}\" is not a time of day like \"09:00\"",
+                    self.telegram.tomorrow_at
+                ),
+            ));
+        }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {
             match &p.name {

@@ -36,12 +36,14 @@ pub struct AgentLinks {
     pub mqtt: Option<Arc<dyn Publisher>>,
     /// The daemon's scheduler, for `/run` (`None` outside the daemon).
     pub scheduler: Option<SchedulerHandle>,
+    /// Telegram's status messages for chat turns (`None`: off, or outside the daemon).
+    pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
 }
 
 impl AgentLinks {
     /// Links for an agent outside the daemon: it sends to `outbound` only.
     pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
-        AgentLinks { outbound, mqtt: None, scheduler: None }
+        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None }
     }
 }
 
@@ -74,11 +76,14 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         }
     }
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
-    tools.register(Arc::new(crate::tools::message::MessageTool::new(
-        links.outbound.clone(),
-        c.mqtt.publish_allow.clone(),
-        telegram_chats.clone(),
-    )));
+    tools.register(Arc::new(
+        crate::tools::message::MessageTool::new(
+            links.outbound.clone(),
+            c.mqtt.publish_allow.clone(),
+            telegram_chats.clone(),
+        )
+        .with_workspace(crate::workspace::Workspace::new(ws.clone())),
+    ));
     if c.mqtt.url.is_some() {
         tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)));
     }
@@ -101,6 +106,8 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         daily_token_budget: c.agent.daily_token_budget,
         unanswered: c.agent.unanswered,
         model_footer: c.agent.model_footer,
+        vision: c.agent.vision,
+        vision_model: c.agent.vision_model.clone(),
     };
     let inflight = InFlight::default();
     // Sub-agents get the tools registered so far (not `spawn` itself).
@@ -128,9 +135,12 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     parts.jobs = Some((JobStore::open(state), c.timezone().tz().clone()));
     parts.exec = Some(c.exec.clone());
     parts.scheduler = links.scheduler;
+    parts.progress = links.progress;
     parts.inflight = inflight;
     parts.subagents = subagents;
     parts.usage = Some(usage);
+    parts.transcriber =
+        crate::provider::transcribe::Transcriber::from_config(&c.transcription).map(|t| t.map(Arc::new));
     Agent::new(parts)
 }
 
@@ -179,14 +189,19 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let mqtt = mqtt_link(c);
     let scheduler = Scheduler::new(JobStore::open(state), c.timezone().tz().clone())
         .with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
+    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
+    let reminders =
+        crate::work::reminders::Reminders::new(JobStore::open(state), c.timezone().tz().clone(), tomorrow_at);
+    let telegram =
+        crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
     let links = AgentLinks {
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
+        progress: telegram.as_ref().and_then(|t| t.progress()),
     };
     let agent = Arc::new(agent(loaded, links));
     let mut channels = Channels::with_log();
-    let telegram = crate::channels::telegram::Telegram::from_config(&c.telegram, state)?;
     if let Some(t) = &telegram {
         channels.add(t.channel());
     }

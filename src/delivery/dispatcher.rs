@@ -60,7 +60,13 @@ pub async fn run_outbox(
                 continue;
             };
             let attempt = match ch
-                .deliver(Report { target: &entry.target, text: &entry.text, source: &entry.source })
+                .deliver(Report {
+                    target: &entry.target,
+                    text: &entry.text,
+                    source: &entry.source,
+                    job: entry.job.as_ref(),
+                    attach: &entry.attach,
+                })
                 .await
             {
                 Ok(()) => Attempt::Delivered,
@@ -121,7 +127,10 @@ pub async fn pump_outbound(
         let outbox = outbox.clone();
         let wake = wake.clone();
         async move {
-            let reports = batch.into_iter().map(|m| (m.target, m.text, "agent".to_string())).collect();
+            let reports = batch
+                .into_iter()
+                .map(|m| super::Outgoing { attach: m.attach, ..super::Outgoing::new(m.target, m.text, "agent") })
+                .collect();
             let results = blocking(move || outbox.enqueue_many(reports)).await;
             if results.iter().any(Result::is_ok) {
                 wake.notify_one();

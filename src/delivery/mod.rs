@@ -48,6 +48,43 @@ pub struct Report<'a> {
     /// `job:<name>`, `trigger:<topic>`. A channel may route on it (MQTT publishes
     /// heartbeat reports on `<prefix>/heartbeat`).
     pub source: &'a str,
+    /// The job whose report it is (Telegram adds Done / Snooze buttons).
+    pub job: Option<&'a JobRef>,
+    /// Workspace files sent with it (Telegram: a photo or a document; other
+    /// channels name them in the text).
+    pub attach: &'a [String],
+}
+
+impl<'a> Report<'a> {
+    /// A report of text only.
+    pub fn text(target: &'a Target, text: &'a str, source: &'a str) -> Report<'a> {
+        Report { target, text, source, job: None, attach: &[] }
+    }
+}
+
+/// Which job a report came from, for report buttons.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobRef {
+    pub id: String,
+    /// A `remind` job (its reports get buttons by default).
+    #[serde(default)]
+    pub reminder: bool,
+}
+
+/// One report to queue: [`Reports::send_with`] and [`outbox::Outbox::enqueue_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub target: Target,
+    pub text: String,
+    pub source: String,
+    pub job: Option<JobRef>,
+    pub attach: Vec<String>,
+}
+
+impl Outgoing {
+    pub fn new(target: Target, text: impl Into<String>, source: impl Into<String>) -> Outgoing {
+        Outgoing { target, text: text.into(), source: source.into(), job: None, attach: Vec::new() }
+    }
 }
 
 /// Where finished work leaves its report: the outbox, and the dispatcher's
@@ -68,7 +105,13 @@ impl Reports {
     /// wake the dispatcher. A report that cannot be queued is logged as an
     /// error; the others still go.
     pub async fn send(&self, targets: &[Target], text: &str, source: &str) {
-        let reports = targets.iter().map(|t| (t.clone(), text.to_string(), source.to_string())).collect();
+        self.send_with(targets, text, source, None).await
+    }
+
+    /// [`send`](Reports::send) for a job's report: `job` rides along for the channels' buttons.
+    pub async fn send_with(&self, targets: &[Target], text: &str, source: &str, job: Option<JobRef>) {
+        let reports =
+            targets.iter().map(|t| Outgoing { job: job.clone(), ..Outgoing::new(t.clone(), text, source) }).collect();
         let outbox = self.outbox.clone();
         let results = crate::util::tasks::blocking(move || outbox.enqueue_many(reports)).await;
         for (target, result) in targets.iter().zip(results) {

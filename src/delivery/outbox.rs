@@ -83,6 +83,12 @@ pub struct Entry {
     pub next_attempt: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// The job whose report it is (for report buttons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<super::JobRef>,
+    /// Workspace files sent with the text.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attach: Vec<String>,
 }
 
 /// A delivered (or dropped) report, for the record.
@@ -301,26 +307,27 @@ impl Outbox {
     /// If the write fails, an outbox [holding in memory](Self::holding_in_memory)
     /// keeps the report there (within its bound) and returns its id.
     pub fn enqueue(&self, target: Target, text: &str, source: &str) -> Result<u64, OutboxError> {
-        let mut ids = self.enqueue_many(vec![(target, text.to_string(), source.to_string())]);
+        let mut ids = self.enqueue_many(vec![super::Outgoing::new(target, text, source)]);
         ids.pop().unwrap_or_else(|| Err(self.io(std::io::Error::other("nothing queued"))))
     }
 
-    /// Queue reports `(target, text, source)` with one append and one flush;
-    /// one result per report, in order (each held or dropped on its own if the
-    /// write fails).
-    pub fn enqueue_many(&self, reports: Vec<(Target, String, String)>) -> Vec<Result<u64, OutboxError>> {
+    /// Queue reports with one append and one flush; one result per report,
+    /// in order (each held or dropped on its own if the write fails).
+    pub fn enqueue_many(&self, reports: Vec<super::Outgoing>) -> Vec<Result<u64, OutboxError>> {
         let now = Timestamp::now();
         let entries: Vec<Entry> = reports
             .into_iter()
-            .map(|(target, text, source)| Entry {
+            .map(|o| Entry {
                 id: 0,
-                target,
-                text,
-                source,
+                target: o.target,
+                text: o.text,
+                source: o.source,
                 created: now,
                 attempts: 0,
                 next_attempt: None,
                 last_error: None,
+                job: o.job,
+                attach: o.attach,
             })
             .collect();
         if entries.is_empty() {
@@ -816,7 +823,9 @@ mod tests {
         let first = o.enqueue(Target::Log, "one", "agent").unwrap();
         let inode = ino();
         let ids: Vec<u64> = o
-            .enqueue_many((0..3).map(|i| (Target::Mqtt(None), format!("r{i}"), "job:x".to_string())).collect())
+            .enqueue_many(
+                (0..3).map(|i| super::super::Outgoing::new(Target::Mqtt(None), format!("r{i}"), "job:x")).collect(),
+            )
             .into_iter()
             .map(Result::unwrap)
             .collect();

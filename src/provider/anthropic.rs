@@ -140,7 +140,13 @@ fn translate(history: &[Message]) -> (String, Vec<Value>) {
             }
             Role::User => {
                 seen_user = true;
-                ("user", text_block(m.text_content()).into_iter().collect())
+                let mut blocks: Vec<Value> = m
+                    .images
+                    .iter()
+                    .map(|i| json!({"type": "image", "source": {"type": "base64", "media_type": i.mime, "data": &*i.base64}}))
+                    .collect();
+                blocks.extend(text_block(m.text_content()));
+                ("user", blocks)
             }
             Role::Tool => ("user", vec![tool_result_block(m)]),
             Role::Assistant => {
@@ -295,6 +301,19 @@ mod tests {
                 ]},
                 {"role": "assistant", "content": [{"type": "text", "text": "Done."}]},
             ])
+        );
+    }
+
+    #[test]
+    fn images_go_as_base64_image_blocks_before_the_text() {
+        let mut user = Message::user("what is this?");
+        user.images.push(crate::provider::Image::new("image/png", b"png"));
+        let (_, messages) = translate(&[user]);
+        assert_eq!(
+            messages,
+            vec![json!({"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "cG5n"}},
+                {"type": "text", "text": "what is this?"}]})]
         );
     }
 

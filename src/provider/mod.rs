@@ -7,6 +7,7 @@
 //! - [`openai`]: `/v1/chat/completions` — OpenAI, OpenRouter, DeepSeek, Ollama,
 //!   llama.cpp server, vLLM, anything that speaks that dialect via `base_url`.
 //! - [`anthropic`]: the Anthropic Messages API with tool use.
+//! - [`transcribe`]: speech to text (`/v1/audio/transcriptions`) for voice notes.
 //!
 //! Both are thin, tolerant clients on `reqwest`: unknown fields are ignored and
 //! odd-but-harmless values (an empty `finish_reason`, a missing `object`) are
@@ -17,6 +18,7 @@ pub mod anthropic;
 pub mod chain;
 pub mod openai;
 pub mod retry;
+pub mod transcribe;
 
 use crate::util::BoxFuture;
 use serde::{Deserialize, Serialize};
@@ -50,6 +52,34 @@ pub struct Message {
     /// OpenAI-compatible servers want it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Images sent with a user message, for this turn's model calls only:
+    /// never written to the session (its text names the inbox file instead,
+    /// so session files stay small and history replays as text).
+    #[serde(skip)]
+    pub images: Vec<Image>,
+}
+
+/// An image part of a user message: sent as an OpenAI `image_url` data URL
+/// or an Anthropic base64 `image` block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    /// `image/jpeg`, `image/png`, `image/webp`, `image/gif`.
+    pub mime: String,
+    /// The bytes, base64 (standard alphabet, padded).
+    pub base64: std::sync::Arc<str>,
+}
+
+impl Image {
+    /// An image of `mime` from its bytes.
+    pub fn new(mime: impl Into<String>, bytes: &[u8]) -> Image {
+        use base64::Engine as _;
+        Image { mime: mime.into(), base64: base64::engine::general_purpose::STANDARD.encode(bytes).into() }
+    }
+
+    /// `data:<mime>;base64,<data>`.
+    pub fn data_url(&self) -> String {
+        format!("data:{};base64,{}", self.mime, self.base64)
+    }
 }
 
 impl Message {
@@ -63,11 +93,25 @@ impl Message {
         Self::text(Role::Assistant, text)
     }
     fn text(role: Role, text: impl Into<String>) -> Self {
-        Message { role, content: Some(text.into()), tool_calls: Vec::new(), tool_call_id: None, name: None }
+        Message {
+            role,
+            content: Some(text.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+            images: Vec::new(),
+        }
     }
     /// An assistant message that asks for tool calls (with optional text).
     pub fn assistant_tool_calls(content: Option<String>, calls: Vec<ToolCall>) -> Self {
-        Message { role: Role::Assistant, content, tool_calls: calls, tool_call_id: None, name: None }
+        Message {
+            role: Role::Assistant,
+            content,
+            tool_calls: calls,
+            tool_call_id: None,
+            name: None,
+            images: Vec::new(),
+        }
     }
     /// The result of one tool call.
     pub fn tool_result(call_id: impl Into<String>, name: impl Into<String>, text: impl Into<String>) -> Self {
@@ -77,6 +121,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
             name: Some(name.into()),
+            images: Vec::new(),
         }
     }
     /// The text content, or "" when there is none.
@@ -386,6 +431,23 @@ async fn post_json(
     body: &Value,
     secret: Option<&crate::config::Secret>,
 ) -> Result<Vec<u8>, ProviderError> {
+    let body =
+        serde_json::to_vec(body).map_err(|e| ProviderError::Decode(format!("cannot encode the request: {e}")))?;
+    post_body(client, url, headers, body, "application/json", secret).await
+}
+
+/// POST `body` of `content_type`; errors mapped as [`post_json`] says.
+async fn post_body(
+    client: &reqwest::Client,
+    url: &str,
+    mut headers: reqwest::header::HeaderMap,
+    body: Vec<u8>,
+    content_type: &str,
+    secret: Option<&crate::config::Secret>,
+) -> Result<Vec<u8>, ProviderError> {
+    if let Ok(v) = reqwest::header::HeaderValue::from_str(content_type) {
+        headers.insert(reqwest::header::CONTENT_TYPE, v);
+    }
     let transport = |e: reqwest::Error| {
         let timed_out = e.is_timeout();
         let message = redact(&transport_message(e), secret);
@@ -395,7 +457,7 @@ async fn post_json(
             ProviderError::Transport { url: url.to_string(), message }
         }
     };
-    let resp = client.post(url).headers(headers).json(body).send().await.map_err(transport)?;
+    let resp = client.post(url).headers(headers).body(body).send().await.map_err(transport)?;
     let status = resp.status();
     let retry_after = retry_after(resp.headers());
     let bytes = resp.bytes().await.map_err(transport)?;

@@ -93,13 +93,22 @@ impl Provider for OpenAiProvider {
 struct WireMessage<'a> {
     role: Role,
     /// `null` only on an assistant message with tool calls and no text.
-    content: Option<&'a str>,
+    content: Option<WireContent<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireToolCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<&'a str>,
+}
+
+/// A message's content: text, or (a user message with images) an array of
+/// `text` and `image_url` parts.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireContent<'a> {
+    Text(&'a str),
+    Parts(Vec<Value>),
 }
 
 #[derive(Serialize)]
@@ -119,9 +128,14 @@ struct WireFunction<'a> {
 impl<'a> WireMessage<'a> {
     fn from_message(m: &'a Message) -> Self {
         let content = match (&m.content, m.role) {
-            (Some(text), _) => Some(text.as_str()),
+            (_, Role::User) if !m.images.is_empty() => {
+                let mut parts = vec![json!({"type": "text", "text": m.text_content()})];
+                parts.extend(m.images.iter().map(|i| json!({"type": "image_url", "image_url": {"url": i.data_url()}})));
+                Some(WireContent::Parts(parts))
+            }
+            (Some(text), _) => Some(WireContent::Text(text.as_str())),
             (None, Role::Assistant) if !m.tool_calls.is_empty() => None,
-            (None, _) => Some(""),
+            (None, _) => Some(WireContent::Text("")),
         };
         let tool_calls = m
             .tool_calls
@@ -319,6 +333,20 @@ mod tests {
         assert!(body.get("tools").is_none());
         assert!(body.get("temperature").is_none());
         assert_eq!(body["max_tokens"], 100);
+    }
+
+    #[test]
+    fn images_go_as_image_url_parts_of_the_user_message() {
+        let mut user = Message::user("what is this?");
+        user.images.push(crate::provider::Image::new("image/jpeg", b"\xff\xd8jpeg"));
+        let msgs = vec![Message::system("s"), user];
+        let body = request_body(&req(&msgs, &[]));
+        assert_eq!(body["messages"][0]["content"], "s");
+        assert_eq!(
+            body["messages"][1]["content"],
+            json!([{"type": "text", "text": "what is this?"},
+                   {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9hqcGVn"}}])
+        );
     }
 
     #[test]

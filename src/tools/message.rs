@@ -33,11 +33,57 @@ pub struct MessageTool {
     mqtt_allow: super::mqtt::MqttPublish,
     /// The chats of `[telegram] allow_from`: the only Telegram chats it sends to.
     telegram: AllowedChats,
+    /// Where `attach` paths are found (`None`: attachments are refused).
+    workspace: Option<crate::workspace::Workspace>,
 }
+
+/// Files one message may carry.
+const MAX_ATTACH: usize = 10;
+/// The largest file a Telegram bot may upload.
+const MAX_UPLOAD: u64 = 50 * 1024 * 1024;
 
 impl MessageTool {
     pub fn new(outbound: mpsc::Sender<OutboundMessage>, mqtt_allow: Vec<String>, telegram: AllowedChats) -> Self {
-        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow, None), telegram }
+        MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow, None), telegram, workspace: None }
+    }
+
+    /// Let messages carry workspace files (`attach`).
+    pub fn with_workspace(mut self, workspace: crate::workspace::Workspace) -> Self {
+        self.workspace = Some(workspace);
+        self
+    }
+
+    /// Each path of `attach`, checked now (a regular file in the workspace,
+    /// within Telegram's upload limit), as a path relative to the workspace.
+    async fn check_attach(&self, paths: Vec<String>) -> Result<Vec<String>, ToolError> {
+        if paths.is_empty() {
+            return Ok(paths);
+        }
+        let Some(ws) = self.workspace.clone() else {
+            return Err(ToolError::new("this message tool cannot attach files"));
+        };
+        if paths.len() > MAX_ATTACH {
+            return Err(ToolError::new(format!("at most {MAX_ATTACH} files per message")));
+        }
+        crate::util::tasks::blocking(move || {
+            paths
+                .iter()
+                .map(|p| {
+                    let (_, stat) =
+                        ws.open_regular(p).map_err(|e| ToolError::new(format!("cannot attach {p}: {e}")))?;
+                    let limit = MAX_UPLOAD;
+                    if stat.st_size as u64 > limit {
+                        return Err(ToolError::new(format!(
+                            "cannot attach {p}: it is {}; Telegram takes files up to 50 MB",
+                            crate::bus::human_size(stat.st_size as u64)
+                        )));
+                    }
+                    let rel = ws.relative(p).map_err(|e| ToolError::new(e.to_string()))?;
+                    Ok(rel.to_string_lossy().into_owned())
+                })
+                .collect()
+        })
+        .await
     }
 }
 
@@ -45,6 +91,8 @@ impl MessageTool {
 struct Args {
     content: String,
     target: Option<String>,
+    #[serde(default)]
+    attach: Vec<String>,
 }
 
 impl Tool for MessageTool {
@@ -55,7 +103,8 @@ impl Tool for MessageTool {
     fn description(&self) -> &'static str {
         "Send a message now. Without `target` it goes to the current chat. Targets: \
          `telegram:<chat_id>`, `mqtt` (the device's report topic), `mqtt:<topic>`, `log`. \
-         Your final answer is delivered anyway; use this for extra or cross-channel messages."
+         `attach` sends workspace files with it (Telegram: images as photos, others as documents). \
+         Your final answer is delivered anyway; use this for extra or cross-channel messages or files."
     }
 
     fn parameters(&self) -> Value {
@@ -63,7 +112,9 @@ impl Tool for MessageTool {
             "type": "object",
             "properties": {
                 "content": {"type": "string", "description": "The message text."},
-                "target": {"type": "string", "description": "Delivery target; default: the current chat."}
+                "target": {"type": "string", "description": "Delivery target; default: the current chat."},
+                "attach": {"type": "array", "items": {"type": "string"},
+                           "description": "Workspace paths of files to send with the message (up to 10, 50 MB each)."}
             },
             "required": ["content"]
         })
@@ -83,8 +134,11 @@ impl Tool for MessageTool {
                 self.mqtt_allow.check(topic)?;
             }
             check_delivery(ctx, std::slice::from_ref(&target), &self.telegram).await?;
-            let msg = OutboundMessage { target: target.clone(), text: args.content };
+            let attach = self.check_attach(args.attach).await?;
+            let files = attach.len();
+            let msg = OutboundMessage { target: target.clone(), text: args.content, attach };
             match tokio::time::timeout(SEND_TIMEOUT, self.outbound.send(msg)).await {
+                Ok(Ok(())) if files > 0 => Ok(format!("Message with {files} file(s) queued for {target}.")),
                 Ok(Ok(())) => Ok(format!("Message queued for {target}.")),
                 Ok(Err(_)) => Err(ToolError::new("messages cannot be sent right now (the daemon is shutting down)")),
                 Err(_) => Err(ToolError::new("the outbound queue is full; try again later")),
@@ -120,10 +174,7 @@ mod tests {
         let ctx = ToolContext::detached("telegram:42").from_chat("telegram", "42");
         let out = tool.execute(json!({"content": "hi"}), &ctx).await.unwrap();
         assert_eq!(out, "Message queued for telegram:42.");
-        assert_eq!(
-            rx.recv().await.unwrap(),
-            OutboundMessage { target: Target::Telegram("42".into()), text: "hi".into() }
-        );
+        assert_eq!(rx.recv().await.unwrap(), OutboundMessage::text(Target::Telegram("42".into()), "hi"));
         tool.execute(json!({"content": "x", "target": "mqtt:home/note"}), &ctx).await.unwrap();
         assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(Some("home/note".into())));
         // `mqtt:<topic>` obeys `[mqtt] publish_allow` like `mqtt_publish` does; `mqtt` is the device's own.

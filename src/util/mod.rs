@@ -10,9 +10,11 @@
 //! - [`tasks`]: a bounded number of tasks over a bounded queue.
 //! - [`pulse`]: a loop's sign of life, for the dead-man.
 //! - [`tls`]: the HTTP clients' TLS, CA store loaded at the first https handshake.
+//! - [`multipart`]: `multipart/form-data` bodies (file uploads).
 
 pub mod fs;
 pub mod mqtt;
+pub mod multipart;
 pub mod pulse;
 pub mod sys;
 pub mod tasks;

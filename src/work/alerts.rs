@@ -219,8 +219,13 @@ impl Alerts {
             if self.inner.config.deliver.is_empty() {
                 return true;
             }
-            let reports =
-                self.inner.config.deliver.iter().map(|to| (to.clone(), t.clone(), "alert".to_string())).collect();
+            let reports = self
+                .inner
+                .config
+                .deliver
+                .iter()
+                .map(|to| crate::delivery::Outgoing::new(to.clone(), t.clone(), "alert"))
+                .collect();
             let mut queued = true;
             for r in self.inner.reports.outbox().enqueue_many(reports) {
                 if let Err(e) = r {

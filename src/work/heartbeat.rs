@@ -69,6 +69,7 @@ impl Heartbeat {
             text: prompt,
             in_job: true,
             cancel: cancel.child_token(),
+            attachments: Vec::new(),
         };
         let (status, outcome) = match agent.turn(req).await {
             Err(crate::agent::TurnError::Cancelled) => return HeartbeatOutcome::Cancelled,

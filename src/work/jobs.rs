@@ -96,11 +96,16 @@ impl JobRunner {
             // Stopped by shutdown or Ctrl-C: no report; the scheduler tries a one-shot again.
             return RunOutcome::cancelled();
         }
-        let (report, outcome) = match result {
-            Ok(done) => (done.text.clone(), RunOutcome::ok(done.text).answered_by(done.model)),
-            Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err)),
+        let (report, outcome, ok) = match result {
+            Ok(done) => (done.text.clone(), RunOutcome::ok(done.text).answered_by(done.model), true),
+            Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err), false),
         };
-        self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name)).await;
+        // A report can carry Done / Snooze buttons (Telegram): it says which job it is.
+        let job_ref = ok.then(|| crate::delivery::JobRef {
+            id: job.id.clone(),
+            reminder: matches!(job.kind, JobKind::Remind { .. }),
+        });
+        self.reports.send_with(&job.report_targets(), &report, &format!("job:{}", job.name), job_ref).await;
         outcome.watched(seen)
     }
 

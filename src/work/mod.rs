@@ -14,6 +14,7 @@
 pub mod alerts;
 pub mod heartbeat;
 pub mod jobs;
+pub mod reminders;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -83,7 +84,14 @@ impl Runner {
         match work {
             Work::Text(text) => Ok(Done::text(text)),
             Work::Turn { conversation, text, model } => {
-                let req = TurnRequest { conversation, text, in_job: true, model, cancel: cancel.child_token() };
+                let req = TurnRequest {
+                    conversation,
+                    text,
+                    in_job: true,
+                    model,
+                    cancel: cancel.child_token(),
+                    attachments: Vec::new(),
+                };
                 match self.agent.turn(req).await {
                     Ok(r) => Ok(Done { text: r.text, model: r.route.map(|r| r.label()) }),
                     Err(e) => Err(e.to_string()),

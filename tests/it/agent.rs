@@ -257,15 +257,16 @@ async fn the_bus_turns_inbound_messages_into_replies() {
             sender: "7".into(),
             text: "ping".into(),
             reply_to: Target::Telegram("42".into()),
+            attachments: Vec::new(),
         })
         .await
         .unwrap();
     let mut out = bus.outbound_rx;
     let reply = tokio::time::timeout(std::time::Duration::from_secs(10), out.recv()).await.unwrap().unwrap();
-    assert_eq!(reply, OutboundMessage { target: Target::Telegram("42".into()), text: "pong".into() });
+    assert_eq!(reply, OutboundMessage::text(Target::Telegram("42".into()), "pong"));
     // The `message` tool addressed the chat the turn came from.
     let note = sent.try_recv().unwrap();
-    assert_eq!(note, OutboundMessage { target: Target::Telegram("42".into()), text: "working on it".into() });
+    assert_eq!(note, OutboundMessage::text(Target::Telegram("42".into()), "working on it"));
     cancel.cancel();
     serve.await.unwrap();
 }

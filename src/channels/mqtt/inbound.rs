@@ -62,6 +62,7 @@ pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMes
         sender: "mqtt".into(),
         text,
         reply_to: Target::Mqtt(Some(reply_topic)),
+        attachments: Vec::new(),
     })
 }
 

@@ -1,10 +1,13 @@
 //! A thin Telegram Bot API client over the crate's reqwest and serde.
 //!
-//! Why our own: teloxide adds ~1.25 MB and a second reqwest; we need six
+//! Why our own: teloxide adds ~1.25 MB and a second reqwest; we need a dozen
 //! methods (`getMe`, `getUpdates`, `sendMessage`, `sendChatAction`,
-//! `setMyCommands`, `deleteWebhook`).
+//! `setMyCommands`, `deleteWebhook`, `getFile` and the file download,
+//! `sendPhoto`/`sendDocument`, `editMessageText`, `editMessageReplyMarkup`,
+//! `deleteMessage`, `answerCallbackQuery`).
 //!
-//! - Every call is a JSON `POST` to `<api_base>/bot<token>/<method>`; every
+//! - Every call is a JSON `POST` to `<api_base>/bot<token>/<method>` (uploads:
+//!   `multipart/form-data`, [`crate::util::multipart`]); every
 //!   answer is `{"ok", "result" | "description", "error_code", "parameters"}`.
 //!   Types are tolerant: unknown fields are ignored, missing ones default.
 //! - A 429 is waited out here when `parameters.retry_after` is short, so callers
@@ -106,6 +109,23 @@ pub struct Chat {
     pub username: Option<String>,
 }
 
+/// A file attached to a message: a photo size, a voice note, an audio file,
+/// a round video note or a document. One type for all of them: the fields a
+/// kind lacks stay `None`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct FileRef {
+    pub file_id: String,
+    pub file_unique_id: String,
+    pub file_size: Option<u64>,
+    /// Seconds (voice, audio, video notes).
+    pub duration: Option<u64>,
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+    pub file_name: Option<String>,
+    pub mime_type: Option<String>,
+}
+
 /// A message (the fields bramble reads).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
@@ -116,6 +136,25 @@ pub struct Message {
     pub text: Option<String>,
     pub caption: Option<String>,
     pub reply_to_message: Option<Box<Message>>,
+    /// The sizes Telegram made of a photo, smallest first.
+    pub photo: Vec<FileRef>,
+    pub voice: Option<FileRef>,
+    pub audio: Option<FileRef>,
+    pub video_note: Option<FileRef>,
+    pub document: Option<FileRef>,
+    /// The inline keyboard the message carries (our report buttons).
+    pub reply_markup: Option<Value>,
+}
+
+/// A press of an inline keyboard button.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct CallbackQuery {
+    pub id: String,
+    pub from: User,
+    /// The message the button belongs to (absent when it is too old).
+    pub message: Option<Message>,
+    pub data: Option<String>,
 }
 
 /// One update from `getUpdates`.
@@ -124,6 +163,32 @@ pub struct Message {
 pub struct Update {
     pub update_id: i64,
     pub message: Option<Message>,
+    pub callback_query: Option<CallbackQuery>,
+}
+
+/// What `getFile` answers: where to download the file from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct TgFile {
+    pub file_id: String,
+    pub file_size: Option<u64>,
+    /// Valid for at least an hour; absent when the file is too big for bots (> 20 MB).
+    pub file_path: Option<String>,
+}
+
+/// The largest file the Bot API lets a bot download.
+pub const MAX_DOWNLOAD: u64 = 20 * 1024 * 1024;
+/// The largest photo `sendPhoto` takes; larger images go as documents.
+pub const MAX_PHOTO_UPLOAD: u64 = 10 * 1024 * 1024;
+/// The largest file a bot may upload.
+pub const MAX_UPLOAD: u64 = 50 * 1024 * 1024;
+/// How long a download or an upload may take.
+const FILE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A request body: JSON, or a multipart upload (body, content type).
+enum Body<'a> {
+    Json(&'a Value),
+    Form(&'a [u8], &'a str),
 }
 
 #[derive(Deserialize)]
@@ -148,6 +213,8 @@ pub struct Api {
     client: reqwest::Client,
     /// `<api_base>/bot<token>/`: a secret, never logged.
     base: String,
+    /// `<api_base>/file/bot<token>/`, where downloads come from.
+    file_base: String,
     token: Secret,
 }
 
@@ -161,8 +228,10 @@ impl Api {
     /// A client for `token` at `api_base` (`https://api.telegram.org`, a local Bot API server, a test fake).
     pub fn new(api_base: &str, token: Secret) -> Result<Api, ApiError> {
         let client = shared_client()?;
-        let base = format!("{}/bot{}/", api_base.trim_end_matches('/'), token.expose());
-        Ok(Api { client, base, token })
+        let api_base = api_base.trim_end_matches('/');
+        let base = format!("{api_base}/bot{}/", token.expose());
+        let file_base = format!("{api_base}/file/bot{}/", token.expose());
+        Ok(Api { client, base, file_base, token })
     }
 
     /// `getMe`: who the bot is; fails with 401 on a bad token.
@@ -172,7 +241,8 @@ impl Api {
 
     /// `getUpdates`: a long poll for messages from `offset` on.
     pub async fn get_updates(&self, offset: i64) -> Result<Vec<Update>, ApiError> {
-        let body = json!({"offset": offset, "timeout": POLL_TIMEOUT_SECS, "allowed_updates": ["message"]});
+        let body =
+            json!({"offset": offset, "timeout": POLL_TIMEOUT_SECS, "allowed_updates": ["message", "callback_query"]});
         // An update we cannot read must not stall the poller on it: keep its id, drop the rest.
         let raw: Vec<Value> = self.call("getUpdates", &body, POLL_HTTP_TIMEOUT).await?;
         Ok(raw
@@ -180,7 +250,7 @@ impl Api {
             .map(|v| {
                 serde_json::from_value::<Update>(v.clone()).unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "an unreadable Telegram update was skipped");
-                    Update { update_id: v.get("update_id").and_then(Value::as_i64).unwrap_or(0), message: None }
+                    Update { update_id: v.get("update_id").and_then(Value::as_i64).unwrap_or(0), ..Default::default() }
                 })
             })
             .collect())
@@ -188,12 +258,128 @@ impl Api {
 
     /// `sendMessage`; `html` sets `parse_mode=HTML`.
     pub async fn send_message(&self, chat_id: &str, text: &str, html: bool) -> Result<(), ApiError> {
+        self.send_message_with(chat_id, text, html, None).await.map(drop)
+    }
+
+    /// `sendMessage` with an optional inline keyboard; the new message's id.
+    pub async fn send_message_with(
+        &self,
+        chat_id: &str,
+        text: &str,
+        html: bool,
+        markup: Option<&Value>,
+    ) -> Result<i64, ApiError> {
         let mut body =
             json!({"chat_id": chat_id_value(chat_id), "text": text, "link_preview_options": {"is_disabled": true}});
         if html {
             body["parse_mode"] = json!("HTML");
         }
-        self.call::<Value>("sendMessage", &body, CALL_TIMEOUT).await.map(drop)
+        if let Some(markup) = markup {
+            body["reply_markup"] = markup.clone();
+        }
+        let sent: Message = self.call("sendMessage", &body, CALL_TIMEOUT).await?;
+        Ok(sent.message_id)
+    }
+
+    /// `editMessageText` (plain text, or HTML), replacing the inline keyboard
+    /// with `markup` (`None`: none). "Not modified" counts as done.
+    pub async fn edit_message_text(
+        &self,
+        chat_id: &str,
+        message_id: i64,
+        text: &str,
+        html: bool,
+        markup: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let mut body = json!({"chat_id": chat_id_value(chat_id), "message_id": message_id, "text": text,
+                              "link_preview_options": {"is_disabled": true}});
+        if html {
+            body["parse_mode"] = json!("HTML");
+        }
+        if let Some(markup) = markup {
+            body["reply_markup"] = markup.clone();
+        }
+        not_modified_is_ok(self.call::<Value>("editMessageText", &body, CALL_TIMEOUT).await)
+    }
+
+    /// `deleteMessage`.
+    pub async fn delete_message(&self, chat_id: &str, message_id: i64) -> Result<(), ApiError> {
+        let body = json!({"chat_id": chat_id_value(chat_id), "message_id": message_id});
+        self.call::<Value>("deleteMessage", &body, CALL_TIMEOUT).await.map(drop)
+    }
+
+    /// `answerCallbackQuery`: stops the button's spinner, with an optional toast.
+    pub async fn answer_callback_query(&self, id: &str, text: Option<&str>) -> Result<(), ApiError> {
+        let mut body = json!({"callback_query_id": id});
+        if let Some(text) = text {
+            body["text"] = json!(text);
+        }
+        self.call::<Value>("answerCallbackQuery", &body, CALL_TIMEOUT).await.map(drop)
+    }
+
+    /// `getFile`: where a file can be downloaded from.
+    pub async fn get_file(&self, file_id: &str) -> Result<TgFile, ApiError> {
+        self.call("getFile", &json!({"file_id": file_id}), CALL_TIMEOUT).await
+    }
+
+    /// Download a file `getFile` pointed to, refusing more than `cap` bytes
+    /// (whatever the server claims: the body is read in chunks and counted).
+    pub async fn download(&self, file_path: &str, cap: u64) -> Result<Vec<u8>, ApiError> {
+        const METHOD: &str = "file download";
+        if file_path.contains("..") || file_path.starts_with('/') {
+            return Err(ApiError::Decode { method: METHOD, message: "an odd file path in getFile's answer".into() });
+        }
+        let url = format!("{}{file_path}", self.file_base);
+        let scrub = |text: String| crate::provider::redact(&text, Some(&self.token));
+        let transport = |e: reqwest::Error| ApiError::Transport(scrub(crate::provider::transport_message(e)));
+        let exchange = async {
+            let mut resp = self.client.get(&url).send().await.map_err(transport)?;
+            let status = resp.status().as_u16();
+            if status != 200 {
+                return Err(ApiError::Refused {
+                    method: METHOD,
+                    code: status,
+                    description: format!("HTTP {status}"),
+                    retry_after: None,
+                });
+            }
+            if resp.content_length().is_some_and(|n| n > cap) {
+                return Err(too_big(cap));
+            }
+            let mut data = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(transport)? {
+                if data.len() as u64 + chunk.len() as u64 > cap {
+                    return Err(too_big(cap));
+                }
+                data.extend_from_slice(&chunk);
+            }
+            Ok(data)
+        };
+        tokio::select! {
+            r = exchange => r,
+            _ = crate::util::timer::sleep(FILE_TIMEOUT) => {
+                Err(ApiError::Transport(format!("the download did not finish within {FILE_TIMEOUT:?}")))
+            }
+        }
+    }
+
+    /// `sendPhoto` (`photo = true`) or `sendDocument`: a file upload with a caption.
+    pub async fn send_file(
+        &self,
+        chat_id: &str,
+        photo: bool,
+        file_name: &str,
+        content_type: &str,
+        data: &[u8],
+        caption: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let (method, field) = if photo { ("sendPhoto", "photo") } else { ("sendDocument", "document") };
+        let mut form = crate::util::multipart::Form::new(data).text("chat_id", chat_id);
+        if let Some(caption) = caption.filter(|c| !c.trim().is_empty()) {
+            form = form.text("caption", caption);
+        }
+        let (body, ctype) = form.file(field, file_name, content_type, data).finish();
+        self.call_body::<Value>(method, Body::Form(&body, &ctype), FILE_TIMEOUT).await.map(drop)
     }
 
     /// `sendChatAction` with `typing` (shown for ~5 s or until a message is sent).
@@ -220,9 +406,18 @@ impl Api {
         body: &Value,
         timeout: Duration,
     ) -> Result<T, ApiError> {
+        self.call_body(method, Body::Json(body), timeout).await
+    }
+
+    async fn call_body<T: DeserializeOwned>(
+        &self,
+        method: &'static str,
+        body: Body<'_>,
+        timeout: Duration,
+    ) -> Result<T, ApiError> {
         let mut attempt = 0;
         loop {
-            match self.call_once(method, body, timeout).await {
+            match self.call_once(method, &body, timeout).await {
                 Err(ApiError::Refused { code: 429, retry_after: Some(secs), .. })
                     if secs <= MAX_INLINE_RETRY_AFTER && attempt < MAX_429_RETRIES =>
                 {
@@ -238,14 +433,20 @@ impl Api {
     async fn call_once<T: DeserializeOwned>(
         &self,
         method: &'static str,
-        body: &Value,
+        body: &Body<'_>,
         timeout: Duration,
     ) -> Result<T, ApiError> {
         let url = format!("{}{method}", self.base);
         let scrub = |text: String| crate::provider::redact(&text, Some(&self.token));
         let transport = |e: reqwest::Error| ApiError::Transport(scrub(crate::provider::transport_message(e)));
         let exchange = async {
-            let resp = self.client.post(&url).json(body).send().await.map_err(transport)?;
+            let request = match body {
+                Body::Json(v) => self.client.post(&url).json(v),
+                Body::Form(data, ctype) => {
+                    self.client.post(&url).header(reqwest::header::CONTENT_TYPE, *ctype).body(data.to_vec())
+                }
+            };
+            let resp = request.send().await.map_err(transport)?;
             let status = resp.status().as_u16();
             let bytes = resp.bytes().await.map_err(transport)?;
             Ok::<_, ApiError>((status, bytes))
@@ -291,6 +492,24 @@ fn shared_client() -> Result<reqwest::Client, ApiError> {
     // No total timeout on the client: each call sets its own (the long poll needs > 50 s).
     let client = crate::provider::http_client(Duration::ZERO).map_err(|e| ApiError::Transport(e.to_string()))?;
     Ok(CLIENT.get_or_init(|| client).clone())
+}
+
+fn too_big(cap: u64) -> ApiError {
+    ApiError::Refused {
+        method: "file download",
+        code: 413,
+        description: format!("the file is larger than {} MB", cap / (1024 * 1024)),
+        retry_after: None,
+    }
+}
+
+/// Editing a message to what it already says is refused with "message is not
+/// modified": for us that is success.
+fn not_modified_is_ok(r: Result<Value, ApiError>) -> Result<(), ApiError> {
+    match r {
+        Err(ApiError::Refused { code: 400, description, .. }) if description.contains("not modified") => Ok(()),
+        other => other.map(drop),
+    }
 }
 
 /// A chat id as the API wants it: a number, or a `@channelname` string.

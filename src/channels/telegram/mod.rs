@@ -2,6 +2,9 @@
 //!
 //! - [`api`]: the Bot API client (ours; see its header for why).
 //! - [`format`]: Markdown → Telegram HTML, split under 4096 characters.
+//! - [`media`]: voice notes, photos and documents saved to the workspace inbox.
+//! - [`buttons`]: Done / Snooze under job reports, and what a press does.
+//! - [`progress`]: one status message edited while a chat turn runs tools.
 //!
 //! ## Polling and the offset
 //!
@@ -27,9 +30,21 @@
 //! Strangers are logged once per user and never reach the agent. In
 //! groups, only messages that mention the bot, reply to it, or are commands
 //! (`/stop`, or `/stop@thisbot` but not `/stop@otherbot`) count.
+//!
+//! ## Files, buttons and replies
+//!
+//! A message's file is saved to `inbox/<date>/` before its update is
+//! confirmed ([`media`]); the turn gets it as an attachment (the agent
+//! transcribes voice notes and shows photos to the model). Button presses
+//! (`callback_query`) are answered always, so the client's spinner stops, and
+//! acted on only for `allow_from` users. A Telegram reply to a job's report
+//! (one with our buttons) continues that job's session.
 
 pub mod api;
+pub mod buttons;
 pub mod format;
+pub mod media;
+pub mod progress;
 
 use crate::util::timer::Backoff;
 use std::collections::{HashMap, HashSet};
@@ -47,7 +62,9 @@ use crate::config::TelegramConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::policy::pins::{self, Allow, Verdict};
 use crate::util::BoxFuture;
+use crate::work::reminders::Reminders;
 use api::{Api, ApiError, Message, User};
+use media::{Fetched, Inbox};
 
 /// The typing indicator lasts ~5 s; it is refreshed this often while a turn runs.
 const TYPING_EVERY: Duration = Duration::from_secs(4);
@@ -72,19 +89,51 @@ pub struct Telegram {
     api: Arc<Api>,
     allow: Allow,
     state_dir: PathBuf,
+    inbox: Inbox,
+    workspace: PathBuf,
+    /// What report buttons do (`None`: no job store, no buttons).
+    reminders: Option<Reminders>,
+    buttons: crate::config::ReportButtons,
+    progress: Option<progress::Progress>,
 }
 
 impl Telegram {
-    /// `None` when `[telegram]` has no token.
-    pub fn from_config(cfg: &TelegramConfig, state_dir: &Path) -> Result<Option<Telegram>, TelegramError> {
+    /// `None` when `[telegram]` has no token. `reminders` makes report
+    /// buttons work; files are saved under `workspace`'s `inbox/`.
+    pub fn from_config(
+        cfg: &TelegramConfig,
+        state_dir: &Path,
+        workspace: &Path,
+        reminders: Option<Reminders>,
+    ) -> Result<Option<Telegram>, TelegramError> {
         let Some(token) = cfg.token() else { return Ok(None) };
         let api = Arc::new(Api::new(&cfg.api_base.0, token)?);
-        Ok(Some(Telegram { api, allow: Allow::new(&cfg.allow_from), state_dir: state_dir.to_path_buf() }))
+        let progress = cfg.progress.then(|| progress::Progress::new(api.clone()));
+        Ok(Some(Telegram {
+            api,
+            allow: Allow::new(&cfg.allow_from),
+            state_dir: state_dir.to_path_buf(),
+            inbox: Inbox::new(workspace, cfg.max_file_mb, cfg.max_image_px),
+            workspace: workspace.to_path_buf(),
+            buttons: if reminders.is_some() { cfg.buttons } else { crate::config::ReportButtons::None },
+            reminders,
+            progress,
+        }))
     }
 
     /// The delivery side, for the outbox.
     pub fn channel(&self) -> Arc<dyn Channel> {
-        Arc::new(TelegramChannel { api: self.api.clone() })
+        Arc::new(TelegramChannel {
+            api: self.api.clone(),
+            workspace: crate::workspace::Workspace::strict(&self.workspace),
+            buttons: self.buttons,
+            progress: self.progress.clone(),
+        })
+    }
+
+    /// Where chat turns report what they are doing (`None`: `[telegram] progress = false`).
+    pub fn progress(&self) -> Option<Arc<dyn crate::agent::ProgressSink>> {
+        self.progress.clone().map(|p| Arc::new(p) as Arc<dyn crate::agent::ProgressSink>)
     }
 
     /// Poll for messages until `stop`; accepted ones go to `inbound`. `agent`
@@ -128,7 +177,14 @@ impl Telegram {
                 self.allow.clone()
             }
         };
-        let mut poller = Poller { me, allow, strangers: HashSet::new(), typing: HashMap::new(), pinned: false };
+        let mut poller = Poller {
+            me,
+            allow,
+            strangers: HashSet::new(),
+            typing: HashMap::new(),
+            pinned: false,
+            tries: HashMap::new(),
+        };
         loop {
             let r = tokio::select! { r = self.api.get_updates(offset) => r, _ = stop.cancelled() => return };
             let updates = match r {
@@ -158,24 +214,45 @@ impl Telegram {
             };
             let before = offset;
             let mut stopped = false;
+            let mut later = false;
             for update in updates {
                 if update.update_id < offset {
                     continue; // already handled (a server that repeats itself)
                 }
-                if let Some(msg) = update.message.and_then(|m| poller.accept(m)) {
-                    let chat = msg.conversation.chat_id.clone();
-                    let key = msg.conversation.session_key.clone();
-                    let is_command = crate::agent::commands::parse(&msg.text).is_some();
-                    // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
-                    let sent =
-                        tokio::select! { biased; _ = stop.cancelled() => false, r = inbound.send(msg) => r.is_ok() };
-                    if !sent {
-                        // Not handed over: not confirmed either, Telegram sends it again after a restart.
-                        stopped = true;
-                        break;
-                    }
-                    if !is_command {
-                        poller.start_typing(&self.api, &agent, chat, key, &stop);
+                if let Some(q) = update.callback_query {
+                    poller.on_button(&self.api, self.reminders.as_ref(), q).await;
+                }
+                if let Some(m) = update.message {
+                    if let Some(mut msg) = poller.accept(&m) {
+                        if Inbox::has_file(&m) {
+                            match self.fetch(&mut poller, update.update_id, &m).await {
+                                Ok(Some(a)) => msg.attachments.push(a),
+                                Ok(None) => {
+                                    offset = update.update_id + 1;
+                                    continue;
+                                }
+                                Err(()) => {
+                                    later = true;
+                                    break;
+                                }
+                            }
+                        }
+                        if let Some(key) = self.report_session(&m).await {
+                            msg.conversation.session_key = key;
+                        }
+                        let chat = msg.conversation.chat_id.clone();
+                        let key = msg.conversation.session_key.clone();
+                        let is_command = crate::agent::commands::parse(&msg.text).is_some();
+                        // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
+                        let sent = tokio::select! { biased; _ = stop.cancelled() => false, r = inbound.send(msg) => r.is_ok() };
+                        if !sent {
+                            // Not handed over: not confirmed either, Telegram sends it again after a restart.
+                            stopped = true;
+                            break;
+                        }
+                        if !is_command {
+                            poller.start_typing(&self.api, &agent, chat, key, &stop);
+                        }
                     }
                 }
                 offset = update.update_id + 1;
@@ -198,7 +275,63 @@ impl Telegram {
             if stopped {
                 return;
             }
+            if later && sleep_or_stop(backoff.next_wait(), &stop).await {
+                return;
+            }
         }
+    }
+
+    /// Save `m`'s file for update `update_id`. `Ok(Some)`: saved; `Ok(None)`:
+    /// refused and answered (the update is done); `Err`: try again at the next poll.
+    async fn fetch(
+        &self,
+        poller: &mut Poller,
+        update_id: i64,
+        m: &Message,
+    ) -> Result<Option<crate::bus::Attachment>, ()> {
+        let chat = m.chat.id.to_string();
+        let refuse = |why: String| async move {
+            if let Err(e) = self.api.send_message(&chat, &why, false).await {
+                tracing::warn!(error = %e, "cannot tell the user why their file was refused");
+            }
+        };
+        match self.inbox.fetch(&self.api, m).await {
+            None => Ok(None),
+            Some(Fetched::Saved(a)) => {
+                poller.tries.remove(&update_id);
+                tracing::info!(path = %a.path, size = a.size, kind = ?a.kind, "Telegram file saved to the inbox");
+                Ok(Some(a))
+            }
+            Some(Fetched::Refused(why)) => {
+                tracing::warn!(chat_id = m.chat.id, "a Telegram file was refused: {why}");
+                refuse(why).await;
+                Ok(None)
+            }
+            Some(Fetched::Later(why)) => {
+                let tries = poller.tries.entry(update_id).or_insert(0);
+                *tries += 1;
+                if *tries < media::MAX_TRIES {
+                    tracing::warn!(chat_id = m.chat.id, tries = *tries, "cannot download a Telegram file yet: {why}");
+                    return Err(());
+                }
+                poller.tries.remove(&update_id);
+                tracing::error!(chat_id = m.chat.id, "gave up downloading a Telegram file: {why}");
+                refuse(format!(
+                    "I could not download your file after {} tries: {why}. Please send it again.",
+                    media::MAX_TRIES
+                ))
+                .await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The session a reply to one of our job reports continues (the job's), if `m` is one.
+    async fn report_session(&self, m: &Message) -> Option<String> {
+        let reminders = self.reminders.clone()?;
+        let replied = m.reply_to_message.as_ref()?;
+        let job = buttons::job_of(replied.reply_markup.as_ref()?)?;
+        tokio::task::spawn_blocking(move || reminders.session_of(&job)).await.ok().flatten()
     }
 }
 
@@ -210,17 +343,42 @@ struct Poller {
     typing: HashMap<String, tokio::task::JoinHandle<()>>,
     /// A username was pinned since the pins were last saved.
     pinned: bool,
+    /// Failed downloads per update id (tried again at the next poll, up to [`media::MAX_TRIES`]).
+    tries: HashMap<i64, u32>,
 }
 
 impl Poller {
-    /// The message for the agent, if it is one: text or caption, addressed to
-    /// the bot (in groups), from an allowed user.
-    fn accept(&mut self, m: Message) -> Option<InboundMessage> {
+    /// The message for the agent, if it is one: text, a caption or a file,
+    /// addressed to the bot (in groups), from an allowed user.
+    fn accept(&mut self, m: &Message) -> Option<InboundMessage> {
         let from = m.from.as_ref()?;
-        let text = m.text.as_deref().or(m.caption.as_deref()).map(str::trim).filter(|t| !t.is_empty())?;
-        if matches!(m.chat.kind.as_str(), "group" | "supergroup") && !self.addressed(&m, text) {
+        let text = m.text.as_deref().or(m.caption.as_deref()).map(str::trim).unwrap_or("");
+        if text.is_empty() && !Inbox::has_file(m) {
             return None;
         }
+        if matches!(m.chat.kind.as_str(), "group" | "supergroup") && !self.addressed(m, text) {
+            return None;
+        }
+        if !self.allowed(from) {
+            return None;
+        }
+        let chat = m.chat.id.to_string();
+        let sender = match &from.username {
+            Some(u) => format!("{} (@{u})", from.id),
+            None => from.id.to_string(),
+        };
+        Some(InboundMessage {
+            conversation: Conversation::new("telegram", chat.clone(), format!("telegram:{chat}")),
+            reply_to: Target::Telegram(chat),
+            sender,
+            text: text.to_string(),
+            attachments: Vec::new(),
+        })
+    }
+
+    /// Whether `from` is an `allow_from` user (pinning a username on first
+    /// use); a stranger is logged once.
+    fn allowed(&mut self, from: &User) -> bool {
         let refused = match self.allow.check(from.id, from.username.as_deref()) {
             Verdict::Allowed => None,
             Verdict::Pinned(name) => {
@@ -244,24 +402,11 @@ impl Poller {
                 self.strangers.clear();
             }
             if self.strangers.insert(from.id) {
-                tracing::warn!(
-                    user_id = from.id, username = %from.username.as_deref().unwrap_or("-"), chat_id = m.chat.id,
-                    "{why}"
-                );
+                tracing::warn!(user_id = from.id, username = %from.username.as_deref().unwrap_or("-"), "{why}");
             }
-            return None;
+            return false;
         }
-        let chat = m.chat.id.to_string();
-        let sender = match &from.username {
-            Some(u) => format!("{} (@{u})", from.id),
-            None => from.id.to_string(),
-        };
-        Some(InboundMessage {
-            conversation: Conversation::new("telegram", chat.clone(), format!("telegram:{chat}")),
-            reply_to: Target::Telegram(chat),
-            sender,
-            text: text.to_string(),
-        })
+        true
     }
 
     /// In a group: the bot is @mentioned, the message replies to the bot, or it
@@ -387,27 +532,90 @@ pub async fn check_token(cfg: &TelegramConfig) -> Result<Option<User>, TelegramE
 /// Delivers reports to `telegram:<chat_id>`.
 pub struct TelegramChannel {
     api: Arc<Api>,
+    /// Attachments are read from here (no links followed: the workspace may have been tampered with).
+    workspace: crate::workspace::Workspace,
+    buttons: crate::config::ReportButtons,
+    progress: Option<progress::Progress>,
 }
 
 impl TelegramChannel {
-    async fn send(&self, chat: &str, text: &str) -> Result<(), DeliveryError> {
-        let mut chunks = format::to_html_chunks(text, format::MAX_MESSAGE);
+    async fn send(&self, chat: &str, report: &Report<'_>) -> Result<(), DeliveryError> {
+        if let Some(p) = &self.progress {
+            // The answer replaces the turn's status message.
+            p.finish(chat).await;
+        }
+        let markup = report.job.filter(|j| buttons::wanted(self.buttons, j)).map(|j| buttons::keyboard(&j.id));
+        let mut chunks = format::to_html_chunks(report.text, format::MAX_MESSAGE);
         if chunks.is_empty() {
             chunks.push("(empty message)".into());
         }
         let n = chunks.len();
         for (i, html) in chunks.iter().enumerate() {
-            match self.api.send_message(chat, html, true).await {
-                Ok(()) => {}
+            // The buttons go under the last part.
+            let markup = if i + 1 == n { markup.as_ref() } else { None };
+            match self.api.send_message_with(chat, html, true, markup).await {
+                Ok(_) => {}
                 Err(e) if e.is_bad_markup() => {
                     tracing::warn!(error = %e, part = i + 1, of = n, "Telegram refused the HTML; sending plain text");
-                    self.api.send_message(chat, &format::html_to_plain(html), false).await.map_err(delivery_error)?;
+                    self.api
+                        .send_message_with(chat, &format::html_to_plain(html), false, markup)
+                        .await
+                        .map_err(delivery_error)?;
                 }
                 // Parts already sent are sent again on retry: at-least-once, like every target.
                 Err(e) => return Err(delivery_error(e)),
             }
         }
+        for path in report.attach {
+            self.send_file(chat, path).await?;
+        }
         Ok(())
+    }
+
+    /// One attachment: an image as a photo (Telegram shows it inline), anything else as a document.
+    async fn send_file(&self, chat: &str, path: &str) -> Result<(), DeliveryError> {
+        let (ws, p) = (self.workspace.clone(), path.to_string());
+        let read = crate::util::tasks::blocking(move || ws.read_all(&p, api::MAX_UPLOAD)).await;
+        let data = match read {
+            Ok(d) => d,
+            Err(e) => {
+                // Gone or replaced since it was attached: say so instead of retrying forever.
+                tracing::warn!(path, error = %e, "an attachment cannot be read; telling the chat");
+                let note = format!("(The file {path} could not be sent: {e})");
+                return self.api.send_message(chat, &note, false).await.map_err(delivery_error);
+            }
+        };
+        let name = media::safe_name(path.rsplit('/').next().unwrap_or(path));
+        let mime = mime_of(&name);
+        let photo =
+            matches!(mime, "image/jpeg" | "image/png" | "image/webp") && data.len() as u64 <= api::MAX_PHOTO_UPLOAD;
+        match self.api.send_file(chat, photo, &name, mime, &data, None).await {
+            Ok(()) => Ok(()),
+            // Telegram could not process it as a photo (odd dimensions): as a document then.
+            Err(e) if photo && e.code() == Some(400) => {
+                tracing::warn!(path, error = %e, "sendPhoto refused; sending it as a document");
+                self.api.send_file(chat, false, &name, mime, &data, None).await.map_err(delivery_error)
+            }
+            Err(e) => Err(delivery_error(e)),
+        }
+    }
+}
+
+/// The content type of a file by its extension (Telegram looks at the bytes itself).
+fn mime_of(name: &str) -> &'static str {
+    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
+    match ext.as_str() {
+        "jpg" | "jpeg" => "image/jpeg",
+        "png" => "image/png",
+        "webp" => "image/webp",
+        "gif" => "image/gif",
+        "pdf" => "application/pdf",
+        "txt" | "md" | "log" | "csv" => "text/plain",
+        "json" => "application/json",
+        "ogg" | "oga" => "audio/ogg",
+        "mp3" => "audio/mpeg",
+        "mp4" => "video/mp4",
+        _ => "application/octet-stream",
     }
 }
 
@@ -427,7 +635,7 @@ impl Channel for TelegramChannel {
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
             match report.target {
-                Target::Telegram(chat) => self.send(chat, report.text).await,
+                Target::Telegram(chat) => self.send(chat, &report).await,
                 other => Err(DeliveryError::permanent(format!("the telegram channel cannot deliver to {other}"))),
             }
         })
@@ -472,35 +680,42 @@ mod tests {
             strangers: HashSet::new(),
             typing: HashMap::new(),
             pinned: false,
+            tries: HashMap::new(),
         };
-        assert!(p.accept(message("supergroup", 7, "hello all")).is_none());
-        assert!(p.accept(message("supergroup", 7, "@bramble_bot2 hi")).is_none());
-        assert!(p.accept(message("supergroup", 7, "/help")).is_some(), "a command for every bot");
-        assert!(p.accept(message("supergroup", 7, "/stop@Bramble_Bot")).is_some());
-        assert!(p.accept(message("supergroup", 7, "/stop@other_bot")).is_none(), "another bot's command");
-        let m = p.accept(message("supergroup", 7, "hey @bramble_bot, status?")).unwrap();
+        assert!(p.accept(&message("supergroup", 7, "hello all")).is_none());
+        assert!(p.accept(&message("supergroup", 7, "@bramble_bot2 hi")).is_none());
+        assert!(p.accept(&message("supergroup", 7, "/help")).is_some(), "a command for every bot");
+        assert!(p.accept(&message("supergroup", 7, "/stop@Bramble_Bot")).is_some());
+        assert!(p.accept(&message("supergroup", 7, "/stop@other_bot")).is_none(), "another bot's command");
+        let m = p.accept(&message("supergroup", 7, "hey @bramble_bot, status?")).unwrap();
         assert_eq!(
             (m.conversation.session_key.as_str(), m.reply_to.to_string().as_str()),
             ("telegram:-100", "telegram:-100")
         );
         let mut reply = message("group", 7, "and this?");
         reply.reply_to_message = Some(Box::new(Message { from: Some(user(99, None)), ..Default::default() }));
-        assert!(p.accept(reply).is_some());
-        assert!(p.accept(message("private", 7, "direct")).is_some());
-        assert!(p.accept(message("private", 8, "stranger")).is_none());
+        assert!(p.accept(&reply).is_some());
+        assert!(p.accept(&message("private", 7, "direct")).is_some());
+        assert!(p.accept(&message("private", 8, "stranger")).is_none());
         assert!(p.strangers.contains(&8));
     }
 
     #[test]
     fn captions_count_and_empty_messages_do_not() {
         let allow = Allow::new(&["7".into()]);
-        let mut p =
-            Poller { me: user(99, None), allow, strangers: HashSet::new(), typing: HashMap::new(), pinned: false };
+        let mut p = Poller {
+            me: user(99, None),
+            allow,
+            strangers: HashSet::new(),
+            typing: HashMap::new(),
+            pinned: false,
+            tries: HashMap::new(),
+        };
         let mut m = message("private", 7, "");
-        assert!(p.accept(m.clone()).is_none());
+        assert!(p.accept(&m.clone()).is_none());
         m.text = None;
         m.caption = Some("look at this".into());
-        assert_eq!(p.accept(m).unwrap().text, "look at this");
+        assert_eq!(p.accept(&m).unwrap().text, "look at this");
     }
 
     #[test]

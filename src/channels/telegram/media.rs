@@ -1,0 +1,256 @@
+//! Files that come with Telegram messages: voice notes, audio, round video
+//! notes, photos and documents, saved to the workspace's `inbox/<date>/`.
+//!
+//! The poller saves a message's file *before* it confirms the update to
+//! Telegram (the offset), like every message: a crash or a torn download
+//! means Telegram sends the update again, never that the file is lost. A
+//! failure that waiting will not mend (a 25 MB file: bots may download 20 MB)
+//! is answered at once and the update confirmed; a network failure leaves the
+//! update unconfirmed for the next poll, and after [`MAX_TRIES`] the user is
+//! told instead of the bot being stuck on it.
+//!
+//! Names are made safe (`[A-Za-z0-9._-]`, no leading dot, at most 80
+//! characters) and never overwrite: `report.pdf`, then `report-1.pdf`, …
+//! Writing goes through [`Workspace::strict`]: the inbox may have been
+//! tampered with by a command (a symlinked `inbox/` pointing at `/etc`), and a
+//! write never follows a link.
+
+use crate::bus::{Attachment, AttachmentKind};
+use crate::workspace::Workspace;
+
+use super::api::{Api, ApiError, FileRef, Message, MAX_DOWNLOAD};
+
+/// Downloads of one update tried this often before the user is told.
+pub const MAX_TRIES: u32 = 3;
+/// A document whose type is one of these (and small enough) is also shown to the model as an image.
+const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/webp", "image/gif"];
+
+/// What became of a message's file.
+#[derive(Debug)]
+pub enum Fetched {
+    /// Saved; the turn gets it.
+    Saved(Attachment),
+    /// It will not work however often it is tried: this is the reply.
+    Refused(String),
+    /// It may work later (network, Telegram's 5xx): the update is not confirmed.
+    Later(String),
+}
+
+/// Where files go and how large they may be.
+#[derive(Clone)]
+pub struct Inbox {
+    workspace: Workspace,
+    max_bytes: u64,
+    max_image_px: u32,
+}
+
+/// The file of a message, and what it is.
+struct Wanted<'a> {
+    file: &'a FileRef,
+    kind: AttachmentKind,
+    mime: String,
+    name: String,
+}
+
+impl Inbox {
+    pub fn new(workspace: &std::path::Path, max_file_mb: u64, max_image_px: u32) -> Inbox {
+        Inbox {
+            workspace: Workspace::strict(workspace),
+            max_bytes: max_file_mb.saturating_mul(1024 * 1024).min(MAX_DOWNLOAD),
+            max_image_px: max_image_px.max(64),
+        }
+    }
+
+    /// Whether the message carries a file bramble takes.
+    pub fn has_file(m: &Message) -> bool {
+        m.voice.is_some() || m.audio.is_some() || m.video_note.is_some() || !m.photo.is_empty() || m.document.is_some()
+    }
+
+    /// Download the message's file into the inbox.
+    pub async fn fetch(&self, api: &Api, m: &Message) -> Option<Fetched> {
+        let wanted = self.wanted(m)?;
+        Some(self.fetch_one(api, wanted).await)
+    }
+
+    async fn fetch_one(&self, api: &Api, w: Wanted<'_>) -> Fetched {
+        let too_big = |size: u64| {
+            Fetched::Refused(format!(
+                "That file is {}; I can take files up to {} (bots may download at most 20 MB from Telegram).",
+                crate::bus::human_size(size),
+                crate::bus::human_size(self.max_bytes)
+            ))
+        };
+        if let Some(size) = w.file.file_size.filter(|s| *s > self.max_bytes) {
+            return too_big(size);
+        }
+        let file = match api.get_file(&w.file.file_id).await {
+            Ok(f) => f,
+            Err(e) if e.code() == Some(400) && e.to_string().contains("too big") => {
+                return too_big(w.file.file_size.unwrap_or(MAX_DOWNLOAD + 1))
+            }
+            Err(e) => return failed(e),
+        };
+        let Some(path) = file.file_path else {
+            return too_big(file.file_size.or(w.file.file_size).unwrap_or(MAX_DOWNLOAD + 1));
+        };
+        let data = match api.download(&path, self.max_bytes).await {
+            Ok(d) => d,
+            Err(e) if e.code() == Some(413) => return too_big(self.max_bytes + 1),
+            Err(e) => return failed(e),
+        };
+        let size = data.len() as u64;
+        let (ws, name) = (self.workspace.clone(), w.name);
+        let saved = crate::util::tasks::blocking(move || save_new(&ws, &name, &data)).await;
+        match saved {
+            Ok(path) => {
+                let kind = match w.kind {
+                    AttachmentKind::File if IMAGE_TYPES.contains(&w.mime.as_str()) => AttachmentKind::Image,
+                    k => k,
+                };
+                Fetched::Saved(Attachment { kind, path, mime: w.mime, size })
+            }
+            // A full or read-only disk may clear up; the update stays unconfirmed.
+            Err(e) => Fetched::Later(format!("cannot save the file in the workspace inbox: {e}")),
+        }
+    }
+
+    /// The one file of `m` bramble takes, its kind and the name it gets.
+    fn wanted<'a>(&self, m: &'a Message) -> Option<Wanted<'a>> {
+        let id = m.message_id;
+        let mime = |f: &FileRef, default: &str| f.mime_type.clone().unwrap_or_else(|| default.to_string());
+        let seconds = |f: &FileRef| AttachmentKind::Voice { seconds: f.duration.unwrap_or(0) };
+        if let Some(f) = &m.voice {
+            return Some(Wanted {
+                file: f,
+                kind: seconds(f),
+                mime: mime(f, "audio/ogg"),
+                name: format!("voice-{id}.ogg"),
+            });
+        }
+        if let Some(f) = &m.video_note {
+            return Some(Wanted {
+                file: f,
+                kind: seconds(f),
+                mime: mime(f, "video/mp4"),
+                name: format!("video-note-{id}.mp4"),
+            });
+        }
+        if let Some(f) = &m.audio {
+            let name = f.file_name.as_deref().map(safe_name).unwrap_or_else(|| format!("audio-{id}.mp3"));
+            return Some(Wanted { file: f, kind: seconds(f), mime: mime(f, "audio/mpeg"), name });
+        }
+        if !m.photo.is_empty() {
+            let f = pick_photo(&m.photo, self.max_image_px)?;
+            return Some(Wanted {
+                file: f,
+                kind: AttachmentKind::Image,
+                mime: "image/jpeg".into(),
+                name: format!("photo-{id}.jpg"),
+            });
+        }
+        let f = m.document.as_ref()?;
+        let name = f.file_name.as_deref().map(safe_name).unwrap_or_else(|| format!("file-{id}"));
+        Some(Wanted { file: f, kind: AttachmentKind::File, mime: mime(f, "application/octet-stream"), name })
+    }
+}
+
+/// A failed call, sorted: Telegram's 4xx will not change; the rest may.
+fn failed(e: ApiError) -> Fetched {
+    match e.code() {
+        Some(code) if (400..500).contains(&code) && code != 429 && !e.is_unauthorized() => {
+            Fetched::Refused(format!("I could not get that file from Telegram: {e}"))
+        }
+        _ => Fetched::Later(e.to_string()),
+    }
+}
+
+/// The largest photo size whose longer side fits `max_px` (the smallest if none does).
+pub fn pick_photo(sizes: &[FileRef], max_px: u32) -> Option<&FileRef> {
+    let side = |f: &FileRef| f.width.unwrap_or(0).max(f.height.unwrap_or(0));
+    sizes.iter().filter(|f| side(f) <= max_px).max_by_key(|f| side(f)).or_else(|| sizes.iter().min_by_key(|f| side(f)))
+}
+
+/// A file name safe in the inbox: `[A-Za-z0-9._-]`, no leading dot, at most 80 characters (the extension kept).
+pub fn safe_name(raw: &str) -> String {
+    let base = raw.rsplit(['/', '\\']).next().unwrap_or(raw);
+    let mut name: String =
+        base.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect();
+    while name.starts_with('.') {
+        name.remove(0);
+    }
+    if name.chars().count() > 80 {
+        let ext = name.rsplit_once('.').map(|(_, e)| e).filter(|e| e.len() <= 10).unwrap_or("").to_string();
+        let keep = 80 - ext.len().min(10) - 1;
+        name = format!("{}.{ext}", &name[..keep]).trim_end_matches('.').to_string();
+    }
+    if name.is_empty() || name.chars().all(|c| c == '_' || c == '.') {
+        return "file".into();
+    }
+    name
+}
+
+/// Write `data` as `inbox/<today>/<name>` without replacing anything: the
+/// first free of `name`, `stem-1.ext`, `stem-2.ext`, … Returns the path written.
+fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, String> {
+    let day = jiff::Zoned::now().date();
+    let (stem, ext) = match name.rsplit_once('.') {
+        Some((s, e)) if !s.is_empty() => (s, format!(".{e}")),
+        _ => (name, String::new()),
+    };
+    for n in 0..100 {
+        let file = if n == 0 { name.to_string() } else { format!("{stem}-{n}{ext}") };
+        let path = format!("inbox/{day}/{file}");
+        match ws.write_new(&path, data) {
+            Ok(true) => return Ok(path),
+            Ok(false) => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(format!("100 files named like {name} are already in inbox/{day}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_made_safe() {
+        assert_eq!(safe_name("report.pdf"), "report.pdf");
+        assert_eq!(safe_name("../../etc/passwd"), "passwd");
+        assert_eq!(safe_name(".bashrc"), "bashrc");
+        assert_eq!(safe_name("Ü bër näme (1).txt"), "__b_r_n_me__1_.txt");
+        assert_eq!(safe_name("..."), "file");
+        assert_eq!(safe_name(""), "file");
+        let long = format!("{}.pdf", "a".repeat(200));
+        let cut = safe_name(&long);
+        assert!(cut.len() <= 80 && cut.ends_with(".pdf"), "{cut}");
+    }
+
+    #[test]
+    fn the_largest_photo_within_the_limit_is_taken() {
+        let size =
+            |id: &str, w, h| FileRef { file_id: id.into(), width: Some(w), height: Some(h), ..Default::default() };
+        let sizes = [size("s", 90, 67), size("m", 320, 240), size("l", 1280, 960), size("xl", 2560, 1920)];
+        assert_eq!(pick_photo(&sizes, 1280).unwrap().file_id, "l");
+        assert_eq!(pick_photo(&sizes, 800).unwrap().file_id, "m");
+        assert_eq!(pick_photo(&sizes, 10).unwrap().file_id, "s", "none fits: the smallest");
+        assert!(pick_photo(&[], 1280).is_none());
+    }
+
+    #[test]
+    fn files_are_never_overwritten_nor_written_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::strict(dir.path());
+        let a = save_new(&ws, "r.pdf", b"one").unwrap();
+        let b = save_new(&ws, "r.pdf", b"two").unwrap();
+        assert!(a.ends_with("/r.pdf") && b.ends_with("/r-1.pdf"), "{a} {b}");
+        assert_eq!(std::fs::read(dir.path().join(&a)).unwrap(), b"one");
+        assert_eq!(std::fs::read(dir.path().join(&b)).unwrap(), b"two");
+        // An inbox that a command replaced with a link out of the workspace.
+        let other = tempfile::tempdir().unwrap();
+        let evil = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(other.path(), evil.path().join("inbox")).unwrap();
+        assert!(save_new(&Workspace::strict(evil.path()), "x.txt", b"x").is_err());
+        assert_eq!(std::fs::read_dir(other.path()).unwrap().count(), 0, "nothing written through the link");
+    }
+}

@@ -1,0 +1,192 @@
+//! What a report's buttons do: Done and Snooze (10 min · 1 h · Tomorrow),
+//! through the job store like every other change to jobs.
+//!
+//! A snooze is a new one-shot `at` job with the report's text, delivered to
+//! the chat the button was pressed in: the scheduler then treats it like any
+//! reminder (catch-up after a power cut, the clock-sync hold, the outbox), and
+//! `bramble cron list` shows it. Done writes a line into the job's history
+//! (`bramble cron show`). A button of a job that was deleted meanwhile does
+//! nothing and says so.
+//!
+//! The store's file lock serialises these writes with the scheduler's.
+
+use jiff::{tz::TimeZone, Timestamp, ToSpan};
+
+use crate::bus::{Conversation, Target};
+use crate::scheduler::{Job, JobKind, JobStore, RunRecord, RunStatus, Schedule, StoreError};
+
+/// When a snoozed report comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Snooze {
+    /// After this many minutes.
+    Minutes(u32),
+    /// Tomorrow at `[telegram] tomorrow_at`.
+    Tomorrow,
+}
+
+/// Done and Snooze over the job store.
+#[derive(Clone)]
+pub struct Reminders {
+    store: JobStore,
+    tz: TimeZone,
+    /// `[telegram] tomorrow_at`.
+    tomorrow_at: (i8, i8),
+}
+
+impl Reminders {
+    pub fn new(store: JobStore, tz: TimeZone, tomorrow_at: (i8, i8)) -> Reminders {
+        Reminders { store, tz, tomorrow_at }
+    }
+
+    /// The session a reply to job `id`'s report continues: the chat the job
+    /// was made in, else the job's own (`cron:<name>`). `None`: no such job.
+    pub fn session_of(&self, id: &str) -> Option<String> {
+        let job = self.store.get(id).ok()?;
+        Some(job.origin.map(|o| o.session_key).unwrap_or_else(|| format!("cron:{}", job.name)))
+    }
+
+    /// Snooze job `id`'s report (`text`) for `chat`: a new one-shot. Returns
+    /// what to tell the user (the local time it comes back), or why not.
+    pub fn snooze(&self, id: &str, text: &str, chat: &str, when: Snooze, now: Timestamp) -> Result<String, String> {
+        let original = self.get(id)?;
+        let text = text.trim();
+        if text.is_empty() {
+            return Err("the report has no text to remind you of".into());
+        }
+        let at = self.when(when, now)?;
+        let local = at.to_zoned(self.tz.clone());
+        let name = snooze_name(&original.name, &crate::scheduler::job::new_id());
+        let mut job = Job::new(
+            &name,
+            Schedule::At { at },
+            JobKind::Remind { text: text.to_string() },
+            vec![Target::Telegram(chat.to_string())],
+            now,
+            &self.tz,
+        )
+        .map_err(|e| e.to_string())?;
+        job.origin = Some(Conversation::new("telegram", chat, format!("telegram:{chat}")));
+        self.store.add(job).map_err(|e| format!("cannot save the snooze: {e}"))?;
+        let day = if local.date() == now.to_zoned(self.tz.clone()).date() { "" } else { "tomorrow " };
+        Ok(format!("Snoozed until {day}{}", local.strftime("%H:%M")))
+    }
+
+    /// Mark job `id`'s latest report as done: a line in its history.
+    pub fn done(&self, id: &str, now: Timestamp) -> Result<String, String> {
+        self.store
+            .update(|jobs| {
+                let job = jobs.iter_mut().find(|j| j.id == id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+                let scheduled = job.state.last_run.unwrap_or(now);
+                job.state.history.push_back(RunRecord {
+                    scheduled,
+                    started: now,
+                    finished: now,
+                    status: RunStatus::Ok,
+                    summary: "marked done (Telegram button)".into(),
+                    model: None,
+                });
+                while job.state.history.len() > crate::scheduler::job::HISTORY_LEN {
+                    job.state.history.pop_front();
+                }
+                Ok(())
+            })
+            .map_err(|e| match e {
+                StoreError::NotFound(_) => gone(),
+                e => format!("cannot record it: {e}"),
+            })?;
+        Ok("Done".into())
+    }
+
+    fn get(&self, id: &str) -> Result<Job, String> {
+        self.store.get(id).map_err(|e| match e {
+            StoreError::NotFound(_) => gone(),
+            e => format!("cannot read the jobs: {e}"),
+        })
+    }
+
+    /// The instant a snooze ends.
+    fn when(&self, when: Snooze, now: Timestamp) -> Result<Timestamp, String> {
+        match when {
+            Snooze::Minutes(m) => now.checked_add(i64::from(m).minutes()).map_err(|e| e.to_string()),
+            Snooze::Tomorrow => {
+                let (h, m) = self.tomorrow_at;
+                let today = now.to_zoned(self.tz.clone()).date();
+                let tomorrow = today.tomorrow().map_err(|e| e.to_string())?;
+                let at = tomorrow.at(h, m, 0, 0).to_zoned(self.tz.clone()).map_err(|e| e.to_string())?;
+                Ok(at.timestamp())
+            }
+        }
+    }
+}
+
+fn gone() -> String {
+    "that job no longer exists (it was deleted), so nothing was changed".into()
+}
+
+/// `<name>-snooze-<id>`, cut to the 64 characters a job name may have.
+fn snooze_name(original: &str, id: &str) -> String {
+    let suffix = format!("-snooze-{id}");
+    let keep = 64usize.saturating_sub(suffix.len());
+    let base: String = original.chars().take(keep).collect();
+    format!("{base}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, Reminders, Job, Timestamp) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = JobStore::open(dir.path());
+        let tz = TimeZone::get("Europe/Berlin").unwrap();
+        let now: Timestamp = "2026-11-23T13:00:00Z".parse().unwrap();
+        let job = Job::new(
+            "water-plants",
+            Schedule::At { at: "2026-11-23T14:00:00Z".parse().unwrap() },
+            JobKind::Remind { text: "water the plants".into() },
+            vec![Target::Telegram("42".into())],
+            now,
+            &tz,
+        )
+        .unwrap();
+        let job = store.add(job).unwrap();
+        (dir, Reminders::new(store, tz, (9, 0)), job, now)
+    }
+
+    #[test]
+    fn a_snooze_is_a_new_one_shot_for_the_chat() {
+        let (_dir, r, job, now) = setup();
+        let said = r.snooze(&job.id, "water the plants", "42", Snooze::Minutes(10), now).unwrap();
+        assert_eq!(said, "Snoozed until 14:10"); // 13:10 UTC is 14:10 in Berlin
+        let said = r.snooze(&job.id, "water the plants", "42", Snooze::Tomorrow, now).unwrap();
+        assert_eq!(said, "Snoozed until tomorrow 09:00");
+        let jobs = r.store.list().unwrap();
+        assert_eq!(jobs.len(), 3);
+        let snoozed = &jobs[1];
+        assert!(snoozed.name.starts_with("water-plants-snooze-"), "{}", snoozed.name);
+        assert_eq!(snoozed.kind, JobKind::Remind { text: "water the plants".into() });
+        assert_eq!(snoozed.deliver, vec![Target::Telegram("42".into())]);
+        assert_eq!(snoozed.schedule, Schedule::At { at: "2026-11-23T13:10:00Z".parse().unwrap() });
+        assert_eq!(jobs[2].schedule, Schedule::At { at: "2026-11-24T08:00:00Z".parse().unwrap() });
+    }
+
+    #[test]
+    fn done_is_recorded_and_a_deleted_job_says_so() {
+        let (_dir, r, job, now) = setup();
+        assert_eq!(r.done(&job.id, now).unwrap(), "Done");
+        let h = &r.store.get(&job.id).unwrap().state.history;
+        assert_eq!(h.back().unwrap().summary, "marked done (Telegram button)");
+        r.store.remove(&job.id).unwrap();
+        let err = r.snooze(&job.id, "x", "42", Snooze::Minutes(10), now).unwrap_err();
+        assert!(err.contains("no longer exists"), "{err}");
+        assert!(r.done(&job.id, now).unwrap_err().contains("no longer exists"));
+        assert_eq!(r.store.list().unwrap().len(), 0, "nothing was created");
+    }
+
+    #[test]
+    fn snooze_names_stay_valid() {
+        let long = "a".repeat(64);
+        let name = snooze_name(&long, "0123abcd");
+        assert!(name.len() <= 64 && crate::scheduler::job::check_name(&name).is_ok(), "{name}");
+    }
+}
