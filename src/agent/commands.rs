@@ -167,10 +167,12 @@ fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Strin
         };
         let sandbox = agent.sandbox_summary().unwrap_or_else(|| "exec is off".into());
         format!(
-            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\n{}",
+            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\nVoice notes: {}\nImages: {}\n{}",
             env!("CARGO_PKG_VERSION"),
             agent.model_label(&agent.session_model(key)),
             agent.active_turns(),
+            agent.transcription_summary(),
+            agent.vision_summary(),
             session.trim_end(),
         )
     })

@@ -666,10 +666,10 @@ impl Agent {
         let to_save: Vec<StoredMessage> = messages
             .drain(start..)
             .enumerate()
-            .map(|(i, message)| StoredMessage {
-                message,
-                timestamp: now.clone(),
-                usage: (start + i == last).then_some(usage),
+            .map(|(i, mut message)| {
+                // Images are this turn's only: history replays them as their inbox reference.
+                message.images = Vec::new();
+                StoredMessage { message, timestamp: now.clone(), usage: (start + i == last).then_some(usage) }
             })
             .collect();
         let (sessions, key) = (self.sessions.clone(), key.to_string());
@@ -740,6 +740,24 @@ impl Agent {
             tracing::error!("building the system prompt failed: {e}");
             String::new()
         })
+    }
+
+    /// Whether voice notes can be transcribed, for `/status`.
+    pub fn transcription_summary(&self) -> String {
+        match &self.transcriber {
+            Ok(Some(t)) => format!("transcribed by {}", t.describe()),
+            Ok(None) => "not transcribed ([transcription] is not set up; notes are kept in inbox/)".into(),
+            Err(why) => format!("not transcribed: {why}"),
+        }
+    }
+
+    /// How photos reach the model, for `/status`.
+    pub fn vision_summary(&self) -> String {
+        match (&self.settings.vision_model, self.settings.vision) {
+            (Some(m), _) => format!("shown to {}", self.model_label(m)),
+            (None, true) => "shown to the model".into(),
+            (None, false) => "named by file only ([agent] vision = false)".into(),
+        }
     }
 
     /// `/stop`: cancel the session's sub-agents; returns how many.

@@ -14,7 +14,7 @@ impl Channel for LogChannel {
 
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            tracing::info!(channel = "log", source = report.source, "report: {}", report.text);
+            tracing::info!(channel = "log", source = report.source, "report: {}", report.text_naming_files());
             Ok(())
         })
     }

@@ -60,6 +60,14 @@ impl<'a> Report<'a> {
     pub fn text(target: &'a Target, text: &'a str, source: &'a str) -> Report<'a> {
         Report { target, text, source, job: None, attach: &[] }
     }
+
+    /// The text, with the attachments named at the end: for channels that cannot carry files.
+    pub fn text_naming_files(&self) -> std::borrow::Cow<'a, str> {
+        if self.attach.is_empty() {
+            return self.text.into();
+        }
+        format!("{}\n(files in the workspace: {})", self.text, self.attach.join(", ")).into()
+    }
 }
 
 /// Which job a report came from, for report buttons.

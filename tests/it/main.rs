@@ -17,4 +17,5 @@ mod search;
 mod security;
 mod smoke;
 mod telegram;
+mod telegram_media;
 mod tools;

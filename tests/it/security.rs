@@ -909,7 +909,7 @@ async fn origin_setup(
         "max_retries = 0\n",
         &format!(
             "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
-             [telegram]\ntoken = \"{ORIGIN_TOKEN}\"\nallow_from = [\"{ORIGIN_OWNER}\", \"@alice\"]\napi_base = \"{}\"\n\
+             [telegram]\ntoken = \"{ORIGIN_TOKEN}\"\nallow_from = [\"{ORIGIN_OWNER}\", \"@alice\"]\napi_base = \"{}\"\nprogress = false\n\
              [mqtt]\nurl = \"{}\"\ndevice = \"testpi\"\ndiscovery = false\n",
             tg.url(),
             broker.url()

@@ -153,8 +153,10 @@ async fn stop_ends_a_long_exec_promptly_and_kills_it() {
     s.tg.push_message(ALICE, "private", ALICE, "alice", "run the long thing");
     assert!(wait_until(15, || process_running(&marker)).await, "the command started");
     s.tg.push_message(ALICE, "private", ALICE, "alice", "/stop");
-    assert!(s.tg.wait_sent(1, 5).await);
-    assert_eq!(s.tg.sent_texts(), ["Stopped 1 turn."]);
+    assert!(s.tg.wait_sent(2, 5).await);
+    // The turn's status message, then the answer to /stop, which removes it.
+    assert_eq!(s.tg.sent_texts(), [format!("running `{marker}`…"), "Stopped 1 turn.".to_string()]);
+    assert!(wait_until(5, || s.tg.calls("deleteMessage").len() == 1).await, "the status message is removed");
     assert!(wait_until(5, || !process_running(&marker)).await, "the command was killed");
     // The turn ended: no second model call, no answer for it. (A negative: nothing
     // the daemon does next marks the moment a second call would have been made.)
@@ -162,7 +164,7 @@ async fn stop_ends_a_long_exec_promptly_and_kills_it() {
     let (code, log) = daemon.stop().await;
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(s.llm.request_count(), 1, "{log}");
-    assert_eq!(s.tg.sent().len(), 1, "{:?}", s.tg.sent_texts());
+    assert_eq!(s.tg.sent().len(), 2, "{:?}", s.tg.sent_texts());
 }
 
 #[tokio::test]

@@ -341,7 +341,8 @@ impl Channel for MqttChannel {
             let Some(topic) = MqttChannel::topic_for(&self.link.settings, report.target, report.source) else {
                 return Err(DeliveryError::permanent(format!("`{}` is not an MQTT target", report.target)));
             };
-            match self.link.publish_acked(&topic, report.text.as_bytes().to_vec(), false, ACK_TIMEOUT).await {
+            let text = report.text_naming_files();
+            match self.link.publish_acked(&topic, text.as_bytes().to_vec(), false, ACK_TIMEOUT).await {
                 Ok(()) => Ok(()),
                 Err(e @ PublishError::TooLarge(_)) => Err(DeliveryError::permanent(format!("{topic}: {e}"))),
                 Err(e) => Err(DeliveryError::retryable(format!("{topic}: {e}"))),

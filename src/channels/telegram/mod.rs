@@ -238,7 +238,10 @@ impl Telegram {
                             }
                         }
                         if let Some(key) = self.report_session(&m).await {
+                            // The job's session, and the report itself: a reminder's text is in no session.
                             msg.conversation.session_key = key;
+                            let quoted = m.reply_to_message.as_ref().and_then(|r| r.text.as_deref()).unwrap_or("");
+                            msg.text = format!("[In reply to the report: \"{}\"]\n{}", quote(quoted), msg.text);
                         }
                         let chat = msg.conversation.chat_id.clone();
                         let key = msg.conversation.session_key.clone();
@@ -461,6 +464,15 @@ impl Poller {
         });
         self.typing.insert(chat, task);
     }
+}
+
+/// A report quoted in a reply's turn: at most 500 characters of it.
+fn quote(text: &str) -> String {
+    let text = text.trim();
+    if text.chars().count() <= 500 {
+        return text.to_string();
+    }
+    format!("{}…", text.chars().take(499).collect::<String>())
 }
 
 /// Sleep for `d`; `true` if `stop` fired first.

@@ -335,3 +335,64 @@ fn reason(status: u16) -> &'static str {
         _ => "Status",
     }
 }
+
+/// A `multipart/form-data` body (RFC 7578) taken apart: what a server sees of
+/// an upload (Telegram's sendPhoto, a transcription endpoint).
+#[derive(Debug, Clone)]
+pub struct Multipart {
+    pub parts: Vec<Part>,
+}
+
+/// One part of a form.
+#[derive(Debug, Clone)]
+pub struct Part {
+    pub name: String,
+    pub file_name: Option<String>,
+    pub content_type: Option<String>,
+    /// The bytes as they arrived.
+    pub data: Vec<u8>,
+}
+
+impl Multipart {
+    /// Parse `body` sent with `content_type` (`multipart/form-data; boundary=…`); `None` if malformed.
+    pub fn parse(content_type: &str, body: &[u8]) -> Option<Multipart> {
+        let boundary = content_type.split("boundary=").nth(1)?.trim_matches('"');
+        let delim = format!("--{boundary}").into_bytes();
+        let mut parts = Vec::new();
+        let mut at = find(body, &delim, 0)? + delim.len();
+        while !body.get(at..)?.starts_with(b"--") {
+            let start = at + 2; // the CRLF after the delimiter
+            let end = find(body, &delim, start)?;
+            let part = body.get(start..end.checked_sub(2)?)?; // the CRLF before the next one
+            let split = find(part, b"\r\n\r\n", 0)?;
+            let head = String::from_utf8_lossy(&part[..split]).to_string();
+            let param = |key: &str| {
+                head.split(&format!("{key}=\"")).nth(1).and_then(|r| r.split('"').next()).map(str::to_string)
+            };
+            parts.push(Part {
+                name: param("name")?,
+                file_name: param("filename"),
+                content_type: head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Content-Type:").or_else(|| l.strip_prefix("content-type:")))
+                    .map(|v| v.trim().to_string()),
+                data: part[split + 4..].to_vec(),
+            });
+            at = end + delim.len();
+        }
+        Some(Multipart { parts })
+    }
+
+    pub fn part(&self, name: &str) -> Option<&Part> {
+        self.parts.iter().find(|p| p.name == name)
+    }
+
+    /// A text field's value.
+    pub fn text(&self, name: &str) -> Option<String> {
+        self.part(name).map(|p| String::from_utf8_lossy(&p.data).into_owned())
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    hay.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|i| i + from)
+}

@@ -5,7 +5,12 @@
 //! Implemented: `getMe`, `getUpdates` (a real long poll: it holds the request
 //! until an update arrives or `timeout` passes), `sendMessage` (with an HTML
 //! check like Telegram's "can't parse entities" and the 4096 limit),
-//! `sendChatAction`, `setMyCommands`, `deleteWebhook`. A wrong token gets 401.
+//! `sendChatAction`, `setMyCommands`, `deleteWebhook`, `getFile` and the file
+//! download (`GET /file/bot<token>/<file_path>`, with Telegram's 20 MB limit:
+//! "Bad Request: file is too big"), `sendPhoto`/`sendDocument` (multipart/form-data,
+//! parsed here: the file's bytes are kept as they arrived), `editMessageText`,
+//! `deleteMessage`, `answerCallbackQuery`, and `callback_query` updates.
+//! A wrong token gets 401.
 //!
 //! Stricter than Telegram in one way: it never forgets an update, so a client
 //! that polls with an offset it already moved past sees the update again —
@@ -18,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-use super::http::{Request, Response, TestServer};
+use super::http::{Multipart, Request, Response, TestServer};
 
 pub const BOT_ID: i64 = 424242;
 pub const BOT_USERNAME: &str = "bramble_test_bot";
@@ -31,8 +36,31 @@ pub struct Call {
     pub at: Instant,
 }
 
+/// A file the fake can serve: its bytes, and how many downloads fail first.
+#[derive(Default, Clone)]
+struct FakeFile {
+    data: Vec<u8>,
+    /// The size `getFile` reports (the real one unless set).
+    size: Option<u64>,
+    /// Downloads that fail with a 502 before one succeeds (a torn transfer).
+    fail_first: u32,
+}
+
+/// A file received by `sendPhoto` / `sendDocument`.
+#[derive(Debug, Clone)]
+pub struct Upload {
+    pub method: String,
+    pub chat_id: String,
+    pub file_name: String,
+    pub content_type: String,
+    pub data: Vec<u8>,
+    pub caption: Option<String>,
+}
+
 #[derive(Default)]
 struct State {
+    files: HashMap<String, FakeFile>,
+    uploads: Vec<Upload>,
     updates: Vec<Value>,
     next_update_id: i64,
     next_message_id: i64,
@@ -93,6 +121,36 @@ impl FakeTelegram {
         id
     }
 
+    /// A raw update (a `callback_query`, say) arrives; returns its id.
+    pub fn push_update(&self, mut update: Value) -> i64 {
+        let id = {
+            let mut st = self.lock();
+            st.next_update_id += 1;
+            let id = st.next_update_id;
+            update["update_id"] = json!(id);
+            st.updates.push(update);
+            id
+        };
+        self.arrived.notify_waiters();
+        id
+    }
+
+    /// Serve `data` as file `file_id` (`size`: what getFile claims, when it differs;
+    /// `fail_first`: downloads that break off before one works).
+    pub fn add_file(&self, file_id: &str, data: Vec<u8>, size: Option<u64>, fail_first: u32) {
+        self.lock().files.insert(file_id.into(), FakeFile { data, size, fail_first });
+    }
+
+    /// Files received by sendPhoto / sendDocument.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.lock().uploads.clone()
+    }
+
+    /// Downloads asked for (file paths), failed ones included.
+    pub fn downloads(&self) -> Vec<String> {
+        self.calls("GET file").iter().map(|c| c.body.as_str().unwrap_or_default().to_string()).collect()
+    }
+
     /// The next answer to `method` is `status` with this error (and `retry_after`).
     pub fn fail_next(&self, method: &str, code: u16, description: &str, retry_after: Option<u64>) {
         let mut body = json!({"ok": false, "error_code": code, "description": description});
@@ -147,12 +205,32 @@ fn ok(result: Value) -> Response {
 
 async fn handle(req: Request, state: Arc<Mutex<State>>, arrived: Arc<Notify>, token: String) -> Response {
     let lock = || state.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rest) = req.path_only().strip_prefix("/file/bot") {
+        // The download: GET /file/bot<token>/<file_path>.
+        let Some((tok, path)) = rest.split_once('/') else { return refuse(404, "Not Found") };
+        if tok != token || req.method != "GET" {
+            return Response::new(404);
+        }
+        let mut st = lock();
+        st.calls.push(Call { method: "GET file".into(), body: json!(path), at: Instant::now() });
+        let id = path.strip_prefix("files/").unwrap_or(path).to_string();
+        let Some(file) = st.files.get_mut(&id) else { return Response::new(404) };
+        if file.fail_first > 0 {
+            file.fail_first -= 1;
+            return Response::text(502, "Bad Gateway");
+        }
+        return Response::new(200).header("content-type", "application/octet-stream").body(file.data.clone());
+    }
     let Some(rest) = req.path_only().strip_prefix("/bot") else { return refuse(404, "Not Found") };
     let Some((tok, method)) = rest.split_once('/') else { return refuse(404, "Not Found") };
     if tok != token {
         return refuse(401, "Unauthorized");
     }
-    if req.method != "POST" || !req.header("content-type").is_some_and(|c| c.contains("application/json")) {
+    let ctype = req.header("content-type").unwrap_or_default().to_string();
+    if matches!(method, "sendPhoto" | "sendDocument") && ctype.starts_with("multipart/form-data") {
+        return upload(&req, method, &ctype, &state);
+    }
+    if req.method != "POST" || !ctype.contains("application/json") {
         return refuse(400, "Bad Request: expected a JSON POST");
     }
     let body = req.json().unwrap_or(Value::Null);
@@ -210,7 +288,30 @@ async fn handle(req: Request, state: Arc<Mutex<State>>, arrived: Arc<Notify>, to
             st.calls.push(Call { method: "sendMessage#ok".into(), body: body.clone(), at: Instant::now() });
             ok(json!({"message_id": id, "date": 1_700_000_000, "chat": {"id": chat, "type": "private"}, "text": text}))
         }
-        "sendChatAction" | "setMyCommands" | "deleteWebhook" => ok(json!(true)),
+        "getFile" => {
+            let id = body["file_id"].as_str().unwrap_or_default().to_string();
+            let Some(file) = lock().files.get(&id).cloned() else {
+                return refuse(400, "Bad Request: invalid file_id");
+            };
+            let size = file.size.unwrap_or(file.data.len() as u64);
+            if size > 20 * 1024 * 1024 {
+                return refuse(400, "Bad Request: file is too big");
+            }
+            ok(
+                json!({"file_id": id, "file_unique_id": format!("u{id}"), "file_size": size, "file_path": format!("files/{id}")}),
+            )
+        }
+        "editMessageText" => {
+            if body["text"].as_str().is_none_or(|t| t.trim().is_empty()) {
+                return refuse(400, "Bad Request: text is empty");
+            }
+            ok(
+                json!({"message_id": body["message_id"], "date": 1_700_000_000, "chat": {"id": body["chat_id"], "type": "private"}, "text": body["text"]}),
+            )
+        }
+        "sendChatAction" | "setMyCommands" | "deleteWebhook" | "deleteMessage" | "answerCallbackQuery" => {
+            ok(json!(true))
+        }
         _ => refuse(404, "Not Found: method not found"),
     }
 }
@@ -266,4 +367,28 @@ fn check_html(text: &str) -> Result<(), String> {
         Some(open) => Err(format!("can't find end tag corresponding to start tag \"{open}\"")),
         None => Ok(()),
     }
+}
+
+/// `sendPhoto` / `sendDocument` as multipart/form-data (RFC 7578), parsed the
+/// way Telegram does: fields by name, the file part with its name, type and bytes.
+fn upload(req: &Request, method: &str, ctype: &str, state: &Arc<Mutex<State>>) -> Response {
+    let Some(form) = Multipart::parse(ctype, &req.body) else {
+        return refuse(400, "Bad Request: bad multipart body");
+    };
+    let file_field = if method == "sendPhoto" { "photo" } else { "document" };
+    let (Some(chat), Some(file)) = (form.text("chat_id"), form.part(file_field)) else {
+        return refuse(400, "Bad Request: chat_id and the file are required");
+    };
+    let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+    st.calls.push(Call { method: method.into(), body: json!({"file_name": file.file_name}), at: Instant::now() });
+    st.uploads.push(Upload {
+        method: method.into(),
+        chat_id: chat,
+        file_name: file.file_name.clone().unwrap_or_default(),
+        content_type: file.content_type.clone().unwrap_or_default(),
+        data: file.data.clone(),
+        caption: form.text("caption"),
+    });
+    st.next_message_id += 1;
+    ok(json!({"message_id": st.next_message_id, "date": 1_700_000_000, "chat": {"id": 1, "type": "private"}}))
 }
