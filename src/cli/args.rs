@@ -131,6 +131,9 @@ pub enum CronCommand {
         /// Give the job a "Run" button in Home Assistant (with `[mqtt] discovery = true`)
         #[arg(long)]
         ha_button: bool,
+        /// Send this workspace file with each report (Telegram: a photo or a document; repeatable)
+        #[arg(long, value_name = "FILE")]
+        attach: Vec<String>,
         /// The model for its turns: `provider/model`, a provider's name, or a model
         /// of the first provider; `[agent] fallback` still applies
         #[arg(long, value_name = "MODEL")]

@@ -29,6 +29,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             deliver,
             catch_up,
             ha_button,
+            attach,
             model,
             watch,
             watch_mode,
@@ -64,6 +65,8 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                 job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
             }
             job.ha_button = ha_button;
+            sched::job::check_attach(&attach).map_err(|e| anyhow::anyhow!("--attach {e}"))?;
+            job.attach = attach;
             job.model = model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
             if let Some(command) = watch {
                 anyhow::ensure!(!command.trim().is_empty(), "--watch needs a command");
@@ -177,6 +180,9 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             let targets: Vec<String> = j.report_target_names();
             println!("  deliver:   {}", targets.join(", "));
+            if !j.attach.is_empty() {
+                println!("  attach:    {}", j.attach.join(", "));
+            }
             println!("  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" });
             println!("  next run:  {}", when(j.state.next_run, &tz));
             if let Some(e) = &j.state.last_error {

@@ -47,10 +47,11 @@ pub struct Config {
 #[serde(default, deny_unknown_fields)]
 pub struct TranscriptionConfig {
     /// `openai`: any OpenAI-compatible `/v1/audio/transcriptions` (OpenAI,
-    /// Groq, a LAN faster-whisper or whisper.cpp server); `none`: voice notes
-    /// are kept in the inbox and the user is told transcription is off.
+    /// Groq, a LAN faster-whisper server); `whispercpp`: whisper.cpp's own
+    /// server (`POST <base_url>/inference`); `none`: voice notes are kept in
+    /// the inbox and the user is told transcription is off.
     pub kind: TranscriptionKind,
-    /// Default `https://api.openai.com/v1`.
+    /// Default `https://api.openai.com/v1` (`openai`), `http://127.0.0.1:8080` (`whispercpp`).
     pub base_url: Option<HttpUrl>,
     /// Default `whisper-1`.
     pub model: Option<String>,
@@ -72,6 +73,9 @@ pub enum TranscriptionKind {
     #[default]
     None,
     Openai,
+    /// whisper.cpp's `examples/server` (`/inference`).
+    #[serde(rename = "whispercpp", alias = "whisper.cpp")]
+    WhisperCpp,
 }
 
 impl Default for TranscriptionConfig {
@@ -91,7 +95,20 @@ impl Default for TranscriptionConfig {
 
 impl TranscriptionConfig {
     pub fn base_url(&self) -> &str {
-        self.base_url.as_ref().map(HttpUrl::as_str).unwrap_or("https://api.openai.com/v1")
+        let default = match self.kind {
+            TranscriptionKind::WhisperCpp => "http://127.0.0.1:8080",
+            _ => "https://api.openai.com/v1",
+        };
+        self.base_url.as_ref().map(HttpUrl::as_str).unwrap_or(default)
+    }
+
+    /// Where the audio is posted.
+    pub fn endpoint(&self) -> String {
+        let base = self.base_url().trim_end_matches('/');
+        match self.kind {
+            TranscriptionKind::WhisperCpp => format!("{base}/inference"),
+            _ => format!("{base}/audio/transcriptions"),
+        }
     }
     pub fn model(&self) -> &str {
         self.model.as_deref().unwrap_or("whisper-1")
@@ -103,9 +120,9 @@ impl TranscriptionConfig {
     pub fn api_key(&self) -> Option<Secret> {
         self.api_key.clone().or_else(|| secret_from_env(self.key_env()))
     }
-    /// A public endpoint needs a key; a LAN server usually does not.
+    /// A public endpoint needs a key; a LAN server (and whisper.cpp's) usually does not.
     pub fn key_required(&self) -> bool {
-        self.base_url.is_none()
+        self.base_url.is_none() && self.kind == TranscriptionKind::Openai
     }
 }
 

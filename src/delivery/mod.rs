@@ -113,13 +113,23 @@ impl Reports {
     /// wake the dispatcher. A report that cannot be queued is logged as an
     /// error; the others still go.
     pub async fn send(&self, targets: &[Target], text: &str, source: &str) {
-        self.send_with(targets, text, source, None).await
+        self.send_with(targets, text, source, None, &[]).await
     }
 
-    /// [`send`](Reports::send) for a job's report: `job` rides along for the channels' buttons.
-    pub async fn send_with(&self, targets: &[Target], text: &str, source: &str, job: Option<JobRef>) {
-        let reports =
-            targets.iter().map(|t| Outgoing { job: job.clone(), ..Outgoing::new(t.clone(), text, source) }).collect();
+    /// [`send`](Reports::send) for a job's report: `job` rides along for the
+    /// channels' buttons, `attach` names workspace files sent with it.
+    pub async fn send_with(
+        &self,
+        targets: &[Target],
+        text: &str,
+        source: &str,
+        job: Option<JobRef>,
+        attach: &[String],
+    ) {
+        let reports = targets
+            .iter()
+            .map(|t| Outgoing { job: job.clone(), attach: attach.to_vec(), ..Outgoing::new(t.clone(), text, source) })
+            .collect();
         let outbox = self.outbox.clone();
         let results = crate::util::tasks::blocking(move || outbox.enqueue_many(reports)).await;
         for (target, result) in targets.iter().zip(results) {

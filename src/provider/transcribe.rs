@@ -1,6 +1,7 @@
 //! Speech to text for voice notes: any OpenAI-compatible
 //! `POST <base_url>/audio/transcriptions` (OpenAI, Groq, a LAN faster-whisper
-//! or whisper.cpp server in OpenAI mode).
+//! server), or whisper.cpp's own server (`POST <base_url>/inference`, the same
+//! multipart form; it decodes OGG when started with `--convert`).
 //!
 //! The audio goes as it came (Telegram's OGG/Opus): every one of those servers
 //! decodes it itself, so bramble carries no codec and spends no CPU on a Pi
@@ -59,7 +60,7 @@ impl Transcriber {
         let client = super::http_client(cfg.timeout.get()).map_err(|e| e.to_string())?;
         Ok(Some(Transcriber {
             client,
-            url: format!("{}/audio/transcriptions", cfg.base_url().trim_end_matches('/')),
+            url: cfg.endpoint(),
             model: cfg.model().to_string(),
             language: cfg.language.clone().filter(|l| !l.trim().is_empty()),
             key,
@@ -125,5 +126,11 @@ mod tests {
         cfg.base_url = Some(crate::config::HttpUrl("http://127.0.0.1:9000/v1/".into()));
         let t = Transcriber::from_config(&cfg).unwrap().unwrap();
         assert_eq!(t.describe(), "http://127.0.0.1:9000/v1/audio/transcriptions (whisper-1)");
+        // whisper.cpp's server: its own path, no key needed, a local default.
+        let cpp = TranscriptionConfig { kind: TranscriptionKind::WhisperCpp, ..TranscriptionConfig::default() };
+        assert_eq!(
+            Transcriber::from_config(&cpp).unwrap().unwrap().describe(),
+            "http://127.0.0.1:8080/inference (whisper-1)"
+        );
     }
 }

@@ -362,6 +362,10 @@ pub struct Job {
     /// Done when the next occurrence would be after this ("every hour until Friday").
     #[serde(default, skip_serializing_if = "Option::is_none", with = "super::timeser::opt_ts")]
     pub until: Option<Timestamp>,
+    /// Workspace files sent with each report (`cron add --attach`): a chart
+    /// an exec job draws, say. Read when the report is delivered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attach: Vec<String>,
     #[serde(default)]
     pub state: JobState,
 }
@@ -426,6 +430,7 @@ impl Job {
             jitter: None,
             max_runs: None,
             until: None,
+            attach: Vec::new(),
             state: JobState { next_run, ..JobState::default() },
         })
     }
@@ -446,6 +451,33 @@ impl Job {
     pub fn matches(&self, key: &str) -> bool {
         self.id == key || self.name == key
     }
+}
+
+/// Check an `attach` path: relative, inside the workspace (`..` may not climb
+/// out), at most 10 of them. Whether the file exists is seen at delivery.
+pub fn check_attach(paths: &[String]) -> Result<(), String> {
+    if paths.len() > 10 {
+        return Err("at most 10 attachments per job".into());
+    }
+    for p in paths {
+        let path = std::path::Path::new(p);
+        let mut depth = 0i32;
+        for c in path.components() {
+            match c {
+                std::path::Component::Normal(_) => depth += 1,
+                std::path::Component::CurDir => {}
+                std::path::Component::ParentDir => depth -= 1,
+                _ => return Err(format!("`{p}`: attachments are paths relative to the workspace")),
+            }
+            if depth < 0 {
+                return Err(format!("`{p}` leaves the workspace"));
+            }
+        }
+        if depth == 0 {
+            return Err(format!("`{p}` is not a file path"));
+        }
+    }
+    Ok(())
 }
 
 /// Check a job name: `[A-Za-z0-9_-]{1,64}`.
@@ -491,6 +523,15 @@ pub fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attachments_stay_in_the_workspace() {
+        assert!(check_attach(&["chart.png".into(), "out/./day.csv".into(), "a/../b.txt".into()]).is_ok());
+        for bad in ["../etc/passwd", "/etc/passwd", "a/../..", ".", ""] {
+            assert!(check_attach(&[bad.to_string()]).is_err(), "{bad}");
+        }
+        assert!(check_attach(&vec!["a".to_string(); 11]).is_err());
+    }
     use crate::scheduler::schedule::{parse_cron, parse_every};
 
     fn ts(s: &str) -> Timestamp {

@@ -71,6 +71,8 @@ impl CronTool {
         }
         job.origin = Some(ctx.conversation.clone());
         job.ha_button = a.ha_button;
+        crate::scheduler::job::check_attach(&a.attach).map_err(ToolError)?;
+        job.attach = a.attach;
         job.model = a.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
         if job.model.is_some() && !matches!(job.kind, JobKind::Message { .. }) {
             return Err(ToolError::new("`model` is for `message` jobs only (a reminder calls no model)"));
@@ -192,6 +194,8 @@ struct Args {
     catch_up: Option<String>,
     #[serde(default)]
     ha_button: bool,
+    #[serde(default)]
+    attach: Vec<String>,
     model: Option<String>,
     watch: Option<String>,
     watch_mode: Option<String>,
@@ -231,6 +235,7 @@ impl Tool for CronTool {
                             "description": "Targets: telegram:<chat_id>, mqtt, mqtt:<topic>, log; default this chat"},
                 "catch_up": {"type": "string", "description": "Missed runs: skip, once, or a window like 2h"},
                 "ha_button": {"type": "boolean", "description": "Give the job a Run button in Home Assistant (only when the user asks for one)"},
+                "attach": {"type": "array", "items": {"type": "string"}, "description": "Workspace files sent with each report (e.g. a chart the job's command draws)"},
                 "model": {"type": "string", "description": "For `message` jobs, only when the user names one: the model, as provider/model"},
                 "watch": {"type": "string", "description": "A shell command run on schedule; the `message` task runs only when its output changes (no model call otherwise). Put {output} and {previous} in the message"},
                 "watch_mode": {"type": "string", "enum": ["changed", "nonempty", "exit-nonzero"], "description": "When the task runs (default changed)"},

@@ -105,7 +105,8 @@ impl JobRunner {
             id: job.id.clone(),
             reminder: matches!(job.kind, JobKind::Remind { .. }),
         });
-        self.reports.send_with(&job.report_targets(), &report, &format!("job:{}", job.name), job_ref).await;
+        let attach = if ok { job.attach.as_slice() } else { &[] };
+        self.reports.send_with(&job.report_targets(), &report, &format!("job:{}", job.name), job_ref, attach).await;
         outcome.watched(seen)
     }
 

@@ -527,3 +527,31 @@ async fn the_message_tool_sends_workspace_files_as_photos_and_documents() {
     assert!(uploads.iter().all(|u| u.chat_id == ALICE.to_string()));
     assert!(s.tg.sent_texts().contains(&"here you go".to_string()));
 }
+
+#[tokio::test]
+async fn an_exec_job_sends_the_file_it_made_with_its_report() {
+    let s = setup("", "").await;
+    std::fs::create_dir_all(&s.home.state).unwrap();
+    let store = bramble::scheduler::JobStore::open(&s.home.state);
+    let now = jiff::Timestamp::now();
+    let mut job = bramble::scheduler::Job::new(
+        "daily-csv",
+        bramble::scheduler::Schedule::At { at: now + Duration::from_secs(2) },
+        bramble::scheduler::JobKind::Exec { command: "printf 'a,b\\n1,2\\n' > out.csv && echo written".into() },
+        vec![format!("telegram:{ALICE}").parse().unwrap()],
+        now,
+        &jiff::tz::TimeZone::UTC,
+    )
+    .unwrap();
+    job.attach = vec!["out.csv".into()];
+    store.add(job).unwrap();
+    let daemon = s.daemon();
+    assert!(wait_until(30, || s.tg.uploads().len() == 1).await, "{}", daemon.log());
+    daemon.stop().await;
+    let up = &s.tg.uploads()[0];
+    assert_eq!((up.method.as_str(), up.file_name.as_str()), ("sendDocument", "out.csv"));
+    assert_eq!(up.data, b"a,b\n1,2\n");
+    assert!(s.tg.sent_texts()[0].contains("written"), "{:?}", s.tg.sent_texts());
+    // An exec job's report carries no buttons (only reminders do, by default).
+    assert!(s.tg.sent()[0].get("reply_markup").is_none());
+}
