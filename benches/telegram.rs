@@ -7,6 +7,10 @@
 //!    of polls in that time.
 //! 2. One message → one turn against a zero-latency fake LLM → one answer:
 //!    round-trip time and RSS afterwards (and the peak, VmHWM).
+//! 3. The daemon's CPU per turn (utime + stime from `/proc/<pid>/stat`) over
+//!    `BENCH_TURNS` (default 50) text messages, voice notes (a real espeak-ng +
+//!    opusenc recording when those are installed, transcribed by an instant fake
+//!    in this process: the provider's time is not the daemon's) and photos.
 //!
 //! Run: `cargo bench --bench telegram`. `BRAMBLE_BIN=target/release/bramble`
 //! measures a binary built by `cargo build --release` instead of the bench build.
@@ -17,6 +21,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::fake_llm::{Dialect, FakeLlm, Reply};
+use support::http::{Response, TestServer};
 use support::telegram::FakeTelegram;
 
 mod common;
@@ -31,14 +36,17 @@ fn main() {
         let tg = FakeTelegram::start(TOKEN).await;
         let llm = FakeLlm::start(Dialect::OpenAi).await;
         let dir = tempfile::tempdir().expect("tempdir");
+        let whisper = TestServer::start(|_| Response::json(200, &serde_json::json!({"text": "what is the temperature"}))).await;
         let config = dir.path().join("config.toml");
         let text = format!(
             "[agent]\nmodel = \"m\"\nworkspace = \"{ws}\"\n[provider]\nbase_url = \"{llm}\"\napi_key = \"k\"\n\
              [heartbeat]\nenabled = false\n[telegram]\ntoken = \"{TOKEN}\"\nallow_from = [\"7\"]\napi_base = \"{tg}\"\n\
+             [transcription]\nkind = \"openai\"\nbase_url = \"{wh}/v1\"\n\
              [daemon]\nstate_dir = \"{st}\"\nlog_level = \"warn\"\n",
             ws = dir.path().join("ws").display(),
             llm = llm.base_url(),
             tg = tg.url(),
+            wh = whisper.url(),
             st = dir.path().join("state").display(),
         );
         std::fs::write(&config, text).expect("config");
@@ -68,6 +76,75 @@ fn main() {
             "one message → turn → answer: {:.1} ms; RSS after {rss2} KiB (peak {hwm} KiB)",
             rtt.as_secs_f64() * 1e3
         );
+        // 3. CPU per turn, by kind of message.
+        let turns: usize = std::env::var("BENCH_TURNS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
+        let audio = recording().unwrap_or_else(|| {
+            println!("  (espeak-ng/opusenc not installed: a synthetic 12 KB OGG stands in for the recording)");
+            let mut a = b"OggS".to_vec();
+            a.resize(12 * 1024, 7);
+            a
+        });
+        tg.add_file("voice", audio.clone(), None, 0);
+        tg.add_file("photo", vec![0xff; 90 * 1024], None, 0);
+        let from = serde_json::json!({"id": 7, "is_bot": false, "first_name": "u"});
+        let chat = serde_json::json!({"id": 7, "type": "private"});
+        let kinds: [(&str, serde_json::Value); 3] = [
+            ("text", serde_json::json!({"chat": chat, "from": from, "text": "what is the temperature"})),
+            ("voice note", serde_json::json!({"chat": chat, "from": from, "voice": {"file_id": "voice", "file_unique_id": "v",
+                "duration": 2, "mime_type": "audio/ogg", "file_size": audio.len()}})),
+            ("photo (90 KB)", serde_json::json!({"chat": chat, "from": from, "caption": "what is this",
+                "photo": [{"file_id": "photo", "file_unique_id": "p", "width": 1280, "height": 960, "file_size": 92160}]})),
+        ];
+        let mut sent = tg.sent().len();
+        for (name, message) in kinds {
+            let cpu0 = cpu_ticks(daemon.id());
+            let t = Instant::now();
+            for _ in 0..turns {
+                llm.push(Reply::text("21 °C"));
+                tg.push(message.clone());
+                sent += 1;
+                assert!(tg.wait_sent(sent, 30).await, "answered");
+            }
+            let cpu = cpu_ticks(daemon.id()) - cpu0;
+            let per_turn = cpu as f64 * 1e3 / ticks_per_second() as f64 / turns as f64;
+            println!(
+                "{name}: {turns} turns, daemon CPU {per_turn:.2} ms per turn, {:.1} ms wall per turn",
+                t.elapsed().as_secs_f64() * 1e3 / turns as f64
+            );
+        }
+        let ProcStats { rss: rss3, hwm: hwm3, .. } = proc_stats(daemon.id());
+        println!("after the media turns: RSS {rss3} KiB (peak {hwm3} KiB)");
         stop_daemon(&mut daemon);
     });
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let f: Vec<&str> = stat.rsplit_once(')').expect("comm").1.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
+}
+
+/// A real voice note: espeak-ng's speech, encoded to OGG/Opus by opusenc.
+fn recording() -> Option<Vec<u8>> {
+    let dir = tempfile::tempdir().ok()?;
+    let (wav, ogg) = (dir.path().join("v.wav"), dir.path().join("v.ogg"));
+    let ok = |c: &mut std::process::Command| c.status().is_ok_and(|s| s.success());
+    if !ok(std::process::Command::new("espeak-ng").arg("-w").arg(&wav).arg("what is the temperature in the garden")) {
+        return None;
+    }
+    if !ok(std::process::Command::new("opusenc").arg("--quiet").arg(&wav).arg(&ogg)) {
+        return None;
+    }
+    std::fs::read(&ogg).ok()
 }

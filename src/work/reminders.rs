@@ -38,11 +38,16 @@ impl Reminders {
         Reminders { store, tz, tomorrow_at }
     }
 
-    /// The session a reply to job `id`'s report continues: the chat the job
-    /// was made in, else the job's own (`cron:<name>`). `None`: no such job.
-    pub fn session_of(&self, id: &str) -> Option<String> {
+    /// The session a reply from `chat` to job `id`'s report continues: the
+    /// job's chat session when the job was made in that very chat, else the
+    /// job's own (`cron:<name>`) — never another chat's history. `None`: no such job.
+    pub fn session_of(&self, id: &str, chat: &str) -> Option<String> {
         let job = self.store.get(id).ok()?;
-        Some(job.origin.map(|o| o.session_key).unwrap_or_else(|| format!("cron:{}", job.name)))
+        let own = format!("cron:{}", job.name);
+        Some(match job.origin {
+            Some(o) if o.channel == "telegram" && o.chat_id == chat => o.session_key,
+            _ => own,
+        })
     }
 
     /// Snooze job `id`'s report (`text`) for `chat`: a new one-shot. Returns
@@ -181,6 +186,21 @@ mod tests {
         assert!(err.contains("no longer exists"), "{err}");
         assert!(r.done(&job.id, now).unwrap_err().contains("no longer exists"));
         assert_eq!(r.store.list().unwrap().len(), 0, "nothing was created");
+    }
+
+    #[test]
+    fn a_reply_never_continues_another_chats_session() {
+        let (_dir, r, job, _) = setup();
+        assert_eq!(r.session_of(&job.id, "42").as_deref(), Some("cron:water-plants"));
+        r.store
+            .update(|jobs| {
+                jobs[0].origin = Some(Conversation::new("telegram", "42", "telegram:42"));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(r.session_of(&job.id, "42").as_deref(), Some("telegram:42"), "made in this chat");
+        assert_eq!(r.session_of(&job.id, "99").as_deref(), Some("cron:water-plants"), "another chat");
+        assert!(r.session_of("nope", "42").is_none());
     }
 
     #[test]

@@ -334,7 +334,8 @@ impl Telegram {
         let reminders = self.reminders.clone()?;
         let replied = m.reply_to_message.as_ref()?;
         let job = buttons::job_of(replied.reply_markup.as_ref()?)?;
-        tokio::task::spawn_blocking(move || reminders.session_of(&job)).await.ok().flatten()
+        let chat = m.chat.id.to_string();
+        tokio::task::spawn_blocking(move || reminders.session_of(&job, &chat)).await.ok().flatten()
     }
 }
 
