@@ -7,9 +7,10 @@
 //! of the config; what needs all tables (names unique) is checked in
 //! [`McpConfig::check`], which points at the second name.
 //!
-//! Secrets: `headers_env = { Authorization = "HA_MCP_TOKEN" }` reads the
-//! header's value from the environment (or a systemd credential) when the
-//! server is connected; the value is never logged nor shown by `status`.
+//! Secrets: `headers_env = { Authorization = "Bearer HA_TOKEN" }` reads the
+//! header's value (after the literal `Bearer `) from the environment variable
+//! `HA_TOKEN` (or a systemd credential) when the server is connected; the
+//! value is never logged nor shown by `status`.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -64,6 +65,15 @@ impl McpConfig {
             }
         }
         out
+    }
+}
+
+/// A `headers_env` value: `"VAR"` (the header is the variable's value) or
+/// `"Bearer VAR"` (a literal prefix, a space, then the variable's value).
+pub fn header_from_env(spec: &str) -> (Option<&str>, &str) {
+    match spec.trim().rsplit_once(' ') {
+        Some((prefix, var)) => (Some(prefix.trim_end()), var),
+        None => (None, spec.trim()),
     }
 }
 
@@ -211,6 +221,15 @@ impl TryFrom<RawServer> for McpServer {
                 if let Some((key, _)) = stdio_only.iter().find(|(_, set)| *set) {
                     return Err(format!("MCP server `{name}`: `{key}` is for a `command` server, not a `url` one"));
                 }
+                for (header, spec) in &r.headers_env {
+                    let var = header_from_env(spec).1;
+                    if var.is_empty() || var.contains(['=', '\0', '/']) {
+                        return Err(format!(
+                            "MCP server `{name}`: headers_env `{header}` = `{spec}` does not end in an environment \
+                             variable's name (like \"HA_TOKEN\" or \"Bearer HA_TOKEN\")"
+                        ));
+                    }
+                }
                 for (header, value) in r.headers.iter().chain(&r.headers_env) {
                     if reqwest::header::HeaderName::from_bytes(header.trim().as_bytes()).is_err() {
                         return Err(format!("MCP server `{name}`: `{header}` is not a valid HTTP header name"));
@@ -288,7 +307,7 @@ mod tests {
 [[mcp.server]]
 name = "ha"
 url = "http://homeassistant.local:8123/api/mcp"
-headers_env = { Authorization = "HA_MCP_TOKEN" }
+headers_env = { Authorization = "Bearer HA_MCP_TOKEN", X-Raw = "RAW_VAR" }
 tools = ["HassTurnOn"]
 timeout = "30s"
 
@@ -311,7 +330,8 @@ allow_untrusted = true
         let McpTransport::Http { url, kind, headers_env, .. } = &ha.transport else { panic!("http") };
         assert_eq!(url.as_str(), "http://homeassistant.local:8123/api/mcp");
         assert_eq!(*kind, HttpKind::Auto);
-        assert_eq!(headers_env["Authorization"], "HA_MCP_TOKEN");
+        assert_eq!(header_from_env(&headers_env["Authorization"]), (Some("Bearer"), "HA_MCP_TOKEN"));
+        assert_eq!(header_from_env(&headers_env["X-Raw"]), (None, "RAW_VAR"));
         let McpTransport::Stdio(s) = &files.transport else { panic!("stdio") };
         assert_eq!(s.args, ["-m", "server"]);
         assert!(!s.network);

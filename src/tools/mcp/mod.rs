@@ -8,10 +8,11 @@
 //!
 //! Why our own client and not the official `rmcp` crate: bramble already has
 //! reqwest, serde and tokio, and needs three requests (initialize, tools/list,
-//! tools/call), three transports and hard caps on what it reads. `rmcp` with
-//! the client and both HTTP transports pulls in its own reqwest feature set,
-//! `sse-stream`, `schemars`, `oauth2`-free but macro-heavy code; this module is
-//! ~1,500 lines with no new crate (the sizes are in ARCHITECTURE.md).
+//! tools/call), three transports and hard caps on what it reads. `rmcp` 3.11
+//! with only the client, streamable HTTP on reqwest and the child-process
+//! transport adds 23 crates (chrono, futures, sha2, process-wrap, …) and no
+//! longer has an HTTP+SSE client; this module adds none (the figures are in
+//! ARCHITECTURE.md and BENCHMARKS.md).
 //!
 //! - [`rpc`]: JSON-RPC messages and the [`rpc::Peer`] that routes answers.
 //! - [`sse`]: the server-sent events parser (bounded).

@@ -49,9 +49,10 @@ pub fn build_headers(
             .map_err(|_| bad(format!("the value of header `{name}` is not a valid HTTP header value")))?;
         map.insert(header, value);
     }
-    for (name, var) in from_env {
+    for (name, spec) in from_env {
         let header = HeaderName::from_bytes(name.trim().as_bytes())
             .map_err(|_| bad(format!("`{name}` is not a valid HTTP header name")))?;
+        let (prefix, var) = crate::config::mcp::header_from_env(spec);
         let Some(secret) = crate::config::secret_from_env(var) else {
             return Err(bad(format!(
                 "header `{name}`: the environment variable {var} is not set (headers_env; or put it in the \
@@ -59,7 +60,11 @@ pub fn build_headers(
             )));
         };
         // Never echo the value: it is a token.
-        let mut value = HeaderValue::from_str(secret.expose()).map_err(|_| {
+        let text = match prefix {
+            Some(p) => format!("{p} {}", secret.expose()),
+            None => secret.expose().to_string(),
+        };
+        let mut value = HeaderValue::from_str(&text).map_err(|_| {
             bad(format!("header `{name}`: the value of {var} has characters not allowed in an HTTP header"))
         })?;
         value.set_sensitive(true);
