@@ -45,9 +45,9 @@ impl McpConfig {
         for s in &self.server {
             let vars = match &s.transport {
                 McpTransport::Http { headers_env, .. } => {
-                    headers_env.values().map(|v| ("headers_env", v)).collect::<Vec<_>>()
+                    headers_env.values().map(|v| ("headers_env", header_from_env(v).1)).collect::<Vec<_>>()
                 }
-                McpTransport::Stdio(st) => st.env_from.values().map(|v| ("env_from", v)).collect(),
+                McpTransport::Stdio(st) => st.env_from.values().map(|v| ("env_from", v.as_str())).collect(),
             };
             for (key, var) in vars {
                 if super::secret_from_env(var).is_none() {
@@ -374,6 +374,23 @@ allow_untrusted = true
         // A bad value points at its line.
         let err = parse("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntimeout = \"soon\"\n").unwrap_err();
         assert!(err.starts_with("/c.toml:4:"), "{err}");
+    }
+
+    #[test]
+    fn unset_secrets_are_warned_about() {
+        let c = parse(
+            "[[mcp.server]]\nname = \"a\"\nurl = \"http://a\"\nheaders_env = { Authorization = \"Bearer BRAMBLE_UNSET_9c\" }\n\
+             [[mcp.server]]\nname = \"b\"\ncommand = \"x\"\nenv_from = { K = \"HOME\" }\n",
+        )
+        .unwrap();
+        let w = c.mcp.warnings(&ExecConfig::default());
+        assert_eq!(
+            w,
+            ["MCP server `a`: headers_env names BRAMBLE_UNSET_9c, which is not set: the server stays down until it is"]
+        );
+        let err = parse("[[mcp.server]]\nname = \"a\"\nurl = \"http://a\"\nheaders_env = { A = \"Bearer ../x\" }\n")
+            .unwrap_err();
+        assert!(err.contains("does not end in an environment variable's name"), "{err}");
     }
 
     #[test]

@@ -512,3 +512,32 @@ async fn the_model_calls_an_mcp_tool_in_a_turn() {
     let result = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").expect("the tool result");
     assert_eq!(result["content"], "42");
 }
+
+/// `bramble status` (the real binary) connects to the servers and says how they are.
+#[tokio::test]
+async fn status_lists_the_servers_and_their_state() {
+    let (fake, _) = raw_fake(Fake::ForgetsSession).await;
+    let down = refused_url().await;
+    let llm = FakeLlm::start(Dialect::OpenAi).await;
+    let extra = format!("{}{}", http_server("raw", &fake.url(), ""), http_server("off", &down, ""));
+    let home = TestHome::new("openai", &llm.base_url(), "", "", &extra);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .arg("--config")
+        .arg(&home.config)
+        .arg("status")
+        .env("HOME", home.path())
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("bramble status");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let mcp: Vec<&str> = stdout.lines().skip_while(|l| !l.starts_with("mcp:")).take(2).collect();
+    assert_eq!(mcp.len(), 2, "{stdout}");
+    assert!(mcp[0].contains("raw: connected") && mcp[0].contains("streamable HTTP, raw 0), 2 tools"), "{}", mcp[0]);
+    assert!(mcp[0].contains("left out: `xxxx"), "{}", mcp[0]);
+    assert!(mcp[1].trim_start().starts_with("off: down ("), "{}", mcp[1]);
+    let tools = stdout.lines().find(|l| l.starts_with("tools:")).expect("tools line");
+    assert!(tools.contains("raw__echo") && tools.contains("off__unavailable"), "{tools}");
+}

@@ -86,6 +86,12 @@ impl Stdio {
         workspace: &Path,
         cancel: &CancellationToken,
     ) -> Result<Stdio, McpError> {
+        if !workspace.is_dir() {
+            return Err(McpError::Connection(format!(
+                "the workspace {} (the server's working directory) does not exist: run `bramble init`",
+                workspace.display()
+            )));
+        }
         let spec = CommandSpec {
             program: server.command.clone().into(),
             args: server.args.iter().map(OsString::from).collect(),
