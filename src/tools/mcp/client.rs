@@ -90,7 +90,10 @@ impl Connection {
         let label = format!("{} {}", text("name"), text("version")).trim().chars().take(80).collect();
         *self.server_info.lock().unwrap_or_else(|p| p.into_inner()) = label;
         tracing::debug!(protocol = version, "mcp: initialized");
-        self.transport.send(&rpc::notification("notifications/initialized", None)).await
+        let note = rpc::notification("notifications/initialized", None);
+        tokio::time::timeout_at(deadline, self.transport.send(&note))
+            .await
+            .map_err(|_| McpError::Timeout(self.timeout_secs))?
     }
 
     /// One request; a forgotten session is initialized again and the request repeated once.
