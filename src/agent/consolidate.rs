@@ -47,7 +47,7 @@ impl Agent {
     /// prompt without being remembered).
     pub(super) fn needs_consolidation(&self, key: &str, prompt: &[Message]) -> bool {
         let count = self.sessions.load(key).map(|s| s.messages.len() + s.skipped).unwrap_or(0);
-        let estimate = memory::estimate_tokens(prompt) + memory::estimate_spec_tokens(&self.specs);
+        let estimate = memory::estimate_tokens(prompt) + memory::estimate_spec_tokens(&self.tools.specs());
         count > self.settings.history_messages || estimate > self.settings.context_tokens
     }
 
@@ -57,7 +57,7 @@ impl Agent {
         // What every prompt carries besides the history: system prompt, tools, runtime context, the new text.
         let fixed = prompt.first().map_or(0, |m| memory::estimate_tokens(std::slice::from_ref(m)))
             + prompt.iter().rev().take(2).map(|m| memory::estimate_tokens(std::slice::from_ref(m))).sum::<usize>()
-            + memory::estimate_spec_tokens(&self.specs);
+            + memory::estimate_spec_tokens(&self.tools.specs());
         let keep = Keep::Recent {
             messages: (self.settings.history_messages / 2).max(1),
             tokens: self.settings.context_tokens.saturating_sub(fixed) / 2,
@@ -72,7 +72,7 @@ impl Agent {
     /// Estimated tokens of what every prompt carries: the system prompt and the tool specs.
     pub(super) async fn base_prompt_tokens(&self) -> usize {
         memory::estimate_tokens(&[Message::system(self.system_prompt().await)])
-            + memory::estimate_spec_tokens(&self.specs)
+            + memory::estimate_spec_tokens(&self.tools.specs())
     }
 
     /// Summarise the part of the session before the boundary `keep` picks and

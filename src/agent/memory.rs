@@ -480,11 +480,11 @@ struct SearchArgs {
 }
 
 impl Tool for MemorySearchTool {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "memory_search"
     }
 
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Search the history journal (memory/history.jsonl: summaries of past conversations, newest first). \
          Matches words case-insensitively and tolerates small typos. Use it when the user refers to \
          something from earlier that is not in your context or MEMORY.md. Only this conversation's entries are \

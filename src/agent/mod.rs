@@ -241,8 +241,6 @@ pub struct Agent {
     sessions: SessionStore,
     context: ContextBuilder,
     settings: AgentSettings,
-    /// The tools' specs, built once: they do not change while the agent lives.
-    specs: Vec<ToolSpec>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     turn_slots: Semaphore,
     inflight: InFlight,
@@ -348,7 +346,6 @@ impl Agent {
         let state_dir = sessions.state_dir().to_path_buf();
         Agent {
             provider,
-            specs: tools.specs(),
             tools,
             journal: Journal::new(context.workspace(), context.timezone().clone()),
             usage: usage.unwrap_or_else(|| UsageLedger::new(&state_dir, context.timezone().clone())),
@@ -563,6 +560,11 @@ impl Agent {
                 (None, false) => input.drop_images(),
             }
         }
+        // MCP servers still in their first connection attempt: their tools belong in this turn.
+        tokio::select! {
+            () = self.tools.prepare() => {}
+            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
+        }
         let mut messages = self.prompt(req, &input.text).await.map_err(session_err)?;
         if self.needs_consolidation(&req.conversation.session_key, &messages) {
             tokio::select! {
@@ -579,10 +581,12 @@ impl Agent {
         let turn_start = messages.len() - 1;
         // The turn's origin (and so what its tools may do) follows from its channel.
         let tool_ctx = ToolContext::new(req.conversation.clone(), req.in_job, req.cancel.clone());
+        // Built per turn: MCP servers' tools come and go with their connections.
+        let specs = self.tools.specs();
         let spec = LoopSpec {
             provider,
             tools: &self.tools,
-            specs: &self.specs,
+            specs: &specs,
             model: &model,
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
@@ -736,7 +740,12 @@ impl Agent {
     async fn system_prompt(&self) -> String {
         let context = self.context.clone();
         let names = self.tools.names();
-        tokio::task::spawn_blocking(move || context.system_prompt(&names)).await.unwrap_or_else(|e| {
+        tokio::task::spawn_blocking(move || {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            context.system_prompt(&names)
+        })
+        .await
+        .unwrap_or_else(|e| {
             tracing::error!("building the system prompt failed: {e}");
             String::new()
         })

@@ -25,6 +25,8 @@ pub struct SessionStatus {
     pub answered: Option<crate::provider::Route>,
     /// The providers of a fallback chain and their state (empty for one provider).
     pub providers: Vec<String>,
+    /// MCP servers: state, transport, tool count (empty without `[[mcp.server]]`).
+    pub mcp: Vec<String>,
 }
 
 impl std::fmt::Display for SessionStatus {
@@ -53,6 +55,12 @@ impl std::fmt::Display for SessionStatus {
         write!(f, "tokens today: {} ({budget})", self.today.total())?;
         if self.subagents > 0 {
             write!(f, "\nsub-agents running: {}", self.subagents)?;
+        }
+        if !self.mcp.is_empty() {
+            write!(f, "\nMCP servers:")?;
+            for line in &self.mcp {
+                write!(f, "\n  {line}")?;
+            }
         }
         Ok(())
     }
@@ -145,6 +153,7 @@ impl Agent {
             today: self.usage.today(),
             daily_budget: self.settings.daily_token_budget,
             subagents: self.subagents.as_ref().map_or(0, |h| h.running(Some(key))),
+            mcp: self.tools.sources_status(),
         })
     }
 

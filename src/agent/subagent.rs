@@ -33,7 +33,7 @@ use super::usage::UsageLedger;
 use super::{run_loop, LoopSpec, LoopStats};
 use crate::bus::Conversation;
 use crate::bus::OutboundMessage;
-use crate::provider::{Message, Provider, ToolSpec};
+use crate::provider::{Message, Provider};
 use crate::tools::{parse_args, Tool, ToolContext, ToolError, ToolRegistry};
 use crate::util::BoxFuture;
 
@@ -81,7 +81,6 @@ struct Running {
 pub struct Hub {
     provider: Arc<dyn Provider>,
     tools: ToolRegistry,
-    specs: Vec<ToolSpec>,
     context: ContextBuilder,
     settings: SubagentSettings,
     slots: Arc<Semaphore>,
@@ -112,7 +111,6 @@ impl Hub {
         let (announce_tx, announce_rx) = mpsc::channel(ANNOUNCE_QUEUE);
         Arc::new(Hub {
             provider,
-            specs: tools.specs(),
             tools,
             context,
             slots: Arc::new(Semaphore::new(settings.max_running.max(1))),
@@ -226,10 +224,11 @@ impl Hub {
         // The sub-agent inherits the origin of the turn that spawned it (same channel).
         let own = Conversation { session_key: format!("subagent:{}", origin.chat_id), ..origin.clone() };
         let tool_ctx = ToolContext::new(own, true, cancel.clone());
+        let specs = self.tools.specs();
         let spec = LoopSpec {
             provider: self.provider.as_ref(),
             tools: &self.tools,
-            specs: &self.specs,
+            specs: &specs,
             model: &self.settings.model,
             max_tokens: self.settings.max_tokens,
             temperature: self.settings.temperature,
@@ -289,11 +288,11 @@ struct SpawnArgs {
 }
 
 impl Tool for SpawnTool {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "spawn"
     }
 
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Start a sub-agent that works on a self-contained task in the background (with file, exec and web tools, \
          but it cannot message the user). Returns at once; its report comes back into this conversation later. \
          Use it for long or parallel work; give it everything it needs in `task`."

@@ -71,7 +71,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cron(cmd) => cron::cron(&loaded, *cmd).await,
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
-        Command::Status => status::status(&loaded, &acting),
+        Command::Status => status::status(&loaded, &acting).await,
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }

@@ -39,7 +39,7 @@ pub(super) fn service_line() -> Option<String> {
     })
 }
 
-pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow::Result<ExitCode> {
+pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow::Result<ExitCode> {
     use super::service::Acting;
     let c = &loaded.config;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
@@ -112,8 +112,15 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
         tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || assemble::daemon(loaded));
     match &parts {
         Ok(parts) => {
-            println!("tools:      {}", parts.agent.tools().names().join(", "));
+            // MCP servers are connected from here (as the daemon would; stdio ones started and
+            // stopped again), so the line says what this machine can reach now.
+            let tools = parts.agent.tools();
+            tools.prepare().await;
+            println!("tools:      {}", tools.names().join(", "));
             println!("channels:   {}", parts.channels.names().join(", "));
+            for (i, line) in tools.sources_status().iter().enumerate() {
+                println!("{:<12}{line}", if i == 0 { "mcp:" } else { "" });
+            }
         }
         Err(e) => println!("channels:   error: {e}"),
     }

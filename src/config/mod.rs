@@ -10,6 +10,7 @@
 //! (`api_key_env = "OPENAI_API_KEY"`); the [`Secret`] type keeps them out of
 //! `Debug` output and therefore out of logs.
 
+pub mod mcp;
 pub mod templates;
 pub mod types;
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use mcp::{HttpKind, McpConfig, McpServer, McpTransport, StdioServer};
 pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
 
 use crate::bus::Target;
@@ -39,6 +41,8 @@ pub struct Config {
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
+    /// `[[mcp.server]]`: MCP servers whose tools the agent may call.
+    pub mcp: McpConfig,
     pub transcription: TranscriptionConfig,
 }
 
@@ -156,6 +160,7 @@ impl Default for Config {
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
+            mcp: McpConfig::default(),
             transcription: TranscriptionConfig::default(),
         }
     }
@@ -895,6 +900,7 @@ impl Config {
         };
         let config = toml::from_str::<Config>(text).map_err(|e| invalid(e.span(), e.message().trim().to_string()))?;
         config.check_models(text).map_err(|(span, message)| invalid(span, message))?;
+        config.mcp.check().map_err(|(span, message)| invalid(span, message))?;
         Ok(config)
     }
 
@@ -1134,6 +1140,7 @@ pub fn warnings(loaded: &Loaded) -> Vec<String> {
     if c.telegram.token().is_some() && c.telegram.allow_from.is_empty() {
         out.push("[telegram] allow_from is empty: the bot will answer nobody".into());
     }
+    out.extend(c.mcp.warnings(&c.exec));
     out.extend(security_warnings(loaded));
     out
 }
@@ -1165,6 +1172,13 @@ fn exposed_secrets(c: &Config, path: &Path) -> Option<String> {
         ("[provider] api_key", c.providers.iter().any(|p| p.api_key.is_some())),
         ("[telegram] token", c.telegram.token.is_some()),
         ("[mqtt] password", c.mqtt.password.is_some()),
+        (
+            "[[mcp.server]] headers",
+            c.mcp.server.iter().any(|s| {
+                matches!(&s.transport, McpTransport::Http { headers, .. }
+                    if headers.keys().any(|h| h.eq_ignore_ascii_case("authorization")))
+            }),
+        ),
     ]
     .into_iter()
     .filter_map(|(name, set)| set.then_some(name))

@@ -89,6 +89,13 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     }
     tools.register(Arc::new(crate::tools::cron::CronTool::new(JobStore::open(state), c.timezone(), telegram_chats)));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
+    // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
+    if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws) {
+        if c.mcp.server.iter().any(|s| matches!(s.transport, crate::config::McpTransport::Stdio(_))) {
+            crate::sandbox::configure(loaded);
+        }
+        tools.register_source(hub);
+    }
     let (_, skill_errors) = skills::load(&ws);
     for e in &skill_errors {
         tracing::warn!("skill left out: {e}");

@@ -296,6 +296,10 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     });
 
     tasks.spawn(systemd::watchdog(abort.clone()));
+    // MCP servers connect now; they stop (stdio children killed) when work in flight is cancelled.
+    let mcp_agent = agent.clone();
+    let mcp_stop = abort.clone();
+    tasks.spawn(async move { mcp_agent.tools().run_sources(mcp_stop).await });
     let summary = log_startup(loaded, &agent, &channels, jobs);
     systemd::ready(&summary);
     // After READY: this probes the kernel with one real jail (a few ms).

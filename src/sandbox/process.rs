@@ -110,7 +110,7 @@ pub async fn run(spec: CommandSpec, cancel: &CancellationToken) -> io::Result<Ou
         return Err(io::Error::other("spawned child has no pid"));
     };
     // The child leads a new process group whose id is its pid.
-    let mut group = GroupGuard { pgid: Some(Pid::from_raw(pid)) };
+    let mut group = GroupGuard::new(pid);
 
     let mut out = Capture::new(spec.max_output);
     let mut err = Capture::new(spec.max_output);
@@ -211,13 +211,19 @@ async fn pump<R: AsyncRead + Unpin>(reader: Option<R>, cap: &mut Capture) {
 }
 
 /// Kills the process group when dropped while armed: a `run` future dropped
-/// mid-command (a cancelled turn) leaves nothing running.
-struct GroupGuard {
+/// mid-command (a cancelled turn) leaves nothing running. Also used by the
+/// long-lived MCP server children (`tools::mcp::transport::stdio`).
+pub(crate) struct GroupGuard {
     pgid: Option<Pid>,
 }
 
 impl GroupGuard {
-    fn signal(&self, sig: Signal) {
+    /// The group led by `pid` (a child started with `process_group(0)`).
+    pub(crate) fn new(pid: i32) -> GroupGuard {
+        GroupGuard { pgid: Some(Pid::from_raw(pid)) }
+    }
+
+    pub(crate) fn signal(&self, sig: Signal) {
         if let Some(pgid) = self.pgid {
             // ESRCH (the group is already empty) is the expected case.
             let _ = killpg(pgid, sig);
@@ -225,7 +231,7 @@ impl GroupGuard {
     }
 
     /// The group is dead and its leader reaped: its id may be reused, never signal it again.
-    fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.pgid = None;
     }
 }

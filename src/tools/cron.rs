@@ -206,11 +206,11 @@ struct Args {
 }
 
 impl Tool for CronTool {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "cron"
     }
 
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Schedule, list or remove jobs. `add` needs one schedule (`every` like \"2h\", `cron` like \"0 9 * * 1-5\" \
          with optional `tz`, or `at` like \"2026-05-01 09:00\" in the user's time zone) and one action: `remind` \
          (text delivered as is at that time: use this for plain reminders) or `message` (a task you will carry out \

@@ -207,10 +207,10 @@ fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
 }
 
 impl Tool for ExecTool {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "exec"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Run a shell command (/bin/sh -c) in the workspace and return its output and exit code. \
          HOME is the workspace. Background processes are stopped when the command ends; \
          the command is killed when the timeout passes."

@@ -73,10 +73,10 @@ struct ReadArgs {
 }
 
 impl Tool for ReadFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "read_file"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Read a text file in the workspace. Returns up to `limit` lines (default 2000, at most 128 KiB) \
          starting at line `offset` (1-based); a header says which lines are shown when not all are."
     }
@@ -213,10 +213,10 @@ struct WriteArgs {
 }
 
 impl Tool for WriteFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "write_file"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Create or replace a file in the workspace with the given content. Missing parent directories are created."
     }
     fn parameters(&self) -> Value {
@@ -257,10 +257,10 @@ struct EditArgs {
 }
 
 impl Tool for EditFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "edit_file"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Replace exact text in a workspace file. `old_text` must match exactly once (include enough \
          surrounding lines to make it unique), or set `replace_all` to replace every occurrence."
     }
@@ -343,10 +343,10 @@ fn dot() -> String {
 }
 
 impl Tool for ListDir {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "list_dir"
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "List a directory in the workspace: names sorted, directories end with `/`, files show their size."
     }
     fn parameters(&self) -> Value {

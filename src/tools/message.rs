@@ -96,11 +96,11 @@ struct Args {
 }
 
 impl Tool for MessageTool {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "message"
     }
 
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Send a message now. Without `target` it goes to the current chat. Targets: \
          `telegram:<chat_id>`, `mqtt` (the device's report topic), `mqtt:<topic>`, `log`. \
          `attach` sends workspace files with it (Telegram: images as photos, others as documents). \

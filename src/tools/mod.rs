@@ -12,6 +12,8 @@
 //! - [`web`]: `web_fetch` with an SSRF guard.
 //! - [`message`]: `message`, a report to a delivery target.
 //! - [`mqtt`]: `mqtt_publish`, limited to `[mqtt] publish_allow` topics.
+//! - [`mcp`]: the tools of MCP servers (`[[mcp.server]]`), a [`ToolSource`]:
+//!   known only once a server is connected, so the registry asks for them per turn.
 //!
 //! ## Who is asking: [`Origin`]
 //!
@@ -26,6 +28,7 @@
 pub mod cron;
 pub mod exec;
 pub mod fs;
+pub mod mcp;
 pub mod message;
 pub mod mqtt;
 pub mod search;
@@ -186,10 +189,11 @@ impl ToolError {
 
 /// One callable tool.
 pub trait Tool: Send + Sync {
-    /// The name the model calls it by (`read_file`).
-    fn name(&self) -> &'static str;
+    /// The name the model calls it by (`read_file`, `homeassistant__HassTurnOn`).
+    /// Tied to `&self`: MCP tools learn their names at run time.
+    fn name(&self) -> &str;
     /// What it does, for the model.
-    fn description(&self) -> &'static str;
+    fn description(&self) -> &str;
     /// JSON schema of the arguments object.
     fn parameters(&self) -> Value;
     /// Run it. `args` is always a JSON object (the registry checks).
@@ -208,16 +212,39 @@ pub struct ToolOutcome {
     pub is_error: bool,
 }
 
+/// Tools that are known only at run time (an MCP server's, listed when it
+/// connects): the registry asks the source for its current set whenever it
+/// builds the specs or looks a name up.
+pub trait ToolSource: Send + Sync {
+    /// The tools offered now (a snapshot: cheap handles, built on each call).
+    fn tools(&self) -> Vec<Arc<dyn Tool>>;
+    /// Wait, at most a bounded time, until the source knows its tools (the
+    /// first connection attempts are over); starts them if nothing has.
+    fn prepare(&self) -> BoxFuture<'_, ()>;
+    /// Why `name`, which is not among [`ToolSource::tools`], is missing, if
+    /// it is this source's (a tool of a server that is down).
+    fn missing(&self, _name: &str) -> Option<String> {
+        None
+    }
+    /// Start connecting now (the daemon: at its start, not at the first turn).
+    fn start(&self);
+    /// Stop what was started and wait (bounded) until it is gone.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+    /// One line per part for `status` (an MCP server and its state).
+    fn status(&self) -> Vec<String>;
+}
+
 /// The set of tools offered in a turn.
 pub struct ToolRegistry {
     tools: Vec<Arc<dyn Tool>>,
+    sources: Vec<Arc<dyn ToolSource>>,
     max_result_chars: usize,
 }
 
 impl ToolRegistry {
     /// An empty registry; results longer than `max_result_chars` are cut (head and tail kept).
     pub fn new(max_result_chars: usize) -> Self {
-        ToolRegistry { tools: Vec::new(), max_result_chars: max_result_chars.max(256) }
+        ToolRegistry { tools: Vec::new(), sources: Vec::new(), max_result_chars: max_result_chars.max(256) }
     }
 
     /// Add a tool; a tool with the same name replaces the earlier one.
@@ -226,25 +253,72 @@ impl ToolRegistry {
         self.tools.push(tool);
     }
 
-    /// A copy without the named tools (sub-agents, job runs).
+    /// Add a source of run-time tools. Its tools never replace a registered one.
+    pub fn register_source(&mut self, source: Arc<dyn ToolSource>) {
+        self.sources.push(source);
+    }
+
+    /// A copy without the named tools (sub-agents, job runs); sources are kept.
     pub fn without(&self, names: &[&str]) -> ToolRegistry {
         ToolRegistry {
             tools: self.tools.iter().filter(|t| !names.contains(&t.name())).cloned().collect(),
+            sources: self.sources.clone(),
             max_result_chars: self.max_result_chars,
         }
     }
 
-    pub fn names(&self) -> Vec<&'static str> {
-        self.tools.iter().map(|t| t.name()).collect()
+    /// Every tool offered now: the registered ones, then the sources' (a
+    /// source's tool whose name is taken is left out).
+    fn all(&self) -> Vec<Arc<dyn Tool>> {
+        let mut all = self.tools.clone();
+        for source in &self.sources {
+            for tool in source.tools() {
+                if !all.iter().any(|t| t.name() == tool.name()) {
+                    all.push(tool);
+                }
+            }
+        }
+        all
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.iter().find(|t| t.name() == name)
+    pub fn names(&self) -> Vec<String> {
+        self.all().iter().map(|t| t.name().to_string()).collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        if let Some(t) = self.tools.iter().find(|t| t.name() == name) {
+            return Some(Arc::clone(t));
+        }
+        self.sources.iter().flat_map(|s| s.tools()).find(|t| t.name() == name)
+    }
+
+    /// Run the run-time sources until `stop` fires (the daemon's generation).
+    pub async fn run_sources(&self, stop: CancellationToken) {
+        for source in &self.sources {
+            source.start();
+        }
+        stop.cancelled().await;
+        for source in &self.sources {
+            source.shutdown().await;
+        }
+    }
+
+    /// The run-time sources' status lines (MCP servers).
+    pub fn sources_status(&self) -> Vec<String> {
+        self.sources.iter().flat_map(|s| s.status()).collect()
+    }
+
+    /// Let the run-time sources finish their first connection (bounded), so
+    /// that a turn's first call sees their tools.
+    pub async fn prepare(&self) {
+        for source in &self.sources {
+            source.prepare().await;
+        }
     }
 
     /// The specs offered to the model.
     pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools
+        self.all()
             .iter()
             .map(|t| ToolSpec {
                 name: t.name().to_string(),
@@ -258,6 +332,9 @@ impl ToolRegistry {
     pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolOutcome {
         let name = call.function.name.as_str();
         let Some(tool) = self.get(name) else {
+            if let Some(why) = self.sources.iter().find_map(|s| s.missing(name)) {
+                return error_outcome(why);
+            }
             return error_outcome(format!(
                 "there is no tool named `{name}`. Available tools: {}.",
                 self.names().join(", ")
@@ -340,10 +417,10 @@ mod tests {
 
     struct Echo;
     impl Tool for Echo {
-        fn name(&self) -> &'static str {
+        fn name(&self) -> &str {
             "echo"
         }
-        fn description(&self) -> &'static str {
+        fn description(&self) -> &str {
             "echo the text"
         }
         fn parameters(&self) -> Value {

@@ -57,11 +57,11 @@ struct Args {
 }
 
 impl Tool for MqttPublish {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "mqtt_publish"
     }
 
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Publish a message to an MQTT topic (home automation: lights, displays, flows). Only topics allowed by \
          the user's [mqtt] publish_allow patterns work. `payload` is sent as text; a JSON object is sent as JSON."
     }
