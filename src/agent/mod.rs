@@ -596,19 +596,13 @@ impl Agent {
             label: &req.conversation.session_key,
             // Chats only: scheduled work reports through the outbox, never a status message.
             progress: if req.in_job { None } else { self.progress.as_deref() },
+            vision: self.settings.vision || self.settings.vision_model.as_deref() == Some(model.as_str()),
         };
         let mut stats = LoopStats::default();
-        let mut outcome = run_loop(&spec, &mut messages, &mut stats).await;
-        // A model that cannot see refuses the image parts: the same turn again without them.
-        if let Err(LoopFail::Provider(e)) = &outcome {
-            if !input.images.is_empty() && messages.len() == turn_start + 1 && input::refused_images(e) {
-                tracing::warn!(session = %req.conversation.session_key, %model, error = %e, "the model refused the image; asking again without it");
-                input.drop_images();
-                if let Some(user) = messages.last_mut() {
-                    user.images.clear();
-                }
-                outcome = run_loop(&spec, &mut messages, &mut stats).await;
-            }
+        let outcome = run_loop(&spec, &mut messages, &mut stats).await;
+        if stats.blind {
+            input.images.clear();
+            input.blind = true;
         }
         let today = self.record_usage(&stats);
         let (text, end) = match outcome {

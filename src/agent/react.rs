@@ -21,6 +21,8 @@ pub(crate) struct LoopSpec<'a> {
     pub label: &'a str,
     /// Told about each tool call before it runs (a chat's status message).
     pub progress: Option<&'a dyn ProgressSink>,
+    /// The model can see images: those tools return are shown to it.
+    pub vision: bool,
 }
 
 /// What a loop spent, kept even when it fails.
@@ -33,6 +35,8 @@ pub(crate) struct LoopStats {
     pub providers: Vec<(String, Usage)>,
     /// Who answered the last call, when a chain said so.
     pub route: Option<crate::provider::Route>,
+    /// Images were taken out because the model refused them.
+    pub blind: bool,
 }
 
 impl LoopStats {
@@ -89,9 +93,20 @@ pub(crate) async fn run_loop(
             temperature: spec.temperature,
             tool_choice: None,
         };
-        let response: ChatResponse = tokio::select! {
-            r = spec.provider.chat(request) => r.map_err(LoopFail::Provider)?,
+        let answer = tokio::select! {
+            r = spec.provider.chat(request) => r,
             _ = cancel.cancelled() => return Err(LoopFail::Cancelled),
+        };
+        let response: ChatResponse = match answer {
+            Ok(r) => r,
+            // A model that cannot see refuses image parts: the same call again without them.
+            Err(e) if messages.iter().any(|m| !m.images.is_empty()) && super::input::refused_images(&e) => {
+                tracing::warn!(session = %spec.label, model = %spec.model, error = %e, "the model refused the images; asking again without them");
+                messages.iter_mut().for_each(|m| m.images.clear());
+                stats.blind = true;
+                continue;
+            }
+            Err(e) => return Err(LoopFail::Provider(e)),
         };
         stats.count(response.usage, response.route.clone());
 
@@ -100,6 +115,7 @@ pub(crate) async fn run_loop(
             let calls = response.tool_calls;
             let content = response.content.filter(|c| !c.trim().is_empty());
             messages.push(Message::assistant_tool_calls(content, calls.clone()));
+            let mut shown: Vec<(String, Vec<crate::provider::Image>)> = Vec::new();
             for (i, call) in calls.iter().enumerate() {
                 if cancel.is_cancelled() {
                     // Every call gets a result, so the saved turn has no orphan call.
@@ -132,9 +148,19 @@ pub(crate) async fn run_loop(
                     "tool call finished"
                 );
                 messages.push(Message::tool_result(&call.id, &call.function.name, outcome.text));
+                if spec.vision && !outcome.images.is_empty() {
+                    shown.push((call.function.name.clone(), outcome.images));
+                }
             }
             if cancel.is_cancelled() {
                 return Err(LoopFail::Cancelled);
+            }
+            // Tool messages cannot carry images (OpenAI): they follow in a user message.
+            if !shown.is_empty() {
+                let names: Vec<&str> = shown.iter().map(|(n, _)| n.as_str()).collect();
+                let mut note = Message::user(format!("[The images returned by {} follow.]", names.join(", ")));
+                note.images = shown.into_iter().flat_map(|(_, i)| i).collect();
+                messages.push(note);
             }
             continue;
         }

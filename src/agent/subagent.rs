@@ -237,6 +237,7 @@ impl Hub {
             tool_ctx: &tool_ctx,
             label: "subagent",
             progress: None,
+            vision: false,
         };
         let mut stats = LoopStats::default();
         let result = run_loop(&spec, &mut messages, &mut stats).await;

@@ -198,7 +198,23 @@ pub trait Tool: Send + Sync {
     fn parameters(&self) -> Value;
     /// Run it. `args` is always a JSON object (the registry checks).
     fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>>;
+    /// [`execute`](Tool::execute), with images for a model that can see them
+    /// (an MCP server's screenshot). Most tools return text only.
+    fn execute_rich<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move { self.execute(args, ctx).await.map(|text| ToolOutput { text, images: Vec::new() }) })
+    }
 }
+
+/// A tool's result: text for the model, and images shown to a model that can
+/// see them (in a user message after the round's results; never stored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub text: String,
+    pub images: Vec<crate::provider::Image>,
+}
+
+/// Images one call may hand the model; more are named in the text only.
+pub const MAX_TOOL_IMAGES: usize = 4;
 
 /// Deserialize a tool's arguments, turning serde's complaint into a message the model can act on.
 pub fn parse_args<T: DeserializeOwned>(tool: &str, args: Value) -> Result<T, ToolError> {
@@ -210,6 +226,8 @@ pub fn parse_args<T: DeserializeOwned>(tool: &str, args: Value) -> Result<T, Too
 pub struct ToolOutcome {
     pub text: String,
     pub is_error: bool,
+    /// Images the tool returned (at most [`MAX_TOOL_IMAGES`]).
+    pub images: Vec<crate::provider::Image>,
 }
 
 /// Tools that are known only at run time (an MCP server's, listed when it
@@ -349,11 +367,18 @@ impl ToolRegistry {
             }
         };
         let result = tokio::select! {
-            r = tool.execute(args, ctx) => r,
+            r = tool.execute_rich(args, ctx) => r,
             _ = ctx.cancel.cancelled() => Err(ToolError::new("the call was cancelled (stop requested)")),
         };
         match result {
-            Ok(text) => ToolOutcome { text: truncate_middle(&text, self.max_result_chars), is_error: false },
+            Ok(mut out) => {
+                out.images.truncate(MAX_TOOL_IMAGES);
+                ToolOutcome {
+                    text: truncate_middle(&out.text, self.max_result_chars),
+                    is_error: false,
+                    images: out.images,
+                }
+            }
             Err(e) => {
                 tracing::debug!(tool = name, error = %e, "tool call failed");
                 error_outcome(truncate_middle(&e.0, self.max_result_chars))
@@ -363,7 +388,7 @@ impl ToolRegistry {
 }
 
 fn error_outcome(msg: String) -> ToolOutcome {
-    ToolOutcome { text: format!("Error: {msg}"), is_error: true }
+    ToolOutcome { text: format!("Error: {msg}"), is_error: true, images: Vec::new() }
 }
 
 /// Parse a model's raw argument text into a JSON object. Empty text means `{}`
@@ -454,7 +479,7 @@ mod tests {
     #[tokio::test]
     async fn good_call_returns_text() {
         let out = call("echo", r#"{"text":"hi"}"#).await;
-        assert_eq!(out, ToolOutcome { text: "hi".into(), is_error: false });
+        assert_eq!(out, ToolOutcome { text: "hi".into(), is_error: false, images: Vec::new() });
     }
 
     #[tokio::test]

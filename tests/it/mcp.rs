@@ -513,6 +513,42 @@ async fn the_model_calls_an_mcp_tool_in_a_turn() {
     assert_eq!(result["content"], "42");
 }
 
+/// An image a tool returns is shown to a model that can see (a user message
+/// after the results: tool messages cannot carry images), and only named to one that cannot.
+#[tokio::test]
+async fn a_tools_image_reaches_a_model_that_can_see() {
+    let server = PyServer::start("streamable-http").await;
+    for vision in [true, false] {
+        let fake = FakeLlm::start(Dialect::OpenAi).await;
+        let extra = format!("[[mcp.server]]\nname = \"py\"\nurl = \"{}\"\n", server.url("/mcp"));
+        let home = TestHome::new("openai", &fake.base_url(), &format!("vision = {vision}\n"), "", &extra);
+        fake.push(Reply::tool_call("py__image", "{}"));
+        fake.push(Reply::Text("A tiny picture.".into()));
+        let (agent, _out) = home.agent();
+        let report = agent.turn(bramble::agent::TurnRequest::cli("s", "show me")).await.expect("the turn");
+        assert_eq!(report.text, "A tiny picture.");
+        let second = fake.requests()[1]["messages"].as_array().unwrap().clone();
+        let tool = second.iter().find(|m| m["role"] == "tool").expect("the tool result");
+        assert!(tool["content"].as_str().unwrap().starts_with("[image: image/png, "), "{tool}");
+        let shown = second.last().unwrap();
+        if vision {
+            assert_eq!(shown["role"], "user");
+            assert_eq!(shown["content"][0]["text"], "[The images returned by py__image follow.]");
+            let url = shown["content"][1]["image_url"]["url"].as_str().unwrap();
+            assert!(url.starts_with("data:image/png;base64,iVBORw0KGgo"), "{url}");
+        } else {
+            assert_eq!(shown["role"], "tool", "no image for a model that cannot see: {shown}");
+        }
+        // The session keeps no image data.
+        let saved = std::fs::read_dir(home.state.join("sessions"))
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect::<String>();
+        assert!(!saved.contains("iVBORw0KGgo"), "{saved}");
+    }
+}
+
 /// `bramble status` (the real binary) connects to the servers and says how they are.
 #[tokio::test]
 async fn status_lists_the_servers_and_their_state() {

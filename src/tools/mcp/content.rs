@@ -1,22 +1,49 @@
 //! A `tools/call` result as text for the model.
 //!
 //! MCP results are a list of content blocks plus optional
-//! `structuredContent`. Text blocks are the answer. Images and audio are
-//! described, not passed on (`[image: image/png, 12 KB]`): giving images to
-//! vision models as image parts is a later step. Resources are shown by their
+//! `structuredContent`. Text blocks are the answer. Images are described in
+//! the text (`[image: image/png, 12 KB]`) and handed on as images too, which
+//! the agent shows to a model that can see them; audio is described only.
+//! Resources are shown by their
 //! text or described. `structuredContent` is added as JSON unless a text
 //! block already says the same (servers are asked to send both). The
 //! registry cuts the whole to `[agent] max_tool_result_chars` like any tool's.
 
 use serde_json::Value;
 
+use crate::provider::Image;
+
+/// Image types vision APIs take.
+const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+/// Base64 characters of the largest image handed on (5 MB decoded, Anthropic's per-image limit).
+const MAX_IMAGE_B64: usize = 5 * 1024 * 1024 / 3 * 4;
+
+/// A rendered result: the text, whether the server flagged it as an error (`isError`), and its images.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendered {
+    pub text: String,
+    pub is_error: bool,
+    pub images: Vec<Image>,
+}
+
 /// The text of a result, and whether the server flagged it as an error (`isError`).
 pub fn render(result: &Value) -> (String, bool) {
+    let r = render_all(result);
+    (r.text, r.is_error)
+}
+
+/// [`render`], with the result's images (PNG, JPEG, GIF, WebP up to 5 MB, at
+/// most [`crate::tools::MAX_TOOL_IMAGES`]).
+pub fn render_all(result: &Value) -> Rendered {
     let is_error = result.get("isError").and_then(Value::as_bool).unwrap_or(false);
     let mut parts: Vec<String> = Vec::new();
+    let mut images = Vec::new();
     if let Some(Value::Array(blocks)) = result.get("content") {
         for block in blocks {
             parts.push(block_text(block));
+            if let Some(image) = image_of(block).filter(|_| images.len() < crate::tools::MAX_TOOL_IMAGES) {
+                images.push(image);
+            }
         }
     }
     if let Some(structured) = result.get("structuredContent").filter(|v| !v.is_null()) {
@@ -27,7 +54,20 @@ pub fn render(result: &Value) -> (String, bool) {
     }
     let text = parts.join("\n");
     let text = if text.trim().is_empty() { "(the tool returned no content)".to_string() } else { text };
-    (text, is_error)
+    Rendered { text, is_error, images }
+}
+
+/// An `image` block a vision model can take: a known type, plausible base64, not too large.
+fn image_of(block: &Value) -> Option<Image> {
+    if block.get("type").and_then(Value::as_str) != Some("image") {
+        return None;
+    }
+    let mime = block.get("mimeType").and_then(Value::as_str)?;
+    let data = block.get("data").and_then(Value::as_str)?;
+    let plausible = !data.is_empty()
+        && data.len() <= MAX_IMAGE_B64
+        && data.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='));
+    (IMAGE_TYPES.contains(&mime) && plausible).then(|| Image { mime: mime.to_string(), base64: data.into() })
 }
 
 /// Whether a text block already carries `structured` (the same JSON, or the
@@ -59,11 +99,7 @@ fn block_text(block: &Value) -> String {
         |default: &'static str| if s("mimeType").is_empty() { default.to_string() } else { s("mimeType").to_string() };
     match s("type") {
         "text" => s("text").to_string(),
-        "image" => format!(
-            "[image: {}, {} — not shown: images from tools are not passed to the model yet]",
-            mime("image"),
-            kb(s("data").len())
-        ),
+        "image" => format!("[image: {}, {}]", mime("image"), kb(s("data").len())),
         "audio" => format!("[audio: {}, {}]", mime("audio"), kb(s("data").len())),
         "resource_link" => format!("[resource: {} {}]", s("uri"), s("name")).trim_end_matches(' ').replace(" ]", "]"),
         "resource" => {
@@ -100,6 +136,19 @@ mod tests {
     }
 
     #[test]
+    fn images_are_handed_on_when_a_model_could_take_them() {
+        let r = json!({"content": [
+            {"type": "image", "mimeType": "image/png", "data": "iVBORw0KGgo="},
+            {"type": "image", "mimeType": "image/tiff", "data": "AAAA"},
+            {"type": "image", "mimeType": "image/png", "data": "not base64!"},
+            {"type": "text", "text": "a camera snapshot"}
+        ]});
+        let r = render_all(&r);
+        assert_eq!(r.images, vec![Image { mime: "image/png".into(), base64: "iVBORw0KGgo=".into() }]);
+        assert!(r.text.starts_with("[image: image/png, 9 bytes]"), "{}", r.text);
+    }
+
+    #[test]
     fn binary_content_is_described() {
         let png = "A".repeat(16_384); // 12 KiB once decoded
         let r = json!({"content": [
@@ -113,7 +162,7 @@ mod tests {
         let text = render(&r).0;
         assert_eq!(
             text,
-            "[image: image/png, 12 KB — not shown: images from tools are not passed to the model yet]\n\
+            "[image: image/png, 12 KB]\n\
              [audio: audio/wav, 3 bytes]\n[resource: file:///x.txt x.txt]\n[resource mem://a]\nhello\n\
              [resource: mem://b, application/zip, 3 bytes]\n[hologram content]"
         );

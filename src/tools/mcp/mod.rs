@@ -218,6 +218,14 @@ impl Tool for McpTool {
     }
 
     fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move { self.execute_rich(args, ctx).await.map(|out| out.text) })
+    }
+
+    fn execute_rich<'a>(
+        &'a self,
+        args: Value,
+        ctx: &'a ToolContext,
+    ) -> BoxFuture<'a, Result<super::ToolOutput, ToolError>> {
         Box::pin(async move {
             check_origin(&self.server, ctx)?;
             self.server.call(&self.remote, args, &ctx.cancel).await

@@ -342,14 +342,16 @@ impl Server {
         remote: &str,
         args: Value,
         cancel: &CancellationToken,
-    ) -> Result<String, ToolError> {
+    ) -> Result<crate::tools::ToolOutput, ToolError> {
         let deadline = Instant::now() + self.cfg.timeout.get();
         let conn = self.connection(deadline).await.map_err(|why| self.unreachable(&why))?;
         let name = &self.cfg.name;
         match conn.call(remote, args, deadline, cancel).await {
-            Ok(result) => match content::render(&result) {
-                (text, false) => Ok(text),
-                (text, true) => Err(ToolError::new(format!("`{remote}` of MCP server \"{name}\" failed: {text}"))),
+            Ok(result) => match content::render_all(&result) {
+                content::Rendered { text, is_error: false, images } => Ok(crate::tools::ToolOutput { text, images }),
+                content::Rendered { text, .. } => {
+                    Err(ToolError::new(format!("`{remote}` of MCP server \"{name}\" failed: {text}")))
+                }
             },
             Err(e) => {
                 let lost = e.breaks_connection();
