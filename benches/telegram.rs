@@ -12,6 +12,9 @@
 //!    opusenc recording when those are installed, transcribed by an instant fake
 //!    in this process: the provider's time is not the daemon's) and photos.
 //!
+//! `BENCH_NO_MEDIA=1` leaves out `[transcription]` and part 3 (to measure a
+//! binary from before voice notes).
+//!
 //! Run: `cargo bench --bench telegram`. `BRAMBLE_BIN=target/release/bramble`
 //! measures a binary built by `cargo build --release` instead of the bench build.
 
@@ -36,17 +39,22 @@ fn main() {
         let tg = FakeTelegram::start(TOKEN).await;
         let llm = FakeLlm::start(Dialect::OpenAi).await;
         let dir = tempfile::tempdir().expect("tempdir");
+        let no_media = std::env::var_os("BENCH_NO_MEDIA").is_some();
         let whisper = TestServer::start(|_| Response::json(200, &serde_json::json!({"text": "what is the temperature"}))).await;
         let config = dir.path().join("config.toml");
         let text = format!(
-            "[agent]\nmodel = \"m\"\nworkspace = \"{ws}\"\n[provider]\nbase_url = \"{llm}\"\napi_key = \"k\"\n\
-             [heartbeat]\nenabled = false\n[telegram]\ntoken = \"{TOKEN}\"\nallow_from = [\"7\"]\napi_base = \"{tg}\"\n\
-             [transcription]\nkind = \"openai\"\nbase_url = \"{wh}/v1\"\n\
+            "[agent]\nmodel = \"m\"\nworkspace = \"{ws}\"\nhistory_messages = 200\n[provider]\nbase_url = \"{llm}\"\napi_key = \"k\"\n\
+             [heartbeat]\nenabled = false\n[telegram]\ntoken = \"{TOKEN}\"\nallow_from = [\"7\", \"8\", \"9\"]\napi_base = \"{tg}\"\n\
+             {transcription}\
              [daemon]\nstate_dir = \"{st}\"\nlog_level = \"warn\"\n",
             ws = dir.path().join("ws").display(),
             llm = llm.base_url(),
             tg = tg.url(),
-            wh = whisper.url(),
+            transcription = if no_media {
+                String::new()
+            } else {
+                format!("[transcription]\nkind = \"openai\"\nbase_url = \"{}/v1\"\n", whisper.url())
+            },
             st = dir.path().join("state").display(),
         );
         std::fs::write(&config, text).expect("config");
@@ -54,15 +62,20 @@ fn main() {
         while tg.calls("getUpdates").is_empty() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // tokio's blocking threads of the start-up exit after 10 s idle, taking
+        // their switch counts with them: measure after they are gone.
+        tokio::time::sleep(Duration::from_secs(12)).await;
         let ProcStats { rss: rss0, switches: sw0, .. } = proc_stats(daemon.id());
         let polls0 = tg.calls("getUpdates").len();
         tokio::time::sleep(Duration::from_secs(idle_secs)).await;
         let ProcStats { rss: rss1, switches: sw1, .. } = proc_stats(daemon.id());
         let polls = tg.calls("getUpdates").len() - polls0;
-        let per_min = (sw1 - sw0) as f64 * 60.0 / idle_secs as f64;
+        let per_min = sw1.saturating_sub(sw0) as f64 * 60.0 / idle_secs as f64;
         println!("idle daemon long-polling Telegram, {idle_secs} s:");
         println!("  RSS {rss0} KiB after start, {rss1} KiB after idling");
+        let anon = common::proc_field(daemon.id(), "status", "RssAnon:").unwrap_or(0);
+        let file = common::proc_field(daemon.id(), "status", "RssFile:").unwrap_or(0);
+        println!("  of which anonymous {anon} KiB, file-backed (the binary's pages, libc) {file} KiB");
         println!("  wake-ups (context switches, all threads) {per_min:.1} per minute; {polls} getUpdates in that time");
 
         llm.push(Reply::text("pong"));
@@ -76,6 +89,10 @@ fn main() {
             "one message → turn → answer: {:.1} ms; RSS after {rss2} KiB (peak {hwm} KiB)",
             rtt.as_secs_f64() * 1e3
         );
+        if no_media {
+            stop_daemon(&mut daemon);
+            return;
+        }
         // 3. CPU per turn, by kind of message.
         let turns: usize = std::env::var("BENCH_TURNS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
         let audio = recording().unwrap_or_else(|| {
@@ -86,13 +103,17 @@ fn main() {
         });
         tg.add_file("voice", audio.clone(), None, 0);
         tg.add_file("photo", vec![0xff; 90 * 1024], None, 0);
-        let from = serde_json::json!({"id": 7, "is_bot": false, "first_name": "u"});
-        let chat = serde_json::json!({"id": 7, "type": "private"});
+        // Each kind in its own chat (users 7, 8, 9), so each session grows the same way;
+        // `history_messages = 200` keeps consolidation (an extra model call) out of the figures.
+        let who = |id: i64| {
+            (serde_json::json!({"id": id, "type": "private"}), serde_json::json!({"id": id, "is_bot": false, "first_name": "u"}))
+        };
+        let ((c7, f7), (c8, f8), (c9, f9)) = (who(7), who(8), who(9));
         let kinds: [(&str, serde_json::Value); 3] = [
-            ("text", serde_json::json!({"chat": chat, "from": from, "text": "what is the temperature"})),
-            ("voice note", serde_json::json!({"chat": chat, "from": from, "voice": {"file_id": "voice", "file_unique_id": "v",
+            ("text", serde_json::json!({"chat": c7, "from": f7, "text": "what is the temperature"})),
+            ("voice note", serde_json::json!({"chat": c8, "from": f8, "voice": {"file_id": "voice", "file_unique_id": "v",
                 "duration": 2, "mime_type": "audio/ogg", "file_size": audio.len()}})),
-            ("photo (90 KB)", serde_json::json!({"chat": chat, "from": from, "caption": "what is this",
+            ("photo (90 KB)", serde_json::json!({"chat": c9, "from": f9, "caption": "what is this",
                 "photo": [{"file_id": "photo", "file_unique_id": "p", "width": 1280, "height": 960, "file_size": 92160}]})),
         ];
         let mut sent = tg.sent().len();
