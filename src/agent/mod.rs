@@ -582,7 +582,7 @@ impl Agent {
         // The turn's origin (and so what its tools may do) follows from its channel.
         let tool_ctx = ToolContext::new(req.conversation.clone(), req.in_job, req.cancel.clone());
         // Built per turn: MCP servers' tools come and go with their connections.
-        let specs = self.tools.specs();
+        let specs = self.tools.specs_for(tool_ctx.source);
         let spec = LoopSpec {
             provider,
             tools: &self.tools,
@@ -724,7 +724,9 @@ fn footer(setting: crate::config::ModelFooter, route: &crate::provider::Route) -
 impl Agent {
     /// The messages of a turn's first model call.
     async fn prompt(&self, req: &TurnRequest, text: &str) -> std::io::Result<Vec<Message>> {
-        let system = self.system_prompt().await;
+        // The system prompt lists the tools this turn is offered (`[policy.*]`).
+        let source = crate::tools::policy::Source::of(&req.conversation, req.in_job);
+        let system = self.system_prompt_with(self.tools.names_for(source)).await;
         let history = self.sessions.history(&req.conversation.session_key, self.settings.history_messages)?;
         Ok(self.context.build(system, history, text, &req.conversation, jiff::Timestamp::now()))
     }
@@ -732,8 +734,12 @@ impl Agent {
     /// The system prompt, read from the workspace off the runtime thread: the
     /// files there are the agent's, and a slow disk must not stall the daemon.
     async fn system_prompt(&self) -> String {
+        self.system_prompt_with(self.tools.names()).await
+    }
+
+    /// [`system_prompt`](Agent::system_prompt) naming `names` as the tools.
+    async fn system_prompt_with(&self, names: Vec<String>) -> String {
         let context = self.context.clone();
-        let names = self.tools.names();
         tokio::task::spawn_blocking(move || {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             context.system_prompt(&names)

@@ -183,10 +183,12 @@ impl Hub {
         self.active.fetch_add(1, Ordering::SeqCst);
         let hub = Arc::clone(self);
         let origin = ctx.conversation.clone();
+        // The sub-agent is offered what its parent was (`[policy.*]`).
+        let source = ctx.source;
         let label_out = label.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let text = hub.run(&task, &origin, &cancel).await;
+            let text = hub.run(&task, &origin, source, &cancel).await;
             hub.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             if cancel.is_cancelled() {
                 // Stopped (`/stop`, shutdown): the user asked for quiet, so no
@@ -205,8 +207,14 @@ impl Hub {
     }
 
     /// Run the task; the report text (or why there is none).
-    async fn run(&self, task: &str, origin: &Conversation, cancel: &CancellationToken) -> String {
-        let names = self.tools.names();
+    async fn run(
+        &self,
+        task: &str,
+        origin: &Conversation,
+        source: crate::tools::policy::Source,
+        cancel: &CancellationToken,
+    ) -> String {
+        let names = self.tools.names_for(source);
         let system = format!(
             "# bramble sub-agent\n\nYou are a sub-agent of bramble, started by the main agent for one task. Work on it \
              with your tools, then answer with a concise report of what you found or did: it goes back to the main \
@@ -223,8 +231,8 @@ impl Hub {
         ];
         // The sub-agent inherits the origin of the turn that spawned it (same channel).
         let own = Conversation { session_key: format!("subagent:{}", origin.chat_id), ..origin.clone() };
-        let tool_ctx = ToolContext::new(own, true, cancel.clone());
-        let specs = self.tools.specs();
+        let tool_ctx = ToolContext::new(own, true, cancel.clone()).with_source(source);
+        let specs = self.tools.specs_for(source);
         let spec = LoopSpec {
             provider: self.provider.as_ref(),
             tools: &self.tools,

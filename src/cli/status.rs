@@ -142,6 +142,7 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
     }
     println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
     println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
+    println!("policy:     {}", policy_summary(&c.policy));
     if private {
         println!("sessions:   {PRIVATE}");
     } else {
@@ -252,4 +253,19 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Which sources of turns get which tools (`[policy.*]`), one line: the
+/// sources with every tool named together.
+fn policy_summary(cfg: &std::collections::BTreeMap<String, crate::config::PolicyRule>) -> String {
+    use crate::tools::policy::{Source, ToolPolicy};
+    let policy = ToolPolicy::from_config(cfg);
+    let (all, limited): (Vec<Source>, Vec<Source>) =
+        Source::ALL.into_iter().partition(|s| policy.describe(*s) == "every tool");
+    let mut parts = Vec::new();
+    if !all.is_empty() {
+        parts.push(format!("{}: every tool", all.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")));
+    }
+    parts.extend(limited.iter().map(|s| format!("{}: {}", s.name(), policy.describe(*s))));
+    parts.join("; ")
 }

@@ -44,7 +44,23 @@ pub struct Config {
     /// `[[mcp.server]]`: MCP servers whose tools the agent may call.
     pub mcp: McpConfig,
     pub transcription: TranscriptionConfig,
+    /// `[policy.<source>]`: which tools turns from each source are offered
+    /// (`terminal`, `telegram`, `job`, `heartbeat`, `mqtt`, `trigger`).
+    pub policy: BTreeMap<String, PolicyRule>,
 }
+
+/// `[policy.<source>]`: an allow-list and a deny list of tool names (`*` globs).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyRule {
+    /// Only these tools (unset: every tool).
+    pub tools: Option<Vec<String>>,
+    /// Not these (unset: the source's default list; `[]`: none).
+    pub deny: Option<Vec<String>>,
+}
+
+/// The names `[policy.<name>]` takes.
+pub const POLICY_SOURCES: [&str; 6] = ["terminal", "telegram", "job", "heartbeat", "mqtt", "trigger"];
 
 /// `[transcription]`: turning voice notes into text.
 #[derive(Debug, Clone, Deserialize)]
@@ -162,6 +178,7 @@ impl Default for Config {
             alerts: AlertsConfig::default(),
             mcp: McpConfig::default(),
             transcription: TranscriptionConfig::default(),
+            policy: BTreeMap::new(),
         }
     }
 }
@@ -908,6 +925,15 @@ impl Config {
     /// there are several, usable in `name/model`) and `[agent] fallback`
     /// entries that name a provider.
     fn check_models(&self, text: &str) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+        for name in self.policy.keys() {
+            if !POLICY_SOURCES.contains(&name.as_str()) {
+                let at = text.find(&format!("policy.{name}")).map(|i| i..i + name.len() + 7);
+                return Err((
+                    at,
+                    format!("[policy.{name}] is not a source of turns: expected one of {}", POLICY_SOURCES.join(", ")),
+                ));
+            }
+        }
         if parse_hh_mm(&self.telegram.tomorrow_at).is_none() {
             let at = text.find("tomorrow_at").map(|i| i..i + "tomorrow_at".len());
             return Err((

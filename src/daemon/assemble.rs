@@ -59,7 +59,8 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     // the daemon's start-up line as "no LLM: <reason>".
     let provider: Result<Arc<dyn crate::provider::Provider>, String> = crate::provider::chain::Chain::from_config(c)
         .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>);
-    let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars);
+    let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars)
+        .with_policy(crate::tools::policy::ToolPolicy::from_config(&c.policy));
     for tool in crate::tools::fs::fs_tools(&ws) {
         tools.register(tool);
     }

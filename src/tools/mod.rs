@@ -31,6 +31,7 @@ pub mod fs;
 pub mod mcp;
 pub mod message;
 pub mod mqtt;
+pub mod policy;
 pub mod search;
 pub mod web;
 
@@ -149,12 +150,21 @@ pub struct ToolContext {
     pub cancel: CancellationToken,
     /// Who started the turn ([`Origin::of_channel`] of its channel).
     pub origin: Origin,
+    /// Where the turn came from, for `[policy.<source>]` (which tools it is offered).
+    pub source: policy::Source,
 }
 
 impl ToolContext {
     /// The context of a turn; its [`Origin`] follows from the conversation's channel.
     pub fn new(conversation: Conversation, in_job: bool, cancel: CancellationToken) -> Self {
-        ToolContext { origin: Origin::of_channel(&conversation.channel), conversation, in_job, cancel }
+        let source = policy::Source::of(&conversation, in_job);
+        ToolContext { origin: Origin::of_channel(&conversation.channel), conversation, in_job, cancel, source }
+    }
+
+    /// The same context with another policy source (a sub-agent keeps its parent's).
+    pub fn with_source(mut self, source: policy::Source) -> Self {
+        self.source = source;
+        self
     }
 
     /// The same context as seen from `channel`/`chat_id` (tests).
@@ -162,6 +172,7 @@ impl ToolContext {
         self.conversation.channel = channel.to_string();
         self.conversation.chat_id = chat_id.to_string();
         self.origin = Origin::of_channel(channel);
+        self.source = policy::Source::of(&self.conversation, self.in_job);
         self
     }
 
@@ -257,12 +268,30 @@ pub struct ToolRegistry {
     tools: Vec<Arc<dyn Tool>>,
     sources: Vec<Arc<dyn ToolSource>>,
     max_result_chars: usize,
+    /// Which tools each source of turns is offered (`[policy.*]`).
+    policy: Arc<policy::ToolPolicy>,
 }
 
 impl ToolRegistry {
     /// An empty registry; results longer than `max_result_chars` are cut (head and tail kept).
     pub fn new(max_result_chars: usize) -> Self {
-        ToolRegistry { tools: Vec::new(), sources: Vec::new(), max_result_chars: max_result_chars.max(256) }
+        ToolRegistry {
+            tools: Vec::new(),
+            sources: Vec::new(),
+            max_result_chars: max_result_chars.max(256),
+            policy: Arc::new(policy::ToolPolicy::default()),
+        }
+    }
+
+    /// Offer tools by `policy` (the defaults until this is called: untrusted
+    /// sources get no tool that changes things).
+    pub fn with_policy(mut self, policy: policy::ToolPolicy) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    pub fn policy(&self) -> &policy::ToolPolicy {
+        &self.policy
     }
 
     /// Add a tool; a tool with the same name replaces the earlier one.
@@ -282,6 +311,7 @@ impl ToolRegistry {
             tools: self.tools.iter().filter(|t| !names.contains(&t.name())).cloned().collect(),
             sources: self.sources.clone(),
             max_result_chars: self.max_result_chars,
+            policy: Arc::clone(&self.policy),
         }
     }
 
@@ -301,6 +331,11 @@ impl ToolRegistry {
 
     pub fn names(&self) -> Vec<String> {
         self.all().iter().map(|t| t.name().to_string()).collect()
+    }
+
+    /// The names of the tools a turn from `source` is offered.
+    pub fn names_for(&self, source: policy::Source) -> Vec<String> {
+        self.all().iter().map(|t| t.name().to_string()).filter(|n| self.policy.allows(source, n)).collect()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
@@ -336,8 +371,18 @@ impl ToolRegistry {
 
     /// The specs offered to the model.
     pub fn specs(&self) -> Vec<ToolSpec> {
+        self.specs_where(|_| true)
+    }
+
+    /// The specs offered to a turn from `source` (`[policy.*]`).
+    pub fn specs_for(&self, source: policy::Source) -> Vec<ToolSpec> {
+        self.specs_where(|name| self.policy.allows(source, name))
+    }
+
+    fn specs_where(&self, offered: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
         self.all()
             .iter()
+            .filter(|t| offered(t.name()))
             .map(|t| ToolSpec {
                 name: t.name().to_string(),
                 description: t.description().to_string(),
@@ -349,6 +394,14 @@ impl ToolRegistry {
     /// Run one call. Never fails: every problem becomes an `Error: …` outcome.
     pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolOutcome {
         let name = call.function.name.as_str();
+        if !self.policy.allows(ctx.source, name) {
+            return error_outcome(format!(
+                "`{name}` is not offered to turns from {} ([policy.{}] in the config). Tools here: {}.",
+                ctx.origin.name(),
+                ctx.source.name(),
+                self.names_for(ctx.source).join(", ")
+            ));
+        }
         let Some(tool) = self.get(name) else {
             if let Some(why) = self.sources.iter().find_map(|s| s.missing(name)) {
                 return error_outcome(why);
@@ -501,6 +554,47 @@ mod tests {
     async fn double_encoded_arguments_are_accepted() {
         let out = call("echo", r#""{\"text\":\"hi\"}""#).await;
         assert_eq!(out.text, "hi");
+    }
+
+    #[tokio::test]
+    async fn a_source_is_offered_and_may_call_only_what_its_policy_allows() {
+        struct Named(&'static str);
+        impl Tool for Named {
+            fn name(&self) -> &str {
+                self.0
+            }
+            fn description(&self) -> &str {
+                "x"
+            }
+            fn parameters(&self) -> Value {
+                json!({"type": "object", "properties": {}})
+            }
+            fn execute<'a>(&'a self, _: Value, _: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+                Box::pin(async { Ok("ran".to_string()) })
+            }
+        }
+        let mut r = ToolRegistry::new(1000);
+        for n in ["read_file", "exec", "mqtt_publish"] {
+            r.register(Arc::new(Named(n)));
+        }
+        let mqtt = ToolContext::detached("mqtt:x").from_chat("mqtt", "home/reply");
+        assert_eq!(mqtt.source, policy::Source::Mqtt);
+        let offered: Vec<String> = r.specs_for(mqtt.source).into_iter().map(|s| s.name).collect();
+        assert_eq!(offered, ["read_file"]);
+        let out = r.execute(&ToolCall::new("1", "exec", "{}"), &mqtt).await;
+        assert!(out.is_error && out.text.contains("not offered to turns from MQTT ([policy.mqtt]"), "{}", out.text);
+        assert!(out.text.ends_with("Tools here: read_file."), "{}", out.text);
+        let chat = ToolContext::detached("telegram:1").from_chat("telegram", "1");
+        assert_eq!(r.execute(&ToolCall::new("1", "exec", "{}"), &chat).await.text, "ran");
+        // A table in the config changes it.
+        let mut cfg = std::collections::BTreeMap::new();
+        cfg.insert("mqtt".to_string(), crate::config::PolicyRule { tools: None, deny: Some(vec!["exec".into()]) });
+        let r = r.with_policy(policy::ToolPolicy::from_config(&cfg));
+        assert_eq!(r.execute(&ToolCall::new("1", "mqtt_publish", "{}"), &mqtt).await.text, "ran");
+        assert!(
+            r.without(&[]).execute(&ToolCall::new("1", "exec", "{}"), &mqtt).await.is_error,
+            "copies keep the policy"
+        );
     }
 
     #[tokio::test]

@@ -246,7 +246,11 @@ min_interval = "0s"
 
 #[tokio::test]
 async fn mqtt_publish_is_limited_to_allowed_topics() {
-    let s = Setup::new("discovery = false\npublish_allow = [\"lights/+/set\"]").await;
+    // MQTT turns are offered mqtt_publish only when the policy says so.
+    let s = Setup::new(
+        "discovery = false\npublish_allow = [\"lights/+/set\"]\n[policy.mqtt]\ndeny = [\"exec\", \"write_file\", \"edit_file\"]",
+    )
+    .await;
     s.fake.push(Reply::tool_call("mqtt_publish", r#"{"topic":"lights/kitchen/set","payload":"ON"}"#));
     s.fake.push(Reply::tool_call("mqtt_publish", r#"{"topic":"locks/front/set","payload":"OPEN"}"#));
     s.fake.push(Reply::text("Light on; the lock is not mine to open."));
@@ -381,4 +385,36 @@ async fn inbound_off_listens_to_neither_in_nor_run_but_triggers_still_work() {
     assert!(w.on(OUT).is_empty(), "no reply on out");
     assert!(!s.home.workspace.join("ping.txt").exists(), "run/<job> did not run the job");
     assert!(s.log().contains("MQTT inbound is off"), "{}", s.log());
+}
+
+/// By default a turn from `<prefix>/in` is offered no tool that changes things,
+/// and a call of one anyway is refused (`[policy.mqtt]`).
+#[tokio::test]
+async fn an_mqtt_turn_gets_no_exec_by_default() {
+    let s = Setup::new("discovery = false\npublish_allow = [\"lights/+/set\"]").await;
+    s.fake.push(Reply::tool_call("exec", r#"{"command":"touch pwned"}"#));
+    s.fake.push(Reply::text("I may not run commands from here."));
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    w.publish("bramble/testpi/in", "run touch pwned").await;
+    assert!(w.wait_for(15, OUT, |p| p.starts_with("I may not")).await, "{}", s.log());
+    daemon.stop().await;
+    let reqs = s.fake.requests();
+    let offered: Vec<String> = reqs[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    for t in ["exec", "write_file", "edit_file", "mqtt_publish"] {
+        assert!(!offered.contains(&t.to_string()), "{t} offered: {offered:?}");
+    }
+    assert!(offered.contains(&"read_file".to_string()) && offered.contains(&"web_fetch".to_string()), "{offered:?}");
+    let system = reqs[0]["messages"][0]["content"].as_str().unwrap();
+    assert!(!system.contains("exec,") && !system.contains("exec\n"), "the prompt lists only what is offered");
+    let result = reqs[1]["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "tool").unwrap();
+    let text = result["content"].as_str().unwrap();
+    assert!(text.starts_with("Error: `exec` is not offered to turns from MQTT ([policy.mqtt]"), "{text}");
+    assert!(!s.home.workspace.join("pwned").exists(), "the command never ran");
 }

@@ -305,7 +305,48 @@ pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
             }
         }
     }
+    out.extend(broker_trust_warning(config));
     out
+}
+
+/// A broker anyone may publish to (no username) or whose password crosses
+/// the network in plain text, combined with inbound topics whose turns are
+/// offered tools that change things: whoever reaches the broker commands them.
+fn broker_trust_warning(config: &crate::config::Config) -> Option<String> {
+    use crate::tools::policy::{Source, ToolPolicy};
+    let c = &config.mqtt;
+    let url = c.url.as_ref()?;
+    let loopback = matches!(url.host.as_str(), "localhost" | "127.0.0.1" | "::1");
+    let weak = match (c.username.is_some(), url.tls || loopback) {
+        (false, _) => "accepts anyone (no username)",
+        (true, false) => "gets the password in plain text (mqtt:// to another host)",
+        (true, true) => return None,
+    };
+    let policy = ToolPolicy::from_config(&config.policy);
+    let mut reach = Vec::new();
+    if c.inbound {
+        let tools = policy.powerful(Source::Mqtt);
+        if !tools.is_empty() {
+            reach.push(format!("<prefix>/in turns may use {} ([policy.mqtt])", tools.join(", ")));
+        }
+    }
+    if c.trigger.iter().any(|t| matches!(t.action, crate::config::TriggerAction::Message(_))) {
+        let tools = policy.powerful(Source::Trigger);
+        if !tools.is_empty() {
+            reach.push(format!("trigger turns may use {} ([policy.trigger])", tools.join(", ")));
+        }
+    }
+    if reach.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the broker mqtt{}://{} {weak}, and {}: whoever can publish there commands them. Give bramble and \
+         Home Assistant their own broker users with an ACL (SECURITY.md, \"Threat model\"), or narrow [policy.*], \
+         or set [mqtt] inbound = false",
+        if url.tls { "s" } else { "" },
+        url.host,
+        reach.join("; ")
+    ))
 }
 
 /// The `mqtt` delivery channel: `mqtt` (the device's report topic; heartbeat

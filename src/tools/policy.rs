@@ -1,0 +1,236 @@
+//! Which tools a turn is offered, by where it came from: `[policy.<source>]`.
+//!
+//! [`super::Origin`] says whether a turn is trusted (what `cron` and
+//! `message` may do); this says which tools the model is offered at all.
+//! Anyone who can publish to `<prefix>/in` — on many home networks an
+//! anonymous mosquitto, a command in the sandbox included — starts a turn, so
+//! the defaults are: the terminal, Telegram's `allow_from` users, jobs and the
+//! heartbeat get every tool; `<prefix>/in` and triggers get no `exec`, no file
+//! writes and no `mqtt_publish` unless the config says so. A refused call gets
+//! a clear error too, so a model that calls a tool it was not offered learns why.
+//!
+//! ```toml
+//! [policy.mqtt]                 # <prefix>/in
+//! tools = ["read_file", "web_fetch", "message"]   # only these (globs: "ha__*")
+//! [policy.trigger]              # [[mqtt.trigger]] and Home Assistant triggers
+//! deny = ["exec"]               # everything but these (replaces the default deny list)
+//! ```
+//!
+//! Sub-agents inherit their parent's source.
+
+use std::collections::BTreeMap;
+
+use crate::bus::Conversation;
+use crate::config::PolicyRule;
+
+/// Where a turn came from, as `[policy.<name>]` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source {
+    /// `bramble agent`: the owner at the keyboard.
+    Terminal,
+    /// A chat with an `allow_from` user.
+    Telegram,
+    /// A scheduled job's turn (made by a trusted origin).
+    Job,
+    /// The heartbeat.
+    Heartbeat,
+    /// `<prefix>/in`: whoever can publish to the broker.
+    Mqtt,
+    /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
+    Trigger,
+}
+
+impl Source {
+    /// Every source, in the order `bramble status` lists them.
+    pub const ALL: [Source; 6] =
+        [Source::Terminal, Source::Telegram, Source::Job, Source::Heartbeat, Source::Mqtt, Source::Trigger];
+
+    /// The source of a turn in `conversation` (`in_job`: run by the scheduler).
+    /// An unknown channel counts as a trigger: untrusted.
+    pub fn of(conversation: &Conversation, in_job: bool) -> Source {
+        let key = conversation.session_key.as_str();
+        match conversation.channel.as_str() {
+            "cli" => Source::Terminal,
+            "telegram" if in_job => Source::Job,
+            "telegram" => Source::Telegram,
+            "system" if key == "heartbeat" => Source::Heartbeat,
+            "system" => Source::Job,
+            "mqtt" if key.starts_with("trigger:") => Source::Trigger,
+            "mqtt" => Source::Mqtt,
+            _ => Source::Trigger,
+        }
+    }
+
+    /// Its name in `[policy.<name>]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Terminal => "terminal",
+            Source::Telegram => "telegram",
+            Source::Job => "job",
+            Source::Heartbeat => "heartbeat",
+            Source::Mqtt => "mqtt",
+            Source::Trigger => "trigger",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Source> {
+        Source::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// What a source may not use when the config says nothing: the tools that
+    /// change things (commands, files, the broker) for the untrusted ones.
+    pub fn default_deny(self) -> &'static [&'static str] {
+        match self {
+            Source::Mqtt | Source::Trigger => &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"],
+            _ => &[],
+        }
+    }
+}
+
+/// One source's rule: an allow-list (`None`: every tool) and a deny list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    allow: Option<Vec<String>>,
+    deny: Vec<String>,
+}
+
+/// The rules of every source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolPolicy {
+    rules: BTreeMap<Source, Rule>,
+}
+
+impl Default for ToolPolicy {
+    /// The defaults: untrusted sources without the tools that change things.
+    fn default() -> Self {
+        ToolPolicy::from_config(&BTreeMap::new())
+    }
+}
+
+impl ToolPolicy {
+    /// The policy of `[policy.*]` (names checked by the config loader; an
+    /// unknown one is ignored here). A table's `deny` replaces its source's
+    /// default list; without `deny` the default stays.
+    pub fn from_config(cfg: &BTreeMap<String, PolicyRule>) -> ToolPolicy {
+        let rules = Source::ALL
+            .into_iter()
+            .map(|s| {
+                let rule = cfg.get(s.name());
+                let allow = rule.and_then(|r| r.tools.clone());
+                let deny = rule
+                    .and_then(|r| r.deny.clone())
+                    .unwrap_or_else(|| s.default_deny().iter().map(|t| t.to_string()).collect());
+                (s, Rule { allow, deny })
+            })
+            .collect();
+        ToolPolicy { rules }
+    }
+
+    /// Whether a turn from `source` may use `tool`.
+    pub fn allows(&self, source: Source, tool: &str) -> bool {
+        let Some(rule) = self.rules.get(&source) else { return true };
+        let listed = rule.allow.as_ref().is_none_or(|allow| allow.iter().any(|p| glob(p, tool)));
+        listed && !rule.deny.iter().any(|p| glob(p, tool))
+    }
+
+    /// The rule of `source` in a few words, for `bramble status`.
+    pub fn describe(&self, source: Source) -> String {
+        let Some(rule) = self.rules.get(&source) else { return "every tool".into() };
+        let base = match &rule.allow {
+            None => "every tool".to_string(),
+            Some(list) if list.is_empty() => "no tools".to_string(),
+            Some(list) => format!("only {}", list.join(", ")),
+        };
+        if rule.deny.is_empty() {
+            base
+        } else {
+            format!("{base} except {}", rule.deny.join(", "))
+        }
+    }
+
+    /// Whether `source` may use any of the tools that change things on this
+    /// machine or the network (`bramble check`'s broker warning).
+    pub fn powerful(&self, source: Source) -> Vec<&'static str> {
+        ["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"]
+            .into_iter()
+            .filter(|t| self.allows(source, t))
+            .collect()
+    }
+}
+
+/// `*` matches any run of characters (`ha__*`, `*_file`); anything else is literal.
+pub fn glob(pattern: &str, name: &str) -> bool {
+    let Some((head, rest)) = pattern.split_once('*') else { return pattern == name };
+    let Some(mut tail) = name.strip_prefix(head) else { return false };
+    let mut parts: Vec<&str> = rest.split('*').collect();
+    let last = parts.pop().unwrap_or("");
+    for p in parts {
+        match tail.find(p) {
+            Some(i) => tail = &tail[i + p.len()..],
+            None => return false,
+        }
+    }
+    tail.len() >= last.len() && tail.ends_with(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv(channel: &str, key: &str) -> Conversation {
+        Conversation::new(channel, "x", key)
+    }
+
+    #[test]
+    fn sources_follow_the_channel_and_the_session() {
+        assert_eq!(Source::of(&conv("cli", "cli:direct"), false), Source::Terminal);
+        assert_eq!(Source::of(&conv("telegram", "telegram:1"), false), Source::Telegram);
+        assert_eq!(Source::of(&conv("telegram", "telegram:1"), true), Source::Job, "a job made in a chat");
+        assert_eq!(Source::of(&conv("system", "heartbeat"), true), Source::Heartbeat);
+        assert_eq!(Source::of(&conv("system", "cron:backup"), true), Source::Job);
+        assert_eq!(Source::of(&conv("mqtt", "mqtt:kitchen"), false), Source::Mqtt);
+        assert_eq!(Source::of(&conv("mqtt", "trigger:zigbee2mqtt/door"), false), Source::Trigger);
+        assert_eq!(Source::of(&conv("carrier-pigeon", "x"), false), Source::Trigger, "unknown: untrusted");
+    }
+
+    #[test]
+    fn the_defaults_keep_untrusted_sources_from_changing_things() {
+        let p = ToolPolicy::default();
+        for tool in ["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"] {
+            assert!(!p.allows(Source::Mqtt, tool) && !p.allows(Source::Trigger, tool), "{tool}");
+            assert!(p.allows(Source::Telegram, tool) && p.allows(Source::Terminal, tool), "{tool}");
+        }
+        assert!(p.allows(Source::Mqtt, "read_file") && p.allows(Source::Mqtt, "web_fetch"));
+        assert_eq!(
+            p.describe(Source::Mqtt),
+            "every tool except exec, write_file, edit_file, mqtt_publish, ha_call_service"
+        );
+        assert_eq!(p.describe(Source::Job), "every tool");
+    }
+
+    #[test]
+    fn tables_allow_and_deny_with_globs() {
+        let mut cfg = BTreeMap::new();
+        cfg.insert(
+            "mqtt".to_string(),
+            PolicyRule { tools: Some(vec!["read_file".into(), "ha__*".into()]), deny: None },
+        );
+        cfg.insert("trigger".to_string(), PolicyRule { tools: None, deny: Some(vec![]) });
+        cfg.insert("telegram".to_string(), PolicyRule { tools: None, deny: Some(vec!["exec".into()]) });
+        let p = ToolPolicy::from_config(&cfg);
+        assert!(p.allows(Source::Mqtt, "read_file") && p.allows(Source::Mqtt, "ha__get_state"));
+        assert!(!p.allows(Source::Mqtt, "web_fetch"));
+        assert!(!p.allows(Source::Mqtt, "exec"), "the default deny list stays without `deny`");
+        assert!(p.allows(Source::Trigger, "exec"), "`deny = []` replaces the default");
+        assert!(!p.allows(Source::Telegram, "exec") && p.allows(Source::Telegram, "write_file"));
+        assert_eq!(p.powerful(Source::Telegram), ["write_file", "edit_file", "mqtt_publish", "ha_call_service"]);
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("exec", "exec") && !glob("exec", "exec2"));
+        assert!(glob("ha__*", "ha__light") && !glob("ha__*", "mqtt_publish"));
+        assert!(glob("*_file", "read_file") && glob("*", "anything") && glob("a*b*c", "aXbYc"));
+        assert!(!glob("a*b*c", "aXc") && !glob("*_file", "file"));
+    }
+}
