@@ -74,6 +74,15 @@ pub enum Command {
         #[arg(short = 'n', long, value_name = "N", default_value_t = 100)]
         lines: u32,
     },
+    /// Let a new Telegram user in: print a one-time code (10 minutes) they send as `/pair <code>`
+    Pair {
+        /// List the users added by pairing
+        #[arg(long, conflicts_with = "revoke")]
+        list: bool,
+        /// Remove a paired user (their numeric id)
+        #[arg(long, value_name = "ID")]
+        revoke: Option<i64>,
+    },
     /// Validate the config and the workspace; errors as FILE:LINE:COL
     Check {
         /// Check what a reload of the running daemon needs: the config parses and keeps the
@@ -195,7 +204,8 @@ impl Command {
             | Command::Logs { .. }
             | Command::Doctor
             | Command::Completions { .. }
-            | Command::Man => true,
+            | Command::Man
+            | Command::Pair { .. } => true,
             Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
         }

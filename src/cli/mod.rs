@@ -72,6 +72,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded, &acting).await,
+        Command::Pair { list, revoke } => pair(&loaded, list, revoke),
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }
@@ -107,4 +108,42 @@ fn gunzip(gz: &[u8]) -> String {
 /// A time in the configured zone, or `-`.
 fn when(t: Option<jiff::Timestamp>, tz: &config::TzName) -> String {
     crate::scheduler::schedule::local_time(t, tz.tz())
+}
+
+/// `bramble pair`: a one-time code for a new Telegram user; `--list`, `--revoke ID`.
+fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyhow::Result<ExitCode> {
+    use crate::policy::pairing;
+    let state = &loaded.paths.state_dir;
+    if list {
+        let users = pairing::paired(state);
+        if users.is_empty() {
+            println!("no paired users ([telegram] allow_from in the config still applies)");
+        }
+        for u in users {
+            let name = u.username.map(|n| format!(" (@{n})")).unwrap_or_default();
+            println!("{}{name}, paired {}", u.id, u.paired.strftime("%Y-%m-%d %H:%M UTC"));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(id) = revoke {
+        crate::util::fs::create_private_dir(state)?;
+        if pairing::revoke(state, id)? {
+            println!("revoked {id}: the running daemon stops serving them at their next message");
+            return Ok(ExitCode::SUCCESS);
+        }
+        eprintln!("bramble: {id} is not a paired user (`bramble pair --list`; ids in allow_from are the config's)");
+        return Ok(ExitCode::FAILURE);
+    }
+    if loaded.config.telegram.token().is_none() {
+        anyhow::bail!("Telegram is not configured ([telegram] token_env): there is no bot to pair with");
+    }
+    crate::util::fs::create_private_dir(state)?;
+    let (code, expires) = pairing::new_code(state, jiff::Timestamp::now())?;
+    let local = expires.to_zoned(loaded.config.timezone().tz().clone());
+    println!("Send this to the bot from the new user's Telegram, before {}:", local.strftime("%H:%M"));
+    println!();
+    println!("    /pair {code}");
+    println!();
+    println!("The code works once; a new `bramble pair` replaces it. `bramble pair --list` shows who is paired.");
+    Ok(ExitCode::SUCCESS)
 }

@@ -4,10 +4,12 @@
 //!   used them, and [`AllowedChats`], the chats a turn may send to. The
 //!   Telegram poller decides with it who is served; the `message` and `cron`
 //!   tools decide with it where a report may go.
+//! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
 //!
 //! Below the tools and the channels, above the configuration (see
 //! `ARCHITECTURE.md`, "Layers").
 
+pub mod pairing;
 pub mod pins;
 
 pub use pins::{pins_summary, Allow, AllowedChats, Verdict};

@@ -41,6 +41,8 @@ pub struct Allow {
     names: HashSet<String>,
     /// Name (lower-case, without `@`) → the id it was first seen with.
     pins: BTreeMap<String, i64>,
+    /// Users added by pairing (`telegram-paired.json`).
+    paired: HashSet<i64>,
 }
 
 impl Allow {
@@ -71,10 +73,21 @@ impl Allow {
         self
     }
 
+    /// With the users paired in `state_dir` (`bramble pair`).
+    pub fn with_paired(mut self, state_dir: &Path) -> Allow {
+        self.paired = super::pairing::paired_ids(state_dir);
+        self
+    }
+
+    /// Add a user just paired.
+    pub fn add_paired(&mut self, id: i64) {
+        self.paired.insert(id);
+    }
+
     /// Decide about the user `id` (with `username`, if they have one),
     /// pinning a listed name on its first contact.
     pub fn check(&mut self, id: i64, username: Option<&str>) -> Verdict {
-        if self.ids.contains(&id) {
+        if self.ids.contains(&id) || self.paired.contains(&id) {
             return Verdict::Allowed;
         }
         let Some(name) = username.map(str::to_ascii_lowercase) else {
@@ -152,8 +165,8 @@ pub fn pins_summary(allow_from: &[String], state_dir: &Path) -> Option<String> {
 }
 
 /// The Telegram chats a turn may send to: the private chats of the
-/// `allow_from` users, i.e. the numeric ids, and the ids the listed usernames
-/// are pinned to. Read fresh on each check (the poller pins names while the
+/// `allow_from` users, i.e. the numeric ids, the ids the listed usernames
+/// are pinned to, and the paired users' ids. Read fresh on each check (the poller pins names while the
 /// daemon runs); the read is blocking, so call [`AllowedChats::contains`] off
 /// the runtime thread.
 #[derive(Debug, Clone)]
@@ -170,7 +183,7 @@ impl AllowedChats {
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.
     pub fn contains(&self, chat: &str) -> bool {
         let Ok(id) = chat.trim().parse::<i64>() else { return false };
-        if self.allow.ids.contains(&id) {
+        if self.allow.ids.contains(&id) || super::pairing::paired_ids(&self.state_dir).contains(&id) {
             return true;
         }
         if self.allow.names.is_empty() {

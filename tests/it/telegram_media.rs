@@ -555,3 +555,61 @@ async fn an_exec_job_sends_the_file_it_made_with_its_report() {
     // An exec job's report carries no buttons (only reminders do, by default).
     assert!(s.tg.sent()[0].get("reply_markup").is_none());
 }
+
+/// `bramble pair` (the real binary) as the owner would run it; its code.
+fn pair_code(home: &TestHome, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .arg("--config")
+        .arg(&home.config)
+        .arg("pair")
+        .args(args)
+        .env("HOME", home.path())
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+        .output()
+        .unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+#[tokio::test]
+async fn pairing_adds_a_user_once_and_revoking_removes_them() {
+    const BOB: i64 = 3333;
+    const CAROL: i64 = 4444;
+    let s = setup("", "").await;
+    // The code is made before the daemon starts: it survives the start.
+    let (ok, out) = pair_code(&s.home, &[]);
+    assert!(ok, "{out}");
+    let code = out.lines().find_map(|l| l.trim().strip_prefix("/pair ")).expect("a code").to_string();
+    s.llm.push(Reply::text("hello Bob"));
+    let daemon = s.daemon();
+    // A stranger is not served; a wrong code is answered and counted.
+    s.tg.push_message(BOB, "private", BOB, "bob", "hello?");
+    s.tg.push_message(CAROL, "private", CAROL, "carol", "/pair AAAA-AAAA");
+    assert!(s.tg.wait_sent(1, 15).await, "{}", daemon.log());
+    assert_eq!(s.tg.sent_texts()[0], "That code is not right (4 tries left for it).");
+    // The right code, as a phone might type it.
+    s.tg.push_message(BOB, "private", BOB, "bob", &format!("/pair {}", code.to_lowercase()));
+    assert!(s.tg.wait_sent(2, 15).await);
+    assert_eq!(s.tg.sent_texts()[1], "Paired: you can talk to me now.");
+    s.tg.push_message(BOB, "private", BOB, "bob", "hi, I am new");
+    assert!(s.tg.wait_sent(3, 15).await);
+    assert_eq!(s.tg.sent_texts()[2], "hello Bob");
+    // Used once: Carol cannot reuse it.
+    tokio::time::sleep(Duration::from_millis(5100)).await; // Carol's one try per 5 s
+    s.tg.push_message(CAROL, "private", CAROL, "carol", &format!("/pair {code}"));
+    assert!(s.tg.wait_sent(4, 15).await);
+    assert!(s.tg.sent_texts()[3].starts_with("There is no valid pairing code"), "{:?}", s.tg.sent_texts());
+    let (ok, list) = pair_code(&s.home, &["--list"]);
+    assert!(ok && list.contains("3333 (@bob)"), "{list}");
+    // Revoked while the daemon runs: Bob's next message is not served.
+    let (ok, out) = pair_code(&s.home, &["--revoke", "3333"]);
+    assert!(ok, "{out}");
+    s.tg.push_message(BOB, "private", BOB, "bob", "still there?");
+    s.tg.push_message(ALICE, "private", ALICE, "alice", "/status");
+    assert!(s.tg.wait_sent(5, 15).await);
+    let (_, log) = daemon.stop().await;
+    assert!(s.tg.sent()[4]["chat_id"] == ALICE, "{:?}", s.tg.sent_texts());
+    assert_eq!(s.llm.request_count(), 1, "only Bob's paired message reached the model: {log}");
+    assert!(log.contains("paired a Telegram user") && log.contains("a wrong Telegram pairing code"), "{log}");
+    let (ok, out) = pair_code(&s.home, &["--revoke", "3333"]);
+    assert!(!ok && out.contains("not a paired user"), "{out}");
+}

@@ -44,6 +44,7 @@ pub mod api;
 pub mod buttons;
 pub mod format;
 pub mod media;
+mod pair;
 pub mod progress;
 
 use crate::util::timer::Backoff;
@@ -170,7 +171,7 @@ impl Telegram {
         let mut offset = offset_file.load();
         tracing::info!(bot = %me.username.as_deref().unwrap_or("?"), offset, "Telegram polling");
         let (allow, dir) = (self.allow.clone(), self.state_dir.clone());
-        let allow = match tokio::task::spawn_blocking(move || allow.with_pins(&dir)).await {
+        let allow = match tokio::task::spawn_blocking(move || allow.with_pins(&dir).with_paired(&dir)).await {
             Ok(a) => a,
             Err(e) => {
                 tracing::error!(error = %e, "cannot load the Telegram username pins; usernames are pinned afresh");
@@ -184,6 +185,8 @@ impl Telegram {
             typing: HashMap::new(),
             pinned: false,
             tries: HashMap::new(),
+            pair_tries: HashMap::new(),
+            paired_stamp: crate::policy::pairing::stamp(&self.state_dir),
         };
         loop {
             let r = tokio::select! { r = self.api.get_updates(offset) => r, _ = stop.cancelled() => return };
@@ -215,6 +218,9 @@ impl Telegram {
             let before = offset;
             let mut stopped = false;
             let mut later = false;
+            if !updates.is_empty() {
+                poller.refresh_paired(&self.state_dir);
+            }
             for update in updates {
                 if update.update_id < offset {
                     continue; // already handled (a server that repeats itself)
@@ -223,6 +229,11 @@ impl Telegram {
                     poller.on_button(&self.api, self.reminders.as_ref(), q).await;
                 }
                 if let Some(m) = update.message {
+                    if let Some(code) = pair::request(&m) {
+                        poller.pair(&self.api, &self.state_dir, &m, code).await;
+                        offset = update.update_id + 1;
+                        continue;
+                    }
                     if let Some(mut msg) = poller.accept(&m) {
                         if Inbox::has_file(&m) {
                             match self.fetch(&mut poller, update.update_id, &m).await {
@@ -349,6 +360,10 @@ struct Poller {
     pinned: bool,
     /// Failed downloads per update id (tried again at the next poll, up to [`media::MAX_TRIES`]).
     tries: HashMap<i64, u32>,
+    /// The last `/pair` try per user (one per [`crate::policy::pairing::TRY_GAP`]).
+    pair_tries: HashMap<i64, std::time::Instant>,
+    /// `telegram-paired.json`'s modification time when last read.
+    paired_stamp: Option<std::time::SystemTime>,
 }
 
 impl Poller {
@@ -694,6 +709,8 @@ mod tests {
             typing: HashMap::new(),
             pinned: false,
             tries: HashMap::new(),
+            pair_tries: HashMap::new(),
+            paired_stamp: None,
         };
         assert!(p.accept(&message("supergroup", 7, "hello all")).is_none());
         assert!(p.accept(&message("supergroup", 7, "@bramble_bot2 hi")).is_none());
@@ -723,6 +740,8 @@ mod tests {
             typing: HashMap::new(),
             pinned: false,
             tries: HashMap::new(),
+            pair_tries: HashMap::new(),
+            paired_stamp: None,
         };
         let mut m = message("private", 7, "");
         assert!(p.accept(&m.clone()).is_none());
