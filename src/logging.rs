@@ -97,7 +97,7 @@ fn priorities() -> tracing_journald::PriorityMappings {
 }
 
 /// Whether stderr is connected to the journal (`JOURNAL_STREAM=<dev>:<ino>`).
-fn stderr_is_journal() -> bool {
+pub fn stderr_is_journal() -> bool {
     is_stderr(std::env::var_os("JOURNAL_STREAM").as_deref())
 }
 

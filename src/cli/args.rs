@@ -74,6 +74,12 @@ pub enum Command {
         #[arg(short = 'n', long, value_name = "N", default_value_t = 100)]
         lines: u32,
     },
+    /// Tool calls that changed something (commands, files, MQTT, jobs, Home Assistant, MCP), with who asked
+    Audit {
+        /// From this long ago (`1h`, `2d`) or this time (`2026-11-23 08:00`) [default: the last day]
+        #[arg(long, value_name = "WHEN", default_value = "1d")]
+        since: String,
+    },
     /// Let a new Telegram user in: print a one-time code (10 minutes) they send as `/pair <code>`
     Pair {
         /// List the users added by pairing
@@ -205,6 +211,7 @@ impl Command {
             | Command::Doctor
             | Command::Completions { .. }
             | Command::Man
+            | Command::Audit { .. }
             | Command::Pair { .. } => true,
             Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,

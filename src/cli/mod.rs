@@ -34,11 +34,13 @@ pub fn parse() -> Cli {
 /// Run a parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let explicit = cli.config.as_deref();
-    // `bramble logs` only reads the journal (as whoever may), completions and
-    // the man page are text; everything else on the installed service's
-    // config acts as the service's user.
+    // `bramble logs` and `bramble audit` only read the journal (as whoever
+    // may: root, the systemd-journal group), completions and the man page are
+    // text; everything else on the installed service's config acts as the service's user.
     let acting = match cli.command {
-        Command::Logs { .. } | Command::Completions { .. } | Command::Man => service::Acting::Own,
+        Command::Logs { .. } | Command::Audit { .. } | Command::Completions { .. } | Command::Man => {
+            service::Acting::Own
+        }
         _ => service::enter(explicit)?,
     };
     match cli.command {
@@ -73,6 +75,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded, &acting).await,
         Command::Pair { list, revoke } => pair(&loaded, list, revoke),
+        Command::Audit { since } => audit(&loaded, &since),
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }
@@ -145,5 +148,52 @@ fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyh
     println!("    /pair {code}");
     println!();
     println!("The code works once; a new `bramble pair` replaces it. `bramble pair --list` shows who is paired.");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bramble audit [--since WHEN]`: the journal's audit entries where systemd
+/// runs the service, else `<state>/audit.jsonl`.
+fn audit(loaded: &crate::config::Loaded, since: &str) -> anyhow::Result<ExitCode> {
+    use crate::tools::audit;
+    let now = jiff::Timestamp::now();
+    let from = match since.parse::<crate::config::Dur>() {
+        Ok(d) => now - d.get(),
+        Err(_) => crate::scheduler::parse_at(since, loaded.config.timezone().tz())
+            .map_err(|e| anyhow::anyhow!("--since: `{since}` is neither a duration (1h, 2d) nor a time: {e}"))?,
+    };
+    let journal = std::path::Path::new("/run/systemd/system").is_dir()
+        && std::process::Command::new("systemctl")
+            .args(["is-enabled", "--quiet", "bramble.service"])
+            .status()
+            .is_ok_and(|s| s.success());
+    let entries = if journal {
+        let since_arg = format!("@{}", from.as_second());
+        let out = std::process::Command::new("journalctl")
+            .args(["-u", "bramble.service", "-o", "json", "--no-pager", "--since", &since_arg, "AUDIT=tool"])
+            .output()
+            .map_err(|e| anyhow::anyhow!("cannot run journalctl: {e}"))?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "journalctl failed ({}): reading the service's journal needs root or the systemd-journal group (`sudo bramble audit`)",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(audit::from_journal).collect()
+    } else {
+        audit::read_file(&loaded.paths.state_dir, Some(from))
+    };
+    let place = if journal {
+        "the journal (journalctl -u bramble AUDIT=tool)".to_string()
+    } else {
+        loaded.paths.state_dir.join(audit::AUDIT_FILE).display().to_string()
+    };
+    if entries.is_empty() {
+        println!("no tool calls that changed something since {} (from {place})", from.strftime("%Y-%m-%d %H:%M"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for e in &entries {
+        println!("{e}");
+    }
+    eprintln!("({} entries since {}, from {place})", entries.len(), from.strftime("%Y-%m-%d %H:%M UTC"));
     Ok(ExitCode::SUCCESS)
 }

@@ -60,7 +60,9 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     let provider: Result<Arc<dyn crate::provider::Provider>, String> = crate::provider::chain::Chain::from_config(c)
         .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>);
     let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars)
-        .with_policy(crate::tools::policy::ToolPolicy::from_config(&c.policy));
+        .with_policy(crate::tools::policy::ToolPolicy::from_config(&c.policy))
+        // Under systemd the journal keeps the audit trail; elsewhere `<state>/audit.jsonl` does.
+        .with_audit(crate::tools::audit::Audit::new(state, crate::logging::stderr_is_journal()));
     for tool in crate::tools::fs::fs_tools(&ws) {
         tools.register(tool);
     }

@@ -25,6 +25,7 @@
 //! trusted: anyone who can publish to `<prefix>/in`, a command in the sandbox
 //! included, starts such a turn. Unknown channels count as untrusted too.
 
+pub mod audit;
 pub mod cron;
 pub mod exec;
 pub mod fs;
@@ -270,6 +271,8 @@ pub struct ToolRegistry {
     max_result_chars: usize,
     /// Which tools each source of turns is offered (`[policy.*]`).
     policy: Arc<policy::ToolPolicy>,
+    /// Where calls that change something are recorded (`None`: nowhere, tests).
+    audit: Option<Arc<audit::Audit>>,
 }
 
 impl ToolRegistry {
@@ -280,7 +283,14 @@ impl ToolRegistry {
             sources: Vec::new(),
             max_result_chars: max_result_chars.max(256),
             policy: Arc::new(policy::ToolPolicy::default()),
+            audit: None,
         }
+    }
+
+    /// Record calls that change something in `audit`.
+    pub fn with_audit(mut self, audit: audit::Audit) -> Self {
+        self.audit = Some(Arc::new(audit));
+        self
     }
 
     /// Offer tools by `policy` (the defaults until this is called: untrusted
@@ -312,6 +322,7 @@ impl ToolRegistry {
             sources: self.sources.clone(),
             max_result_chars: self.max_result_chars,
             policy: Arc::clone(&self.policy),
+            audit: self.audit.clone(),
         }
     }
 
@@ -395,6 +406,12 @@ impl ToolRegistry {
     pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolOutcome {
         let name = call.function.name.as_str();
         if !self.policy.allows(ctx.source, name) {
+            if let Some(audit) = &self.audit {
+                let args = parse_arguments(&call.function.arguments).unwrap_or_default();
+                if audit::Audit::audited(name, &args) {
+                    audit.record(ctx, name, &args, false).await;
+                }
+            }
             return error_outcome(format!(
                 "`{name}` is not offered to turns from {} ([policy.{}] in the config). Tools here: {}.",
                 ctx.origin.name(),
@@ -419,10 +436,14 @@ impl ToolRegistry {
                 ))
             }
         };
+        let audited = self.audit.as_ref().filter(|_| audit::Audit::audited(name, &args)).map(|a| (a, args.clone()));
         let result = tokio::select! {
             r = tool.execute_rich(args, ctx) => r,
             _ = ctx.cancel.cancelled() => Err(ToolError::new("the call was cancelled (stop requested)")),
         };
+        if let Some((audit, args)) = audited {
+            audit.record(ctx, name, &args, result.is_ok()).await;
+        }
         match result {
             Ok(mut out) => {
                 out.images.truncate(MAX_TOOL_IMAGES);

@@ -53,6 +53,11 @@ pub fn open_lock_file(path: &Path) -> io::Result<File> {
     OpenOptions::new().create(true).truncate(false).write(true).mode(FILE_MODE).open(path)
 }
 
+/// Open `path` for appending, creating it 0600 (no fsync: records that may be lost to a power cut).
+pub fn open_append_private(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).mode(FILE_MODE).open(path)
+}
+
 /// Replace `path` with `data` atomically (temp + fsync + rename + dir fsync).
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     replace(path, data, true)

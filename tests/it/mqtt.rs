@@ -417,4 +417,10 @@ async fn an_mqtt_turn_gets_no_exec_by_default() {
     let text = result["content"].as_str().unwrap();
     assert!(text.starts_with("Error: `exec` is not offered to turns from MQTT ([policy.mqtt]"), "{text}");
     assert!(!s.home.workspace.join("pwned").exists(), "the command never ran");
+    // The refused attempt is in the audit trail, with its source.
+    let audit = std::fs::read_to_string(s.home.state.join("audit.jsonl")).unwrap();
+    assert!(
+        audit.contains(r#""tool":"exec","source":"mqtt""#) && audit.contains(r#""ok":false,"detail":"touch pwned""#),
+        "{audit}"
+    );
 }

@@ -380,3 +380,35 @@ fn workspace_helpers_are_public() {
     assert_eq!(ws.relative("~/a/../b").unwrap(), Path::new("a/../b"));
     assert!(ws.relative("/etc").is_err());
 }
+
+/// Calls that change something are in the audit trail with who asked; reads are not.
+#[tokio::test]
+async fn changing_tool_calls_are_audited_and_bramble_audit_reads_them() {
+    let fake = crate::support::fake_llm::FakeLlm::start(crate::support::fake_llm::Dialect::OpenAi).await;
+    let home = crate::support::setup::TestHome::new("openai", &fake.base_url(), "", "", "");
+    fake.push(crate::support::fake_llm::Reply::tool_call("write_file", r#"{"path":"notes.md","content":"hi"}"#));
+    fake.push(crate::support::fake_llm::Reply::tool_call("read_file", r#"{"path":"notes.md"}"#));
+    fake.push(crate::support::fake_llm::Reply::tool_call("exec", r#"{"command":"echo audited"}"#));
+    fake.push(crate::support::fake_llm::Reply::text("done"));
+    let (agent, _out) = home.agent();
+    let report = agent.turn(bramble::agent::TurnRequest::cli("cli:direct", "write, read, run")).await.unwrap();
+    assert_eq!(report.text, "done");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .arg("--config")
+        .arg(&home.config)
+        .args(["audit", "--since", "1h"])
+        .env("HOME", home.path())
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains("terminal") && lines[0].contains("cli:direct") && lines[0].contains("write_file"),
+        "{text}"
+    );
+    assert!(lines[0].ends_with("notes.md"), "{text}");
+    assert!(lines[1].contains("exec") && lines[1].contains(" ok ") && lines[1].ends_with("echo audited"), "{text}");
+}
