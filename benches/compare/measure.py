@@ -1,0 +1,110 @@
+"""Side by side: bramble and nanobot against the same zero-latency fake LLM.
+
+Run by benches/compare.sh, which builds bramble, makes the venv with
+nanobot-ai 0.3.5 and passes the paths. Figures:
+
+1. one CLI turn with one `exec` tool call (`true`): wall time, CPU (user +
+   system of the process and the children it waited for, from wait4) and
+   peak RSS, over N cold runs (each a new process), median and p90;
+2. the idle daemon (`bramble run` / `nanobot gateway`, no channels, heartbeat
+   off): RSS and anonymous memory after start, and wake-ups per minute as the
+   context switches of all its threads over the idle window.
+
+Prints a Markdown table with the ratios (nanobot / bramble).
+"""
+import json, os, signal, statistics, subprocess, sys, tempfile, time
+
+def run_once(argv, env):
+    t0 = time.perf_counter()
+    pid = os.posix_spawnp(argv[0], argv, env, file_actions=[
+        (os.POSIX_SPAWN_OPEN, 1, "/dev/null", os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0)])
+    _, status, ru = os.wait4(pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{argv} failed with {status}")
+    return wall * 1e3, (ru.ru_utime + ru.ru_stime) * 1e3, ru.ru_maxrss / 1024
+
+def turns(argv, env, n):
+    # Each run a new session, as a first message would be: the same work every time.
+    run_once(argv + ["warm"], env)  # warm the page cache
+    rows = [run_once(argv + [f"bench{i}"], env) for i in range(n)]
+    cols = list(zip(*rows))
+    med = [statistics.median(c) for c in cols]
+    p90 = [sorted(c)[int(0.9 * (len(c) - 1))] for c in cols]
+    return med, p90
+
+def status(pid, key):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(key):
+            return int(line.split()[1])
+    return 0
+
+def switches(pid):
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            for line in open(f"/proc/{pid}/task/{t}/status"):
+                if "ctxt_switches" in line:
+                    total += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total
+
+def idle(argv, env, settle, window):
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(settle)
+        if p.poll() is not None:
+            sys.exit(f"{argv} exited during start-up")
+        # The process and every descendant (a Python launcher may fork).
+        rss, anon = status(p.pid, "VmRSS:"), status(p.pid, "RssAnon:")
+        s0 = switches(p.pid)
+        time.sleep(window)
+        s1 = switches(p.pid)
+        return rss / 1024, anon / 1024, max(s1 - s0, 0) * 60 / window
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+def main():
+    bramble, nanobot, fake_port, n, window = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    base = f"http://127.0.0.1:{fake_port}/v1"
+    tmp = tempfile.mkdtemp(prefix="compare-")
+    # bramble
+    bconf = os.path.join(tmp, "bramble.toml")
+    with open(bconf, "w") as f:
+        f.write(f'[agent]\nmodel = "m"\nworkspace = "{tmp}/bws"\n[provider]\nbase_url = "{base}"\napi_key = "k"\n'
+                f'max_retries = 0\n[heartbeat]\nenabled = false\n[daemon]\nstate_dir = "{tmp}/bstate"\nlog_level = "warn"\n')
+    benv = dict(os.environ, HOME=tmp, RUST_LOG="warn")
+    subprocess.run([bramble, "--config", bconf, "init"], env=benv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # nanobot
+    nhome = os.path.join(tmp, "nhome")
+    os.makedirs(os.path.join(nhome, ".nanobot"))
+    with open(os.path.join(nhome, ".nanobot", "config.json"), "w") as f:
+        json.dump({"agents": {"defaults": {"workspace": f"{nhome}/ws", "model": "m", "provider": "custom", "maxTokens": 512}},
+                   "providers": {"custom": {"apiKey": "k", "apiBase": base}},
+                   "gateway": {"heartbeat": {"enabled": False}}}, f)
+    nenv = dict(os.environ, HOME=nhome)
+    b_turn = turns([bramble, "--config", bconf, "agent", "-m", "run true", "-s"], benv, n)
+    n_turn = turns([nanobot, "agent", "-m", "run true", "-s"], nenv, n)
+    b_idle = idle([bramble, "--config", bconf, "run"], benv, 15, window)
+    n_idle = idle([nanobot, "gateway"], nenv, 15, window)
+    ratio = lambda a, b: f"{a / b:.0f}×" if b > 0 else "—"
+    print(f"| figure ({n} cold runs; idle {window} s) | bramble | nanobot 0.3.5 | nanobot / bramble |")
+    print("|---|---|---|---|")
+    names = ["CLI turn with one exec call: wall, median (p90)", "CLI turn: CPU (user + system, with children), median (p90)",
+             "CLI turn: peak RSS, median (p90)"]
+    units = ["ms", "ms", "MB"]
+    for i, name in enumerate(names):
+        b, nb = (b_turn[0][i], b_turn[1][i]), (n_turn[0][i], n_turn[1][i])
+        print(f"| {name} | {b[0]:.1f} ({b[1]:.1f}) {units[i]} | {nb[0]:.1f} ({nb[1]:.1f}) {units[i]} | {ratio(nb[0], b[0])} |")
+    print(f"| idle daemon: RSS | {b_idle[0]:.1f} MB | {n_idle[0]:.1f} MB | {ratio(n_idle[0], b_idle[0])} |")
+    print(f"| idle daemon: anonymous memory | {b_idle[1]:.1f} MB | {n_idle[1]:.1f} MB | {ratio(n_idle[1], b_idle[1])} |")
+    print(f"| idle daemon: wake-ups per minute (all threads' context switches) | {b_idle[2]:.1f} | {n_idle[2]:.1f} | "
+          f"{ratio(n_idle[2], b_idle[2]) if b_idle[2] >= 1 else '—'} |")
+
+main()
