@@ -613,3 +613,21 @@ async fn pairing_adds_a_user_once_and_revoking_removes_them() {
     let (ok, out) = pair_code(&s.home, &["--revoke", "3333"]);
     assert!(!ok && out.contains("not a paired user"), "{out}");
 }
+
+#[tokio::test]
+async fn a_download_that_keeps_breaking_off_is_given_up_with_a_reply() {
+    let s = setup("", "").await;
+    s.tg.add_file("flaky", b"%PDF-1.7 never whole".to_vec(), None, 99);
+    let daemon = s.daemon();
+    s.tg.push(document_message("flaky", "r.pdf", 20));
+    assert!(s.tg.wait_sent(1, 30).await, "{}", daemon.log());
+    let (_, log) = daemon.stop().await;
+    let sent = s.tg.sent_texts();
+    assert!(
+        sent[0].starts_with("I could not download your file after 3 tries") && sent[0].contains("send it again"),
+        "{sent:?}"
+    );
+    assert_eq!(s.tg.downloads().len(), 3, "{log}");
+    assert!(s.inbox().is_empty(), "no half file is left");
+    assert_eq!(s.llm.request_count(), 0);
+}

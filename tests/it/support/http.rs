@@ -98,6 +98,12 @@ impl Response {
         self.body = body.into();
         self
     }
+
+    /// A torn transfer: announce the whole body, send only its first `n`
+    /// bytes, then close the connection (a Wi-Fi that drops mid-download).
+    pub fn torn_after(self, n: usize) -> Self {
+        self.header(TORN, n.to_string())
+    }
 }
 
 /// The handler's future.
@@ -293,10 +299,14 @@ async fn read_chunked(stream: &mut BufReader<TcpStream>) -> Result<Vec<u8>, Stri
     }
 }
 
+/// The header [`Response::torn_after`] sets; never sent.
+const TORN: &str = "x-test-torn-after";
+
 async fn write_response(stream: &mut TcpStream, resp: &Response, keep_alive: bool) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {} {}\r\n", resp.status, reason(resp.status));
+    let torn = resp.headers.iter().find(|(n, _)| n == TORN).and_then(|(_, v)| v.parse::<usize>().ok());
     for (name, value) in &resp.headers {
-        if name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("connection") {
+        if name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("connection") || name == TORN {
             continue;
         }
         head.push_str(&format!("{name}: {value}\r\n"));
@@ -308,9 +318,19 @@ async fn write_response(stream: &mut TcpStream, resp: &Response, keep_alive: boo
     head.push_str("\r\n");
     // One write: a separate body write would wait for the client's delayed ACK (Nagle), ~40 ms.
     let mut out = head.into_bytes();
-    out.extend_from_slice(&resp.body);
-    stream.write_all(&out).await?;
-    stream.flush().await
+    match torn {
+        Some(n) => {
+            out.extend_from_slice(&resp.body[..n.min(resp.body.len())]);
+            stream.write_all(&out).await?;
+            stream.flush().await?;
+            Err(std::io::Error::other("torn on purpose"))
+        }
+        None => {
+            out.extend_from_slice(&resp.body);
+            stream.write_all(&out).await?;
+            stream.flush().await
+        }
+    }
 }
 
 fn reason(status: u16) -> &'static str {

@@ -42,7 +42,7 @@ struct FakeFile {
     data: Vec<u8>,
     /// The size `getFile` reports (the real one unless set).
     size: Option<u64>,
-    /// Downloads that fail with a 502 before one succeeds (a torn transfer).
+    /// Downloads that break off halfway (the connection closes mid-body) before one succeeds.
     fail_first: u32,
 }
 
@@ -217,7 +217,11 @@ async fn handle(req: Request, state: Arc<Mutex<State>>, arrived: Arc<Notify>, to
         let Some(file) = st.files.get_mut(&id) else { return Response::new(404) };
         if file.fail_first > 0 {
             file.fail_first -= 1;
-            return Response::text(502, "Bad Gateway");
+            let half = file.data.len() / 2;
+            return Response::new(200)
+                .header("content-type", "application/octet-stream")
+                .body(file.data.clone())
+                .torn_after(half);
         }
         return Response::new(200).header("content-type", "application/octet-stream").body(file.data.clone());
     }
