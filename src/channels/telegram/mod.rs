@@ -248,15 +248,17 @@ impl Telegram {
                                 }
                             }
                         }
-                        if let Some(key) = self.report_session(&m).await {
-                            // The job's session, and the report itself: a reminder's text is in no session.
-                            msg.conversation.session_key = key;
-                            let quoted = m.reply_to_message.as_ref().and_then(|r| r.text.as_deref()).unwrap_or("");
-                            msg.text = format!("[In reply to the report: \"{}\"]\n{}", quote(quoted), msg.text);
+                        let is_command = crate::agent::commands::parse(&msg.text).is_some();
+                        if !is_command {
+                            if let Some(key) = self.report_session(&m).await {
+                                // The job's session, and the report itself: a reminder's text is in no session.
+                                msg.conversation.session_key = key;
+                                let quoted = m.reply_to_message.as_ref().and_then(|r| r.text.as_deref()).unwrap_or("");
+                                msg.text = format!("[In reply to the report: \"{}\"]\n{}", quote(quoted), msg.text);
+                            }
                         }
                         let chat = msg.conversation.chat_id.clone();
                         let key = msg.conversation.session_key.clone();
-                        let is_command = crate::agent::commands::parse(&msg.text).is_some();
                         // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
                         let sent = tokio::select! { biased; _ = stop.cancelled() => false, r = inbound.send(msg) => r.is_ok() };
                         if !sent {
