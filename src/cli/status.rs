@@ -135,6 +135,7 @@ pub(super) fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow
     }
     println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
     println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
+    println!("ha:         {}", crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir));
     if private {
         println!("sessions:   {PRIVATE}");
     } else {

@@ -10,6 +10,7 @@
 //! (`api_key_env = "OPENAI_API_KEY"`); the [`Secret`] type keeps them out of
 //! `Debug` output and therefore out of logs.
 
+pub mod homeassistant;
 pub mod templates;
 pub mod types;
 
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
 
 use crate::bus::Target;
@@ -40,6 +42,8 @@ pub struct Config {
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
     pub transcription: TranscriptionConfig,
+    /// `[homeassistant]` (`homeassistant.rs`).
+    pub homeassistant: HomeAssistantConfig,
 }
 
 /// `[transcription]`: turning voice notes into text.
@@ -157,6 +161,7 @@ impl Default for Config {
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
             transcription: TranscriptionConfig::default(),
+            homeassistant: HomeAssistantConfig::default(),
         }
     }
 }

@@ -87,6 +87,11 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     if c.mqtt.url.is_some() {
         tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)));
     }
+    if let Some(ha) = ha_rest(c) {
+        let allow = &c.homeassistant.allow;
+        tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
+        tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
+    }
     tools.register(Arc::new(crate::tools::cron::CronTool::new(JobStore::open(state), c.timezone(), telegram_chats)));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     let (_, skill_errors) = skills::load(&ws);
@@ -144,6 +149,17 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     Agent::new(parts)
 }
 
+/// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
+fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::tools::homeassistant::HaRest>> {
+    match crate::tools::homeassistant::HaRest::from_config(&c.homeassistant) {
+        Ok(rest) => rest.map(Arc::new),
+        Err(e) => {
+            tracing::error!("Home Assistant is off: {e}");
+            None
+        }
+    }
+}
+
 /// The MQTT link for this config, if a broker is configured and usable.
 fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
     match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
@@ -161,7 +177,7 @@ pub struct Daemon {
     pub agent: Arc<Agent>,
     /// The bus between the channels and the agent.
     pub bus: Bus,
-    /// Where reports go: `log`, and `telegram`/`mqtt` when configured.
+    /// Where reports go: `log`, and `telegram`/`mqtt`/`ha` when configured.
     pub channels: Channels,
     /// Telegram's poller (its delivery side is in `channels`).
     pub telegram: Option<crate::channels::telegram::Telegram>,
@@ -207,6 +223,9 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     }
     if let Some(link) = &mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
+    }
+    if let Some(ha) = ha_rest(c) {
+        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha)));
     }
     Ok(Daemon {
         agent,

@@ -1,0 +1,193 @@
+//! Home Assistant against a fake HA (`support::fake_ha`, built from HA's
+//! published REST and WebSocket formats) and the real binary: the `ha_*`
+//! tools with their allow list and origins, `ha:notify.<service>` reports,
+//! and `[[homeassistant.trigger]]` over a real RFC 6455 connection.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::fake_ha::FakeHa;
+use crate::support::fake_llm::{Dialect, FakeLlm};
+use crate::support::setup::TestHome;
+use bramble::provider::ToolCall;
+use bramble::tools::ToolContext;
+
+const TOKEN: &str = "ha-test-token-abc123";
+
+struct Setup {
+    ha: FakeHa,
+    fake: FakeLlm,
+    home: TestHome,
+    log: PathBuf,
+}
+
+impl Setup {
+    /// A fake HA, a fake LLM and a config with `[homeassistant]` (`ha_extra`
+    /// goes into that section; `extra` after it: other sections, triggers).
+    async fn new(ha_extra: &str, extra: &str) -> Setup {
+        let ha = FakeHa::start(TOKEN).await;
+        let fake = FakeLlm::start(Dialect::OpenAi).await;
+        let extra = format!(
+            "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
+             [homeassistant]\nurl = \"{}\"\ntoken = \"{TOKEN}\"\n{ha_extra}\n{extra}\n",
+            ha.url()
+        );
+        let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
+        let log = home.path().join("daemon.log");
+        Setup { ha, fake, home, log }
+    }
+
+    fn start(&self) -> Daemon {
+        Daemon::start_logging_to(self.home.path(), Some(&self.home.config), &self.log)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn cli(&self, args: &[&str]) -> String {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&self.home.config)
+            .args(args)
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .await
+            .expect("bramble");
+        assert!(out.status.success(), "bramble {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+async fn call(agent: &bramble::agent::Agent, channel: &str, tool: &str, args: Value) -> (String, bool) {
+    let ctx = ToolContext::detached("t").from_chat(channel, "1");
+    let out = agent.tools().execute(&ToolCall::new("c1", tool, args.to_string()), &ctx).await;
+    (out.text, out.is_error)
+}
+
+#[tokio::test]
+async fn tools_call_allowed_services_and_refuse_the_rest() {
+    let s = Setup::new(r#"allow = ["light.*", "sensor.outdoor_*", "notify.mobile_app_*"]"#, "").await;
+    s.ha.set_state("sensor.outdoor_temperature", "7.5", json!({"unit_of_measurement": "°C"}));
+    s.ha.set_state("lock.front_door", "locked", json!({}));
+    let (agent, _rx) = s.home.agent();
+    assert!(agent.tools().names().contains(&"ha_call_service"), "{:?}", agent.tools().names());
+
+    // Allowed: the right path, body and bearer token.
+    let args =
+        json!({"domain": "light", "service": "turn_on", "entity_id": "light.kitchen", "data": {"brightness_pct": 40}});
+    let (text, err) = call(&agent, "telegram", "ha_call_service", args).await;
+    assert!(!err, "{text}");
+    assert_eq!(text, "Called light.turn_on for light.kitchen. Now: light.kitchen is on.");
+    let c = s.ha.calls().pop().unwrap();
+    assert_eq!((c.method.as_str(), c.path.as_str()), ("POST", "/api/services/light/turn_on"));
+    assert_eq!(c.header("authorization"), Some(format!("Bearer {TOKEN}").as_str()));
+    assert_eq!(c.json().unwrap(), json!({"brightness_pct": 40, "entity_id": ["light.kitchen"]}));
+    // An entity-less service is checked as domain.service.
+    let args = json!({"domain": "notify", "service": "mobile_app_pixel", "data": {"message": "hi"}});
+    let (text, err) = call(&agent, "cli", "ha_call_service", args).await;
+    assert!(!err, "{text}");
+    assert_eq!(s.ha.calls().pop().unwrap().path, "/api/services/notify/mobile_app_pixel");
+
+    let calls_before = s.ha.calls().len();
+    // Not allowed: refused with a reason the model can act on, nothing sent.
+    let args = json!({"domain": "lock", "service": "unlock", "entity_id": "lock.front_door"});
+    let (text, err) = call(&agent, "telegram", "ha_call_service", args).await;
+    assert!(
+        err && text.contains("`lock.front_door` is not allowed; allowed patterns ([homeassistant] allow)"),
+        "{text}"
+    );
+    // An untrusted origin (an MQTT turn) cannot call services at all.
+    let args = json!({"domain": "light", "service": "turn_off", "entity_id": "light.kitchen"});
+    let (text, err) = call(&agent, "mqtt", "ha_call_service", args).await;
+    assert!(err && text.contains("untrusted origin"), "{text}");
+    assert_eq!(s.ha.calls().len(), calls_before, "refusals send nothing");
+
+    // Reads: allowed entities, also from MQTT; others refused; unknown ones said so.
+    let (text, err) = call(&agent, "mqtt", "ha_get_state", json!({"entity_id": "sensor.outdoor_temperature"})).await;
+    assert!(!err, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["state"].as_str(), v["attributes"]["unit_of_measurement"].as_str()), (Some("7.5"), Some("°C")));
+    assert_eq!(s.ha.calls().pop().unwrap().path, "/api/states/sensor.outdoor_temperature");
+    let (text, err) = call(&agent, "cli", "ha_get_state", json!({"entity_id": "lock.front_door"})).await;
+    assert!(err && text.contains("not allowed"), "{text}");
+    let (text, err) = call(&agent, "cli", "ha_get_state", json!({"entity_id": "light.nowhere"})).await;
+    assert!(err && text.contains("Home Assistant has no entity `light.nowhere`"), "{text}");
+
+    // HA's errors reach the model; the token never does.
+    s.ha.fail_next(&[500]);
+    let (text, err) = call(&agent, "cli", "ha_get_state", json!({"entity_id": "light.kitchen"})).await;
+    assert!(err && text.contains("answered 500") && !text.contains(TOKEN), "{text}");
+}
+
+#[tokio::test]
+async fn a_refused_token_is_said_without_the_token() {
+    let s = Setup::new(r#"allow = ["light.*"]"#, "").await;
+    let text = std::fs::read_to_string(&s.home.config).unwrap().replace(TOKEN, "wrong-token-xyz");
+    std::fs::write(&s.home.config, text).unwrap();
+    let (agent, _rx) = s.home.agent();
+    let (text, err) = call(&agent, "cli", "ha_get_state", json!({"entity_id": "light.kitchen"})).await;
+    assert!(err && text.contains("answered 401") && text.contains("token was refused"), "{text}");
+    assert!(!text.contains("wrong-token-xyz"), "{text}");
+}
+
+#[tokio::test]
+async fn a_reminder_reaches_the_phone_through_ha_notify_after_a_500() {
+    let s = Setup::new("", "").await;
+    s.ha.fail_next(&[500]);
+    let daemon = s.start();
+    daemon.scheduler_idle().await;
+    let at = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(1)).unwrap().to_string();
+    let out = s
+        .cli(&[
+            "cron",
+            "add",
+            "tea",
+            "--at",
+            &at,
+            "--remind",
+            "Tea is ready",
+            "--deliver",
+            "ha:notify.mobile_app_phone",
+        ])
+        .await;
+    assert!(out.contains("added job tea"), "{out}");
+    let notify = |s: &Setup| {
+        s.ha.calls().into_iter().filter(|c| c.path == "/api/services/notify/mobile_app_phone").collect::<Vec<_>>()
+    };
+    // The first attempt gets a 500 (retryable); the outbox's backoff tries again.
+    assert!(wait_until(40, || notify(&s).len() >= 2).await, "{}", s.log());
+    assert!(s.log().contains("delivery failed; will retry"), "{}", s.log());
+    let last = notify(&s).pop().unwrap();
+    assert_eq!(last.json().unwrap(), json!({"message": "Tea is ready", "title": "bramble"}));
+    assert_eq!(last.header("authorization"), Some(format!("Bearer {TOKEN}").as_str()));
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
+    assert!(wait_until(10, || outbox.pending().is_ok_and(|p| p.is_empty())).await, "delivered");
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains(TOKEN), "the token is never logged");
+    assert_eq!(s.fake.request_count(), 0, "a reminder calls no model");
+
+    // Status says what is configured, never the token.
+    let status = s.cli(&["status"]).await;
+    assert!(status.contains(&format!("ha:         {} (token set)", s.ha.url())), "{status}");
+    assert!(status.contains("channels:   ha, log"), "{status}");
+    assert!(!status.contains(TOKEN));
+}
+
+#[tokio::test]
+async fn a_4xx_from_notify_drops_the_report() {
+    let s = Setup::new("", "").await;
+    s.ha.fail_next(&[400]);
+    let daemon = s.start();
+    daemon.scheduler_idle().await;
+    let at = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(1)).unwrap().to_string();
+    s.cli(&["cron", "add", "x", "--at", &at, "--remind", "hello", "--deliver", "ha:notify.nope"]).await;
+    assert!(wait_until(20, || s.log().contains("delivery refused; report dropped")).await, "{}", s.log());
+    assert_eq!(s.ha.calls().len(), 1, "not retried");
+    daemon.stop().await;
+}
