@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::support::daemon::{wait_until, Daemon};
 use crate::support::fake_ha::FakeHa;
-use crate::support::fake_llm::{Dialect, FakeLlm};
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
 use crate::support::setup::TestHome;
 use bramble::provider::ToolCall;
 use bramble::tools::ToolContext;
@@ -190,4 +190,124 @@ async fn a_4xx_from_notify_drops_the_report() {
     assert!(wait_until(20, || s.log().contains("delivery refused; report dropped")).await, "{}", s.log());
     assert_eq!(s.ha.calls().len(), 1, "not retried");
     daemon.stop().await;
+}
+
+const ALICE: i64 = 1111;
+const TG_TOKEN: &str = "123456:TEST-token-do-not-log";
+
+#[tokio::test]
+async fn a_door_opening_becomes_a_turn_reported_to_telegram() {
+    let tg = crate::support::telegram::FakeTelegram::start(TG_TOKEN).await;
+    let extra = format!(
+        r#"[telegram]
+token = "{TG_TOKEN}"
+allow_from = ["{ALICE}"]
+api_base = "{}"
+
+[[homeassistant.trigger]]
+entity_id = ["binary_sensor.*_door", "binary_sensor.garage"]
+from = "off"
+to = "on"
+message = "{{name}} opened ({{entity}}: {{from}} -> {{to}}, battery {{attributes.battery}}%)"
+deliver = ["telegram:{ALICE}"]
+min_interval = "0s"
+"#,
+        tg.url()
+    );
+    let s = Setup::new(r#"allow = ["light.*"]"#, &extra).await;
+    s.fake.push(Reply::text("The front door just opened."));
+    let daemon = s.start();
+    assert!(wait_until(15, || s.ha.subscribed() == 1).await, "subscribed: {}", s.log());
+    assert!(s.log().contains("Home Assistant connected"), "{}", s.log());
+    let status = s.cli(&["status"]).await;
+    assert!(status.contains("websocket connected since"), "{status}");
+
+    // Frames as HA sends them: a big result (under the 1 MiB cap), a control
+    // ping (answered), events in fragments with a ping between them.
+    s.ha.send_big(600 * 1024);
+    s.ha.ping();
+    assert!(wait_until(10, || s.ha.ws().pongs >= 1).await, "the ping was answered: {:?}", s.ha.ws());
+    s.ha.fragment_events(Some(7));
+    // Not matching: another entity, the wrong direction, attributes only.
+    s.ha.state_changed("binary_sensor.front_window", "off", "on", json!({}));
+    s.ha.state_changed("binary_sensor.front_door", "on", "off", json!({}));
+    s.ha.state_changed("binary_sensor.front_door", "off", "off", json!({"battery": 80}));
+    // The one that matches.
+    s.ha.state_changed("binary_sensor.front_door", "off", "on", json!({"friendly_name": "Front door", "battery": 91}));
+    assert!(tg.wait_sent(1, 20).await, "reported to Telegram: {}", s.log());
+    assert_eq!(tg.sent()[0]["chat_id"], ALICE);
+    assert_eq!(tg.sent_texts()[0], "The front door just opened.");
+    let reqs: Vec<String> = s.fake.requests().iter().map(Value::to_string).collect();
+    assert_eq!(reqs.len(), 1, "one turn: {reqs:?}");
+    assert!(reqs[0].contains("Front door opened (binary_sensor.front_door: off -> on, battery 91%)"), "{}", reqs[0]);
+    let ws = s.ha.ws();
+    assert!(ws.protocol_errors.is_empty(), "every client frame was masked and well-formed: {ws:?}");
+    assert_eq!((ws.upgrades, ws.auth_ok, ws.subscriptions), (1, 1, 1), "{ws:?}");
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0));
+    assert!(!log.contains(TOKEN), "the HA token is never logged");
+    assert!(s.ha.ws().closes >= 1, "a clean stop sends a close frame");
+}
+
+#[tokio::test]
+async fn a_dropped_socket_reconnects_resubscribes_and_invents_nothing() {
+    let extra = r#"
+[[homeassistant.trigger]]
+entity_id = "binary_sensor.back_door"
+to = "on"
+for = "2s"
+exec = "cat >> fired.jsonl; echo >> fired.jsonl"
+min_interval = "0s"
+"#;
+    let s = Setup::new("", extra).await;
+    let fired = s.home.workspace.join("fired.jsonl");
+    let lines = || std::fs::read_to_string(&fired).map(|t| t.lines().filter(|l| !l.is_empty()).count()).unwrap_or(0);
+    let daemon = s.start();
+    assert!(wait_until(15, || s.ha.subscribed() == 1).await, "{}", s.log());
+
+    // Held for less than `for`: cancelled.
+    s.ha.state_changed("binary_sensor.back_door", "off", "on", json!({}));
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    s.ha.state_changed("binary_sensor.back_door", "on", "off", json!({}));
+    // Opened, then the connection drops before `for` has passed: the match is
+    // dropped with the connection, not fired from what was seen before.
+    s.ha.state_changed("binary_sensor.back_door", "off", "on", json!({}));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.ha.drop_sockets();
+    assert!(
+        wait_until(20, || s.ha.ws().subscriptions == 2 && s.ha.subscribed() == 1).await,
+        "re-subscribed: {}",
+        s.log()
+    );
+    assert!(s.log().contains("Home Assistant connection lost"), "{}", s.log());
+    assert!(s.log().contains("1 `for` trigger(s) waiting were cancelled"), "{}", s.log());
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(lines(), 0, "nothing fired: {}", s.log());
+
+    // After the reconnect, a change held for 2 s fires once, with the event on stdin.
+    s.ha.state_changed("binary_sensor.back_door", "off", "on", json!({"friendly_name": "Back door"}));
+    assert!(wait_until(15, || lines() == 1).await, "{}", s.log());
+    let event: Value = serde_json::from_str(std::fs::read_to_string(&fired).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(event["entity_id"], "binary_sensor.back_door");
+    assert_eq!(event["new_state"]["state"], "on");
+    assert_eq!(event["new_state"]["attributes"]["friendly_name"], "Back door");
+    daemon.stop().await;
+    assert_eq!(s.fake.request_count(), 0, "exec triggers call no model");
+}
+
+#[tokio::test]
+async fn a_refused_token_is_reported_and_not_retried_in_a_loop() {
+    let extra = "[[homeassistant.trigger]]\nentity_id = \"sensor.x\"\nexec = \"cat\"\n";
+    let s = Setup::new("", extra).await;
+    let text = std::fs::read_to_string(&s.home.config).unwrap().replace(TOKEN, "revoked-token-123");
+    std::fs::write(&s.home.config, text).unwrap();
+    let daemon = s.start();
+    assert!(wait_until(15, || s.log().contains("Home Assistant refused the token")).await, "{}", s.log());
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let ws = s.ha.ws();
+    assert_eq!((ws.upgrades, ws.auth_invalid), (1, 1), "one attempt, then a long wait: {ws:?}");
+    let status = s.cli(&["status"]).await;
+    assert!(status.contains("websocket REFUSED since") && status.contains("long-lived access token"), "{status}");
+    let (_, log) = daemon.stop().await;
+    assert!(!log.contains("revoked-token-123") && !status.contains("revoked-token-123"), "never the token");
 }

@@ -15,6 +15,10 @@
 //! The REST side (the client and the tools) is `tools::homeassistant`, a
 //! layer below: this channel posts notifications through that same client.
 
+pub mod events;
+pub mod triggers;
+pub mod ws;
+
 use std::sync::Arc;
 
 use serde_json::json;
@@ -69,8 +73,7 @@ pub fn status_line(c: &Config, state_dir: &std::path::Path) -> String {
     let ws = if ha.trigger.is_empty() {
         "websocket not used (no triggers)".to_string()
     } else {
-        let _ = state_dir;
-        "websocket: triggers are not supported yet".to_string()
+        format!("websocket {}", events::StateFile::new(state_dir).describe())
     };
     let allow: Vec<&str> = ha.allow.iter().map(|g| g.as_str()).collect();
     format!(

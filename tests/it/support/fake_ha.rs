@@ -270,6 +270,9 @@ async fn websocket(mut stream: BufReader<TcpStream>, req: Request, state: Arc<Mu
     };
     let _ = tx.try_send(Out::Text(json!({"type": "auth_required", "ha_version": "2026.11.0"}).to_string()));
     let (mut reader, mut writer) = tokio::io::split(stream);
+    // `Drop` ends the writer; the reader must go too, or the TCP connection stays open.
+    let dropped = Arc::new(tokio::sync::Notify::new());
+    let drop_signal = dropped.clone();
     let writer_task = tokio::spawn(async move {
         while let Some(out) = rx.recv().await {
             let bytes = match out {
@@ -287,7 +290,10 @@ async fn websocket(mut stream: BufReader<TcpStream>, req: Request, state: Arc<Mu
                     }
                     bytes
                 }
-                Out::Drop => return,
+                Out::Drop => {
+                    drop_signal.notify_one();
+                    return;
+                }
             };
             if writer.write_all(&bytes).await.is_err() {
                 return;
@@ -296,7 +302,11 @@ async fn websocket(mut stream: BufReader<TcpStream>, req: Request, state: Arc<Mu
     });
     let mut authed = false;
     loop {
-        let Some((opcode, payload)) = read_frame(&mut reader, &state).await else { break };
+        let frame = tokio::select! {
+            f = read_frame(&mut reader, &state) => f,
+            _ = dropped.notified() => None,
+        };
+        let Some((opcode, payload)) = frame else { break };
         match opcode {
             0x1 => {
                 let Ok(msg) = serde_json::from_slice::<Value>(&payload) else { continue };
