@@ -1170,6 +1170,7 @@ fn exposed_secrets(c: &Config, path: &Path) -> Option<String> {
         ("[provider] api_key", c.providers.iter().any(|p| p.api_key.is_some())),
         ("[telegram] token", c.telegram.token.is_some()),
         ("[mqtt] password", c.mqtt.password.is_some()),
+        ("[homeassistant] token", c.homeassistant.token.is_some()),
     ]
     .into_iter()
     .filter_map(|(name, set)| set.then_some(name))

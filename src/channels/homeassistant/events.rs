@@ -82,7 +82,10 @@ pub async fn run(mut c: Connection, stop: CancellationToken) {
     loop {
         let started = Instant::now();
         let mut connected = false;
+        // Biased: once subscribed, the session sees `stop` itself and sends a
+        // close frame before this branch drops it; before that, this ends it.
         let result = tokio::select! {
+            biased;
             r = session(&mut c, &mut connected, &stop) => r,
             _ = stop.cancelled() => Ok(()),
         };
