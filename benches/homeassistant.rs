@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use support::fake_ha::FakeHa;
 
 mod common;
-use common::{proc_stats, start_daemon, stop_daemon};
+use common::{proc_field, proc_stats, start_daemon, stop_daemon};
 
 const TOKEN: &str = "bench-token";
 
@@ -69,17 +69,24 @@ fn main() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 assert_eq!(ha.subscribed(), 1, "the daemon subscribed");
-            } else {
-                tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            let before = proc_stats(pid);
+            // Past the start-up (the sandbox probe runs after READY).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            // The runtime thread's wake-ups (blocking-pool threads come and go,
+            // taking their counts with them).
+            let switches = || {
+                proc_field(pid, "status", "voluntary_ctxt_switches:").unwrap_or(0)
+                    + proc_field(pid, "status", "nonvoluntary_ctxt_switches:").unwrap_or(0)
+            };
+            let before = switches();
             tokio::time::sleep(Duration::from_secs(idle)).await;
             let after = proc_stats(pid);
+            let woken = switches().saturating_sub(before);
             println!(
                 "{}: idle {idle} s: VmRSS {:.2} MB, wake-ups {:.1}/min",
                 if with_ha { "with [homeassistant], WebSocket subscribed" } else { "without [homeassistant]" },
                 after.rss as f64 / 1000.0,
-                (after.switches - before.switches) as f64 * 60.0 / idle as f64
+                woken as f64 * 60.0 / idle as f64
             );
             if with_ha {
                 let runs = ws.join("runs.txt");

@@ -178,7 +178,8 @@ async fn session(c: &mut Connection, connected: &mut bool, stop: &CancellationTo
                 dispatch(c, fires);
                 continue;
             }
-            _ = tokio::time::sleep_until(deadline) => {
+            // One kernel timer per quiet minute (tokio's wheel would wake up to three times).
+            _ = crate::util::timer::sleep(deadline.saturating_duration_since(Instant::now())) => {
                 if pinged.is_some() {
                     return Err(SessionError::Silent(IDLE + DEAD));
                 }

@@ -330,6 +330,10 @@ impl Socket {
         loop {
             while let Some((frame, used)) = decode(&self.buf, MAX_MESSAGE)? {
                 self.buf.drain(..used);
+                if self.buf.is_empty() && self.buf.capacity() > 64 * 1024 {
+                    // A big message is over: do not keep its megabyte for an idle connection.
+                    self.buf = Vec::new();
+                }
                 match self.assembler.push(frame)? {
                     Step::More => {}
                     Step::Message(m) => return Ok(m),
