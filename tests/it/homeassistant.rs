@@ -311,3 +311,47 @@ async fn a_refused_token_is_reported_and_not_retried_in_a_loop() {
     let (_, log) = daemon.stop().await;
     assert!(!log.contains("revoked-token-123") && !status.contains("revoked-token-123"), "never the token");
 }
+
+#[tokio::test]
+async fn without_homeassistant_ha_notify_reports_wait_in_the_outbox() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new(
+        "openai",
+        &fake.base_url(),
+        "",
+        "",
+        "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n[alerts]\ndeliver = [\"ha:notify.mobile_app_x\"]\n",
+    );
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&home.config)
+            .args(args)
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .expect("bramble")
+    };
+    let check = run(&["check"]);
+    let out = String::from_utf8_lossy(&check.stdout);
+    assert!(out.contains("[homeassistant] has no `url`"), "{out}");
+    let log = home.path().join("daemon.log");
+    let daemon = Daemon::start_logging_to(home.path(), Some(&home.config), &log);
+    daemon.scheduler_idle().await;
+    let at = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(1)).unwrap().to_string();
+    let added = run(&["cron", "add", "x", "--at", &at, "--remind", "hi", "--deliver", "ha:notify.mobile_app_x"]);
+    let err = String::from_utf8_lossy(&added.stderr);
+    assert!(
+        err.contains("warning: ha is not configured: reports for ha:notify.mobile_app_x wait in the outbox"),
+        "{err}"
+    );
+    assert!(
+        daemon.wait_log("no `ha` channel is configured: its reports wait in the outbox", 20).await,
+        "{}",
+        daemon.log()
+    );
+    let outbox = bramble::delivery::outbox::Outbox::new(&home.state);
+    assert_eq!(outbox.pending().unwrap().len(), 1, "kept for when [homeassistant] is configured");
+    daemon.stop().await;
+}
