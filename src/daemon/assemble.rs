@@ -38,12 +38,15 @@ pub struct AgentLinks {
     pub scheduler: Option<SchedulerHandle>,
     /// Telegram's status messages for chat turns (`None`: off, or outside the daemon).
     pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
+    /// The daemon's Home Assistant client, shared with the `ha` channel
+    /// (`None`: the agent makes its own from the config, if there is one).
+    pub ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
 }
 
 impl AgentLinks {
     /// Links for an agent outside the daemon: it sends to `outbound` only.
     pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
-        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None }
+        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None, ha: None }
     }
 }
 
@@ -87,7 +90,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     if c.mqtt.url.is_some() {
         tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)));
     }
-    if let Some(ha) = ha_rest(c) {
+    if let Some(ha) = links.ha.or_else(|| ha_rest(c)) {
         let allow = &c.homeassistant.allow;
         tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
         tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
@@ -183,6 +186,8 @@ pub struct Daemon {
     pub telegram: Option<crate::channels::telegram::Telegram>,
     /// The broker connection (its delivery side is in `channels`).
     pub mqtt: Option<Arc<crate::channels::mqtt::Link>>,
+    /// Home Assistant's REST client (the tools, the `ha` channel, the triggers' WebSocket).
+    pub ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
     pub scheduler: Scheduler,
     /// The durable outbox; reports it cannot write (disk full) wait in memory.
     pub outbox: Outbox,
@@ -210,7 +215,9 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         crate::work::reminders::Reminders::new(JobStore::open(state), c.timezone().tz().clone(), tomorrow_at);
     let telegram =
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
+    let ha = ha_rest(c);
     let links = AgentLinks {
+        ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
@@ -224,8 +231,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     if let Some(link) = &mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
     }
-    if let Some(ha) = ha_rest(c) {
-        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha)));
+    if let Some(ha) = &ha {
+        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
     }
     Ok(Daemon {
         agent,
@@ -233,6 +240,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         channels,
         telegram,
         mqtt,
+        ha,
         scheduler,
         outbox: Outbox::new(state).holding_in_memory(),
         wake: Arc::new(Notify::new()),

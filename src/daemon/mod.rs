@@ -172,7 +172,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let assemble::Daemon { agent, bus, channels, telegram, mqtt, mut scheduler, outbox, wake } =
+    let assemble::Daemon { agent, bus, channels, telegram, mqtt, ha, mut scheduler, outbox, wake } =
         assemble::daemon(loaded)?;
     // Read once, here: the scheduler starts from these, and the start-up line counts them.
     let jobs = scheduler.preload().unwrap_or_else(|e| {
@@ -239,7 +239,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             Err(e) => tracing::error!("MQTT is off: {e}"),
         }
     }
-    if let Some(ha) = crate::tools::homeassistant::HaRest::from_config(&c.homeassistant).ok().flatten() {
+    if let Some(ha) = ha {
         let deps = crate::work::triggers::TriggerDeps { runner: work.clone(), reports: reports.clone() };
         crate::channels::homeassistant::events::spawn(
             &ha,
