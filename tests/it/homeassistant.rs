@@ -355,3 +355,31 @@ async fn without_homeassistant_ha_notify_reports_wait_in_the_outbox() {
     assert_eq!(outbox.pending().unwrap().len(), 1, "kept for when [homeassistant] is configured");
     daemon.stop().await;
 }
+
+#[tokio::test]
+async fn doctor_logs_in_to_both_apis_and_names_a_refused_token() {
+    let s = Setup::new("", "[[homeassistant.trigger]]\nentity_id = \"sensor.x\"\nexec = \"cat\"\n").await;
+    async fn doctor(s: &Setup) -> String {
+        // Not `std::process`: the fake HA runs on this test's runtime.
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&s.home.config)
+            .arg("doctor")
+            .env_clear()
+            .env("HOME", s.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .await
+            .expect("bramble doctor");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().find(|l| l.contains("homeassistant")).unwrap_or_default().to_string()
+    }
+    let line = doctor(&s).await;
+    assert!(line.contains("the REST API accepts the token, and so does the WebSocket API (1 trigger(s))"), "{line}");
+    assert_eq!((s.ha.ws().auth_ok, s.ha.ws().closes), (1, 1), "logged in, then closed cleanly");
+    let text = std::fs::read_to_string(&s.home.config).unwrap().replace(TOKEN, "old-token-456");
+    std::fs::write(&s.home.config, text).unwrap();
+    let line = doctor(&s).await;
+    assert!(line.contains("answered 401") && line.contains("token was refused"), "{line}");
+    assert!(!line.contains("old-token-456"));
+}

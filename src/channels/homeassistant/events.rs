@@ -133,21 +133,7 @@ pub async fn run(mut c: Connection, stop: CancellationToken) {
 
 /// One connection: handshake, auth, subscribe, then events until it ends.
 async fn session(c: &mut Connection, connected: &mut bool, stop: &CancellationToken) -> Result<(), SessionError> {
-    let mut ws = Socket::connect(&c.endpoint, STEP).await?;
-    let first = next_json(&mut ws).await?;
-    if first["type"] != "auth_required" {
-        return Err(SessionError::Unexpected(format!("expected auth_required, got {}", kind(&first))));
-    }
-    ws.send_text(&json!({"type": "auth", "access_token": c.token.expose()}).to_string()).await?;
-    let answer = next_json(&mut ws).await?;
-    match answer["type"].as_str() {
-        Some("auth_ok") => {}
-        Some("auth_invalid") => {
-            let why = answer["message"].as_str().unwrap_or("auth_invalid").to_string();
-            return Err(SessionError::AuthInvalid(why));
-        }
-        _ => return Err(SessionError::Unexpected(format!("expected auth_ok, got {}", kind(&answer)))),
-    }
+    let mut ws = login(&c.endpoint, &c.token).await?;
     let mut id = 1u64;
     let subscription = id;
     ws.send_text(&json!({"id": id, "type": "subscribe_events", "event_type": "state_changed"}).to_string()).await?;
@@ -211,6 +197,26 @@ async fn session(c: &mut Connection, connected: &mut bool, stop: &CancellationTo
             }
             Message::Pong(_) | Message::Binary(_) => {}
         }
+    }
+}
+
+/// Connect and authenticate: `auth_required` → `auth` → `auth_ok`. Also
+/// `bramble doctor`'s check.
+pub async fn login(endpoint: &Endpoint, token: &Secret) -> Result<Socket, SessionError> {
+    let mut ws = Socket::connect(endpoint, STEP).await?;
+    let first = next_json(&mut ws).await?;
+    if first["type"] != "auth_required" {
+        return Err(SessionError::Unexpected(format!("expected auth_required, got {}", kind(&first))));
+    }
+    ws.send_text(&json!({"type": "auth", "access_token": token.expose()}).to_string()).await?;
+    let answer = next_json(&mut ws).await?;
+    match answer["type"].as_str() {
+        Some("auth_ok") => Ok(ws),
+        Some("auth_invalid") => {
+            let why = answer["message"].as_str().unwrap_or("auth_invalid").to_string();
+            Err(SessionError::AuthInvalid(why))
+        }
+        _ => Err(SessionError::Unexpected(format!("expected auth_ok, got {}", kind(&answer)))),
     }
 }
 

@@ -61,6 +61,26 @@ impl Channel for NotifyChannel {
     }
 }
 
+/// `bramble doctor`: the REST API answers `GET /api/` with the token and,
+/// when triggers need it, the WebSocket API logs in. `Ok(None)` without `[homeassistant]`.
+pub async fn probe(c: &crate::config::HomeAssistantConfig) -> Result<Option<String>, String> {
+    let rest = match HaRest::from_config(c) {
+        Ok(None) => return Ok(None),
+        Ok(Some(rest)) => rest,
+        Err(e) => return Err(e.to_string()),
+    };
+    rest.request("/api/", None).await.map_err(|e| e.to_string())?;
+    let mut found = format!("{}: the REST API accepts the token", rest.base());
+    if !c.trigger.is_empty() {
+        let endpoint = ws::Endpoint::under(rest.base(), "/api/websocket")?;
+        let socket =
+            events::login(&endpoint, rest.token()).await.map_err(|e| format!("{}: {e}", endpoint.describe()))?;
+        socket.close().await;
+        found.push_str(&format!(", and so does the WebSocket API ({} trigger(s))", c.trigger.len()));
+    }
+    Ok(Some(found))
+}
+
 /// `bramble status`: where Home Assistant is, whether there is a token, the
 /// WebSocket's last state as the daemon recorded it, the triggers and the allow list.
 pub fn status_line(c: &Config, state_dir: &std::path::Path) -> String {

@@ -3,7 +3,7 @@
 //! from bramble's code: HA itself is far too heavy for a test.
 //!
 //! One port, as HA's 8123:
-//! - REST: `POST /api/services/<domain>/<service>` (answers the list of
+//! - REST: `GET /api/` (`{"message": "API running."}`), `POST /api/services/<domain>/<service>` (answers the list of
 //!   states it changed: `turn_on` → `on`, `turn_off` → `off`), `GET
 //!   /api/states/<entity_id>` (404 `{"message":"Entity not found."}`), and
 //!   401 for a wrong `Authorization: Bearer`. `fail_next` scripts statuses.
@@ -214,6 +214,9 @@ fn rest(req: &Request, state: &Mutex<State>, token: &str) -> Response {
         return Response::json(status, &json!({"message": format!("scripted {status}")}));
     }
     let path = req.path_only().to_string();
+    if path == "/api/" && req.method == "GET" {
+        return Response::json(200, &json!({"message": "API running."}));
+    }
     if let (Some(rest), "POST") = (path.strip_prefix("/api/services/"), req.method.as_str()) {
         let Some((_domain, service)) = rest.split_once('/') else { return Response::new(404) };
         let body = req.json().unwrap_or(json!({}));
