@@ -133,6 +133,17 @@ pub fn check_warnings(c: &Config) -> Vec<String> {
         }
     }
     for t in &ha.trigger {
+        if let crate::config::TriggerAction::Message(template) = &t.action {
+            let unknown = triggers::unknown_fields(template);
+            if !unknown.is_empty() {
+                out.push(format!(
+                    "trigger `{}`: {} stay as written; a Home Assistant template knows {{entity}}, {{name}}, \
+                     {{from}}, {{to}}, {{attributes.<name>}} and {{old_attributes.<name>}}",
+                    t.label(),
+                    unknown.join(", ")
+                ));
+            }
+        }
         for target in &t.deliver {
             if let Target::Telegram(_) = target {
                 if c.telegram.token().is_none() {
@@ -162,6 +173,12 @@ mod tests {
         assert!(w[0].contains("no token: set BRAMBLE_TEST_UNSET_HA"), "{w:?}");
         let w = check_warnings(&parse("[homeassistant]\nurl = \"http://ha:8123/api\"\ntoken = \"t\"\n"));
         assert!(w.iter().any(|l| l.contains("allow is empty")) && w.iter().any(|l| l.contains("without /api")));
+        let w = check_warnings(&parse(
+            "[homeassistant]\nurl = \"http://ha:8123\"\ntoken = \"t\"\nallow = [\"light.*\"]\n\
+             [[homeassistant.trigger]]\nentity_id = \"sensor.x\"\nmessage = \"{entity} is {payload}\"\n",
+        ));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("trigger `sensor.x`: {payload} stay as written"), "{w:?}");
         assert!(check_warnings(&parse("")).is_empty());
     }
 

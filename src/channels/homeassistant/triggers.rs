@@ -215,6 +215,24 @@ pub fn render(template: &str, change: &StateChange) -> String {
     })
 }
 
+/// The `{names}` in a template that [`render`] does not know (`bramble check`:
+/// `{payload}` copied from an MQTT trigger would stay as written).
+pub fn unknown_fields(template: &str) -> Vec<String> {
+    let mut unknown = Vec::new();
+    crate::work::triggers::render(template, |name| {
+        let known = matches!(name, "entity" | "from" | "to" | "name")
+            || name
+                .strip_prefix("attributes.")
+                .or_else(|| name.strip_prefix("old_attributes."))
+                .is_some_and(|p| !p.is_empty());
+        if !known {
+            unknown.push(format!("{{{name}}}"));
+        }
+        None
+    });
+    unknown
+}
+
 /// Run fired triggers until `stop`; runs in flight end or are cancelled by `abort`.
 pub async fn run(
     config: Arc<[HaTrigger]>,
@@ -326,6 +344,10 @@ mod tests {
         assert_eq!(
             text,
             "Front door (binary_sensor.front_door): off → on, battery 79 (was 80), (no attribute `nope`) {other}"
+        );
+        assert_eq!(
+            unknown_fields("{entity} {payload.x} {attributes.a.b} {attributes.} {to}"),
+            ["{payload.x}", "{attributes.}"]
         );
     }
 }
