@@ -17,13 +17,16 @@ use tokio::sync::mpsc;
 pub const BUS_CAPACITY: usize = 64;
 
 /// Where a report goes. Written in config and on the CLI as
-/// `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `log`.
+/// `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `ha:notify.<service>`, `log`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Target {
     /// A Telegram chat.
     Telegram(String),
     /// The device's default MQTT report topic (`None`) or a given topic.
     Mqtt(Option<String>),
+    /// A Home Assistant notify service (`ha:notify.mobile_app_pixel`): the
+    /// service name after `notify.`.
+    HomeAssistant(String),
     /// The daemon's log (journald under systemd).
     Log,
     /// The local terminal (`bramble agent`); not valid in config.
@@ -47,6 +50,7 @@ impl Target {
         match self {
             Target::Telegram(_) => "telegram",
             Target::Mqtt(_) => "mqtt",
+            Target::HomeAssistant(_) => "ha",
             Target::Log => "log",
             Target::Cli => "cli",
         }
@@ -59,6 +63,7 @@ impl fmt::Display for Target {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
+            Target::HomeAssistant(service) => write!(f, "ha:notify.{service}"),
             Target::Log => f.write_str("log"),
             Target::Cli => f.write_str("cli"),
         }
@@ -69,7 +74,7 @@ impl FromStr for Target {
     type Err = String;
     fn from_str(text: &str) -> Result<Self, String> {
         let t = text.trim();
-        let expected = "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>` or `log`";
+        let expected = "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -95,6 +100,17 @@ impl FromStr for Target {
                     Ok(Target::Mqtt(Some(topic.to_string())))
                 }
             }
+            Some(("ha", rest)) => match rest.trim().strip_prefix("notify.") {
+                Some(service)
+                    if !service.is_empty()
+                        && service.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') =>
+                {
+                    Ok(Target::HomeAssistant(service.to_string()))
+                }
+                _ => Err(format!(
+                    "`{text}`: a Home Assistant target is a notify service, like `ha:notify.mobile_app_pixel`"
+                )),
+            },
             _ => Err(format!("`{text}` is not a delivery target: {expected}")),
         }
     }
@@ -251,7 +267,15 @@ mod tests {
 
     #[test]
     fn targets_round_trip() {
-        for t in ["telegram:123456", "telegram:-100123", "telegram:@news", "mqtt", "mqtt:home/report", "log"] {
+        for t in [
+            "telegram:123456",
+            "telegram:-100123",
+            "telegram:@news",
+            "mqtt",
+            "mqtt:home/report",
+            "log",
+            "ha:notify.mobile_app_pixel",
+        ] {
             let parsed: Target = t.parse().unwrap();
             assert_eq!(parsed.to_string(), t);
         }
@@ -259,9 +283,21 @@ mod tests {
 
     #[test]
     fn bad_targets_say_what_is_expected() {
-        for t in ["telegram:", "telegram:abc", "mqtt:a/+/b", "mqtt:", "email:me", "slack"] {
+        for t in [
+            "telegram:",
+            "telegram:abc",
+            "mqtt:a/+/b",
+            "mqtt:",
+            "email:me",
+            "slack",
+            "ha:",
+            "ha:light.x",
+            "ha:notify.",
+            "ha:notify.a/b",
+        ] {
             let err = t.parse::<Target>().unwrap_err();
             assert!(err.contains(t.trim()), "{err}");
         }
+        assert_eq!("ha:notify.mobile_app_x".parse::<Target>().unwrap().channel(), "ha");
     }
 }

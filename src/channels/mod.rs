@@ -1,7 +1,8 @@
-//! Channels: where messages come from and where reports go — Telegram and
-//! MQTT (the terminal is the CLI's own). Each implements
+//! Channels: where messages come from and where reports go — Telegram, MQTT
+//! and Home Assistant (the terminal is the CLI's own). Each implements
 //! [`crate::delivery::Channel`] for its targets and feeds inbound messages
 //! onto the bus; the outbox ([`crate::delivery`]) calls `deliver` and retries.
 
+pub mod homeassistant;
 pub mod mqtt;
 pub mod telegram;

@@ -137,7 +137,7 @@ pub enum CronCommand {
         /// Run this shell command in the sandbox (no model call)
         #[arg(long, value_name = "CMD")]
         exec: Option<String>,
-        /// Where the result goes: telegram:<chat_id>, mqtt, mqtt:<topic>, log (repeatable) [default: log]
+        /// Where the result goes: telegram:<chat_id>, mqtt, mqtt:<topic>, ha:notify.<service>, log (repeatable) [default: log]
         #[arg(long, value_name = "TARGET")]
         deliver: Vec<String>,
         /// Missed runs (daemon down, clock jump): skip, once, or a window like 2h [default: skip; once for --at]

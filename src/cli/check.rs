@@ -24,6 +24,9 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
     for w in crate::channels::mqtt::check_warnings(&loaded.config) {
         println!("warning: {w}");
     }
+    for w in crate::channels::homeassistant::check_warnings(&loaded.config) {
+        println!("warning: {w}");
+    }
     let (skills, errors) = crate::agent::skills::load(&loaded.paths.workspace);
     for s in skills.iter().filter(|s| !s.available()) {
         println!("warning: skill {} is unavailable: missing {}", s.name, s.missing.join(", "));

@@ -92,6 +92,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                 let configured = match t {
                     Target::Telegram(_) => loaded.config.telegram.token().is_some(),
                     Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
+                    Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
                     Target::Log | Target::Cli => true,
                 };
                 if !configured {

@@ -68,6 +68,11 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
         Ok(Some(found)) => r.line(Level::Ok, "mqtt", found),
         Err(e) => r.line(Level::Error, "mqtt", format!("{e}: check [mqtt] url, username and password_env")),
     }
+    match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
+        Ok(None) => r.line(Level::Ok, "homeassistant", "not configured"),
+        Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
+        Err(e) => r.line(Level::Error, "homeassistant", e),
+    }
     if crate::scheduler::engine::clock_synchronized() {
         r.line(Level::Ok, "clock", "synchronised");
     } else {

@@ -143,6 +143,7 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
     println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
     println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
     println!("policy:     {}", policy_summary(&c.policy));
+    println!("ha:         {}", crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir));
     if private {
         println!("sessions:   {PRIVATE}");
     } else {

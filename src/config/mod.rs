@@ -10,6 +10,7 @@
 //! (`api_key_env = "OPENAI_API_KEY"`); the [`Secret`] type keeps them out of
 //! `Debug` output and therefore out of logs.
 
+pub mod homeassistant;
 pub mod mcp;
 pub mod templates;
 pub mod types;
@@ -19,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use mcp::{HttpKind, McpConfig, McpServer, McpTransport, StdioServer};
 pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
 
@@ -47,6 +49,8 @@ pub struct Config {
     /// `[policy.<source>]`: which tools turns from each source are offered
     /// (`terminal`, `telegram`, `job`, `heartbeat`, `mqtt`, `trigger`).
     pub policy: BTreeMap<String, PolicyRule>,
+    /// `[homeassistant]` (`homeassistant.rs`).
+    pub homeassistant: HomeAssistantConfig,
 }
 
 /// `[policy.<source>]`: an allow-list and a deny list of tool names (`*` globs).
@@ -179,6 +183,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             transcription: TranscriptionConfig::default(),
             policy: BTreeMap::new(),
+            homeassistant: HomeAssistantConfig::default(),
         }
     }
 }
@@ -1205,6 +1210,7 @@ fn exposed_secrets(c: &Config, path: &Path) -> Option<String> {
                     if headers.keys().any(|h| h.eq_ignore_ascii_case("authorization")))
             }),
         ),
+        ("[homeassistant] token", c.homeassistant.token.is_some()),
     ]
     .into_iter()
     .filter_map(|(name, set)| set.then_some(name))

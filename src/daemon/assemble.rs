@@ -38,12 +38,15 @@ pub struct AgentLinks {
     pub scheduler: Option<SchedulerHandle>,
     /// Telegram's status messages for chat turns (`None`: off, or outside the daemon).
     pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
+    /// The daemon's Home Assistant client, shared with the `ha` channel
+    /// (`None`: the agent makes its own from the config, if there is one).
+    pub ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
 }
 
 impl AgentLinks {
     /// Links for an agent outside the daemon: it sends to `outbound` only.
     pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
-        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None }
+        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None, ha: None }
     }
 }
 
@@ -89,6 +92,11 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     ));
     if c.mqtt.url.is_some() {
         tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)));
+    }
+    if let Some(ha) = links.ha.or_else(|| ha_rest(c)) {
+        let allow = &c.homeassistant.allow;
+        tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
+        tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
     }
     tools.register(Arc::new(crate::tools::cron::CronTool::new(JobStore::open(state), c.timezone(), telegram_chats)));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
@@ -154,6 +162,17 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     Agent::new(parts)
 }
 
+/// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
+fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::tools::homeassistant::HaRest>> {
+    match crate::tools::homeassistant::HaRest::from_config(&c.homeassistant) {
+        Ok(rest) => rest.map(Arc::new),
+        Err(e) => {
+            tracing::error!("Home Assistant is off: {e}");
+            None
+        }
+    }
+}
+
 /// The MQTT link for this config, if a broker is configured and usable.
 fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
     match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
@@ -171,12 +190,14 @@ pub struct Daemon {
     pub agent: Arc<Agent>,
     /// The bus between the channels and the agent.
     pub bus: Bus,
-    /// Where reports go: `log`, and `telegram`/`mqtt` when configured.
+    /// Where reports go: `log`, and `telegram`/`mqtt`/`ha` when configured.
     pub channels: Channels,
     /// Telegram's poller (its delivery side is in `channels`).
     pub telegram: Option<crate::channels::telegram::Telegram>,
     /// The broker connection (its delivery side is in `channels`).
     pub mqtt: Option<Arc<crate::channels::mqtt::Link>>,
+    /// Home Assistant's REST client (the tools, the `ha` channel, the triggers' WebSocket).
+    pub ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
     pub scheduler: Scheduler,
     /// The durable outbox; reports it cannot write (disk full) wait in memory.
     pub outbox: Outbox,
@@ -204,7 +225,9 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         crate::work::reminders::Reminders::new(JobStore::open(state), c.timezone().tz().clone(), tomorrow_at);
     let telegram =
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
+    let ha = ha_rest(c);
     let links = AgentLinks {
+        ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
@@ -218,12 +241,16 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     if let Some(link) = &mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
     }
+    if let Some(ha) = &ha {
+        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
+    }
     Ok(Daemon {
         agent,
         bus,
         channels,
         telegram,
         mqtt,
+        ha,
         scheduler,
         outbox: Outbox::new(state).holding_in_memory(),
         wake: Arc::new(Notify::new()),

@@ -172,7 +172,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let assemble::Daemon { agent, bus, channels, telegram, mqtt, mut scheduler, outbox, wake } =
+    let assemble::Daemon { agent, bus, channels, telegram, mqtt, ha, mut scheduler, outbox, wake } =
         assemble::daemon(loaded)?;
     // Read once, here: the scheduler starts from these, and the start-up line counts them.
     let jobs = scheduler.preload().unwrap_or_else(|e| {
@@ -225,7 +225,10 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             jobs_changed: mqtt_jobs.clone(),
             heartbeat_changed: mqtt_heartbeat.clone(),
             alerts_changed: mqtt_alerts.clone(),
-            triggers: Some(crate::channels::mqtt::triggers::TriggerDeps { runner: work, reports: reports.clone() }),
+            triggers: Some(crate::channels::mqtt::triggers::TriggerDeps {
+                runner: work.clone(),
+                reports: reports.clone(),
+            }),
             outbox: outbox.clone(),
             wake: wake.clone(),
         };
@@ -235,6 +238,18 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
             })),
             Err(e) => tracing::error!("MQTT is off: {e}"),
         }
+    }
+    if let Some(ha) = ha {
+        let deps = crate::work::triggers::TriggerDeps { runner: work.clone(), reports: reports.clone() };
+        crate::channels::homeassistant::events::spawn(
+            &ha,
+            &c.homeassistant,
+            state,
+            deps,
+            &mut tasks,
+            stop.clone(),
+            abort.clone(),
+        );
     }
     // The dead-man watches the scheduler's and the heartbeat's loops.
     let mut watched = vec![Watched {

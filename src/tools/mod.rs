@@ -14,6 +14,7 @@
 //! - [`mqtt`]: `mqtt_publish`, limited to `[mqtt] publish_allow` topics.
 //! - [`mcp`]: the tools of MCP servers (`[[mcp.server]]`), a [`ToolSource`]:
 //!   known only once a server is connected, so the registry asks for them per turn.
+//! - [`homeassistant`]: `ha_call_service` and `ha_get_state`, limited to `[homeassistant] allow`.
 //!
 //! ## Who is asking: [`Origin`]
 //!
@@ -29,6 +30,7 @@ pub mod audit;
 pub mod cron;
 pub mod exec;
 pub mod fs;
+pub mod homeassistant;
 pub mod mcp;
 pub mod message;
 pub mod mqtt;
@@ -57,6 +59,9 @@ pub enum Origin {
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
     Mqtt,
+    /// `[[homeassistant.trigger]]` turns: their text carries entity states and
+    /// attributes, which any device or integration in Home Assistant can set.
+    HomeAssistant,
     /// A channel this build does not know: treated like MQTT.
     Unknown,
 }
@@ -69,6 +74,7 @@ impl Origin {
             "telegram" => Origin::Telegram,
             "system" => Origin::System,
             "mqtt" => Origin::Mqtt,
+            "homeassistant" => Origin::HomeAssistant,
             _ => Origin::Unknown,
         }
     }
@@ -86,6 +92,7 @@ impl Origin {
             Origin::Telegram => "Telegram",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
+            Origin::HomeAssistant => "a Home Assistant trigger",
             Origin::Unknown => "an unknown channel",
         }
     }
@@ -104,14 +111,24 @@ impl Origin {
     /// Whether a turn may send to `target` (the `message` tool, a job's
     /// `deliver` list). A Telegram chat must be an `allow_from` user's chat
     /// (`chats`), or the very chat the turn came from; untrusted origins reach
-    /// no Telegram chat at all. Blocking (reads the username pins): call it off
-    /// the runtime thread.
+    /// no Telegram chat and no Home Assistant notify service (the owner's
+    /// phone) at all. Blocking (reads the username pins): call it off the
+    /// runtime thread.
     pub fn check_delivery(
         self,
         ctx: &ToolContext,
         target: &crate::bus::Target,
         chats: &crate::policy::AllowedChats,
     ) -> Result<(), ToolError> {
+        if let crate::bus::Target::HomeAssistant(_) = target {
+            return match self.trusted() {
+                true => Ok(()),
+                false => Err(ToolError::new(format!(
+                    "this turn came from {} (an untrusted origin): it cannot send to {target}",
+                    self.name()
+                ))),
+            };
+        }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
             return Err(ToolError::new(format!(

@@ -57,6 +57,7 @@ impl Source {
             "system" => Source::Job,
             "mqtt" if key.starts_with("trigger:") => Source::Trigger,
             "mqtt" => Source::Mqtt,
+            // Home Assistant's triggers, and any channel this build does not know: untrusted.
             _ => Source::Trigger,
         }
     }
@@ -190,6 +191,7 @@ mod tests {
         assert_eq!(Source::of(&conv("system", "cron:backup"), true), Source::Job);
         assert_eq!(Source::of(&conv("mqtt", "mqtt:kitchen"), false), Source::Mqtt);
         assert_eq!(Source::of(&conv("mqtt", "trigger:zigbee2mqtt/door"), false), Source::Trigger);
+        assert_eq!(Source::of(&conv("homeassistant", "trigger:door"), false), Source::Trigger);
         assert_eq!(Source::of(&conv("carrier-pigeon", "x"), false), Source::Trigger, "unknown: untrusted");
     }
 

@@ -11,11 +11,13 @@
 //! - [`pulse`]: a loop's sign of life, for the dead-man.
 //! - [`tls`]: the HTTP clients' TLS, CA store loaded at the first https handshake.
 //! - [`multipart`]: `multipart/form-data` bodies (file uploads).
+//! - [`sha1`]: SHA-1, for the WebSocket handshake.
 
 pub mod fs;
 pub mod mqtt;
 pub mod multipart;
 pub mod pulse;
+pub mod sha1;
 pub mod sys;
 pub mod tasks;
 #[cfg(test)]

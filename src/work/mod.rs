@@ -6,8 +6,9 @@
 //! fixed text (a reminder). [`Runner::run`] does it, counted as work in flight
 //! (shutdown waits for it) and interruptible; the caller hands the result to
 //! [`crate::delivery::Reports`]. The scheduler's executor ([`jobs`]), the
-//! heartbeat ([`heartbeat`]) and the MQTT triggers are thin adapters over
-//! this, so a new kind of work (a watcher, an alert) plugs in here.
+//! heartbeat ([`heartbeat`]) and the MQTT and Home Assistant triggers
+//! ([`triggers`]: what a firing does, shared) are thin adapters over this, so
+//! a new kind of work (a watcher, an alert) plugs in here.
 //!
 //! Above the agent, below the channels (see `ARCHITECTURE.md`, "Layers").
 
@@ -15,6 +16,7 @@ pub mod alerts;
 pub mod heartbeat;
 pub mod jobs;
 pub mod reminders;
+pub mod triggers;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -10,6 +10,7 @@ mod support;
 mod agent;
 mod cli;
 mod daemon;
+mod homeassistant;
 mod mcp;
 mod memory;
 mod mqtt;

@@ -10,7 +10,9 @@
 //! per `min_interval`; messages in between are dropped and counted, and the
 //! count is logged with the next run. Matching and the rate limit happen in
 //! the MQTT polling task without waiting; runs happen in [`run`], at most
-//! [`MAX_CONCURRENT`] at a time, fed through a bounded queue.
+//! [`MAX_CONCURRENT`] at a time, fed through a bounded queue. What a run does
+//! (the turn or command, the report) and the template renderer are shared with
+//! Home Assistant's triggers in [`crate::work::triggers`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,9 +22,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Conversation, Target};
-use crate::config::{MqttTrigger, TriggerAction};
-use crate::work::Work;
+use crate::bus::Conversation;
+use crate::config::MqttTrigger;
+pub use crate::work::triggers::TriggerDeps;
+use crate::work::triggers::{lookup, text_of, Firing};
 
 /// Trigger runs at once (each may hold an LLM turn or a process).
 pub const MAX_CONCURRENT: usize = 2;
@@ -46,12 +49,6 @@ struct Entry {
 pub struct Triggers {
     entries: Vec<Entry>,
     queue: Option<mpsc::Sender<Fire>>,
-}
-
-/// What running a trigger needs.
-pub struct TriggerDeps {
-    pub runner: crate::work::Runner,
-    pub reports: crate::delivery::Reports,
 }
 
 impl Triggers {
@@ -134,30 +131,20 @@ pub async fn run(
 }
 
 async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &CancellationToken) {
-    let work = match &config.action {
-        TriggerAction::Message(template) => Work::Turn {
-            conversation: Conversation::new("mqtt", fire.topic.clone(), format!("trigger:{}", config.topic)),
-            text: render(template, &fire.topic, &fire.payload),
-            model: None,
-        },
-        TriggerAction::Exec(command) => Work::Shell { command: command.clone(), stdin: Some(fire.payload.clone()) },
+    let text = match &config.action {
+        crate::config::TriggerAction::Message(template) => render(template, &fire.topic, &fire.payload),
+        crate::config::TriggerAction::Exec(_) => String::new(),
     };
-    let result = deps.runner.run(work, abort).await;
-    if abort.is_cancelled() {
-        return;
-    }
-    let report = match result {
-        Ok(done) => {
-            tracing::info!(trigger = %config.topic, topic = %fire.topic, "trigger ran");
-            done.text
-        }
-        Err(e) => {
-            tracing::warn!(trigger = %config.topic, topic = %fire.topic, error = %e, "trigger failed");
-            format!("Trigger `{}` failed: {e}", config.topic)
-        }
+    let firing = Firing {
+        action: &config.action,
+        conversation: Conversation::new("mqtt", fire.topic.clone(), format!("trigger:{}", config.topic)),
+        text,
+        stdin: fire.payload,
+        deliver: &config.deliver,
+        label: &config.topic,
+        source: format!("trigger:{}", fire.topic),
     };
-    let targets = if config.deliver.is_empty() { vec![Target::Log] } else { config.deliver.clone() };
-    deps.reports.send(&targets, &report, &format!("trigger:{}", fire.topic)).await;
+    crate::work::triggers::fire(firing, deps, abort).await;
 }
 
 /// Render a trigger template: `{topic}`, `{payload}`, and `{payload.a.b}` /
@@ -166,52 +153,21 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
 pub fn render(template: &str, topic: &str, payload: &[u8]) -> String {
     let text = String::from_utf8_lossy(payload);
     let mut json: Option<Result<Value, ()>> = None;
-    let mut out = String::with_capacity(template.len() + text.len());
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let Some(close) = after.find('}') else {
-            out.push_str(&rest[open..]);
-            return out;
-        };
-        let name = &after[..close];
-        match name {
-            "topic" => out.push_str(topic),
-            "payload" => out.push_str(&text),
-            _ if name.starts_with("payload.") => {
-                let path = &name["payload.".len()..];
-                let value = json.get_or_insert_with(|| serde_json::from_str::<Value>(&text).map_err(|_| ()));
-                match value {
-                    Ok(v) => match lookup(v, path) {
-                        Some(Value::String(s)) => out.push_str(s),
-                        Some(other) => out.push_str(&other.to_string()),
-                        None => out.push_str(&format!("(no field `{path}` in the payload)")),
-                    },
-                    Err(()) => out.push_str(&format!("(no field `{path}`: the payload is not JSON)")),
-                }
-            }
-            _ => {
-                out.push('{');
-                out.push_str(name);
-                out.push('}');
-            }
+    crate::work::triggers::render(template, |name| match name {
+        "topic" => Some(topic.to_string()),
+        "payload" => Some(text.to_string()),
+        _ => {
+            let path = name.strip_prefix("payload.")?;
+            let value = json.get_or_insert_with(|| serde_json::from_str::<Value>(&text).map_err(|_| ()));
+            Some(match value {
+                Ok(v) => match lookup(v, path) {
+                    Some(v) => text_of(v),
+                    None => format!("(no field `{path}` in the payload)"),
+                },
+                Err(()) => format!("(no field `{path}`: the payload is not JSON)"),
+            })
         }
-        rest = &after[close + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
-fn lookup<'a>(mut v: &'a Value, path: &str) -> Option<&'a Value> {
-    for key in path.split('.') {
-        v = match v {
-            Value::Object(map) => map.get(key)?,
-            Value::Array(items) => items.get(key.parse::<usize>().ok()?)?,
-            _ => return None,
-        };
-    }
-    Some(v)
+    })
 }
 
 #[cfg(test)]

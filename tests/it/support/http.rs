@@ -207,7 +207,7 @@ async fn serve_connection(stream: TcpStream, handler: Handler) {
 
 /// Read one request; `None` when the connection closed before a new one began.
 /// Also says whether the connection stays open afterwards.
-async fn read_request(stream: &mut BufReader<TcpStream>) -> Result<Option<(Request, bool)>, String> {
+pub async fn read_request(stream: &mut BufReader<TcpStream>) -> Result<Option<(Request, bool)>, String> {
     let mut line = String::new();
     // Tolerate stray empty lines between requests (RFC 9112 §2.2).
     loop {
@@ -302,7 +302,7 @@ async fn read_chunked(stream: &mut BufReader<TcpStream>) -> Result<Vec<u8>, Stri
 /// The header [`Response::torn_after`] sets; never sent.
 const TORN: &str = "x-test-torn-after";
 
-async fn write_response(stream: &mut TcpStream, resp: &Response, keep_alive: bool) -> std::io::Result<()> {
+pub async fn write_response(stream: &mut TcpStream, resp: &Response, keep_alive: bool) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {} {}\r\n", resp.status, reason(resp.status));
     let torn = resp.headers.iter().find(|(n, _)| n == TORN).and_then(|(_, v)| v.parse::<usize>().ok());
     for (name, value) in &resp.headers {

@@ -7,6 +7,7 @@
 //! - [`daemon`]: `Daemon`, a real `bramble run` process.
 //! - [`mosquitto`]: `Mosquitto`, Debian's MQTT broker on a free port, and `Watcher`, a test client.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
+//! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
@@ -16,6 +17,7 @@ pub mod daemon;
 /// Variables in the process environment, for one test, in a child process.
 #[path = "../../../src/util/test_env.rs"]
 pub mod env;
+pub mod fake_ha;
 pub mod fake_llm;
 pub mod http;
 pub mod mosquitto;

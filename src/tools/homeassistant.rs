@@ -1,0 +1,485 @@
+//! Home Assistant's REST API: the client ([`HaRest`]) and the two tools on it,
+//! `ha_call_service` and `ha_get_state`.
+//!
+//! ## Why it is shaped like this
+//!
+//! - **The operator's URL, not the model's.** Every request goes to
+//!   `[homeassistant] url`, a LAN address the owner wrote down, so the
+//!   `web_fetch` SSRF guard (and `[web] allow_private`) does not apply. What
+//!   the model does choose — domain, service, entity ids — goes into the
+//!   *path*, so each is checked to be a plain `[a-z0-9_]` name first: no
+//!   `../`, no query string. Redirects are not followed (the token must not
+//!   travel).
+//! - **An allow list is the boundary.** `[homeassistant] allow` lists entity
+//!   patterns (`light.*`, `switch.kitchen_*`); a service call is checked
+//!   against every entity it names — `entity_id` and `data.entity_id` alike —
+//!   and a service without an entity (`notify.mobile_app_pixel`) against
+//!   `domain.service`. `target`, `area_id`, `device_id`, `floor_id` and
+//!   `label_id` are refused: they expand to entities inside Home Assistant,
+//!   where the list cannot see them. Empty list: nothing is allowed.
+//! - **Who is asking.** Untrusted turns (MQTT, Home Assistant triggers, see
+//!   [`super::Origin`]) cannot call services: anyone on the broker, or any
+//!   device whose state reaches a trigger's text, would otherwise drive the
+//!   house. They may *read* allowed entities' states: a trigger often needs
+//!   another sensor's value, and a read changes nothing.
+//! - **The token.** It is sent as `Authorization: Bearer` (marked sensitive
+//!   for reqwest) and never appears in an error: errors name the path and HA's
+//!   answer, not the request.
+//! - **Bounded.** A response is read up to [`BODY_CAP`]; the registry cuts
+//!   what the model sees to `max_tool_result_chars`.
+//!
+//! The client is shared with the `ha:notify.<service>` delivery channel
+//! (`channels::homeassistant`), which is above this layer.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{parse_args, Tool, ToolContext, ToolError};
+use crate::config::{EntityGlob, HomeAssistantConfig, Secret};
+use crate::util::BoxFuture;
+
+/// Bytes of a response read at most (HA's answer to a service call lists every changed state).
+pub const BODY_CAP: usize = 1024 * 1024;
+/// One REST call, connect to the last byte: Home Assistant is on the LAN.
+const TIMEOUT: Duration = Duration::from_secs(15);
+/// Characters of an error body shown.
+const ERROR_EXCERPT: usize = 300;
+/// Keys of a service call's data that select entities the allow list cannot see.
+const INDIRECT: [&str; 5] = ["target", "area_id", "device_id", "floor_id", "label_id"];
+
+/// Why a REST call failed. Never contains the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HaError {
+    #[error("Home Assistant at {url} cannot be reached: {reason}")]
+    Transport { url: String, reason: String },
+    #[error("Home Assistant answered {status} to {path}: {message}")]
+    Status { status: u16, path: String, message: String },
+}
+
+impl HaError {
+    /// Whether trying again later may help: the network, a timeout, 408/429/5xx.
+    pub fn retryable(&self) -> bool {
+        match self {
+            HaError::Transport { .. } => true,
+            HaError::Status { status, .. } => *status == 408 || *status == 429 || *status >= 500,
+        }
+    }
+}
+
+/// Why `[homeassistant]` cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HaConfigError {
+    #[error("[homeassistant] has no token: set {0} in the environment (or `token_env` / `token`)")]
+    NoToken(String),
+}
+
+/// A client of one Home Assistant's REST API (`/api/...`).
+pub struct HaRest {
+    base: String,
+    token: Secret,
+    /// Built on first use (the daemon may never call HA).
+    client: OnceLock<reqwest::Client>,
+}
+
+impl HaRest {
+    /// `Ok(None)` without `[homeassistant] url`.
+    pub fn from_config(c: &HomeAssistantConfig) -> Result<Option<HaRest>, HaConfigError> {
+        let Some(url) = &c.url else { return Ok(None) };
+        let token = c.token().ok_or_else(|| HaConfigError::NoToken(c.token_env().to_string()))?;
+        Ok(Some(HaRest::new(url.as_str(), token)))
+    }
+
+    pub fn new(base: &str, token: Secret) -> HaRest {
+        HaRest { base: base.trim_end_matches('/').to_string(), token, client: OnceLock::new() }
+    }
+
+    /// The base URL (`http://homeassistant.local:8123`).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The token (the WebSocket client authenticates with it too).
+    pub fn token(&self) -> &Secret {
+        &self.token
+    }
+
+    fn client(&self) -> Result<&reqwest::Client, HaError> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        crate::install_crypto();
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(crate::util::tls::client_config())
+            .http1_only()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(TIMEOUT)
+            .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| HaError::Transport { url: self.base.clone(), reason: e.to_string() })?;
+        Ok(self.client.get_or_init(|| client))
+    }
+
+    /// `GET` or `POST` (with a JSON body) `path`; the body of a 2xx answer.
+    pub async fn request(&self, path: &str, body: Option<&Value>) -> Result<Vec<u8>, HaError> {
+        let client = self.client()?;
+        let url = format!("{}{path}", self.base);
+        let mut auth =
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {}", self.token.expose())).map_err(|_| {
+                HaError::Status { status: 401, path: path.into(), message: "the token is not valid header text".into() }
+            })?;
+        auth.set_sensitive(true);
+        let req = match body {
+            Some(b) => client.post(&url).json(b),
+            None => client.get(&url),
+        };
+        let transport =
+            |e: reqwest::Error| HaError::Transport { url: self.base.clone(), reason: error_chain(&e.without_url()) };
+        let resp = req.header(reqwest::header::AUTHORIZATION, auth).send().await.map_err(transport)?;
+        let status = resp.status();
+        let (bytes, _cut) = super::web::read_capped(resp, BODY_CAP).await.map_err(transport)?;
+        if status.is_success() {
+            return Ok(bytes);
+        }
+        let text = String::from_utf8_lossy(&bytes);
+        // HA's errors are `{"message": "…"}` or plain text.
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_else(|| text.chars().take(ERROR_EXCERPT).collect());
+        let message = match status.as_u16() {
+            401 | 403 => format!("the token was refused ({})", message.trim()),
+            _ => message.trim().to_string(),
+        };
+        Err(HaError::Status { status: status.as_u16(), path: path.to_string(), message })
+    }
+
+    /// `POST /api/services/<domain>/<service>` with `data`.
+    pub async fn call_service(&self, domain: &str, service: &str, data: &Value) -> Result<Vec<u8>, HaError> {
+        self.request(&format!("/api/services/{domain}/{service}"), Some(data)).await
+    }
+}
+
+/// An error and its causes, `a: b: c` (reqwest's own text is only "error sending request").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut source = Some(e);
+    while let Some(err) = source {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Whether `name` is a plain Home Assistant name: `[a-z0-9_]+`.
+fn is_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// Whether `id` is an entity id: `<name>.<name>`.
+fn is_entity(id: &str) -> bool {
+    id.split_once('.').is_some_and(|(d, o)| is_name(d) && is_name(o))
+}
+
+/// The allow list and its checks, shared by both tools.
+#[derive(Clone)]
+struct Allow(Arc<[EntityGlob]>);
+
+impl Allow {
+    fn check(&self, what: &str) -> Result<(), ToolError> {
+        if self.0.is_empty() {
+            return Err(ToolError::new(
+                "nothing in Home Assistant is allowed: the user has to list entity patterns in [homeassistant] allow",
+            ));
+        }
+        if self.0.iter().any(|g| g.matches(what)) {
+            return Ok(());
+        }
+        let list: Vec<&str> = self.0.iter().map(EntityGlob::as_str).collect();
+        Err(ToolError::new(format!(
+            "`{what}` is not allowed; allowed patterns ([homeassistant] allow): {}",
+            list.join(", ")
+        )))
+    }
+}
+
+/// One entity id or a list, as models write them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Ids {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Ids {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Ids::One(s) => vec![s],
+            Ids::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CallArgs {
+    domain: String,
+    service: String,
+    entity_id: Option<Ids>,
+    #[serde(default)]
+    data: Option<Map<String, Value>>,
+}
+
+/// `ha_call_service`.
+pub struct HaCallService {
+    rest: Arc<HaRest>,
+    allow: Allow,
+}
+
+impl HaCallService {
+    pub fn new(rest: Arc<HaRest>, allow: &[EntityGlob]) -> HaCallService {
+        HaCallService { rest, allow: Allow(allow.into()) }
+    }
+
+    /// The checked request: the body to post, or why not.
+    fn prepare(&self, args: CallArgs, ctx: &ToolContext) -> Result<(String, String, Value, String), ToolError> {
+        if !ctx.origin.trusted() {
+            return Err(ToolError::new(format!(
+                "this turn came from {} (an untrusted origin): it cannot call Home Assistant services",
+                ctx.origin.name()
+            )));
+        }
+        let (domain, service) = (args.domain.trim().to_string(), args.service.trim().to_string());
+        if !is_name(&domain) || !is_name(&service) {
+            return Err(ToolError::new(format!(
+                "`{domain}.{service}` is not a service: domain and service are lower-case names like `light` and `turn_on`"
+            )));
+        }
+        let mut data = args.data.unwrap_or_default();
+        if let Some(key) = INDIRECT.iter().find(|k| data.contains_key(**k)) {
+            return Err(ToolError::new(format!(
+                "`{key}` is not accepted: name the entities in `entity_id` (only listed entities may be controlled)"
+            )));
+        }
+        let mut ids: Vec<String> = args.entity_id.map(Ids::into_vec).unwrap_or_default();
+        if let Some(v) = data.remove("entity_id") {
+            let more: Ids = serde_json::from_value(v)
+                .map_err(|_| ToolError::new("`data.entity_id` must be an entity id or a list of them"))?;
+            ids.extend(more.into_vec());
+        }
+        let ids: Vec<String> = ids.iter().map(|s| s.trim().to_string()).collect();
+        if let Some(bad) = ids.iter().find(|id| !is_entity(id)) {
+            return Err(ToolError::new(format!("`{bad}` is not an entity id (like `light.kitchen`)")));
+        }
+        let subject = if ids.is_empty() {
+            let name = format!("{domain}.{service}");
+            self.allow.check(&name)?;
+            name
+        } else {
+            for id in &ids {
+                self.allow.check(id)?;
+            }
+            data.insert("entity_id".into(), json!(ids));
+            ids.join(", ")
+        };
+        Ok((domain, service, Value::Object(data), subject))
+    }
+}
+
+impl Tool for HaCallService {
+    fn name(&self) -> &'static str {
+        "ha_call_service"
+    }
+
+    fn description(&self) -> &'static str {
+        "Call a Home Assistant service (turn a light on, set a thermostat, send a phone notification). Only \
+         entities (or, for services without one such as notify, `domain.service`) allowed by the user's \
+         [homeassistant] allow patterns work. Name entities in `entity_id`; put other service fields in `data`."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "domain": {"type": "string", "description": "Like `light`, `switch`, `climate`, `notify`."},
+                "service": {"type": "string", "description": "Like `turn_on`, `toggle`, `set_temperature`, `mobile_app_pixel`."},
+                "entity_id": {
+                    "description": "The entity or entities, like `light.kitchen`.",
+                    "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+                },
+                "data": {"type": "object", "description": "Other service fields, like {\"brightness_pct\": 40} or {\"message\": \"…\"}."}
+            },
+            "required": ["domain", "service"]
+        })
+    }
+
+    fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let args: CallArgs = parse_args(self.name(), args)?;
+            let (domain, service, body, subject) = self.prepare(args, ctx)?;
+            let bytes =
+                self.rest.call_service(&domain, &service, &body).await.map_err(|e| ToolError::new(e.to_string()))?;
+            // The answer lists the states that changed while the call ran.
+            let changed: Vec<String> = serde_json::from_slice::<Vec<Value>>(&bytes)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|s| Some(format!("{} is {}", s.get("entity_id")?.as_str()?, s.get("state")?.as_str()?)))
+                .collect();
+            Ok(match changed.is_empty() {
+                true => format!("Called {domain}.{service} for {subject}. No state changed (yet)."),
+                false => format!("Called {domain}.{service} for {subject}. Now: {}.", changed.join("; ")),
+            })
+        })
+    }
+}
+
+/// `ha_get_state`.
+pub struct HaGetState {
+    rest: Arc<HaRest>,
+    allow: Allow,
+}
+
+impl HaGetState {
+    pub fn new(rest: Arc<HaRest>, allow: &[EntityGlob]) -> HaGetState {
+        HaGetState { rest, allow: Allow(allow.into()) }
+    }
+}
+
+#[derive(Deserialize)]
+struct StateArgs {
+    entity_id: String,
+}
+
+impl Tool for HaGetState {
+    fn name(&self) -> &'static str {
+        "ha_get_state"
+    }
+
+    fn description(&self) -> &'static str {
+        "Read the current state of a Home Assistant entity (a sensor's value, whether a light is on), with its \
+         attributes and when it last changed. Only entities allowed by [homeassistant] allow."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {"entity_id": {"type": "string", "description": "Like `sensor.living_room_temperature`."}},
+            "required": ["entity_id"]
+        })
+    }
+
+    fn execute<'a>(&'a self, args: Value, _ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+        Box::pin(async move {
+            let args: StateArgs = parse_args(self.name(), args)?;
+            let id = args.entity_id.trim();
+            if !is_entity(id) {
+                return Err(ToolError::new(format!("`{id}` is not an entity id (like `sensor.outdoor_temperature`)")));
+            }
+            self.allow.check(id)?;
+            let bytes = self.rest.request(&format!("/api/states/{id}"), None).await.map_err(|e| match e {
+                HaError::Status { status: 404, .. } => ToolError::new(format!("Home Assistant has no entity `{id}`")),
+                e => ToolError::new(e.to_string()),
+            })?;
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|_| ToolError::new("Home Assistant's answer was not JSON".to_string()))?;
+            let pick = json!({
+                "entity_id": v.get("entity_id"),
+                "state": v.get("state"),
+                "attributes": v.get("attributes"),
+                "last_changed": v.get("last_changed"),
+            });
+            Ok(pick.to_string())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool() -> HaCallService {
+        let allow: Vec<EntityGlob> =
+            ["light.*", "switch.kitchen_*", "notify.mobile_app_*"].iter().map(|g| g.parse().unwrap()).collect();
+        HaCallService::new(Arc::new(HaRest::new("http://ha.invalid", Secret::new("t"))), &allow)
+    }
+
+    fn prepare(args: Value, channel: &str) -> Result<Value, String> {
+        let ctx = ToolContext::detached("s").from_chat(channel, "1");
+        tool().prepare(serde_json::from_value(args).unwrap(), &ctx).map(|(_, _, body, _)| body).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn entities_and_entityless_services_are_checked_against_allow() {
+        let body = prepare(
+            json!({"domain":"light","service":"turn_on","entity_id":"light.kitchen","data":{"brightness_pct":40}}),
+            "telegram",
+        )
+        .unwrap();
+        assert_eq!(body, json!({"brightness_pct":40,"entity_id":["light.kitchen"]}));
+        let body =
+            prepare(json!({"domain":"notify","service":"mobile_app_pixel","data":{"message":"hi"}}), "cli").unwrap();
+        assert_eq!(body, json!({"message":"hi"}));
+        let err = prepare(json!({"domain":"lock","service":"unlock","entity_id":"lock.front"}), "cli").unwrap_err();
+        assert!(err.contains("`lock.front` is not allowed") && err.contains("light.*"), "{err}");
+        // Smuggled through data, or through a list with one allowed entity: still checked.
+        let err = prepare(json!({"domain":"light","service":"turn_on","data":{"entity_id":"lock.front"}}), "cli")
+            .unwrap_err();
+        assert!(err.contains("lock.front"), "{err}");
+        let err = prepare(
+            json!({"domain":"switch","service":"turn_on","entity_id":["switch.kitchen_1","switch.garage"]}),
+            "cli",
+        )
+        .unwrap_err();
+        assert!(err.contains("switch.garage"), "{err}");
+        let err =
+            prepare(json!({"domain":"light","service":"turn_on","data":{"area_id":"kitchen"}}), "cli").unwrap_err();
+        assert!(err.contains("`area_id` is not accepted"), "{err}");
+        let err = prepare(json!({"domain":"notify","service":"persistent_notification"}), "cli").unwrap_err();
+        assert!(err.contains("notify.persistent_notification"), "{err}");
+    }
+
+    #[test]
+    fn names_cannot_walk_out_of_the_path() {
+        for (d, s) in [("light/../../api/config", "x"), ("light", "turn_on?x=1"), ("", "x"), ("Light", "on")] {
+            let err = prepare(json!({"domain":d,"service":s,"entity_id":"light.a"}), "cli").unwrap_err();
+            assert!(err.contains("is not a service"), "{err}");
+        }
+        let err = prepare(json!({"domain":"light","service":"turn_on","entity_id":"light.a/../b"}), "cli").unwrap_err();
+        assert!(err.contains("not an entity id"), "{err}");
+    }
+
+    #[test]
+    fn untrusted_turns_cannot_call_services() {
+        for channel in ["mqtt", "homeassistant", "somewhere"] {
+            let err =
+                prepare(json!({"domain":"light","service":"turn_on","entity_id":"light.a"}), channel).unwrap_err();
+            assert!(err.contains("untrusted origin"), "{channel}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_empty_allow_list_allows_nothing() {
+        let t = HaGetState::new(Arc::new(HaRest::new("http://x", Secret::new("t"))), &[]);
+        assert!(t.allow.check("light.a").unwrap_err().0.contains("[homeassistant] allow"));
+    }
+
+    #[test]
+    fn errors_say_whether_to_retry_and_never_hold_the_token() {
+        let e = HaError::Status { status: 503, path: "/api/x".into(), message: "busy".into() };
+        assert!(e.retryable());
+        assert!(!HaError::Status { status: 400, path: "/api/x".into(), message: "bad".into() }.retryable());
+        let c = crate::config::Config::parse(
+            "[homeassistant]\nurl = \"http://ha:8123\"\ntoken_env = \"BRAMBLE_TEST_NO_SUCH_HA_TOKEN\"\n",
+            "c.toml".as_ref(),
+        )
+        .unwrap();
+        let err = HaRest::from_config(&c.homeassistant).err().unwrap().to_string();
+        assert!(err.contains("BRAMBLE_TEST_NO_SUCH_HA_TOKEN"), "{err}");
+    }
+}
