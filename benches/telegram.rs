@@ -63,8 +63,9 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // tokio's blocking threads of the start-up exit after 10 s idle, taking
-        // their switch counts with them: measure after they are gone.
-        tokio::time::sleep(Duration::from_secs(12)).await;
+        // their switch counts with them, and the daemon lets go of its
+        // start-up pages 20 s after the start: measure after both.
+        tokio::time::sleep(Duration::from_secs(35)).await;
         let ProcStats { rss: rss0, switches: sw0, .. } = proc_stats(daemon.id());
         let polls0 = tg.calls("getUpdates").len();
         tokio::time::sleep(Duration::from_secs(idle_secs)).await;
@@ -75,7 +76,8 @@ fn main() {
         println!("  RSS {rss0} KiB after start, {rss1} KiB after idling");
         let anon = common::proc_field(daemon.id(), "status", "RssAnon:").unwrap_or(0);
         let file = common::proc_field(daemon.id(), "status", "RssFile:").unwrap_or(0);
-        println!("  of which anonymous {anon} KiB, file-backed (the binary's pages, libc) {file} KiB");
+        let pss = common::proc_field(daemon.id(), "smaps_rollup", "Pss:").unwrap_or(0);
+        println!("  of which anonymous {anon} KiB, file-backed (the binary's pages, libc) {file} KiB; PSS {pss} KiB");
         println!("  wake-ups (context switches, all threads) {per_min:.1} per minute; {polls} getUpdates in that time");
 
         llm.push(Reply::text("pong"));

@@ -321,8 +321,24 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     if c.exec.enabled {
         crate::sandbox::log_layers(&c.exec);
     }
+    // Once start-up is over, the code it ran need not stay resident (idle RSS).
+    let settle = stop.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            () = crate::util::timer::sleep(RELEASE_AFTER) => {
+                let kib = crate::util::tasks::blocking(crate::util::sys::release_binary_pages).await;
+                tracing::debug!(kib, "released the binary's start-up pages");
+            }
+            _ = settle.cancelled() => {}
+        }
+    });
     Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
 }
+
+/// How long after start the binary's start-up pages are released
+/// ([`crate::util::sys::release_binary_pages`]): after READY, the first
+/// polls, connections and the sandbox probe.
+const RELEASE_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Log what runs and what is missing; returns a one-line status for systemd.
 fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channels, jobs: usize) -> String {

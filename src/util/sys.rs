@@ -24,3 +24,127 @@ pub fn release_freed_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Unmap the pages of this binary that start-up touched, so that an idle
+/// daemon keeps resident only what it still runs. Returns the KiB released.
+///
+/// Start-up runs code from all over the binary (argument parsing, config,
+/// TLS and HTTP client set-up, the sandbox probe), and the kernel maps each
+/// page it faults in with its neighbours: an idle daemon held about 4 of the
+/// binary's 4.6 MB of code. Only the binary's read-only file mappings are
+/// dropped, and only those with no private dirty or anonymous pages (never
+/// the relocated RELRO data): `MADV_DONTNEED` on a clean private file
+/// mapping just drops the page-table entries, and the next use faults the
+/// page back from the page cache. Under qemu-user it is a harmless no-op.
+pub fn release_binary_pages() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let (Ok(exe), Ok(smaps)) = (std::fs::read_link("/proc/self/exe"), std::fs::read_to_string("/proc/self/smaps"))
+        else {
+            return 0;
+        };
+        let exe = exe.to_string_lossy().into_owned();
+        clean_binary_mappings(&smaps, &exe)
+            .into_iter()
+            .map(|(start, end, rss)| {
+                // SAFETY: [start, end) is a whole mapping of this binary, read-only
+                // and clean (checked in smaps just now; read-only pages cannot be
+                // dirtied in between): dropping its pages loses nothing, the next
+                // access reads them from the file again.
+                let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+                if r == 0 {
+                    rss
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+    #[cfg(not(target_os = "linux"))]
+    0
+}
+
+/// The read-only mappings of `exe` in `smaps` with resident pages and no
+/// private dirty or anonymous ones: (start, end, Rss in KiB).
+fn clean_binary_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize, u64)> {
+    struct Mapping {
+        start: usize,
+        end: usize,
+        candidate: bool,
+        rss: u64,
+        dirty: u64,
+    }
+    let mut out = Vec::new();
+    let mut cur: Option<Mapping> = None;
+    let finish = |m: Option<Mapping>, out: &mut Vec<(usize, usize, u64)>| {
+        if let Some(m) = m.filter(|m| m.candidate && m.rss > 0 && m.dirty == 0) {
+            out.push((m.start, m.end, m.rss));
+        }
+    };
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if let Some((a, b)) = first.split_once('-').filter(|(a, _)| !a.is_empty() && !first.ends_with(':')) {
+            let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+                continue;
+            };
+            finish(cur.take(), &mut out);
+            let perms = words.next().unwrap_or("");
+            let path = words.nth(3).unwrap_or("");
+            let candidate = path == exe && matches!(perms, "r--p" | "r-xp");
+            cur = Some(Mapping { start, end, candidate, rss: 0, dirty: 0 });
+            continue;
+        }
+        let Some(m) = cur.as_mut() else { continue };
+        let value = words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        match first {
+            "Rss:" => m.rss = value,
+            "Private_Dirty:" | "Anonymous:" | "Shared_Dirty:" => m.dirty += value,
+            _ => {}
+        }
+    }
+    finish(cur.take(), &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_clean_read_only_mappings_of_the_binary_are_chosen() {
+        let smaps = "\
+5600a0000000-5600a01d0000 r--p 00000000 fd:01 123 /usr/bin/bramble
+Size:               1856 kB
+Rss:                1104 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+5600a01d0000-5600a0650000 r-xp 001d0000 fd:01 123 /usr/bin/bramble
+Rss:                4160 kB
+Private_Dirty:         0 kB
+Anonymous:             0 kB
+5600a0650000-5600a06bb000 r--p 00650000 fd:01 123 /usr/bin/bramble
+Rss:                 428 kB
+Private_Dirty:       428 kB
+Anonymous:           428 kB
+5600a06bb000-5600a06bf000 rw-p 006bb000 fd:01 123 /usr/bin/bramble
+Rss:                  16 kB
+Private_Dirty:        16 kB
+7f0000000000-7f0000100000 r-xp 00000000 fd:01 9 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                1080 kB
+Private_Dirty:         0 kB
+";
+        let chosen = clean_binary_mappings(smaps, "/usr/bin/bramble");
+        assert_eq!(chosen, [(0x5600a0000000, 0x5600a01d0000, 1104), (0x5600a01d0000, 0x5600a0650000, 4160)]);
+    }
+
+    #[test]
+    fn releasing_the_binarys_pages_keeps_the_process_working() {
+        let released = release_binary_pages();
+        // Code and constants are read back from the file as they are used.
+        assert_eq!(hostname(), hostname());
+        let text = format!("{}", 6 * 7);
+        assert_eq!(text, "42");
+        let _ = released;
+    }
+}
