@@ -178,16 +178,8 @@ impl Telegram {
                 self.allow.clone()
             }
         };
-        let mut poller = Poller {
-            me,
-            allow,
-            strangers: HashSet::new(),
-            typing: HashMap::new(),
-            pinned: false,
-            tries: HashMap::new(),
-            pair_tries: HashMap::new(),
-            paired_stamp: crate::policy::pairing::stamp(&self.state_dir),
-        };
+        let mut poller = Poller::new(me, allow);
+        poller.paired_stamp = crate::policy::pairing::stamp(&self.state_dir);
         loop {
             let r = tokio::select! { r = self.api.get_updates(offset) => r, _ = stop.cancelled() => return };
             let updates = match r {
@@ -369,6 +361,20 @@ struct Poller {
 }
 
 impl Poller {
+    /// A poller for the bot `me`, serving `allow`.
+    fn new(me: User, allow: Allow) -> Poller {
+        Poller {
+            me,
+            allow,
+            strangers: HashSet::new(),
+            typing: HashMap::new(),
+            pinned: false,
+            tries: HashMap::new(),
+            pair_tries: HashMap::new(),
+            paired_stamp: None,
+        }
+    }
+
     /// The message for the agent, if it is one: text, a caption or a file,
     /// addressed to the bot (in groups), from an allowed user.
     fn accept(&mut self, m: &Message) -> Option<InboundMessage> {
@@ -704,16 +710,7 @@ mod tests {
     #[test]
     fn groups_need_a_mention_or_a_reply() {
         let allow = Allow::new(&["7".into()]);
-        let mut p = Poller {
-            me: user(99, Some("Bramble_bot")),
-            allow,
-            strangers: HashSet::new(),
-            typing: HashMap::new(),
-            pinned: false,
-            tries: HashMap::new(),
-            pair_tries: HashMap::new(),
-            paired_stamp: None,
-        };
+        let mut p = Poller::new(user(99, Some("Bramble_bot")), allow);
         assert!(p.accept(&message("supergroup", 7, "hello all")).is_none());
         assert!(p.accept(&message("supergroup", 7, "@bramble_bot2 hi")).is_none());
         assert!(p.accept(&message("supergroup", 7, "/help")).is_some(), "a command for every bot");
@@ -735,16 +732,7 @@ mod tests {
     #[test]
     fn captions_count_and_empty_messages_do_not() {
         let allow = Allow::new(&["7".into()]);
-        let mut p = Poller {
-            me: user(99, None),
-            allow,
-            strangers: HashSet::new(),
-            typing: HashMap::new(),
-            pinned: false,
-            tries: HashMap::new(),
-            pair_tries: HashMap::new(),
-            paired_stamp: None,
-        };
+        let mut p = Poller::new(user(99, None), allow);
         let mut m = message("private", 7, "");
         assert!(p.accept(&m.clone()).is_none());
         m.text = None;
