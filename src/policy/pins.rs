@@ -79,6 +79,11 @@ impl Allow {
         self
     }
 
+    /// Replace the paired users (the list was read again).
+    pub fn set_paired(&mut self, ids: HashSet<i64>) {
+        self.paired = ids;
+    }
+
     /// Add a user just paired.
     pub fn add_paired(&mut self, id: i64) {
         self.paired.insert(id);

@@ -90,7 +90,7 @@ pub async fn run(mut c: Connection, stop: CancellationToken) {
             _ = stop.cancelled() => Ok(()),
         };
         if stop.is_cancelled() {
-            c.state.record(WsState::Stopped, None);
+            c.state.record(WsState::Stopped, None).await;
             return;
         }
         let dropped = c.matcher.reset();
@@ -120,11 +120,11 @@ pub async fn run(mut c: Connection, stop: CancellationToken) {
         } else {
             tracing::warn!(url = %c.endpoint.describe(), attempt = failures, "cannot connect to Home Assistant ({error}); retrying in {wait:?}");
         }
-        c.state.record(state, Some(error));
+        c.state.record(state, Some(error)).await;
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => {
-                c.state.record(WsState::Stopped, None);
+                c.state.record(WsState::Stopped, None).await;
                 return;
             }
         }
@@ -148,7 +148,7 @@ async fn session(c: &mut Connection, connected: &mut bool, stop: &CancellationTo
     }
     *connected = true;
     tracing::info!(url = %c.endpoint.describe(), "Home Assistant connected: listening to state changes");
-    c.state.record(WsState::Connected, None);
+    c.state.record(WsState::Connected, None).await;
     let mut last_heard = Instant::now();
     let mut pinged: Option<Instant> = None;
     loop {
@@ -281,15 +281,18 @@ impl StateFile {
     }
 
     /// Record a state; nothing is written when it is what was recorded last.
-    pub fn record(&mut self, state: WsState, error: Option<String>) {
+    /// The write (it waits on the disk) runs off the runtime thread.
+    pub async fn record(&mut self, state: WsState, error: Option<String>) {
         let now = (state, error);
         if self.last.as_ref() == Some(&now) {
             return;
         }
         let rec = Recorded { state: now.0, since: jiff::Timestamp::now(), error: now.1.clone() };
         let text = serde_json::to_vec(&rec).unwrap_or_default();
+        let path = self.path.clone();
         // A status file: a lost update on power loss is harmless, so no directory fsync.
-        if let Err(e) = crate::util::fs::write_atomic_relaxed(&self.path, &text) {
+        let written = crate::util::tasks::blocking(move || crate::util::fs::write_atomic_relaxed(&path, &text)).await;
+        if let Err(e) = written {
             tracing::debug!("cannot write {}: {e}", self.path.display());
         }
         self.last = Some(now);

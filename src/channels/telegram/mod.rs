@@ -211,7 +211,7 @@ impl Telegram {
             let mut stopped = false;
             let mut later = false;
             if !updates.is_empty() {
-                poller.refresh_paired(&self.state_dir);
+                poller.refresh_paired(&self.state_dir).await;
             }
             for update in updates {
                 if update.update_id < offset {

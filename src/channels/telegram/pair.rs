@@ -86,12 +86,18 @@ impl Poller {
     }
 
     /// Reload the paired users when `telegram-paired.json` changed (a
-    /// `bramble pair --revoke`); one `stat` per batch of updates.
-    pub(super) fn refresh_paired(&mut self, state_dir: &std::path::Path) {
-        let stamp = pairing::stamp(state_dir);
-        if stamp != self.paired_stamp {
+    /// `bramble pair --revoke`); one `stat` per batch of updates, off the
+    /// runtime thread like every read of the state directory here.
+    pub(super) async fn refresh_paired(&mut self, state_dir: &std::path::Path) {
+        let (dir, seen) = (state_dir.to_path_buf(), self.paired_stamp);
+        let changed = tokio::task::spawn_blocking(move || {
+            let stamp = pairing::stamp(&dir);
+            (stamp != seen).then(|| (stamp, pairing::paired_ids(&dir)))
+        })
+        .await;
+        if let Ok(Some((stamp, ids))) = changed {
             self.paired_stamp = stamp;
-            self.allow = self.allow.clone().with_paired(state_dir);
+            self.allow.set_paired(ids);
         }
     }
 }
