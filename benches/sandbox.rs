@@ -4,14 +4,16 @@
 //! tool runs it: plain (`[exec] isolation = "off"`), then through the
 //! `bramble sandbox-exec` helper with more and more layers, ending with what
 //! `sandbox::wrap` builds from the default config (every layer this kernel
-//! offers) and with `network = false` (plus an empty network namespace).
+//! offers) for each `[exec] network`: "all" (the host's network), "none" (an
+//! empty network namespace), "internet" (a namespace of its own plus the
+//! filtering proxy process: the default where the jail works).
 //!
 //! Run: `cargo bench --bench sandbox` (release profile; the helper is the
 //! release binary).
 
 use std::time::{Duration, Instant};
 
-use bramble::config::ExecConfig;
+use bramble::config::{ExecConfig, Network};
 use bramble::sandbox::helper::Options;
 use bramble::sandbox::process::{self, CommandSpec, ExitState};
 use tokio_util::sync::CancellationToken;
@@ -50,8 +52,12 @@ fn main() {
         ("plain /bin/true (isolation = off)", plain.clone()),
         ("helper: rlimits + no_new_privs", through(Options::default())),
         ("helper: + Landlock", through(Options { landlock: true, ..Options::default() })),
-        ("wrap(default config): every layer", wrapped(ExecConfig::default())),
-        ("wrap(network = false): + empty netns", wrapped(ExecConfig { network: false, ..ExecConfig::default() })),
+        ("wrap(network = all): every layer", wrapped(ExecConfig { network: Network::All, ..ExecConfig::default() })),
+        (
+            "wrap(network = none): + empty netns",
+            wrapped(ExecConfig { network: Network::None, ..ExecConfig::default() }),
+        ),
+        ("wrap(network = internet): + netns, proxy", wrapped(ExecConfig::default())),
     ];
     let mut base = Duration::ZERO;
     println!("\nspawn-to-exit of /bin/true, {RUNS} runs each:");

@@ -42,7 +42,6 @@ pub(super) fn service_line() -> Option<String> {
 pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow::Result<ExitCode> {
     use super::service::Acting;
     let c = &loaded.config;
-    let yes_no = |b: bool| if b { "yes" } else { "no" };
     let whose = match acting {
         Acting::Own => String::new(),
         Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
@@ -127,7 +126,7 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
     println!(
         "exec:       {}",
         if c.exec.enabled {
-            format!("timeout {}, network {}", c.exec.timeout, yes_no(c.exec.network))
+            format!("timeout {}, network {}", c.exec.timeout, c.exec.network.as_str())
         } else {
             "off".into()
         }

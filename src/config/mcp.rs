@@ -18,7 +18,7 @@ use std::ops::Range;
 use serde::Deserialize;
 
 use super::types::{Dur, HttpUrl};
-use super::ExecConfig;
+use super::{ExecConfig, Network};
 
 /// `[mcp]`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -134,8 +134,9 @@ pub struct StdioServer {
     pub env: BTreeMap<String, String>,
     /// Variables whose values come from bramble's environment (or credentials), by name.
     pub env_from: BTreeMap<String, String>,
-    /// Network for the server (default on: most servers exist to reach something).
-    pub network: bool,
+    /// Network for the server (default "all": most servers exist to reach
+    /// something, and many ignore proxy settings, which "internet" relies on).
+    pub network: Network,
     /// Its sandbox limits; unset ones are `[exec]`'s, except CPU time (none: the server lives long).
     pub max_memory_mb: Option<u64>,
     pub max_cpu_seconds: Option<u64>,
@@ -173,7 +174,7 @@ struct RawServer {
     env: BTreeMap<String, String>,
     #[serde(default)]
     env_from: BTreeMap<String, String>,
-    network: Option<bool>,
+    network: Option<Network>,
     max_memory_mb: Option<u64>,
     max_cpu_seconds: Option<u64>,
     max_processes: Option<u64>,
@@ -264,7 +265,7 @@ impl TryFrom<RawServer> for McpServer {
                     args: r.args,
                     env: r.env,
                     env_from: r.env_from,
-                    network: r.network.unwrap_or(true),
+                    network: r.network.unwrap_or(Network::All),
                     max_memory_mb: r.max_memory_mb,
                     max_cpu_seconds: r.max_cpu_seconds,
                     max_processes: r.max_processes,
@@ -334,11 +335,11 @@ allow_untrusted = true
         assert_eq!(header_from_env(&headers_env["X-Raw"]), (None, "RAW_VAR"));
         let McpTransport::Stdio(s) = &files.transport else { panic!("stdio") };
         assert_eq!(s.args, ["-m", "server"]);
-        assert!(!s.network);
+        assert_eq!(s.network, Network::None);
         assert!(files.allow_untrusted);
         assert_eq!(files.timeout, Dur::secs(60));
         let exec = s.exec_config(&ExecConfig::default());
-        assert_eq!((exec.max_memory_mb, exec.max_cpu_seconds, exec.network), (256, 0, false));
+        assert_eq!((exec.max_memory_mb, exec.max_cpu_seconds, exec.network), (256, 0, Network::None));
     }
 
     #[test]

@@ -449,8 +449,8 @@ pub struct ExecConfig {
     pub timeout: Dur,
     /// Characters of output kept (head and tail) per command.
     pub max_output: usize,
-    /// Whether commands may use the network.
-    pub network: bool,
+    /// What commands may reach over the network.
+    pub network: Network,
     /// Environment variables passed through to commands (besides PATH, HOME, LANG, TERM).
     pub env_allow: Vec<String>,
     /// The kernel sandbox: `auto` (every layer the kernel offers), `required`
@@ -506,13 +506,132 @@ impl Isolation {
     }
 }
 
+/// `[exec] network`: what commands may reach.
+///
+/// `"internet"` and `"lan"` put the command in a network namespace of its own
+/// whose only way out is bramble's filtering proxy (`crate::sandbox::netproxy`),
+/// so the kernel, not a reading of the command, decides what it reaches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Network {
+    /// `"internet"` where the namespace jail can enforce it, else `"all"` (said at start).
+    #[default]
+    Auto,
+    /// Nothing at all (`false`).
+    None,
+    /// Through the proxy: public addresses, the local network, or both.
+    Filtered { internet: bool, lan: bool },
+    /// Whatever the host reaches, its own services included (`true`).
+    All,
+}
+
+/// What a [`Network`] setting comes to on a system with or without the namespace jail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkReach {
+    None,
+    Filtered { internet: bool, lan: bool },
+    All,
+}
+
+impl Network {
+    /// The default for commands: public addresses only.
+    pub const INTERNET: Network = Network::Filtered { internet: true, lan: false };
+
+    /// What commands get: `Auto` is "internet" with the jail and "all" without it; a
+    /// filtered setting without the jail cannot be enforced, so it becomes "none".
+    pub fn reach(self, jail: bool) -> NetworkReach {
+        match (self, jail) {
+            (Network::None, _) => NetworkReach::None,
+            (Network::All, _) | (Network::Auto, false) => NetworkReach::All,
+            (Network::Auto, true) => NetworkReach::Filtered { internet: true, lan: false },
+            (Network::Filtered { internet, lan }, true) => NetworkReach::Filtered { internet, lan },
+            (Network::Filtered { .. }, false) => NetworkReach::None,
+        }
+    }
+
+    /// As written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Auto => "auto",
+            Network::None => "none",
+            Network::All => "all",
+            Network::Filtered { internet: true, lan: false } => "internet",
+            Network::Filtered { internet: false, lan: true } => "lan",
+            Network::Filtered { .. } => "[\"internet\", \"lan\"]",
+        }
+    }
+}
+
+impl NetworkReach {
+    /// For `bramble status` and the startup line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            NetworkReach::None => "no network",
+            NetworkReach::All => "the host's whole network (LAN and this machine's own services included)",
+            NetworkReach::Filtered { internet: true, lan: false } => {
+                "public internet only, through bramble's proxy (no LAN, not this machine)"
+            }
+            NetworkReach::Filtered { internet: false, lan: true } => {
+                "the local network only, through bramble's proxy (not the internet, not this machine)"
+            }
+            NetworkReach::Filtered { .. } => "internet and local network through bramble's proxy (not this machine)",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Network {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        const EXPECTED: &str =
+            "\"internet\", \"lan\", \"all\", \"none\", \"auto\", a list such as [\"internet\", \"lan\"], or true/false";
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Network;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Network, E> {
+                Ok(if v { Network::All } else { Network::None })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Network, E> {
+                Ok(match v {
+                    "auto" => Network::Auto,
+                    "none" => Network::None,
+                    "all" => Network::All,
+                    "internet" => Network::INTERNET,
+                    "lan" => Network::Filtered { internet: false, lan: true },
+                    other => return Err(E::custom(format!("unknown network `{other}`: expected {EXPECTED}"))),
+                })
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Network, A::Error> {
+                let (mut internet, mut lan) = (false, false);
+                while let Some(item) = seq.next_element::<String>()? {
+                    match item.as_str() {
+                        "internet" => internet = true,
+                        "lan" => lan = true,
+                        other => {
+                            return Err(serde::de::Error::custom(format!(
+                                "`{other}` in a network list: a list combines \"internet\" and \"lan\" \
+                                 (write \"all\" or \"none\" on their own)"
+                            )))
+                        }
+                    }
+                }
+                if !internet && !lan {
+                    return Err(serde::de::Error::custom("an empty network list: write \"none\" for no network"));
+                }
+                Ok(Network::Filtered { internet, lan })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 impl Default for ExecConfig {
     fn default() -> Self {
         ExecConfig {
             enabled: true,
             timeout: Dur::secs(60),
             max_output: 10_000,
-            network: true,
+            network: Network::Auto,
             env_allow: Vec::new(),
             isolation: Isolation::Auto,
             run_as_user: "nobody".into(),
@@ -1355,6 +1474,29 @@ mod tests {
     fn wrong_type_has_line_and_column() {
         let err = parse("[agent]\nmax_iterations = \"many\"\n").unwrap_err();
         assert!(err.starts_with("/etc/bramble/config.toml:2:18: invalid type: string \"many\", expected u32"), "{err}");
+    }
+
+    #[test]
+    fn exec_network_takes_modes_lists_and_the_old_booleans() {
+        let net = |v: &str| parse(&format!("[exec]\nnetwork = {v}\n")).map(|c| c.exec.network);
+        assert_eq!(parse("").unwrap().exec.network, Network::Auto);
+        assert_eq!(net("true"), Ok(Network::All));
+        assert_eq!(net("false"), Ok(Network::None));
+        assert_eq!(net("\"internet\""), Ok(Network::INTERNET));
+        assert_eq!(net("\"lan\""), Ok(Network::Filtered { internet: false, lan: true }));
+        assert_eq!(net("[\"lan\", \"internet\"]"), Ok(Network::Filtered { internet: true, lan: true }));
+        assert_eq!(net("\"all\""), Ok(Network::All));
+        assert_eq!(net("\"none\""), Ok(Network::None));
+        let err = net("\"intranet\"").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:2:11: unknown network `intranet`"), "{err}");
+        assert!(net("[]").unwrap_err().contains("write \"none\""));
+        assert!(net("[\"all\", \"lan\"]").unwrap_err().contains("on their own"));
+        assert!(net("3").unwrap_err().contains("expected \"internet\""));
+        // What each setting comes to with and without the namespace jail.
+        assert_eq!(Network::Auto.reach(true), NetworkReach::Filtered { internet: true, lan: false });
+        assert_eq!(Network::Auto.reach(false), NetworkReach::All);
+        assert_eq!(Network::INTERNET.reach(false), NetworkReach::None, "fails closed");
+        assert_eq!(Network::All.reach(true), NetworkReach::All);
     }
 
     #[test]

@@ -53,6 +53,7 @@ use nix::unistd::{
 };
 
 use super::jail;
+use super::netproxy::{self, Reach};
 
 /// Exit status of the helper when a layer could not be set up.
 pub const SETUP_FAILED: i32 = 125;
@@ -66,6 +67,9 @@ pub struct Options {
     pub ns: bool,
     /// A new, empty network namespace (with `ns`); Landlock TCP denial too.
     pub no_network: bool,
+    /// A new network namespace whose only way out is the filtering proxy
+    /// ([`super::netproxy`]), reaching what this says (with `ns`).
+    pub proxy: Option<Reach>,
     /// Refuse `socket(AF_UNIX)` (seccomp): host sockets would be reachable.
     pub no_unix: bool,
     /// Apply Landlock (best effort).
@@ -113,6 +117,10 @@ impl Options {
         flag("--no-network", self.no_network);
         flag("--no-unix", self.no_unix);
         flag("--landlock", self.landlock);
+        if let Some(reach) = self.proxy {
+            a.push("--net-proxy".into());
+            a.push(reach.as_arg().into());
+        }
         let mut kv = |name: &str, value: OsString| {
             a.push(name.into());
             a.push(value);
@@ -170,6 +178,10 @@ impl Options {
                 "--no-network" => o.no_network = true,
                 "--no-unix" => o.no_unix = true,
                 "--landlock" => o.landlock = true,
+                "--net-proxy" => {
+                    let v = value()?;
+                    o.proxy = Some(Reach::parse(&v.to_string_lossy()).ok_or_else(|| format!("{name}: {v:?}"))?);
+                }
                 "--uid" => o.run_as = Some((number()? as u32, o.run_as.map_or(0, |r| r.1))),
                 "--gid" => o.run_as = Some((o.run_as.map_or(0, |r| r.0), number()? as u32)),
                 "--cpu" => o.limits.cpu_seconds = number()?,
@@ -221,6 +233,21 @@ fn err(what: &str) -> impl FnOnce(Errno) -> String + '_ {
 }
 
 fn run(o: &Options) -> Result<i32, String> {
+    // The proxy is forked first: it must stay in the host's network namespace,
+    // and it is not the command, so the command's limits are not its own.
+    let proxy = match o.proxy {
+        Some(_) if !o.ns => return Err("--net-proxy needs --ns".into()),
+        Some(reach) => Some(netproxy::start(reach, o.run_as)?),
+        None => None,
+    };
+    let result = run_with(o, proxy.as_ref());
+    if let Some(proxy) = proxy {
+        proxy.stop();
+    }
+    result
+}
+
+fn run_with(o: &Options, proxy: Option<&netproxy::Proxy>) -> Result<i32, String> {
     set_limits(&o.limits)?;
     set_pdeathsig()?;
     if getppid() == Pid::from_raw(1) {
@@ -234,7 +261,7 @@ fn run(o: &Options) -> Result<i32, String> {
     let root = uid.is_root();
     let mut flags = CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWIPC;
     flags |= CloneFlags::CLONE_NEWUTS;
-    if o.no_network {
+    if o.no_network || proxy.is_some() {
         flags |= CloneFlags::CLONE_NEWNET;
     }
     if !root {
@@ -249,6 +276,16 @@ fn run(o: &Options) -> Result<i32, String> {
     }
     // A new user namespace changed our credentials, which clears the death signal.
     set_pdeathsig()?;
+    if let Some(proxy) = proxy {
+        // Loopback up, a listener on it handed to the proxy; the command is told where.
+        let url = format!("http://127.0.0.1:{}", proxy.hand_over()?);
+        for name in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"] {
+            std::env::set_var(name, &url);
+        }
+        for name in ["no_proxy", "NO_PROXY"] {
+            std::env::set_var(name, "localhost,127.0.0.1,::1");
+        }
+    }
 
     let (status_r, status_w) = pipe2(OFlag::O_CLOEXEC).map_err(err("pipe"))?;
     let helper_pid = getpid();
@@ -477,7 +514,8 @@ mod tests {
     fn options_round_trip() {
         let o = Options {
             ns: true,
-            no_network: true,
+            no_network: false,
+            proxy: Some(Reach { internet: true, lan: true }),
             no_unix: true,
             landlock: true,
             run_as: Some((65534, 65533)),
@@ -504,5 +542,6 @@ mod tests {
         assert_eq!(p(&["--what"]).unwrap_err(), "unknown option --what");
         assert_eq!(p(&["--ns"]).unwrap_err(), "no command after --");
         assert_eq!(p(&["--ns", "--"]).unwrap_err(), "no command after --");
+        assert!(p(&["--net-proxy", "everything", "--", "a"]).is_err());
     }
 }

@@ -37,6 +37,7 @@ pub mod deny;
 pub mod helper;
 pub mod jail;
 pub mod landlock;
+pub mod netproxy;
 pub mod process;
 pub mod seccomp;
 
@@ -44,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use crate::config::{ExecConfig, Isolation};
+use crate::config::{ExecConfig, Isolation, NetworkReach};
 use process::CommandSpec;
 
 /// Environment variable naming the helper binary (tests, unusual installs).
@@ -144,6 +145,8 @@ pub struct Probe {
     pub namespaces: Result<(), String>,
     /// Whether commands get an empty `/proc` (a fresh one could not be mounted).
     pub proc_hidden: bool,
+    /// Whether the filtering network proxy works (`[exec] network = "internet" | "lan"`).
+    pub proxy: Result<(), String>,
     /// The kernel's Landlock ABI version, or why commands get no Landlock.
     pub landlock: Result<i32, landlock::Unavailable>,
     /// Whether bramble runs as root (commands then switch user).
@@ -198,7 +201,8 @@ fn guess() -> Probe {
         Ok(())
     };
     let landlock = landlock::abi_version();
-    Probe { helper, namespaces, proc_hidden: false, landlock, root, took: start.elapsed() }
+    let proxy = namespaces.clone();
+    Probe { helper, namespaces, proc_hidden: false, proxy, landlock, root, took: start.elapsed() }
 }
 
 /// After a command failed to start or a layer failed: run the probe (once) and
@@ -212,6 +216,7 @@ pub fn recheck() -> bool {
     (before.helper.is_ok() && now.helper.is_err())
         || (before.jail_available() && !now.jail_available())
         || (before.landlock.is_ok() && now.landlock.is_err())
+        || (before.proxy.is_ok() && now.proxy.is_err())
 }
 
 fn run_probe() -> Probe {
@@ -229,11 +234,11 @@ fn run_probe() -> Probe {
             // One run of the real layout: the jail with Landlock, this workspace and these hidden paths.
             let workspace = settings().workspace.clone().filter(|w| w.is_dir());
             let hide = hidden_paths(workspace.as_deref());
-            let full = probe_run(h, landlock.is_ok(), workspace.as_deref(), &hide);
+            let full = probe_run(h, landlock.is_ok(), false, workspace.as_deref(), &hide);
             match (full, &landlock) {
                 (Err(e), Ok(_)) if !e.starts_with(CANNOT_START) => {
                     // Without Landlock: which layer failed?
-                    let bare = probe_run(h, false, workspace.as_deref(), &hide);
+                    let bare = probe_run(h, false, false, workspace.as_deref(), &hide);
                     if bare.is_ok() {
                         landlock = Err(landlock::Unavailable::Failed(e));
                     }
@@ -252,19 +257,31 @@ fn run_probe() -> Probe {
     }
     let proc_hidden = namespaces.as_ref().is_ok_and(|hidden| *hidden);
     let namespaces = namespaces.map(|_| ());
-    Probe { helper, namespaces, proc_hidden, landlock, root, took: start.elapsed() }
+    // The proxy's own setup (loopback up, the listener handed over), once the jail is known to work.
+    let proxy = match (&helper, &namespaces) {
+        (Ok(h), Ok(())) => probe_run(h, false, true, None, &[]).map(|_| ()),
+        (_, Err(e)) | (Err(e), _) => Err(e.clone()),
+    };
+    Probe { helper, namespaces, proc_hidden, proxy, landlock, root, took: start.elapsed() }
 }
 
 const CANNOT_START: &str = "cannot start the helper";
 
-/// Build a complete jail (with an empty network namespace, and Landlock if
-/// `landlock`) around a shell that looks at its `/proc`, with the workspace
-/// attached and the private paths hidden as commands will have them.
-/// `Ok(true)`: the jail works but `/proc` is empty.
-fn probe_run(helper: &Path, landlock: bool, workspace: Option<&Path>, hide: &[PathBuf]) -> Result<bool, String> {
+/// Build a complete jail (with an empty network namespace, or the proxy's
+/// with `proxy`, and Landlock if `landlock`) around a shell that looks at its
+/// `/proc`, with the workspace attached and the private paths hidden as
+/// commands will have them. `Ok(true)`: the jail works but `/proc` is empty.
+fn probe_run(
+    helper: &Path,
+    landlock: bool,
+    proxy: bool,
+    workspace: Option<&Path>,
+    hide: &[PathBuf],
+) -> Result<bool, String> {
     let opts = helper::Options {
         ns: true,
-        no_network: true,
+        no_network: !proxy,
+        proxy: proxy.then_some(netproxy::Reach { internet: true, lan: false }),
         landlock,
         workspace: workspace.map(Path::to_path_buf),
         hide: hide.to_vec(),
@@ -317,7 +334,11 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
         (Ok(_), Ok(())) => parts.push(format!(
             "namespaces ({}mount, pid, ipc, uts{}), read-only system, private /tmp, {}, hidden state/config",
             if p.root { "" } else { "user, " },
-            if cfg.network { "" } else { ", empty network" },
+            match network_reach(cfg, &p) {
+                NetworkReach::None => ", empty network",
+                NetworkReach::Filtered { .. } => ", network (own, through the proxy)",
+                NetworkReach::All => "",
+            },
             if p.proc_hidden {
                 "NO /proc (this system masks parts of /proc, e.g. systemd ProtectKernelTunables/ProtectKernelLogs)"
             } else {
@@ -340,7 +361,8 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
             parts.push(format!("runs as {}:{}", cfg.run_as_user, cfg.run_as_group));
         }
         if seccomp::available() {
-            let sockets = match (cfg.network, unix_sockets_refused(cfg, &p)) {
+            let inet = network_reach(cfg, &p) != NetworkReach::None;
+            let sockets = match (inet, unix_sockets_refused(cfg, &p)) {
                 (true, false) => "",
                 (true, true) => ", no unix sockets",
                 (false, false) => ", no sockets but unix",
@@ -349,10 +371,14 @@ pub fn layers_summary(cfg: &ExecConfig) -> String {
             parts.push(format!("seccomp (no set-id files, memfd, SysV shm or io_uring{sockets})"));
         }
         parts.push(match &p.landlock {
-            Ok(v) => format!("Landlock ABI {v}{}", if cfg.network || *v >= 4 { "" } else { " (no TCP rules)" }),
+            Ok(v) => {
+                let tcp_rules_missing = network_reach(cfg, &p) == NetworkReach::None && *v < 4;
+                format!("Landlock ABI {v}{}", if tcp_rules_missing { " (no TCP rules)" } else { "" })
+            }
             Err(why) => why.to_string(),
         });
     }
+    parts.push(network_line(cfg, &p));
     if cfg.isolation == Isolation::Required && !p.jail_available() {
         parts.push(format!("isolation = \"required\": commands are REFUSED ({})", p.missing()));
     }
@@ -386,6 +412,32 @@ impl Probe {
             Ok(v) => format!("no namespace jail: {jail}; Landlock ABI {v} alone is not enough"),
             Err(why) => format!("no namespace jail: {jail}; {why}"),
         }
+    }
+}
+
+/// What commands reach with `cfg` on this system: see [`crate::config::Network::reach`].
+/// The proxy needs the jail's network namespace and its own setup to work.
+pub fn network_reach(cfg: &ExecConfig, p: &Probe) -> NetworkReach {
+    cfg.network.reach(p.jail_available() && p.proxy.is_ok())
+}
+
+/// `network: …` for the layers line: the setting, what it comes to, and why when that differs.
+fn network_line(cfg: &ExecConfig, p: &Probe) -> String {
+    use crate::config::Network;
+    let reach = network_reach(cfg, p);
+    let why = match (&p.namespaces, &p.proxy) {
+        (Err(e), _) | (Ok(()), Err(e)) => e.as_str(),
+        _ => "",
+    };
+    match (cfg.network, reach) {
+        (Network::Auto, NetworkReach::All) => {
+            format!("network: {} (\"auto\": the proxy cannot be set up here: {why})", reach.describe())
+        }
+        (Network::Filtered { .. }, NetworkReach::None) => format!(
+            "network: NONE ([exec] network = {} needs the namespace jail and its proxy, unavailable: {why})",
+            cfg.network.as_str()
+        ),
+        _ => format!("network: {}", reach.describe()),
     }
 }
 
@@ -425,7 +477,8 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     let hide = hidden_paths(Some(&workspace));
     let jail = p.namespaces.is_ok();
     let mut expose: Vec<PathBuf> = cfg.expose.iter().map(canonical).collect();
-    if cfg.network {
+    let reach = network_reach(cfg, &p);
+    if reach == NetworkReach::All {
         // Names must still resolve: resolv.conf is often a link into /run (systemd-resolved).
         if let Ok(conf) = std::fs::canonicalize("/etc/resolv.conf") {
             if SOCKET_DIRS.iter().any(|d| conf.starts_with(d)) && !expose.contains(&conf) {
@@ -438,7 +491,11 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
     command.extend(spec.args.iter().cloned());
     let opts = helper::Options {
         ns: jail,
-        no_network: !cfg.network,
+        no_network: reach == NetworkReach::None,
+        proxy: match reach {
+            NetworkReach::Filtered { internet, lan } => Some(netproxy::Reach { internet, lan }),
+            _ => None,
+        },
         no_unix: unix_sockets_refused(cfg, &p),
         landlock: p.landlock.is_ok(),
         run_as,
@@ -475,7 +532,8 @@ pub fn unix_sockets_refused(cfg: &ExecConfig, p: &Probe) -> bool {
         return false;
     }
     let jail = p.jail_available();
-    let abstract_scoped = !cfg.network || p.landlock_abi().is_some_and(|v| v >= 6);
+    // A network namespace of the command's own (none, or the proxy's) has its own abstract names.
+    let abstract_scoped = network_reach(cfg, p) != NetworkReach::All || p.landlock_abi().is_some_and(|v| v >= 6);
     !(jail && abstract_scoped)
 }
 

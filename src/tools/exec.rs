@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use super::fs::Workspace;
 use super::{parse_args, truncate_middle, BoxFuture, Tool, ToolContext, ToolError};
-use crate::config::ExecConfig;
+use crate::config::{ExecConfig, Network};
 use crate::sandbox::process::{self, CommandSpec, ExitState, Outcome};
 
 /// Longest time a single command may run, whatever the model asks for.
@@ -39,6 +39,8 @@ const FIXED: [&str; 4] = ["PATH", "HOME", "LANG", "TERM"];
 pub struct ExecTool {
     cfg: ExecConfig,
     workspace: Workspace,
+    /// The tool's description: what the network setting lets commands reach.
+    description: String,
 }
 
 #[derive(Deserialize)]
@@ -50,7 +52,8 @@ struct ExecArgs {
 
 impl ExecTool {
     pub fn new(cfg: ExecConfig, workspace: PathBuf) -> Self {
-        ExecTool { cfg, workspace: Workspace::new(workspace) }
+        let description = describe(cfg.network);
+        ExecTool { cfg, workspace: Workspace::new(workspace), description }
     }
 
     /// Whether `[exec] enabled` is on; a disabled tool is not registered.
@@ -206,14 +209,46 @@ fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
     }
 }
 
+/// The model is told what the network setting means for its commands, so that
+/// it picks tools that work (curl, not ping) and reads a refusal right.
+fn describe(network: Network) -> String {
+    let net = match network {
+        Network::None => "Commands have no network.",
+        Network::All => "",
+        Network::Auto | Network::Filtered { .. } => match network {
+            Network::Filtered { internet: false, lan: true } => {
+                "Network: the local network only, through an HTTP proxy (http_proxy and https_proxy are set: \
+                 curl, wget, git, pip and Python follow them; tools that ignore them, such as ping or ssh, get \
+                 no network). The internet and this machine's own services are not reachable."
+            }
+            Network::Filtered { internet: true, lan: true } => {
+                "Network: the internet and the local network, through an HTTP proxy (http_proxy and \
+                 https_proxy are set: curl, wget, git, pip and Python follow them; tools that ignore them, such \
+                 as ping or ssh, get no network). This machine's own services are not reachable."
+            }
+            _ => {
+                "Network: public internet only, through an HTTP proxy (http_proxy and https_proxy are set: \
+                 curl, wget, git, pip and Python follow them; tools that ignore them, such as ping or ssh, get \
+                 no network). The local network and this machine's own services are not reachable."
+            }
+        },
+    };
+    let base = "Run a shell command (/bin/sh -c) in the workspace and return its output and exit code. \
+                HOME is the workspace. Background processes are stopped when the command ends; \
+                the command is killed when the timeout passes.";
+    if net.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base} {net}")
+    }
+}
+
 impl Tool for ExecTool {
     fn name(&self) -> &str {
         "exec"
     }
     fn description(&self) -> &str {
-        "Run a shell command (/bin/sh -c) in the workspace and return its output and exit code. \
-         HOME is the workspace. Background processes are stopped when the command ends; \
-         the command is killed when the timeout passes."
+        &self.description
     }
     fn parameters(&self) -> Value {
         json!({

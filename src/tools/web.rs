@@ -18,7 +18,7 @@
 //! result is cut to `max_chars`, and the first line tells the model that the
 //! content is data, not instructions.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 
 use super::{parse_args, BoxFuture, Tool, ToolContext, ToolError};
 use crate::config::{Cidr, WebConfig};
+use crate::util::addr::{embedded_v4, is_public};
 
 /// Bytes of a response body read at most; the rest is never downloaded.
 const BODY_CAP: usize = 2 * 1024 * 1024;
@@ -108,77 +109,6 @@ impl Resolve for GuardedResolver {
             Ok(Box::new(allowed.into_iter()) as Addrs)
         })
     }
-}
-
-/// Whether `ip` is a globally routable address (not private, loopback,
-/// link-local, CGNAT, multicast, reserved or otherwise special). IPv6 forms
-/// that embed an IPv4 address are judged by that address.
-pub(crate) fn is_public(ip: IpAddr) -> bool {
-    if let Some(v4) = embedded_v4(ip) {
-        return is_public_v4(v4);
-    }
-    match ip {
-        IpAddr::V4(v4) => is_public_v4(v4),
-        IpAddr::V6(v6) => is_public_v6(v6),
-    }
-}
-
-fn is_public_v4(ip: Ipv4Addr) -> bool {
-    const BLOCKED: [(u32, u32); 14] = [
-        (0x0000_0000, 8),  // 0.0.0.0/8 "this network"
-        (0x0A00_0000, 8),  // 10.0.0.0/8
-        (0x6440_0000, 10), // 100.64.0.0/10 CGNAT
-        (0x7F00_0000, 8),  // 127.0.0.0/8 loopback
-        (0xA9FE_0000, 16), // 169.254.0.0/16 link-local, cloud metadata
-        (0xAC10_0000, 12), // 172.16.0.0/12
-        (0xC000_0000, 24), // 192.0.0.0/24 IETF protocol assignments
-        (0xC000_0200, 24), // 192.0.2.0/24 documentation
-        (0xC0A8_0000, 16), // 192.168.0.0/16
-        (0xC612_0000, 15), // 198.18.0.0/15 benchmarking
-        (0xC633_6400, 24), // 198.51.100.0/24 documentation
-        (0xCB00_7100, 24), // 203.0.113.0/24 documentation
-        (0xE000_0000, 4),  // 224.0.0.0/4 multicast
-        (0xF000_0000, 4),  // 240.0.0.0/4 reserved, incl. 255.255.255.255
-    ];
-    let bits = u32::from(ip);
-    !BLOCKED.iter().any(|&(net, len)| bits >> (32 - len) == net >> (32 - len))
-}
-
-fn is_public_v6(ip: Ipv6Addr) -> bool {
-    const BLOCKED: [(u128, u32); 8] = [
-        (0, 128),                          // :: unspecified
-        (1, 128),                          // ::1 loopback
-        (0x0100_0000_0000_0000 << 64, 64), // 100::/64 discard
-        (0x2001_0db8 << 96, 32),           // 2001:db8::/32 documentation
-        (0x0064_ff9b_0001 << 80, 48),      // 64:ff9b:1::/48 local-use NAT64
-        (0xfc00 << 112, 7),                // fc00::/7 unique local
-        (0xfe80 << 112, 10),               // fe80::/10 link-local (and fec0::/10 below)
-        (0xff00 << 112, 8),                // ff00::/8 multicast
-    ];
-    let bits = u128::from(ip);
-    let site_local = bits >> 118 == 0xfec0 >> 6;
-    !site_local && !BLOCKED.iter().any(|&(net, len)| bits >> (128 - len) == net >> (128 - len))
-}
-
-/// The IPv4 address inside an IPv6 one: mapped (`::ffff:a.b.c.d`), compatible
-/// (`::a.b.c.d`, not `::` or `::1`), NAT64 (`64:ff9b::a.b.c.d`) or 6to4 (`2002:aabb:ccdd::`).
-fn embedded_v4(ip: IpAddr) -> Option<Ipv4Addr> {
-    let IpAddr::V6(v6) = ip else { return None };
-    let bits = u128::from(v6);
-    let low = Ipv4Addr::from((bits & 0xffff_ffff) as u32);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(v4);
-    }
-    if bits >> 32 == 0 && bits > 1 {
-        return Some(low); // IPv4-compatible (deprecated)
-    }
-    if bits >> 32 == 0x0064_ff9b << 64 {
-        return Some(low); // NAT64 well-known prefix 64:ff9b::/96
-    }
-    if bits >> 112 == 0x2002 {
-        return Some(Ipv4Addr::from(((bits >> 80) & 0xffff_ffff) as u32)); // 6to4
-    }
-    None
 }
 
 /// An HTTP client that connects only where the [`AddressGuard`] allows:

@@ -13,6 +13,7 @@
 //! - [`multipart`]: `multipart/form-data` bodies (file uploads).
 //! - [`sha1`]: SHA-1, for the WebSocket handshake.
 
+pub mod addr;
 pub mod fs;
 pub mod mqtt;
 pub mod multipart;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
 use crate::support::setup::TestHome;
-use bramble::config::{Config, ExecConfig, WebConfig};
+use bramble::config::{Config, ExecConfig, Network, WebConfig};
 use bramble::provider::ToolCall;
 use bramble::sandbox::Probe;
 use bramble::tools::exec::ExecTool;
@@ -318,13 +318,13 @@ async fn network_is_off_when_disabled() {
     let port = listener.local_addr().unwrap().port();
     let probe = format!("bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED'");
 
-    // Control: with the network on, the same command reaches the listener.
-    let on = Setup::new(ExecConfig::default());
+    // Control: with the whole network on, the same command reaches the listener.
+    let on = Setup::new(ExecConfig { network: Network::All, ..ExecConfig::default() });
     let out = on.exec(&probe).await;
     assert!(out.text.starts_with("CONNECTED"), "{out:?}");
     assert!(listener.accept().is_ok(), "the control connection arrived");
 
-    let off = Setup::new(ExecConfig { network: false, ..ExecConfig::default() });
+    let off = Setup::new(ExecConfig { network: Network::None, ..ExecConfig::default() });
     let out = off.exec(&probe).await;
     assert!(!out.text.contains("CONNECTED"), "{out:?}");
     assert!(listener.accept().is_err(), "no connection arrived");
@@ -363,14 +363,18 @@ async fn commands_never_run_as_root_or_with_capabilities() {
 #[tokio::test]
 async fn a_failing_layer_is_an_error_the_model_reads() {
     let p = layers();
-    // One open file: the helper cannot even make its status pipe.
-    let s = Setup::new(ExecConfig { max_open_files: 1, ..ExecConfig::default() });
-    let out = s.exec("echo never").await;
-    if p.jail_available() {
+    // One open file: the helper cannot even make its first socket (the network
+    // proxy's loopback) or, with the network off, its status pipe.
+    for network in [Network::Auto, Network::None] {
+        let s = Setup::new(ExecConfig { max_open_files: 1, network, ..ExecConfig::default() });
+        let out = s.exec("echo never").await;
+        if !p.jail_available() {
+            assert!(!out.text.contains("never\nExit code: 0"), "{out:?}");
+            continue;
+        }
         assert!(out.is_error, "{out:?}");
-        assert!(out.text.starts_with("Error: sandbox: pipe: Too many open files"), "{out:?}");
-    } else {
-        assert!(!out.text.contains("never\nExit code: 0"), "{out:?}");
+        let first = if network == Network::None { "pipe" } else { "cannot bring up the command's loopback" };
+        assert!(out.text.starts_with(&format!("Error: sandbox: {first}: Too many open files")), "{out:?}");
     }
     if p.root {
         let s = Setup::new(ExecConfig { run_as_user: "no-such-user-bramble".into(), ..ExecConfig::default() });
@@ -1204,14 +1208,14 @@ async fn host_unix_sockets_are_out_of_reach_unless_exposed() {
          print \"CONNECTED\\n\"'",
         path.display()
     );
-    for network in [false, true] {
+    for network in [Network::None, Network::INTERNET, Network::All] {
         let s = Setup::new(ExecConfig { network, ..ExecConfig::default() });
         let out = s.exec(&connect).await;
-        assert!(!out.text.contains("CONNECTED"), "network = {network}: {out:?}");
-        assert!(listener.accept().is_err(), "network = {network}: a connection arrived");
+        assert!(!out.text.contains("CONNECTED"), "network = {network:?}: {out:?}");
+        assert!(listener.accept().is_err(), "network = {network:?}: a connection arrived");
     }
     // Control, and the way to allow one: `[exec] expose`.
-    let s = Setup::new(ExecConfig { network: false, expose: vec![path.clone()], ..ExecConfig::default() });
+    let s = Setup::new(ExecConfig { network: Network::None, expose: vec![path.clone()], ..ExecConfig::default() });
     let out = s.exec(&connect).await;
     if p.jail_available() {
         assert!(out.text.contains("CONNECTED"), "{out:?}");
@@ -1500,4 +1504,179 @@ fn landlock_blocked_by_a_filter_is_not_blamed_on_the_kernel() {
     assert!(line.contains("no Landlock in this kernel"), "{line}");
     let line = status_with_landlock_refused(libc::EOPNOTSUPP);
     assert!(line.contains("not enabled at boot"), "{line}");
+}
+
+/// Two network namespaces made with `ip netns` for [`exec_network_modes_reach_only_what_they_allow`]:
+/// "host", where bramble runs (its own LAN address 192.168.77.1, a service on its
+/// loopback), and "world" behind its veth (a LAN device at 192.168.77.2, and
+/// 93.184.216.34 standing in for a public server, routed through it). Nothing
+/// here touches the machine's real network.
+struct NetLab {
+    host: String,
+    world: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl NetLab {
+    /// `None` (the test is skipped, and says why) without root or `ip`.
+    fn new() -> Option<NetLab> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: making network namespaces needs root");
+            return None;
+        }
+        let id = std::process::id();
+        let lab = NetLab {
+            host: format!("bramble-h{id}"),
+            world: format!("bramble-w{id}"),
+            stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        };
+        let (h, w) = (lab.host.as_str(), lab.world.as_str());
+        let steps: [&[&str]; 11] = [
+            &["netns", "add", h],
+            &["netns", "add", w],
+            &["-n", h, "link", "set", "lo", "up"],
+            &["-n", w, "link", "set", "lo", "up"],
+            &["-n", h, "link", "add", "vh", "type", "veth", "peer", "name", "vw", "netns", w],
+            &["-n", h, "addr", "add", "192.168.77.1/24", "dev", "vh"],
+            &["-n", w, "addr", "add", "192.168.77.2/24", "dev", "vw"],
+            &["-n", h, "link", "set", "vh", "up"],
+            &["-n", w, "link", "set", "vw", "up"],
+            &["-n", w, "addr", "add", "93.184.216.34/32", "dev", "lo"],
+            &["-n", h, "route", "add", "default", "via", "192.168.77.2"],
+        ];
+        for step in steps {
+            let out =
+                std::process::Command::new("ip").args(step).output().expect("iproute2's `ip` (apt install iproute2)");
+            assert!(out.status.success(), "ip {step:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Some(lab)
+    }
+
+    /// Move the calling thread into namespace `name`.
+    fn enter(name: &str) {
+        let ns = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+    }
+
+    /// Answer every HTTP request to `addr` in namespace `ns` with `name`.
+    fn serve(&self, ns: &str, addr: &str, name: &'static str) {
+        let (ns, addr, stop) = (ns.to_string(), addr.to_string(), self.stop.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            NetLab::enter(&ns);
+            let listener = std::net::TcpListener::bind(&addr).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            ready_tx.send(()).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        use std::io::{Read, Write};
+                        conn.set_nonblocking(false).unwrap();
+                        conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                        let mut buf = [0u8; 4096];
+                        let _ = conn.read(&mut buf);
+                        let body = format!("reached {name}\n");
+                        let _ = write!(conn, "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        ready_rx.recv().unwrap();
+    }
+}
+
+impl Drop for NetLab {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for ns in [&self.host, &self.world] {
+            let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// `[exec] network`: each mode reaches exactly what it names, enforced by the
+/// command's own network namespace (a direct connection has no route) and
+/// the proxy's judgement of every address (loopback and this machine's own
+/// LAN address never, the LAN only with "lan", public only with "internet").
+#[test]
+fn exec_network_modes_reach_only_what_they_allow() {
+    let Some(lab) = NetLab::new() else { return };
+    let p = layers();
+    assert!(p.jail_available() && p.proxy.is_ok(), "as root the jail and its proxy work: {p:?}");
+    lab.serve(&lab.world, "93.184.216.34:8080", "public-site");
+    lab.serve(&lab.world, "192.168.77.2:8080", "lan-device");
+    lab.serve(&lab.host, "192.168.77.1:8081", "host-lan-address");
+    lab.serve(&lab.host, "127.0.0.1:8080", "host-loopback");
+    const TARGETS: [(&str, &str); 4] = [
+        ("public-site", "http://93.184.216.34:8080/"),
+        ("lan-device", "http://192.168.77.2:8080/"),
+        ("host-lan-address", "http://192.168.77.1:8081/"),
+        ("host-loopback", "http://127.0.0.1:8080/"),
+    ];
+    // Every target through the proxy the command was given (explicitly, so that
+    // no_proxy's loopback entry does not skip it), then the public one directly.
+    let mut script = String::new();
+    for (name, url) in TARGETS {
+        script.push_str(&format!(
+            "echo '== {name}'; curl -sS -m 5 ${{http_proxy:+-x $http_proxy --noproxy ''}} {url} 2>&1; "
+        ));
+    }
+    script.push_str(
+        "echo '== direct'; curl -sS -m 5 --noproxy '*' http://93.184.216.34:8080/ 2>&1; \
+         bash -c 'exec 3<>/dev/tcp/93.184.216.34/8080' 2>&1; echo '== end'",
+    );
+    let host = lab.host.clone();
+    let results = std::thread::spawn(move || {
+        NetLab::enter(&host);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut results = Vec::new();
+            for network in [
+                Network::INTERNET,
+                Network::Filtered { internet: false, lan: true },
+                Network::Filtered { internet: true, lan: true },
+                Network::All,
+                Network::None,
+                Network::Auto,
+            ] {
+                let s = Setup::new(ExecConfig { network, ..ExecConfig::default() });
+                results.push((network, s.exec(&script).await.text));
+            }
+            results
+        })
+    })
+    .join()
+    .unwrap();
+    let section = |out: &str, name: &str| -> String {
+        let start = out.find(&format!("== {name}\n")).unwrap_or_else(|| panic!("no {name} in {out}"));
+        let rest = &out[start + name.len() + 4..];
+        rest[..rest.find("== ").unwrap_or(rest.len())].to_string()
+    };
+    for (network, out) in results {
+        let reached = |name: &str| section(&out, name).contains(&format!("reached {name}"));
+        let (public, lan, all) = match network {
+            Network::Filtered { internet, lan } => (internet, lan, false),
+            Network::Auto => (true, false, false), // "internet": the jail is there
+            Network::All => (true, true, true),
+            Network::None => (false, false, false),
+        };
+        assert_eq!(reached("public-site"), public, "{network:?}: {out}");
+        assert_eq!(reached("lan-device"), lan, "{network:?}: {out}");
+        assert_eq!(reached("host-lan-address"), all, "{network:?}: {out}");
+        assert_eq!(reached("host-loopback"), all, "{network:?}: {out}");
+        let direct = section(&out, "direct").contains("reached public-site");
+        assert_eq!(direct, all, "{network:?}: no way around the proxy: {out}");
+        if let Network::Filtered { .. } | Network::Auto = network {
+            // The model reads why, and what would allow it.
+            assert!(section(&out, "host-loopback").contains("this machine itself"), "{out}");
+            assert!(section(&out, "host-lan-address").contains("this machine itself"), "{out}");
+            let refusal = if public { "local network" } else { "public address" };
+            let refused = if public { "lan-device" } else { "public-site" };
+            if !(public && lan) {
+                assert!(section(&out, refused).contains(refusal), "{network:?}: {out}");
+            }
+            assert!(section(&out, "direct").contains("unreachable"), "{network:?}: {out}");
+        }
+    }
 }

@@ -349,7 +349,7 @@ mod tests {
             args: vec![],
             env: [("LEVEL".to_string(), "debug".to_string()), ("PATH".to_string(), "/opt/bin".to_string())].into(),
             env_from: Default::default(),
-            network: true,
+            network: crate::config::Network::All,
             max_memory_mb: None,
             max_cpu_seconds: None,
             max_processes: None,
