@@ -237,7 +237,7 @@ fn run(o: &Options) -> Result<i32, String> {
     // and it is not the command, so the command's limits are not its own.
     let proxy = match o.proxy {
         Some(_) if !o.ns => return Err("--net-proxy needs --ns".into()),
-        Some(reach) => Some(netproxy::start(reach, o.run_as)?),
+        Some(reach) => Some(netproxy::start(reach, o)?),
         None => None,
     };
     let result = run_with(o, proxy.as_ref());

@@ -26,9 +26,12 @@
 //! "network unreachable": there is no other way out.
 //!
 //! The proxy is small, blocking code with a thread per connection (at most
-//! [`MAX_CONNECTIONS`]); it runs as the command's user when bramble is root,
-//! with `no_new_privs`, and dies with the helper (parent-death signal, and the
-//! helper kills it when the command ends).
+//! [`MAX_CONNECTIONS`]). It is outside the jail (it must reach the host's
+//! network and resolver), so it gets what can be had there: the command's
+//! user when bramble is root, `no_new_privs`, the helper's environment (the
+//! command's: no secrets), the command's Landlock rules (bramble's state,
+//! config and credentials unreadable) — and it dies with the helper
+//! (parent-death signal, and the helper kills it when the command ends).
 
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -45,6 +48,7 @@ use nix::sys::socket::{
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, getpid, getppid, setgroups, setresgid, setresuid, ForkResult, Gid, Pid, Uid};
 
+use super::helper::Options;
 use crate::util::addr::{is_lan, is_local_host, is_public};
 
 /// Connections served at once; more get `503`.
@@ -121,14 +125,14 @@ pub struct Proxy {
 
 /// Fork the proxy. Called by the helper while it is still in the host's
 /// network namespace, before any limit of the command is set.
-pub fn start(reach: Reach, run_as: Option<(u32, u32)>) -> Result<Proxy, String> {
+pub fn start(reach: Reach, o: &Options) -> Result<Proxy, String> {
     let (ours, theirs) = socketpair().map_err(|e| format!("socketpair for the network proxy: {e}"))?;
     let helper = getpid();
     // SAFETY: the helper is single-threaded (see `super::helper`), so the child may run ordinary code.
     match unsafe { fork() }.map_err(|e| format!("fork for the network proxy: {}", io::Error::from(e)))? {
         ForkResult::Child => {
             drop(ours);
-            let code = match serve(reach, run_as, theirs, helper) {
+            let code = match serve(reach, o, theirs, helper) {
                 Ok(()) => 0,
                 Err(e) => {
                     let _ = writeln!(io::stderr(), "bramble network: the proxy stopped: {e}");
@@ -161,12 +165,12 @@ impl Proxy {
 }
 
 /// The proxy process: wait for the listener, then serve until killed.
-fn serve(reach: Reach, run_as: Option<(u32, u32)>, chan: OwnedFd, helper: Pid) -> Result<(), String> {
+fn serve(reach: Reach, o: &Options, chan: OwnedFd, helper: Pid) -> Result<(), String> {
     prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
     if getppid() != helper {
         return Ok(()); // The helper is gone already.
     }
-    if let Some((uid, gid)) = run_as {
+    if let Some((uid, gid)) = o.run_as {
         let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
         setgroups(&[gid]).map_err(|e| format!("setgroups: {e}"))?;
         setresgid(gid, gid, gid).map_err(|e| format!("cannot switch to group {gid}: {e}"))?;
@@ -175,6 +179,10 @@ fn serve(reach: Reach, run_as: Option<(u32, u32)>, chan: OwnedFd, helper: Pid) -
         prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
     }
     prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
+    if o.landlock {
+        // The command's own filesystem rules: bramble's state, config and credentials out of reach.
+        super::landlock::restrict(o)?;
+    }
     // The command's stdout is not ours to hold open; stderr carries refusals to the model.
     if let Ok(null) = std::fs::File::open("/dev/null") {
         for fd in [0, 1] {
