@@ -47,6 +47,11 @@ version="${DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head
 # The newest glibc symbol version the binary uses, as the libc6 floor (at least 2.34).
 glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 glibc=$(printf '%s\n2.34\n' "$glibc" | sort -V | tail -1)
+# Packed relative relocations (build.rs, x86-64) need glibc 2.36, named by a
+# version dependency rather than a symbol.
+if objdump -p "$bin" | grep -q GLIBC_ABI_DT_RELR; then
+    glibc=$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)
+fi
 
 # Set DEB_MAINTAINER="Name <mail>" for packages you publish.
 maintainer="${DEB_MAINTAINER:-bramble developers <bramble-dev@example.org>}"
