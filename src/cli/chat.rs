@@ -31,7 +31,10 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
     report_unanswered(&outbox, &agent).await;
     let result = match message {
         Some(text) => one_turn(&agent, &session, text).await,
-        None => repl(&agent, &session).await,
+        None => {
+            crate::sandbox::warm::enable(); // More commands follow in a chat.
+            repl(&agent, &session).await
+        }
     };
     if result.as_ref().is_ok_and(|code| *code == ExitCode::SUCCESS) {
         // `-m` or the end of a chat: let sub-agents report before the process ends (Ctrl-C stops them).

@@ -320,6 +320,7 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
     // After READY: this probes the kernel with one real jail (a few ms).
     if c.exec.enabled {
         crate::sandbox::log_layers(&c.exec);
+        crate::sandbox::warm::enable();
     }
     // Once start-up is over, the code it ran need not stay resident (idle RSS).
     let settle = stop.clone();

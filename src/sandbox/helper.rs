@@ -90,6 +90,9 @@ pub struct Options {
     pub expose: Vec<PathBuf>,
     /// Size of the fresh `/tmp` in MiB.
     pub tmp_mb: u64,
+    /// Build everything, then wait: the working directory and the command
+    /// arrive on stdin ([`super::warm`]), which the command then finds closed.
+    pub warm: bool,
     /// The program and its arguments.
     pub command: Vec<OsString>,
 }
@@ -117,6 +120,7 @@ impl Options {
         flag("--no-network", self.no_network);
         flag("--no-unix", self.no_unix);
         flag("--landlock", self.landlock);
+        flag("--warm", self.warm);
         if let Some(reach) = self.proxy {
             a.push("--net-proxy".into());
             a.push(reach.as_arg().into());
@@ -178,6 +182,7 @@ impl Options {
                 "--no-network" => o.no_network = true,
                 "--no-unix" => o.no_unix = true,
                 "--landlock" => o.landlock = true,
+                "--warm" => o.warm = true,
                 "--net-proxy" => {
                     let v = value()?;
                     o.proxy = Some(Reach::parse(&v.to_string_lossy()).ok_or_else(|| format!("{name}: {v:?}"))?);
@@ -202,7 +207,10 @@ impl Options {
                 other => return Err(format!("unknown option {other}")),
             }
         }
-        if o.command.is_empty() {
+        if o.warm && !o.ns {
+            return Err("--warm needs --ns".into());
+        }
+        if o.command.is_empty() && !o.warm {
             return Err("no command after --".into());
         }
         Ok(o)
@@ -364,6 +372,14 @@ fn init_process(o: &Options, status_w: OwnedFd, helper_pid: Pid) -> Result<(), S
     jail::build(o)?;
     // Cosmetic (the uts namespace is new): a failure changes nothing that matters.
     let _ = sethostname("sandbox");
+    // A warm jail: everything above was built ahead; now the command itself.
+    let ordered;
+    let o = if o.warm {
+        ordered = take_order(o)?;
+        &ordered
+    } else {
+        o
+    };
     // SAFETY: init is single-threaded, like the helper it was forked from.
     let worker_pid = match unsafe { fork() }.map_err(err("fork"))? {
         ForkResult::Child => worker(o),
@@ -381,6 +397,33 @@ fn init_process(o: &Options, status_w: OwnedFd, helper_pid: Pid) -> Result<(), S
             Err(e) => return Err(err("waitpid")(e)),
         }
     }
+}
+
+/// Bytes of a warm helper's order at most.
+const MAX_ORDER: usize = 1 << 20;
+
+/// A warm jail's order, read from stdin to its end: the working directory and
+/// the command, NUL-separated ([`super::warm::order`]). Nothing is read when
+/// bramble dropped the helper unused: it is killed instead.
+fn take_order(o: &Options) -> Result<Options, String> {
+    let mut order = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match nix::unistd::read(io::stdin(), &mut buf) {
+            Ok(0) => break,
+            Ok(n) if order.len() + n <= MAX_ORDER => order.extend_from_slice(&buf[..n]),
+            Ok(_) => return Err("the command is too long".into()),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(err("reading the command")(e)),
+        }
+    }
+    let mut parts = order.split(|b| *b == 0).map(|p| OsStr::from_bytes(p).to_os_string());
+    let cwd = parts.next().filter(|c| !c.is_empty()).ok_or("no working directory came")?;
+    let command: Vec<OsString> = parts.collect();
+    if command.first().is_none_or(|c| c.is_empty()) {
+        return Err("no command came".into());
+    }
+    Ok(Options { cwd: Some(cwd.into()), command, warm: false, ..o.clone() })
 }
 
 /// Become the command: drop privileges, last layers, exec. Never returns.
@@ -526,6 +569,7 @@ mod tests {
             mask: vec!["/run".into()],
             expose: vec!["/run/mosquitto".into()],
             tmp_mb: 64,
+            warm: false,
             command: vec!["/bin/sh".into(), "-c".into(), "echo --ns".into()],
         };
         assert_eq!(Options::parse(&o.to_args()).unwrap(), o);

@@ -40,6 +40,7 @@ pub mod landlock;
 pub mod netproxy;
 pub mod process;
 pub mod seccomp;
+pub mod warm;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Once};
@@ -512,6 +513,7 @@ pub fn wrap(spec: CommandSpec, cfg: &ExecConfig, workspace: &Path) -> Result<Com
         mask: if jail { SOCKET_DIRS.iter().map(PathBuf::from).collect() } else { Vec::new() },
         expose,
         tmp_mb: cfg.tmp_size_mb,
+        warm: false,
         command,
     };
     let mut args = vec!["sandbox-exec".into()];

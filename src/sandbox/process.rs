@@ -102,9 +102,19 @@ pub struct Outcome {
 /// `Err` only when the command could not be started (missing program, bad
 /// working directory); a command that fails is an `Ok` with its [`ExitState`].
 pub async fn run(spec: CommandSpec, cancel: &CancellationToken) -> io::Result<Outcome> {
+    let child = command(&spec).spawn()?;
+    run_child(child, spec, cancel).await
+}
+
+/// [`run`] for a child already started by [`command`] (a warm sandbox helper,
+/// [`super::warm`], which got its order on stdin): `spec`'s stdin is not fed
+/// (it must be `None`), its timeout counts from now.
+pub(crate) async fn run_child(
+    mut child: tokio::process::Child,
+    spec: CommandSpec,
+    cancel: &CancellationToken,
+) -> io::Result<Outcome> {
     let start = Instant::now();
-    let mut cmd = command(&spec);
-    let mut child = cmd.spawn()?;
     let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
         // Only possible if the child was already reaped, which nothing here does.
         return Err(io::Error::other("spawned child has no pid"));
@@ -158,7 +168,7 @@ pub async fn run(spec: CommandSpec, cancel: &CancellationToken) -> io::Result<Ou
 }
 
 /// The `Command` for a spec: new process group, cleared environment, piped output.
-fn command(spec: &CommandSpec) -> Command {
+pub(crate) fn command(spec: &CommandSpec) -> Command {
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .current_dir(&spec.cwd)

@@ -103,9 +103,15 @@ impl ExecTool {
     /// less than was assumed (see [`crate::sandbox::recheck`]), the command is wrapped
     /// again with what this system really offers and run once more. Setup fails before
     /// the command itself starts, so it never runs twice.
-    async fn start(&self, plain: CommandSpec, cancel: &tokio_util::sync::CancellationToken) -> Result<Outcome, String> {
+    /// `ahead`: a model's command, after which the next jail is built ahead ([`crate::sandbox::warm`]).
+    async fn start(
+        &self,
+        plain: CommandSpec,
+        cancel: &tokio_util::sync::CancellationToken,
+        ahead: bool,
+    ) -> Result<Outcome, String> {
         let wrapped = crate::sandbox::wrap(plain.clone(), &self.cfg, self.workspace.root())?;
-        let mut outcome = process::run(wrapped, cancel).await;
+        let mut outcome = crate::sandbox::warm::run(wrapped, cancel, ahead).await;
         let failed = outcome.as_ref().map_or(true, |o| crate::sandbox::setup_error(o).is_some());
         if failed && crate::sandbox::recheck() {
             let wrapped = crate::sandbox::wrap(plain, &self.cfg, self.workspace.root())?;
@@ -130,7 +136,7 @@ impl ExecTool {
         let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
         crate::sandbox::deny::check(&args.command).map_err(ToolError::new)?;
         let spec = self.spec(args.command, cwd, timeout, None);
-        let outcome = self.start(spec, &ctx.cancel).await.map_err(ToolError::new)?;
+        let outcome = self.start(spec, &ctx.cancel, true).await.map_err(ToolError::new)?;
         Ok(render(&outcome, timeout, self.cfg.max_output))
     }
 }
@@ -171,7 +177,7 @@ pub async fn run_shell_output(
     let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
     let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
-    let outcome = tool.start(spec, cancel).await.map_err(std::io::Error::other)?;
+    let outcome = tool.start(spec, cancel, false).await.map_err(std::io::Error::other)?;
     Ok(ShellOutput {
         ok: matches!(outcome.state, ExitState::Exited(0)),
         stdout: truncate_middle(outcome.stdout.text.trim_end_matches('\n'), cfg.max_output),

@@ -724,6 +724,72 @@ async fn agent_exec(extra_config: &str, env: &[(&str, &str)], command: &str) -> 
     (tool["content"].as_str().unwrap_or_default().to_string(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// A model's next command runs in a jail built while the model thought
+/// (`bramble::sandbox::warm`, in the terminal chat and the daemon): every layer
+/// is there, the command's own working directory is used, and init — pid 1 of
+/// its pid namespace — is older than the command by the model's pause.
+#[tokio::test]
+async fn the_next_jail_is_built_ahead_with_every_layer() {
+    let p = layers();
+    if !p.jail_available() || p.proc_hidden {
+        eprintln!("skipped: needs the namespace jail with a /proc of its own");
+        return;
+    }
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let look = "set -- $(awk '{print $22}' /proc/1/stat /proc/self/stat); echo \"init-age $(( $2 - $1 ))\"; pwd; \
+                grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\\t' ' '; echo proxy=${http_proxy:+set}; \
+                ls /tmp | wc -l";
+    let first = serde_json::json!({ "command": format!("mkdir -p sub; touch /tmp/left-behind; {look}") });
+    let second = serde_json::json!({ "command": look, "working_dir": "sub" });
+    fake.push(Reply::tool_call("exec", first.to_string()));
+    fake.push(Reply::Delayed(Duration::from_millis(700), Box::new(Reply::tool_call("exec", second.to_string()))));
+    fake.push(Reply::text("done"));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", home.config.to_str().unwrap(), "agent"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"go\n").await.unwrap();
+    } // EOF after the turn: the chat ends.
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let requests = fake.requests();
+    let result = |i: usize| -> String {
+        let messages = requests[i]["messages"].as_array().cloned().unwrap_or_default();
+        let tool = messages.iter().rev().find(|m| m["role"] == "tool").cloned().unwrap_or_default();
+        tool["content"].as_str().unwrap_or_default().to_string()
+    };
+    let (cold, warm) = (result(1), result(2));
+    let age = |text: &str| -> i64 {
+        let line = text.lines().find_map(|l| l.strip_prefix("init-age ")).unwrap_or_else(|| panic!("{text}"));
+        line.trim().parse().unwrap()
+    };
+    // In clock ticks (10 ms): a jail built for the command is as young as it; the one
+    // built ahead waited through the model's 700 ms.
+    assert!(age(&cold) < 30, "{cold}");
+    assert!(age(&warm) >= 50, "the second jail was not built ahead: {warm}");
+    for text in [&cold, &warm] {
+        assert!(text.contains("NoNewPrivs: 1") && text.contains("Seccomp: 2"), "{text}");
+        assert!(text.contains("proxy=set"), "the network proxy is there: {text}");
+        assert!(text.contains("Exit code: 0"), "{text}");
+    }
+    let pwd = |text: &str| text.lines().find(|l| l.starts_with('/')).unwrap_or_default().to_string();
+    assert!(pwd(&warm).ends_with("/sub") && pwd(&warm) == format!("{}/sub", pwd(&cold)), "{cold}\n{warm}");
+    // Its own fresh /tmp: nothing of the first command's.
+    assert!(cold.contains("\n1\n"), "{cold}");
+    assert!(warm.contains("\n0\n"), "{warm}");
+}
+
 #[tokio::test]
 async fn required_isolation_refuses_without_the_jail_and_auto_says_so() {
     let missing = [("BRAMBLE_SANDBOX_HELPER", "/nonexistent/bramble")];
