@@ -81,7 +81,6 @@ impl Audit {
             ctx.source.name(),
             ctx.session_key(),
         );
-        let Some(path) = self.file.clone() else { return };
         let entry = Entry {
             at: jiff::Timestamp::now(),
             tool: tool.to_string(),
@@ -91,6 +90,39 @@ impl Audit {
             ok,
             detail,
         };
+        self.append(entry).await;
+    }
+
+    /// Record a `bramble cron …` that came through the daemon's control socket
+    /// (source `cli`, session `cli:<user>`: who sent it, as the kernel told the daemon).
+    pub async fn record_cli(&self, user: &str, detail: &str, ok: bool) {
+        let session = format!("cli:{user}");
+        let detail = clip(detail);
+        tracing::info!(
+            target: "bramble::audit",
+            audit = "tool",
+            audit_tool = "cron",
+            audit_source = "cli",
+            audit_session = %session,
+            audit_chat = "",
+            audit_ok = ok,
+            "audit: cron {} (cli, {session}): {detail}",
+            if ok { "ran" } else { "failed or refused" },
+        );
+        let entry = Entry {
+            at: jiff::Timestamp::now(),
+            tool: "cron".into(),
+            source: "cli".into(),
+            session,
+            chat: String::new(),
+            ok,
+            detail,
+        };
+        self.append(entry).await;
+    }
+
+    async fn append(&self, entry: Entry) {
+        let Some(path) = self.file.clone() else { return };
         let written = crate::util::tasks::blocking(move || append(&path, &entry)).await;
         if let Err(e) = written {
             tracing::warn!(error = %e, "cannot append to the audit file");
@@ -114,6 +146,11 @@ fn detail(tool: &str, args: &Value) -> String {
         "cron" => format!("{} {}", s("action"), if s("name").is_empty() { s("job") } else { s("name") }),
         _ => serde_json::to_string(args).unwrap_or_default(),
     };
+    clip(&text)
+}
+
+/// One line of at most [`MAX_DETAIL`] characters.
+fn clip(text: &str) -> String {
     let text = text.trim().replace(['\n', '\r'], " ");
     if text.chars().count() <= MAX_DETAIL {
         return text;
