@@ -2,6 +2,13 @@
 //!
 //! Edits go straight to the job store (a running daemon sees the file change
 //! at once); `cron run` runs the job in this process and queues its report.
+//!
+//! The same code answers the daemon's control socket ([`serve`]: a member of
+//! the installed service's group, plain `bramble cron …`): the arguments are
+//! parsed with the same clap definitions ([`argv`] makes them from what the
+//! member's CLI parsed), `[service] members` is applied, and [`edit`] writes
+//! to the reply instead of the terminal. There `run` is the scheduler's
+//! (`run_now`): the job runs in the daemon, as the service.
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -12,11 +12,16 @@
 //!
 //! A member of the `bramble` group (plain `bramble …`, no sudo) reads the
 //! config and sees `status` (what the config says; the state's parts are
-//! shown as private). The state is the service user's alone — sessions hold
-//! private chats — so the job commands, and what would run as the service (a
-//! turn, a job by hand, the heartbeat), are told to use sudo ([`member_may`]).
-//! Sharing the jobs with the group needs a directory of their own (a group
-//! member who may write the state directory could swap any file in it).
+//! shown as private, and whether the running service answers). The state is
+//! the service user's alone — sessions hold private chats, and a group member
+//! who may write the state directory could swap, plant or symlink any file in
+//! it — so a member's `cron …` is not done here: it goes to the running
+//! daemon's control socket (`/run/bramble/control.sock`, the group's), which
+//! does it as the service, audited as `cli:<member>` and limited by `[service]
+//! members` ([`through_service`]; the server is `crate::daemon::control`). No
+//! running service: "start it, or use sudo". What would run as the service in
+//! this process (a turn, the heartbeat, the daemon) is told to use sudo
+//! ([`member_may`]).
 
 use std::ffi::CString;
 use std::path::Path;

@@ -5,7 +5,9 @@
 //! they can do anything) are recorded when they run, and when the policy
 //! refuses them: the tool, what it was asked to do (a command, a path, a
 //! topic; at most 200 characters), whether it worked, the turn's source
-//! (`[policy.*]`'s name), session and chat.
+//! (`[policy.*]`'s name), session and chat. So are the job changes members
+//! of the service's group send through the daemon's control socket (tool
+//! `cron`, source `cli`, session `cli:<user>`: [`Audit::record_cli`]).
 //!
 //! Under systemd the record is a journal entry with its own fields
 //! (`AUDIT=tool`, `AUDIT_TOOL`, `AUDIT_SOURCE`, `AUDIT_SESSION`, `AUDIT_OK`):
