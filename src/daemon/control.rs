@@ -399,6 +399,28 @@ mod tests {
         assert_eq!(reply, r#"{"out":"","err":"bramble: error: no\n","code":1}"#);
     }
 
+    #[tokio::test]
+    async fn the_socket_is_made_only_in_a_directory_no_one_else_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // The service's: a 0750 directory made, the socket the group's; a stale one replaced.
+        let shared = dir.path().join("run/control.sock");
+        std::fs::create_dir(dir.path().join("run")).unwrap();
+        std::fs::set_permissions(dir.path().join("run"), std::fs::Permissions::from_mode(0o750)).unwrap();
+        std::fs::write(&shared, "stale").unwrap();
+        drop(bind(&shared, true).unwrap());
+        assert_eq!(mode(&shared), 0o660);
+        // Anyone else's: 0700, the socket 0600.
+        let own = dir.path().join("own/control.sock");
+        drop(bind(&own, false).unwrap());
+        assert_eq!((mode(own.parent().unwrap()), mode(&own)), (0o700, 0o600));
+        // A directory others may write: someone could swap the socket; refused.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();
+        assert!(matches!(bind(&open.join(SOCKET), true), Err(ControlError::NotOurs { .. })));
+    }
+
     #[test]
     fn root_and_the_daemons_user_are_the_service() {
         let me = nix::unistd::geteuid().as_raw();
