@@ -427,6 +427,10 @@ fn members_allow(
         )),
         Members::Reminders => match cmd {
             CronCommand::List | CronCommand::Show { .. } => Ok(()),
+            // A reminder with files would send the agent's workspace (memory, USER.md) where the member says.
+            CronCommand::Add { remind: Some(_), attach, .. } if !attach.is_empty() => Err(format!(
+                "members of the service's group may not attach workspace files ([service] members = \"reminders\"); {SUDO}"
+            )),
             CronCommand::Add { remind: Some(_), .. } => Ok(()),
             CronCommand::Add { .. } => Err(format!(
                 "members of the service's group may add reminders (--remind) only ([service] members = \"reminders\"): \

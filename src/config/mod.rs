@@ -73,7 +73,7 @@ pub enum Members {
     /// Every `cron` command, agent (`--message`) and `--exec` jobs included.
     #[default]
     Jobs,
-    /// `list` and `show`; `add`, `remove`, `enable`, `disable`, `run` of reminders only.
+    /// `list` and `show`; `add` (without `--attach`), `remove`, `enable`, `disable`, `run` of reminders only.
     Reminders,
     /// Nothing: the socket serves root and the service's user only.
     None,

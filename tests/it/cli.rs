@@ -744,6 +744,9 @@ async fn a_member_edits_the_services_jobs_through_its_control_socket() {
         "{}",
         text(&out.stderr)
     );
+    let out = member(&["cron", "add", "peek", "--every", "1h", "--remind", "x", "--attach", "USER.md"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("may not attach workspace files"), "{}", text(&out.stderr));
     let out = member(&["cron", "disable", "who"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("job who is an exec job: members"), "{}", text(&out.stderr));
