@@ -183,7 +183,8 @@ pub enum CronCommand {
         /// Job id or name
         id: String,
     },
-    /// Run a job now, in this terminal, and queue its report
+    /// Run a job now, in this terminal, and queue its report (a member of the service's group:
+    /// the running service runs it)
     Run {
         /// Job id or name
         id: String,

@@ -2,16 +2,38 @@
 //!
 //! Edits go straight to the job store (a running daemon sees the file change
 //! at once); `cron run` runs the job in this process and queues its report.
+//!
+//! The same code answers the daemon's control socket ([`serve`]: a member of
+//! the installed service's group, plain `bramble cron …`): the arguments are
+//! parsed with the same clap definitions ([`argv`] makes them from what the
+//! member's CLI parsed), `[service] members` is applied, and [`edit`] writes
+//! to the reply instead of the terminal. There `run` is the scheduler's
+//! (`run_now`): the job runs in the daemon, as the service.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use crate::bus::Target;
 use crate::config::Loaded;
-use crate::daemon::assemble;
+use crate::daemon::{assemble, control};
 
 use super::{when, CronCommand};
 
 pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
+    if let CronCommand::Run { id } = &cmd {
+        let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+        return cron_run(loaded, &store, id).await;
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    edit(loaded, cmd, &mut out, &mut std::io::stderr())?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every `cron` command but `run`, writing what it says to `out` and its
+/// warnings to `err`: this terminal's, or a control socket client's.
+pub(super) fn edit(loaded: &Loaded, cmd: CronCommand, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
     use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Schedule};
     let store = JobStore::open(&loaded.paths.state_dir);
     let tz = loaded.config.timezone();
@@ -85,9 +107,12 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             }
             let job = store.add(job)?;
             if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
-                eprintln!("warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set");
+                writeln!(
+                    err,
+                    "warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set"
+                )?;
             }
-            println!("added job {} ({})", job.name, job.id);
+            writeln!(out, "added job {} ({})", job.name, job.id)?;
             for t in &job.deliver {
                 let configured = match t {
                     Target::Telegram(_) => loaded.config.telegram.token().is_some(),
@@ -96,36 +121,36 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
                     Target::Log | Target::Cli => true,
                 };
                 if !configured {
-                    eprintln!(
+                    writeln!(
+                        err,
                         "warning: {} is not configured: reports for {t} wait in the outbox until it is",
                         t.channel()
-                    );
+                    )?;
                 }
             }
-            println!("  schedule: {}", job.schedule.describe(tz.tz()));
-            println!("  next run: {}", when(job.state.next_run, &tz));
+            writeln!(out, "  schedule: {}", job.schedule.describe(tz.tz()))?;
+            writeln!(out, "  next run: {}", when(job.state.next_run, &tz))?;
             if !matches!(job.schedule, Schedule::Every { .. }) {
                 let jobs = store.list().unwrap_or_default();
                 let wait = loaded.config.daemon.clock_sync_wait.get();
                 if let Some(note) = crate::scheduler::engine::clock_hold_note(&jobs, wait, tz.tz()) {
-                    eprintln!("note: {note}");
+                    writeln!(err, "note: {note}")?;
                 }
             }
             if let Some(m) = &job.model {
-                println!("  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
+                writeln!(out, "  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
             }
             if let Some(w) = &job.watch {
-                println!("  watch:    {} (the turn runs when: {})", w.command, w.mode.as_str());
+                writeln!(out, "  watch:    {} (the turn runs when: {})", w.command, w.mode.as_str())?;
             }
             for line in limits(&job, &tz) {
-                println!("  {line}");
+                writeln!(out, "  {line}")?;
             }
         }
         CronCommand::List => {
-            use std::io::Write as _;
             let jobs = store.list()?;
             // One buffered writer: thousands of jobs are thousands of lines.
-            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let mut out = std::io::BufWriter::new(out);
             let corrupt = store.corrupt_notice();
             if let Some(notice) = &corrupt {
                 writeln!(out, "job store: {notice}")?;
@@ -155,62 +180,306 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
         }
         CronCommand::Show { id } => {
             let j = store.get(&id)?;
-            println!("{} ({})", j.name, j.id);
-            println!("  kind:      {}", kind_name_of(&j));
+            writeln!(out, "{} ({})", j.name, j.id)?;
+            writeln!(out, "  kind:      {}", kind_name_of(&j))?;
             match &j.kind {
-                JobKind::Message { text } | JobKind::Remind { text } => println!("  text:      {text}"),
-                JobKind::Exec { command } => println!("  command:   {command}"),
+                JobKind::Message { text } | JobKind::Remind { text } => writeln!(out, "  text:      {text}")?,
+                JobKind::Exec { command } => writeln!(out, "  command:   {command}")?,
             }
-            println!("  schedule:  {}", j.schedule.describe(tz.tz()));
-            println!("  catch-up:  {}", j.catch_up);
+            writeln!(out, "  schedule:  {}", j.schedule.describe(tz.tz()))?;
+            writeln!(out, "  catch-up:  {}", j.catch_up)?;
             if let Some(m) = &j.model {
-                println!("  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m));
+                writeln!(out, "  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
             }
             if let Some(w) = &j.watch {
-                println!("  watch:     {} (the turn runs when: {})", w.command, w.mode.as_str());
+                writeln!(out, "  watch:     {} (the turn runs when: {})", w.command, w.mode.as_str())?;
                 if let Some(seen) = &j.state.watch {
                     let first = seen.output.lines().next().unwrap_or("");
-                    println!("  last seen: {}", crate::scheduler::job::truncate(first, 80));
+                    writeln!(out, "  last seen: {}", crate::scheduler::job::truncate(first, 80))?;
                 }
             }
             for line in limits(&j, &tz) {
-                println!("  {}", line.replacen(": ", ":  ", 1));
+                writeln!(out, "  {}", line.replacen(": ", ":  ", 1))?;
             }
             if j.ha_button {
-                println!("  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name));
+                writeln!(out, "  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name))?;
             }
             let targets: Vec<String> = j.report_target_names();
-            println!("  deliver:   {}", targets.join(", "));
+            writeln!(out, "  deliver:   {}", targets.join(", "))?;
             if !j.attach.is_empty() {
-                println!("  attach:    {}", j.attach.join(", "));
+                writeln!(out, "  attach:    {}", j.attach.join(", "))?;
             }
-            println!("  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" });
-            println!("  next run:  {}", when(j.state.next_run, &tz));
+            writeln!(out, "  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" })?;
+            writeln!(out, "  next run:  {}", when(j.state.next_run, &tz))?;
             if let Some(e) = &j.state.last_error {
-                println!("  last error: {e}");
+                writeln!(out, "  last error: {e}")?;
             }
             for r in &j.state.history {
                 let by = r.model.as_deref().map(|m| format!("  [{m}]")).unwrap_or_default();
                 // One line per run: a report's lines joined.
                 let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
-                println!("  {}  {:<7}  {summary}{by}", when(Some(r.started), &tz), r.status.to_string());
+                writeln!(out, "  {}  {:<7}  {summary}{by}", when(Some(r.started), &tz), r.status.to_string())?;
             }
         }
         CronCommand::Remove { id } => {
             let j = store.remove(&id)?;
-            println!("removed job {} ({})", j.name, j.id);
+            writeln!(out, "removed job {} ({})", j.name, j.id)?;
         }
         CronCommand::Enable { id } => {
             let j = store.set_enabled(&id, true)?;
-            println!("enabled job {} ({})", j.name, j.id);
+            writeln!(out, "enabled job {} ({})", j.name, j.id)?;
         }
         CronCommand::Disable { id } => {
             let j = store.set_enabled(&id, false)?;
-            println!("disabled job {} ({})", j.name, j.id);
+            writeln!(out, "disabled job {} ({})", j.name, j.id)?;
         }
-        CronCommand::Run { id } => return cron_run(loaded, &store, &id).await,
+        CronCommand::Run { .. } => anyhow::bail!("`cron run` runs a job in the process that asks (see `cron`)"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
+}
+
+/// `bramble cron …` as the control socket receives it: the arguments after `cron`.
+#[derive(Debug, clap::Parser)]
+#[command(name = "bramble cron", disable_help_subcommand = true, max_term_width = 100)]
+struct Remote {
+    #[command(subcommand)]
+    cmd: CronCommand,
+}
+
+/// The arguments after `bramble cron` that make `cmd` again (what a member's
+/// CLI sends; the daemon parses them with the same definitions). Every value
+/// as `--flag=value` and the positional after `--`, so no text is taken for a flag.
+pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
+    fn opt(a: &mut Vec<String>, flag: &str, v: &Option<String>) {
+        if let Some(v) = v {
+            a.push(format!("--{flag}={v}"));
+        }
+    }
+    let mut a: Vec<String> = Vec::new();
+    let id = match cmd {
+        CronCommand::Add {
+            name,
+            every,
+            cron,
+            tz,
+            at,
+            message,
+            remind,
+            exec,
+            deliver,
+            catch_up,
+            ha_button,
+            attach,
+            model,
+            watch,
+            watch_mode,
+            jitter,
+            max_runs,
+            until,
+        } => {
+            a.push("add".into());
+            for (flag, v) in [
+                ("every", every),
+                ("cron", cron),
+                ("tz", tz),
+                ("at", at),
+                ("message", message),
+                ("remind", remind),
+                ("exec", exec),
+                ("catch-up", catch_up),
+                ("model", model),
+                ("watch", watch),
+                ("jitter", jitter),
+                ("until", until),
+            ] {
+                opt(&mut a, flag, v);
+            }
+            a.extend(deliver.iter().map(|d| format!("--deliver={d}")));
+            a.extend(attach.iter().map(|f| format!("--attach={f}")));
+            if *ha_button {
+                a.push("--ha-button".into());
+            }
+            if watch.is_some() {
+                a.push(format!("--watch-mode={watch_mode}"));
+            }
+            opt(&mut a, "max-runs", &max_runs.map(|n| n.to_string()));
+            name
+        }
+        CronCommand::List => return vec!["list".into()],
+        CronCommand::Show { id } => {
+            a.push("show".into());
+            id
+        }
+        CronCommand::Remove { id } => {
+            a.push("remove".into());
+            id
+        }
+        CronCommand::Run { id } => {
+            a.push("run".into());
+            id
+        }
+        CronCommand::Enable { id } => {
+            a.push("enable".into());
+            id
+        }
+        CronCommand::Disable { id } => {
+            a.push("disable".into());
+            id
+        }
+    };
+    a.push("--".into());
+    a.push(id.clone());
+    a
+}
+
+/// The control socket's handler (`bramble run` hands it to the daemon): the
+/// request parsed with the CLI's own definitions, `[service] members`
+/// applied to a member, then the same code as `bramble cron …` in a terminal
+/// — except `run`, which the daemon's scheduler starts (its report goes
+/// where the job's go). A change makes the scheduler read the jobs at once.
+pub(super) fn serve(call: control::Call) -> control::Answer {
+    use clap::Parser as _;
+    let remote = match Remote::try_parse_from(std::iter::once("bramble cron".to_string()).chain(call.argv)) {
+        Ok(r) => r,
+        Err(e) => {
+            let text = e.render().to_string();
+            let mut reply = control::Reply { code: e.exit_code(), ..control::Reply::default() };
+            if e.use_stderr() {
+                reply.err = text;
+            } else {
+                reply.out = text;
+            }
+            return control::Answer { reply, audit: None };
+        }
+    };
+    let cmd = remote.cmd;
+    let audit = change(&cmd);
+    let loaded = &call.loaded;
+    let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+    if call.peer.member {
+        if let Err(why) = members_allow(loaded.config.service.members, &cmd, &store) {
+            return control::Answer {
+                reply: control::Reply::error(why),
+                audit: audit.map(|a| format!("{a} (refused)")),
+            };
+        }
+    }
+    let result = match cmd {
+        CronCommand::Run { id } => run_in_daemon(loaded, &store, &call.scheduler, &id).map(|out| (out, String::new())),
+        cmd => {
+            let (mut out, mut err) = (Vec::new(), Vec::new());
+            edit(loaded, cmd, &mut out, &mut err)
+                .map(|()| (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned()))
+        }
+    };
+    let reply = match result {
+        Ok((out, err)) => {
+            if audit.is_some() {
+                call.scheduler.reload();
+            }
+            control::Reply { out, err, code: 0 }
+        }
+        Err(e) => {
+            let mut err = format!("bramble: error: {e}\n");
+            for cause in e.chain().skip(1) {
+                err.push_str(&format!("  caused by: {cause}\n"));
+            }
+            control::Reply { out: String::new(), err, code: 1 }
+        }
+    };
+    control::Answer { reply, audit }
+}
+
+/// What a command changes, for the audit trail (`None`: it only reads).
+fn change(cmd: &CronCommand) -> Option<String> {
+    Some(match cmd {
+        CronCommand::Add { name, message, remind, exec, watch, .. } => {
+            let what = match (message, remind, exec) {
+                (Some(t), _, _) => format!("message: {t}"),
+                (_, Some(t), _) => format!("remind: {t}"),
+                (_, _, Some(c)) => format!("exec: {c}"),
+                _ => String::new(),
+            };
+            let watch = watch.as_ref().map(|w| format!(" (watch: {w})")).unwrap_or_default();
+            format!("add {name} {what}{watch}")
+        }
+        CronCommand::Remove { id } => format!("remove {id}"),
+        CronCommand::Run { id } => format!("run {id}"),
+        CronCommand::Enable { id } => format!("enable {id}"),
+        CronCommand::Disable { id } => format!("disable {id}"),
+        CronCommand::List | CronCommand::Show { .. } => return None,
+    })
+}
+
+/// Whether `[service] members` lets a member of the service's group do `cmd`.
+fn members_allow(
+    members: crate::config::Members,
+    cmd: &CronCommand,
+    store: &crate::scheduler::JobStore,
+) -> Result<(), String> {
+    use crate::config::Members;
+    use crate::scheduler::JobKind;
+    const SUDO: &str = "use sudo (`sudo bramble …` acts as the service's user)";
+    match members {
+        Members::Jobs => Ok(()),
+        Members::None => Err(format!(
+            "the service does not take job commands from its group's members ([service] members = \"none\"): {SUDO}"
+        )),
+        Members::Reminders => match cmd {
+            CronCommand::List | CronCommand::Show { .. } => Ok(()),
+            // A reminder with files would send the agent's workspace (memory, USER.md) where the member says.
+            CronCommand::Add { remind: Some(_), attach, .. } if !attach.is_empty() => Err(format!(
+                "members of the service's group may not attach workspace files ([service] members = \"reminders\"); {SUDO}"
+            )),
+            CronCommand::Add { remind: Some(_), .. } => Ok(()),
+            CronCommand::Add { .. } => Err(format!(
+                "members of the service's group may add reminders (--remind) only ([service] members = \"reminders\"): \
+                 --message and --exec jobs run as the service, with its key; {SUDO}"
+            )),
+            CronCommand::Remove { id }
+            | CronCommand::Run { id }
+            | CronCommand::Enable { id }
+            | CronCommand::Disable { id } => {
+                let job = store.get(id).map_err(|e| e.to_string())?;
+                if matches!(job.kind, JobKind::Remind { .. }) && job.watch.is_none() {
+                    return Ok(());
+                }
+                Err(format!(
+                    "job {} is a{} {} job: members of the service's group may change reminders only \
+                     ([service] members = \"reminders\"); {SUDO}",
+                    job.name,
+                    if kind_name_of(&job).starts_with('e') { "n" } else { "" },
+                    kind_name_of(&job)
+                ))
+            }
+        },
+    }
+}
+
+/// `cron run` through the control socket: the daemon's scheduler runs the job
+/// now, as the service (outside its schedule); its report goes where the job's go.
+fn run_in_daemon(
+    loaded: &Loaded,
+    store: &crate::scheduler::JobStore,
+    scheduler: &crate::scheduler::SchedulerHandle,
+    key: &str,
+) -> anyhow::Result<String> {
+    let job = store.get(key)?;
+    if let Some(since) = job.state.running_since {
+        anyhow::bail!(
+            "job {} is running right now (since {}); try again when it has finished",
+            job.name,
+            when(Some(since), &loaded.config.timezone())
+        );
+    }
+    anyhow::ensure!(scheduler.run_now(&job.id), "the daemon's scheduler is busy; try again in a moment");
+    Ok(format!(
+        "started job {} ({}) in the service; its report goes to {} (`bramble cron show {}` has the run)\n",
+        job.name,
+        job.id,
+        job.report_target_names().join(", "),
+        job.name
+    ))
 }
 
 /// Run a job in this process, record the run in the store, queue its report.
@@ -318,5 +587,64 @@ fn kind_name(k: &crate::scheduler::JobKind) -> &'static str {
         crate::scheduler::JobKind::Message { .. } => "message",
         crate::scheduler::JobKind::Remind { .. } => "remind",
         crate::scheduler::JobKind::Exec { .. } => "exec",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    fn parsed(args: &[&str]) -> CronCommand {
+        let cli = crate::cli::Cli::try_parse_from(["bramble", "cron"].iter().chain(args)).unwrap();
+        match cli.command {
+            crate::cli::Command::Cron(c) => *c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// What a member's CLI sends is what it parsed, whatever the texts look like.
+    #[test]
+    fn argv_parses_back_to_the_same_command() {
+        for args in [
+            &["add", "tea", "--every", "1h", "--remind=--every 2s -- tea", "--deliver", "log"][..],
+            &[
+                "add",
+                "--cron",
+                "0 9 * * 1-5",
+                "--tz",
+                "UTC",
+                "--exec=-rf",
+                "--catch-up",
+                "2h",
+                "--jitter",
+                "5m",
+                "--",
+                "-x",
+            ],
+            &["add", "w", "--at", "2030-01-01 08:00", "--message", "m", "--watch", "df", "--watch-mode", "nonempty"],
+            &["add", "n", "--every", "1d", "--message", "m", "--model", "lan/x", "--ha-button", "--attach", "a.png"],
+            &["add", "l", "--every", "1d", "--remind", "r", "--max-runs", "3", "--until", "2030-01-01 08:00"],
+            &["list"],
+            &["show", "--", "--help-me"],
+            &["remove", "--", "-1"],
+            &["run", "a"],
+            &["enable", "a"],
+            &["disable", "a"],
+        ] {
+            let cmd = parsed(args);
+            let sent = argv(&cmd);
+            let back = Remote::try_parse_from(std::iter::once("bramble cron".to_string()).chain(sent.clone()))
+                .unwrap_or_else(|e| panic!("{args:?} → {sent:?}: {e}"));
+            assert_eq!(format!("{:?}", back.cmd), format!("{cmd:?}"), "{args:?} → {sent:?}");
+        }
+    }
+
+    #[test]
+    fn the_socket_takes_cron_subcommands_only() {
+        for argv in [&["--config", "/tmp/x", "list"][..], &["agent", "-m", "hi"], &["list", "--config=/tmp/x"]] {
+            let e = Remote::try_parse_from(["bramble cron"].iter().chain(argv)).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{argv:?}");
+        }
     }
 }

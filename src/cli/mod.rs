@@ -61,7 +61,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let loaded = config::load(explicit)?;
     match &acting {
-        service::Acting::ServiceConfigOnly => service::member_may(&cli.command, &loaded.paths.state_dir)?,
+        // A member's job commands go to the running service, which acts on them as itself.
+        service::Acting::ServiceConfigOnly => match &cli.command {
+            Command::Cron(cmd) => return service::through_service(&cron::argv(cmd)).await,
+            other => service::member_may(other)?,
+        },
         service::Acting::Service(_) | service::Acting::Own => {}
     }
     // Commands started by this process never see the state dir, config or credentials.
@@ -69,7 +73,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
     match cli.command {
-        Command::Run => crate::daemon::run(explicit, loaded).await.map(|()| ExitCode::SUCCESS),
+        Command::Run => {
+            let control: crate::daemon::control::Handler = std::sync::Arc::new(cron::serve);
+            crate::daemon::run(explicit, loaded, Some(control)).await.map(|()| ExitCode::SUCCESS)
+        }
         Command::Cron(cmd) => cron::cron(&loaded, *cmd).await,
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,

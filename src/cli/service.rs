@@ -12,11 +12,16 @@
 //!
 //! A member of the `bramble` group (plain `bramble …`, no sudo) reads the
 //! config and sees `status` (what the config says; the state's parts are
-//! shown as private). The state is the service user's alone — sessions hold
-//! private chats — so the job commands, and what would run as the service (a
-//! turn, a job by hand, the heartbeat), are told to use sudo ([`member_may`]).
-//! Sharing the jobs with the group needs a directory of their own (a group
-//! member who may write the state directory could swap any file in it).
+//! shown as private, and whether the running service answers). The state is
+//! the service user's alone — sessions hold private chats, and a group member
+//! who may write the state directory could swap, plant or symlink any file in
+//! it — so a member's `cron …` is not done here: it goes to the running
+//! daemon's control socket (`/run/bramble/control.sock`, the group's), which
+//! does it as the service, audited as `cli:<member>` and limited by `[service]
+//! members` ([`through_service`]; the server is `crate::daemon::control`). No
+//! running service: "start it, or use sudo". What would run as the service in
+//! this process (a turn, the heartbeat, the daemon) is told to use sudo
+//! ([`member_may`]).
 
 use std::ffi::CString;
 use std::path::Path;
@@ -131,30 +136,65 @@ fn is_var_name(s: &str) -> bool {
 }
 
 /// For a non-root user on the service's config (a member of its group, or
-/// anyone who may read the config): `status`; the job commands only where an
-/// administrator gave them the state directory; nothing that would run as
-/// the service (a turn, a job by hand, the heartbeat, the daemon need its
-/// secrets and its user).
-pub fn member_may(command: &crate::cli::args::Command, state_dir: &Path) -> anyhow::Result<()> {
-    use crate::cli::args::{Command, CronCommand};
-    use nix::unistd::{access, AccessFlags};
+/// anyone who may read the config): `status`, and the job commands through
+/// the running service ([`through_service`]); nothing else that would run as
+/// the service (a turn, the heartbeat, the daemon need its secrets and its user).
+pub fn member_may(command: &crate::cli::args::Command) -> anyhow::Result<()> {
+    use crate::cli::args::Command;
     let what = match command {
-        Command::Status => return Ok(()),
-        Command::Cron(c) if !matches!(**c, CronCommand::Run { .. }) => {
-            if access(state_dir, AccessFlags::R_OK | AccessFlags::W_OK | AccessFlags::X_OK).is_ok() {
-                return Ok(());
-            }
-            bail!(
-                "{} is the installed service's state and belongs to its user: run this with sudo (`sudo bramble …` \
-                 acts as the service's user)",
-                state_dir.display()
-            )
-        }
+        Command::Status | Command::Cron(_) => return Ok(()),
         Command::Run => "the service runs under systemd (`sudo systemctl start bramble`)",
-        Command::Cron(_) => "a job run by hand runs as the service, with its secrets",
         _ => "this runs as the service, with its secrets",
     };
     bail!("{what}: use sudo (`sudo bramble …` acts as the service's user)")
+}
+
+/// How long a member waits for the service's answer.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A member's `bramble cron …`: sent to the running service's control socket
+/// (`argv`: the arguments after `cron`); its output printed, its exit code returned.
+pub async fn through_service(argv: &[String]) -> anyhow::Result<std::process::ExitCode> {
+    use crate::daemon::control::{self, ClientError};
+    use std::io::Write as _;
+    let path = Service::installed().control;
+    let reply = match control::request(&path, argv, ANSWER_WAIT).await {
+        Ok(reply) => reply,
+        Err(ClientError::Connect { source }) => bail!("{}", cannot_connect(&path, &source)),
+        Err(e) => bail!("the bramble service ({}): {e}", path.display()),
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(reply.out.as_bytes())?;
+    out.flush()?;
+    eprint!("{}", reply.err);
+    Ok(std::process::ExitCode::from(u8::try_from(reply.code).unwrap_or(1)))
+}
+
+/// What a failed connection to the control socket means to the user.
+fn cannot_connect(path: &Path, e: &std::io::Error) -> String {
+    use std::io::ErrorKind;
+    match e.kind() {
+        ErrorKind::NotFound | ErrorKind::ConnectionRefused => {
+            "the bramble service is not running (systemctl status bramble); start it, or use sudo".into()
+        }
+        ErrorKind::PermissionDenied => format!(
+            "{}: permission denied: only members of the service's group (`bramble`) may ask the service \
+             (`id` lists your groups; after `adduser` log in again), or use sudo",
+            path.display()
+        ),
+        _ => format!("cannot reach the bramble service at {}: {e}", path.display()),
+    }
+}
+
+/// `bramble status` for a member: whether the service's control socket answers.
+pub async fn control_line() -> String {
+    let path = Service::installed().control;
+    match crate::daemon::control::request(&path, &[], std::time::Duration::from_secs(5)).await {
+        Ok(r) if r.code == 0 => format!("{} at {}", r.out.trim(), path.display()),
+        Ok(r) => r.err.trim().trim_start_matches("bramble: error: ").to_string(),
+        Err(crate::daemon::control::ClientError::Connect { source }) => cannot_connect(&path, &source),
+        Err(e) => format!("no answer from {}: {e}", path.display()),
+    }
 }
 
 #[cfg(test)]

@@ -101,7 +101,12 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" }
     );
     println!("state:      {}", loaded.paths.state_dir.display());
-    println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
+    if *acting == Acting::ServiceConfigOnly {
+        // The state is private; the running service says whether it answers (and what members may).
+        println!("daemon:     {}", super::service::control_line().await);
+    } else {
+        println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
+    }
     if let Some(service) = service_line() {
         println!("service:    {service}");
     }

@@ -51,6 +51,42 @@ pub struct Config {
     pub policy: BTreeMap<String, PolicyRule>,
     /// `[homeassistant]` (`homeassistant.rs`).
     pub homeassistant: HomeAssistantConfig,
+    /// `[service]`: what members of the installed service's group may do.
+    pub service: ServiceConfig,
+}
+
+/// `[service]`: the installed service's control socket (`bramble cron …` by
+/// members of its group, without sudo; see `src/daemon/control.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServiceConfig {
+    /// What members of the service's group may do through the control socket:
+    /// `jobs` (every `cron` command: as strong as sudo for bramble), `reminders`
+    /// (read the jobs; add and change `--remind` jobs only), `none`.
+    pub members: Members,
+}
+
+/// `[service] members`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Members {
+    /// Every `cron` command, agent (`--message`) and `--exec` jobs included.
+    #[default]
+    Jobs,
+    /// `list` and `show`; `add` (without `--attach`), `remove`, `enable`, `disable`, `run` of reminders only.
+    Reminders,
+    /// Nothing: the socket serves root and the service's user only.
+    None,
+}
+
+impl Members {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Members::Jobs => "jobs",
+            Members::Reminders => "reminders",
+            Members::None => "none",
+        }
+    }
 }
 
 /// `[policy.<source>]`: an allow-list and a deny list of tool names (`*` globs).
@@ -184,6 +220,7 @@ impl Default for Config {
             transcription: TranscriptionConfig::default(),
             policy: BTreeMap::new(),
             homeassistant: HomeAssistantConfig::default(),
+            service: ServiceConfig::default(),
         }
     }
 }
@@ -1184,6 +1221,9 @@ pub struct Service {
     pub credentials: PathBuf,
     /// The user the service runs as: `bramble`.
     pub user: String,
+    /// `/run/bramble/control.sock`: the running service's control socket
+    /// (the unit's `RuntimeDirectory=`), where members of its group send `cron` commands.
+    pub control: PathBuf,
 }
 
 impl Service {
@@ -1205,6 +1245,7 @@ impl Service {
             env_file: etc.join("env"),
             credentials: etc.join("credentials"),
             user,
+            control: root.join("run/bramble/control.sock"),
         }
     }
 }
@@ -1405,6 +1446,7 @@ mod tests {
             ("MqttConfig", "mqtt"),
             ("DaemonConfig", "daemon"),
             ("AlertsConfig", "alerts"),
+            ("ServiceConfig", "service"),
         ];
         let mut missing = Vec::new();
         for (ty, section) in sections {
@@ -1435,6 +1477,16 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(text, Path::new("/etc/bramble/config.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn service_members_is_one_of_three_words_with_file_and_line() {
+        assert_eq!(parse("").unwrap().service.members, Members::Jobs);
+        assert_eq!(parse("[service]\nmembers = \"reminders\"\n").unwrap().service.members, Members::Reminders);
+        assert_eq!(parse("[service]\nmembers = \"none\"\n").unwrap().service.members, Members::None);
+        let err = parse("[service]\nmembers = \"all\"\n").unwrap_err();
+        assert!(err.starts_with("/etc/bramble/config.toml:2:11:"), "{err}");
+        assert!(err.contains("expected one of `jobs`, `reminders`, `none`"), "{err}");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! reminders and exec jobs still run.
 
 pub mod assemble;
+pub mod control;
 pub mod systemd;
 pub mod watch;
 
@@ -42,8 +43,13 @@ enum Stop {
     Reload,
 }
 
-/// `bramble run`: run until SIGINT/SIGTERM; reload on SIGHUP.
-pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config::Loaded) -> anyhow::Result<()> {
+/// `bramble run`: run until SIGINT/SIGTERM; reload on SIGHUP. `control`
+/// answers `bramble cron …` on the control socket ([`control`]; `None`: no socket).
+pub async fn run(
+    explicit_config: Option<&std::path::Path>,
+    first: crate::config::Loaded,
+    control: Option<control::Handler>,
+) -> anyhow::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -54,12 +60,12 @@ pub async fn run(explicit_config: Option<&std::path::Path>, first: crate::config
     let mut loaded = first;
     let mut previous: Option<crate::config::Loaded> = None;
     loop {
-        let running = match (start(&loaded), previous.take()) {
+        let running = match (start(&loaded, control.clone()), previous.take()) {
             (Ok(r), _) => r,
             (Err(e), Some(old)) => {
                 tracing::error!("cannot start with the new config ({e:#}); going on with the old one");
                 loaded = old;
-                start(&loaded)?
+                start(&loaded, control.clone())?
             }
             (Err(e), None) => return Err(e),
         };
@@ -156,7 +162,7 @@ impl Running {
 }
 
 /// Start every component for this config.
-fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
+fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> anyhow::Result<Running> {
     use anyhow::Context as _;
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
@@ -265,6 +271,9 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         },
         recovered: "Recovered: the scheduler runs again.",
     }];
+    if let Some(handler) = control {
+        spawn_control(loaded, handler, scheduler.handle(), &mut tasks, stop.clone());
+    }
     tasks.spawn(scheduler.run(ObservedRunner { runner, observers }, stop.clone()));
 
     let heartbeat = Heartbeat {
@@ -334,6 +343,34 @@ fn start(loaded: &crate::config::Loaded) -> anyhow::Result<Running> {
         }
     });
     Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
+}
+
+/// Open the control socket ([`control`]) for this generation; without it the daemon runs on.
+fn spawn_control(
+    loaded: &crate::config::Loaded,
+    handler: control::Handler,
+    scheduler: crate::scheduler::SchedulerHandle,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: CancellationToken,
+) {
+    let (path, shared) = control::socket_path(loaded);
+    match control::bind(&path, shared) {
+        Ok(listener) => {
+            if shared {
+                let members = loaded.config.service.members.as_str();
+                tracing::info!(socket = %path.display(), members, "control socket: `bramble cron` for the service's group");
+            } else {
+                tracing::debug!(socket = %path.display(), "control socket");
+            }
+            let audit = crate::tools::audit::Audit::new(&loaded.paths.state_dir, crate::logging::stderr_is_journal());
+            let shared = control::Shared { loaded: Arc::new(loaded.clone()), scheduler, handler, audit };
+            tasks.spawn(control::serve(listener, shared, stop));
+        }
+        Err(e) if shared => {
+            tracing::warn!("no control socket ({e}): members of the service's group cannot use `bramble cron`")
+        }
+        Err(e) => tracing::debug!("no control socket: {e}"),
+    }
 }
 
 /// How long after start the binary's start-up pages are released

@@ -5,7 +5,9 @@
 //! they can do anything) are recorded when they run, and when the policy
 //! refuses them: the tool, what it was asked to do (a command, a path, a
 //! topic; at most 200 characters), whether it worked, the turn's source
-//! (`[policy.*]`'s name), session and chat.
+//! (`[policy.*]`'s name), session and chat. So are the job changes members
+//! of the service's group send through the daemon's control socket (tool
+//! `cron`, source `cli`, session `cli:<user>`: [`Audit::record_cli`]).
 //!
 //! Under systemd the record is a journal entry with its own fields
 //! (`AUDIT=tool`, `AUDIT_TOOL`, `AUDIT_SOURCE`, `AUDIT_SESSION`, `AUDIT_OK`):
@@ -81,7 +83,6 @@ impl Audit {
             ctx.source.name(),
             ctx.session_key(),
         );
-        let Some(path) = self.file.clone() else { return };
         let entry = Entry {
             at: jiff::Timestamp::now(),
             tool: tool.to_string(),
@@ -91,6 +92,39 @@ impl Audit {
             ok,
             detail,
         };
+        self.append(entry).await;
+    }
+
+    /// Record a `bramble cron …` that came through the daemon's control socket
+    /// (source `cli`, session `cli:<user>`: who sent it, as the kernel told the daemon).
+    pub async fn record_cli(&self, user: &str, detail: &str, ok: bool) {
+        let session = format!("cli:{user}");
+        let detail = clip(detail);
+        tracing::info!(
+            target: "bramble::audit",
+            audit = "tool",
+            audit_tool = "cron",
+            audit_source = "cli",
+            audit_session = %session,
+            audit_chat = "",
+            audit_ok = ok,
+            "audit: cron {} (cli, {session}): {detail}",
+            if ok { "ran" } else { "failed or refused" },
+        );
+        let entry = Entry {
+            at: jiff::Timestamp::now(),
+            tool: "cron".into(),
+            source: "cli".into(),
+            session,
+            chat: String::new(),
+            ok,
+            detail,
+        };
+        self.append(entry).await;
+    }
+
+    async fn append(&self, entry: Entry) {
+        let Some(path) = self.file.clone() else { return };
         let written = crate::util::tasks::blocking(move || append(&path, &entry)).await;
         if let Err(e) = written {
             tracing::warn!(error = %e, "cannot append to the audit file");
@@ -114,6 +148,11 @@ fn detail(tool: &str, args: &Value) -> String {
         "cron" => format!("{} {}", s("action"), if s("name").is_empty() { s("job") } else { s("name") }),
         _ => serde_json::to_string(args).unwrap_or_default(),
     };
+    clip(&text)
+}
+
+/// One line of at most [`MAX_DETAIL`] characters.
+fn clip(text: &str) -> String {
     let text = text.trim().replace(['\n', '\r'], " ");
     if text.chars().count() <= MAX_DETAIL {
         return text;

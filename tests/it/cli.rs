@@ -500,7 +500,38 @@ impl FakeService {
             nix::unistd::chown(dir.as_path(), Some(nobody.uid), Some(nobody.gid)).unwrap();
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
         }
+        // The unit's RuntimeDirectory=bramble, RuntimeDirectoryMode=0750: the control socket's directory.
+        let run = root.path().join("run/bramble");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::set_permissions(root.path().join("run"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        nix::unistd::chown(run.as_path(), Some(nobody.uid), Some(nobody.gid)).unwrap();
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o750)).unwrap();
         FakeService { root, state }
+    }
+
+    /// `bramble run` as the service's user (`nobody`), as the unit starts it; its log in `log`.
+    fn daemon(&self, log: &Path) -> tokio::process::Child {
+        let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("run")
+            .env_clear()
+            .env("HOME", "/nonexistent-home")
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "debug")
+            .env("BRAMBLE_TEST_SYSTEM_ROOT", self.root.path())
+            .env("BRAMBLE_TEST_SERVICE_USER", "nobody")
+            .uid(nobody.uid.as_raw())
+            .gid(nobody.gid.as_raw())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn bramble run")
+    }
+
+    fn config(&self) -> std::path::PathBuf {
+        self.root.path().join("etc/bramble/config.toml")
     }
 
     /// `bramble ARGS` with no --config, as `uid` (None: root), HOME without a config of its own.
@@ -565,17 +596,17 @@ async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
         "{stdout}"
     );
 
-    // Another user reads the config but is sent to sudo for the state.
+    // Another user reads the config, but the kernel keeps them from the service's control socket.
     let out = svc.bramble(&["cron", "list"], Some(1)).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        text(&out.stderr).contains("is the installed service's state and belongs to its user: run this with sudo"),
+        text(&out.stderr).contains("permission denied: only members of the service's group (`bramble`) may ask"),
         "{}",
         text(&out.stderr)
     );
 
     // A member of the service's group sees the status (the state's parts shown as private, no
-    // warnings about what they may not read), and is sent to sudo for everything else.
+    // warnings about what they may not read), its job commands go to the running service, and the rest is sent to sudo.
     let member = |args: &'static [&'static str]| svc.bramble_as(args, 1, nobody.gid.as_raw());
     let out = member(&["status"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
@@ -585,9 +616,11 @@ async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
         assert!(stdout.contains(&format!("{part}private to the service")), "{part}: {stdout}");
     }
     assert!(text(&out.stderr).is_empty(), "no warnings about what a member may not read: {}", text(&out.stderr));
+    assert!(stdout.contains(&format!("daemon:     {NOT_RUNNING}")), "{stdout}");
     for (args, why) in [
-        (&["cron", "add", "tea", "--every", "1h", "--remind", "t"][..], "belongs to its user: run this with sudo"),
-        (&["cron", "run", "brief"][..], "a job run by hand runs as the service, with its secrets: use sudo"),
+        // The job commands go to the running service: not running here.
+        (&["cron", "add", "tea", "--every", "1h", "--remind", "t"][..], NOT_RUNNING),
+        (&["cron", "run", "brief"][..], NOT_RUNNING),
         (&["agent", "-m", "hi"][..], "this runs as the service, with its secrets: use sudo"),
         (&["run"][..], "the service runs under systemd"),
     ] {
@@ -614,6 +647,131 @@ async fn sudo_bramble_acts_on_the_installed_service_as_its_user() {
     let jobs = std::fs::read_to_string(svc.state.join("jobs.json")).unwrap();
     assert!(!jobs.contains("\"x\""), "{jobs}");
 }
+
+/// Plain `bramble cron …` by a member of the service's group: the running
+/// daemon does it, as the service, through its control socket; the state
+/// directory stays the service's alone; `[service] members` limits it.
+#[tokio::test]
+async fn a_member_edits_the_services_jobs_through_its_control_socket() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (the daemon runs as the service's user, the client as a member)");
+        return;
+    }
+    let llm = FakeLlm::start(Dialect::OpenAi).await;
+    let svc = FakeService::new(&llm.base_url());
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let log_path = logs.path().join("run.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let mut daemon = svc.daemon(&log_path);
+    let member = |args: &'static [&'static str]| svc.bramble_as(args, 1, nobody.gid.as_raw());
+    let member_name = nix::unistd::User::from_uid(1.into()).unwrap().map(|u| u.name).unwrap_or("uid 1".into());
+    let answers = |needle: &'static str| {
+        let svc = &svc;
+        async move {
+            for _ in 0..100 {
+                let out = svc.bramble_as(&["status"], 1, nobody.gid.as_raw()).await;
+                let line = text(&out.stdout).lines().find(|l| l.starts_with("daemon:")).unwrap_or("").to_string();
+                if line.contains(needle) {
+                    return line;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            panic!("the status never said `{needle}`: {}", log());
+        }
+    };
+    let line = answers("members may: jobs").await;
+    assert!(line.contains("answers (members may: jobs) at "), "{line}");
+    let socket = svc.root.path().join("run/bramble/control.sock");
+    let mode = std::fs::metadata(&socket).unwrap();
+    assert_eq!((mode.mode() & 0o777, mode.uid()), (0o660, nobody.uid.as_raw()), "the socket is the group's");
+
+    // Add: written by the service, into its store, and the running scheduler has it at once.
+    let out = member(&["cron", "add", "tea", "--every", "2s", "--remind", "tea time"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("added job tea ("), "{}", text(&out.stdout));
+    let jobs = std::fs::metadata(svc.state.join("jobs.json")).unwrap();
+    assert_eq!(jobs.uid(), nobody.uid.as_raw(), "written by the service");
+    let delivered = crate::support::daemon::wait_until(20, || log().matches("tea time").count() >= 2).await;
+    assert!(delivered, "the daemon runs the member's reminder: {}", log());
+    let out = member(&["cron", "list"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).lines().any(|l| l.contains(" tea ") && l.contains("remind")), "{}", text(&out.stdout));
+
+    // An exec job, started by hand in the daemon: it runs as the service.
+    let out = member(&["cron", "add", "who", "--every", "1h", "--exec", "echo ran-as-$(id -un)"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = member(&["cron", "run", "who"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).starts_with("started job who ("), "{}", text(&out.stdout));
+    let ran = crate::support::daemon::wait_until(20, || log().contains("ran-as-nobody")).await;
+    assert!(ran, "the exec job ran in the daemon as the service: {}", log());
+
+    // Errors come back as the command's own, with its exit code.
+    let out = member(&["cron", "show", "no-such-job"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).starts_with("bramble: error: "), "{}", text(&out.stderr));
+    let out = member(&["cron", "remove", "tea"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = member(&["cron", "list"]).await;
+    assert!(!text(&out.stdout).contains(" tea "), "{}", text(&out.stdout));
+
+    // Who did it is in the audit trail (no journal here: `<state>/audit.jsonl`).
+    let audit = std::fs::read_to_string(svc.state.join("audit.jsonl")).unwrap();
+    let session = format!("\"session\":\"cli:{member_name}\"");
+    for what in ["add tea remind: tea time", "add who exec: echo ran-as-$(id -un)", "run who", "remove tea"] {
+        assert!(audit.lines().any(|l| l.contains(&session) && l.contains(what)), "{what}: {audit}");
+    }
+    // Nothing in the state directory is open to the group or others.
+    for entry in walk(&svc.state) {
+        let m = std::fs::symlink_metadata(&entry).unwrap();
+        assert_eq!(m.uid(), nobody.uid.as_raw(), "{} is the service's", entry.display());
+    }
+    let top = std::fs::metadata(&svc.state).unwrap().permissions().mode() & 0o777;
+    assert_eq!(top, 0o700, "the state directory stays private");
+
+    // [service] members = "reminders": reading and reminders only.
+    let config = std::fs::read_to_string(svc.config()).unwrap();
+    std::fs::write(svc.config(), format!("{config}[service]\nmembers = \"reminders\"\n")).unwrap();
+    let pid = nix::unistd::Pid::from_raw(daemon.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    answers("members may: reminders").await;
+    let out = member(&["cron", "add", "sh", "--every", "1h", "--exec", "id"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("may add reminders (--remind) only ([service] members = \"reminders\")"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = member(&["cron", "add", "peek", "--every", "1h", "--remind", "x", "--attach", "USER.md"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("may not attach workspace files"), "{}", text(&out.stderr));
+    let out = member(&["cron", "disable", "who"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("job who is an exec job: members"), "{}", text(&out.stderr));
+    let out = member(&["cron", "add", "water", "--every", "1h", "--remind", "water"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = member(&["cron", "show", "who"]).await;
+    assert_eq!(out.status.code(), Some(0), "reading is allowed: {}", text(&out.stderr));
+
+    // [service] members = "none": refused; the service's own user still acts directly.
+    std::fs::write(svc.config(), format!("{config}[service]\nmembers = \"none\"\n")).unwrap();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP).unwrap();
+    answers("members = \"none\"").await;
+    let out = member(&["cron", "list"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("([service] members = \"none\"): use sudo"), "{}", text(&out.stderr));
+    let out = svc.bramble_as(&["cron", "list"], nobody.uid.as_raw(), nobody.gid.as_raw()).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("water"), "{}", text(&out.stdout));
+
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), daemon.wait()).await.unwrap().unwrap();
+    assert_eq!(status.code(), Some(0), "{}", log());
+}
+
+const NOT_RUNNING: &str = "the bramble service is not running (systemctl status bramble); start it, or use sudo";
 
 fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

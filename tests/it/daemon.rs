@@ -524,3 +524,82 @@ fn journal_fields(mut d: &[u8]) -> Vec<(String, String)> {
     }
     out
 }
+
+/// One request to a control socket, as raw bytes; the raw reply.
+async fn control_raw(socket: &Path, request: Vec<u8>) -> serde_json::Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stream = tokio::net::UnixStream::connect(socket).await.expect("connect");
+    let (mut rd, mut wr) = stream.into_split();
+    // The daemon may answer (and close) before a too-large request is all written.
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&request).await;
+        wr
+    });
+    let mut reply = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(30), rd.read_to_end(&mut reply))
+        .await
+        .expect("an answer in time")
+        .expect("read");
+    drop(writer.await);
+    serde_json::from_slice(&reply).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&reply)))
+}
+
+async fn control(socket: &Path, argv: &[&str]) -> serde_json::Value {
+    let mut line = serde_json::to_vec(&serde_json::json!({ "argv": argv })).unwrap();
+    line.push(b'\n');
+    control_raw(socket, line).await
+}
+
+/// The control socket (`bramble cron …` for the service's group): a request
+/// too large, clients that never send, more of them than it serves at once —
+/// none of it stops other clients or the daemon.
+#[tokio::test]
+async fn the_control_socket_outlasts_oversize_and_stalled_clients() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let cfg = trust_the_clock(home);
+    let daemon = Daemon::start(home, Some(&cfg));
+    let socket = home.join(".local/state/bramble/control.sock");
+    assert!(wait_until(20, || socket.exists()).await, "{}", daemon.log());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600, "its own user only");
+
+    // One client that never sends: the next is answered at once.
+    let mut stalled = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let started = std::time::Instant::now();
+    let reply = control(&socket, &["add", "tea", "--every", "1h", "--remind", "tea"]).await;
+    assert_eq!(reply["code"], 0, "{reply}");
+    assert!(reply["out"].as_str().unwrap().starts_with("added job tea ("), "{reply}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "not held up: {:?}", started.elapsed());
+    // The daemon hangs up on it after its read timeout.
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(15), stalled.read(&mut buf)).await;
+    assert!(matches!(n, Ok(Ok(0))), "the stalled client is closed: {n:?}");
+
+    // Too large: refused with a reason, the connection closed.
+    let reply = control_raw(&socket, vec![b'x'; 200 * 1024]).await;
+    assert_eq!(reply["code"], 1, "{reply}");
+    assert!(reply["err"].as_str().unwrap().contains("larger than 64 KiB"), "{reply}");
+    let reply = control_raw(&socket, b"{\"argv\": [\"list\"], \"config\": \"/etc/passwd\"}\n".to_vec()).await;
+    assert!(reply["err"].as_str().unwrap().contains("not a control request"), "{reply}");
+    let reply = control(&socket, &["--config", "/tmp/x", "list"]).await;
+    assert_eq!(reply["code"], 2, "clap's usage error: {reply}");
+
+    // Three times as many silent clients as it serves at once: the others wait, then are served.
+    let mut silent = Vec::new();
+    for _ in 0..24 {
+        silent.push(tokio::net::UnixStream::connect(&socket).await.unwrap());
+    }
+    let started = std::time::Instant::now();
+    let reply = control(&socket, &["list"]).await;
+    assert_eq!(reply["code"], 0, "{reply}");
+    assert!(reply["out"].as_str().unwrap().contains("tea"), "{reply}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(25), "{:?}", started.elapsed());
+    drop(silent);
+
+    // The jobs were the store's, and the daemon stops as always.
+    assert!(JobStore::open(&home.join(".local/state/bramble")).get("tea").is_ok());
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+}
