@@ -15,7 +15,7 @@
 //! `http_proxy`, `https_proxy` and `ALL_PROXY` pointing at it, which curl,
 //! wget, git, pip, apt, Python, Go and Rust clients follow. Names are resolved
 //! here, outside, and every address is judged before the connection is made:
-//! this machine (loopback, unspecified, any address of its own interfaces) is
+//! this machine (loopback, unspecified, any address it can bind: its own) is
 //! never reachable; public addresses only with "internet"; the local network
 //! (RFC 1918, CGNAT, link-local, IPv6 unique-local) only with "lan"; anything
 //! special-purpose (multicast, documentation, reserved) never. A refusal is a
@@ -91,9 +91,9 @@ impl Reach {
         (internet || lan).then_some(Reach { internet, lan })
     }
 
-    /// Whether a connection to `ip` is allowed; `own` are this machine's addresses.
-    fn judge(self, ip: IpAddr, own: &[IpAddr]) -> Result<(), &'static str> {
-        if is_local_host(ip) || own.contains(&ip) {
+    /// Whether a connection to `ip` is allowed; `own` says whether an address is this machine's.
+    fn judge(self, ip: IpAddr, own: impl Fn(IpAddr) -> bool) -> Result<(), &'static str> {
+        if is_local_host(ip) || own(ip) {
             return Err("this machine itself (loopback or one of its own addresses), which commands never reach \
                         unless [exec] network = \"all\"");
         }
@@ -423,12 +423,10 @@ fn connect(host: &str, port: u16, reach: Reach) -> Result<TcpStream, Failure> {
             .map_err(|e| Failure::Unreachable(format!("cannot resolve {host}: {e}")))?
             .collect(),
     };
-    let own =
-        own_addresses().map_err(|e| Failure::Unreachable(format!("cannot list this machine's addresses: {e}")))?;
     let mut refused: Option<Failure> = None;
     let mut last: Option<io::Error> = None;
     for addr in addrs {
-        match reach.judge(addr.ip(), &own) {
+        match reach.judge(addr.ip(), is_own_address) {
             Err(why) => {
                 refused.get_or_insert(Failure::Refused(addr.ip(), why));
             }
@@ -445,19 +443,20 @@ fn connect(host: &str, port: u16, reach: Reach) -> Result<TcpStream, Failure> {
     })
 }
 
-/// Every address of this machine's interfaces (asked at each connection: DHCP may change them).
-fn own_addresses() -> io::Result<Vec<IpAddr>> {
-    let list = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
-    Ok(list
-        .filter_map(|ifa| {
-            let addr = ifa.address?;
-            match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
-                (Some(v4), _) => Some(IpAddr::V4(v4.ip())),
-                (_, Some(v6)) => Some(IpAddr::V6(v6.ip())),
-                _ => None,
-            }
-        })
-        .collect())
+/// Whether `ip` is an address of this machine, asked the kernel's way: a
+/// socket can be bound to it only if it is local (an interface's address, or a
+/// `local` route). No list to go stale, and no netlink (the packaged unit
+/// allows only `AF_UNIX`, `AF_INET` and `AF_INET6`). Where binding to foreign
+/// addresses is allowed (`ip_nonlocal_bind`), everything counts as this
+/// machine: refused, the safe way round.
+fn is_own_address(ip: IpAddr) -> bool {
+    let ip = crate::util::addr::embedded_v4(ip).map_or(ip, IpAddr::V4);
+    let family = if ip.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let Ok(sock) = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None) else {
+        return true; // Cannot tell: treat it as this machine.
+    };
+    let addr = nix::sys::socket::SockaddrStorage::from(SocketAddr::new(ip, 0));
+    nix::sys::socket::bind(sock.as_raw_fd(), &addr).is_ok()
 }
 
 fn response(code: u16, body: &str) -> Vec<u8> {
@@ -559,21 +558,35 @@ mod tests {
 
     #[test]
     fn judging_addresses() {
-        let own = [ip("192.168.1.10"), ip("2001:470::10")];
+        let own = |a: IpAddr| [ip("192.168.1.10"), ip("2001:470::10")].contains(&a);
         let internet = Reach { internet: true, lan: false };
         let lan = Reach { internet: false, lan: true };
         let both = Reach { internet: true, lan: true };
-        assert!(internet.judge(ip("93.184.216.34"), &own).is_ok());
-        assert!(internet.judge(ip("192.168.1.20"), &own).unwrap_err().contains("local network"));
-        assert!(internet.judge(ip("169.254.169.254"), &own).is_err(), "cloud metadata is link-local");
-        assert!(lan.judge(ip("192.168.1.20"), &own).is_ok());
-        assert!(lan.judge(ip("8.8.8.8"), &own).unwrap_err().contains("public"));
+        assert!(internet.judge(ip("93.184.216.34"), own).is_ok());
+        assert!(internet.judge(ip("192.168.1.20"), own).unwrap_err().contains("local network"));
+        assert!(internet.judge(ip("169.254.169.254"), own).is_err(), "cloud metadata is link-local");
+        assert!(lan.judge(ip("192.168.1.20"), own).is_ok());
+        assert!(lan.judge(ip("8.8.8.8"), own).unwrap_err().contains("public"));
         for this_host in ["127.0.0.1", "::1", "0.0.0.0", "::ffff:127.0.0.1", "192.168.1.10", "2001:470::10"] {
-            let why = both.judge(ip(this_host), &own).unwrap_err();
+            let why = both.judge(ip(this_host), own).unwrap_err();
             assert!(why.contains("this machine"), "{this_host}: {why}");
         }
-        assert!(both.judge(ip("224.0.0.251"), &own).unwrap_err().contains("special"));
-        assert!(both.judge(ip("::ffff:10.0.0.1"), &own).is_ok(), "a mapped LAN address is LAN");
+        assert!(both.judge(ip("224.0.0.251"), own).unwrap_err().contains("special"));
+        assert!(both.judge(ip("::ffff:10.0.0.1"), own).is_ok(), "a mapped LAN address is LAN");
+    }
+
+    #[test]
+    fn this_machines_addresses_are_found_by_binding() {
+        assert!(is_own_address(ip("127.0.0.1")) && is_own_address(ip("::ffff:127.0.0.1")));
+        // TEST-NET-2 is on no interface.
+        assert!(!is_own_address(ip("198.51.100.7")));
+        let local = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
+            s.connect("192.0.2.1:9")?; // No packet is sent: this only picks the outgoing address.
+            s.local_addr()
+        });
+        if let Ok(local) = local {
+            assert!(is_own_address(local.ip()), "{local}");
+        }
     }
 
     #[test]
