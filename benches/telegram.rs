@@ -13,7 +13,11 @@
 //!    in this process: the provider's time is not the daemon's) and photos.
 //!
 //! `BENCH_NO_MEDIA=1` leaves out `[transcription]` and part 3 (to measure a
-//! binary from before voice notes).
+//! binary from before voice notes). `BENCH_MQTT=1` also connects the daemon to
+//! a real mosquitto (`[mqtt]`, discovery on), and `BENCH_JOBS=N` gives it N
+//! jobs (cron / every / at, none due in the idle window), for the idle figures
+//! with Telegram, MQTT and jobs together; idle RSS also prints PSS and
+//! anonymous memory from `smaps_rollup`.
 //!
 //! Run: `cargo bench --bench telegram`. `BRAMBLE_BIN=target/release/bramble`
 //! measures a binary built by `cargo build --release` instead of the bench build.
@@ -25,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use support::fake_llm::{Dialect, FakeLlm, Reply};
 use support::http::{Response, TestServer};
+use support::mosquitto::Mosquitto;
 use support::telegram::FakeTelegram;
 
 mod common;
@@ -41,11 +46,17 @@ fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let no_media = std::env::var_os("BENCH_NO_MEDIA").is_some();
         let whisper = TestServer::start(|_| Response::json(200, &serde_json::json!({"text": "what is the temperature"}))).await;
+        let broker = match std::env::var("BENCH_MQTT").is_ok_and(|v| v == "1") {
+            true => Some(Mosquitto::start().await),
+            false => None,
+        };
+        let jobs: usize = std::env::var("BENCH_JOBS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        write_jobs(&dir.path().join("state"), jobs);
         let config = dir.path().join("config.toml");
         let text = format!(
             "[agent]\nmodel = \"m\"\nworkspace = \"{ws}\"\nhistory_messages = 200\n[provider]\nbase_url = \"{llm}\"\napi_key = \"k\"\n\
              [heartbeat]\nenabled = false\n[telegram]\ntoken = \"{TOKEN}\"\nallow_from = [\"7\", \"8\", \"9\"]\napi_base = \"{tg}\"\n\
-             {transcription}\
+             {transcription}{mqtt}\
              [daemon]\nstate_dir = \"{st}\"\nlog_level = \"warn\"\n",
             ws = dir.path().join("ws").display(),
             llm = llm.base_url(),
@@ -55,6 +66,7 @@ fn main() {
             } else {
                 format!("[transcription]\nkind = \"openai\"\nbase_url = \"{}/v1\"\n", whisper.url())
             },
+            mqtt = broker.as_ref().map(|b| format!("[mqtt]\nurl = \"{}\"\ndevice = \"bench\"\n", b.url())).unwrap_or_default(),
             st = dir.path().join("state").display(),
         );
         std::fs::write(&config, text).expect("config");
@@ -72,12 +84,16 @@ fn main() {
         let ProcStats { rss: rss1, switches: sw1, .. } = proc_stats(daemon.id());
         let polls = tg.calls("getUpdates").len() - polls0;
         let per_min = sw1.saturating_sub(sw0) as f64 * 60.0 / idle_secs as f64;
-        println!("idle daemon long-polling Telegram, {idle_secs} s:");
+        println!(
+            "idle daemon long-polling Telegram{}, {jobs} jobs, {idle_secs} s:",
+            if broker.is_some() { ", MQTT connected" } else { "" }
+        );
         println!("  RSS {rss0} KiB after start, {rss1} KiB after idling");
         let anon = common::proc_field(daemon.id(), "status", "RssAnon:").unwrap_or(0);
         let file = common::proc_field(daemon.id(), "status", "RssFile:").unwrap_or(0);
         let pss = common::proc_field(daemon.id(), "smaps_rollup", "Pss:").unwrap_or(0);
-        println!("  of which anonymous {anon} KiB, file-backed (the binary's pages, libc) {file} KiB; PSS {pss} KiB");
+        let pss_anon = common::proc_field(daemon.id(), "smaps_rollup", "Pss_Anon:").unwrap_or(0);
+        println!("  of which anonymous {anon} KiB, file-backed (the binary's pages, libc) {file} KiB; PSS {pss} KiB (anonymous {pss_anon} KiB)");
         println!("  wake-ups (context switches, all threads) {per_min:.1} per minute; {polls} getUpdates in that time");
 
         llm.push(Reply::text("pong"));
@@ -170,4 +186,33 @@ fn recording() -> Option<Vec<u8>> {
         return None;
     }
     std::fs::read(&ogg).ok()
+}
+
+/// `n` jobs in the state directory's `jobs.json`, none due in the next hours:
+/// a third daily cron jobs at 03:xx Berlin time, a third every 6 h, a third
+/// one-shots two days or more ahead (as the scheduler bench).
+fn write_jobs(state: &std::path::Path, n: usize) {
+    use bramble::bus::Target;
+    use bramble::scheduler::{Job, JobKind, JobStore, Schedule};
+    if n == 0 {
+        return;
+    }
+    let tz = jiff::tz::TimeZone::UTC;
+    let now = jiff::Timestamp::now();
+    JobStore::open(state)
+        .update(|jobs| {
+            for i in 0..n {
+                let schedule = match i % 3 {
+                    0 => Schedule::Cron { expr: format!("{} 3 * * *", i % 60), tz: Some("Europe/Berlin".into()) },
+                    1 => Schedule::Every { every: "6h".parse().expect("dur"), anchor: now },
+                    _ => Schedule::At {
+                        at: now.checked_add(jiff::SignedDuration::from_hours(48 + i as i64)).expect("time"),
+                    },
+                };
+                let kind = JobKind::Remind { text: format!("reminder {i}") };
+                jobs.push(Job::new(&format!("job{i}"), schedule, kind, vec![Target::Log], now, &tz).expect("job"));
+            }
+            Ok(())
+        })
+        .expect("jobs");
 }

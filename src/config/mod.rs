@@ -899,7 +899,15 @@ pub struct MqttConfig {
     /// Assistant's buttons). `false`: reports and state go out, nothing
     /// comes in but the configured triggers.
     pub inbound: bool,
+    /// MQTT keep-alive: a PINGREQ this often when idle (5 s … 65535 s). The
+    /// broker publishes our last will (`offline`) 1.5 × this after the board
+    /// goes silent without a goodbye (power cut, network gone); a broker that
+    /// stopped answering is noticed after at most 2 × this.
+    pub keep_alive: Dur,
 }
+
+/// `[mqtt] keep_alive` by default.
+pub const MQTT_KEEP_ALIVE: Dur = Dur::secs(300);
 
 impl Default for MqttConfig {
     fn default() -> Self {
@@ -914,6 +922,7 @@ impl Default for MqttConfig {
             publish_allow: Vec::new(),
             trigger: Vec::new(),
             inbound: true,
+            keep_alive: MQTT_KEEP_ALIVE,
         }
     }
 }

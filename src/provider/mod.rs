@@ -373,6 +373,13 @@ pub fn client(cfg: &crate::config::ProviderConfig) -> Result<std::sync::Arc<dyn 
 ///
 /// A zero `timeout` means no total limit (the connect limit stays).
 pub fn http_client(timeout: std::time::Duration) -> Result<reqwest::Client, ProviderError> {
+    http_client_builder(timeout)
+        .build()
+        .map_err(|e| ProviderError::NotConfigured(format!("cannot build the HTTP client: {e}")))
+}
+
+/// [`http_client`]'s settings, for a client that needs one more.
+pub fn http_client_builder(timeout: std::time::Duration) -> reqwest::ClientBuilder {
     crate::install_crypto();
     let connect = std::time::Duration::from_secs(10);
     let connect = if timeout.is_zero() { connect } else { connect.min(timeout) };
@@ -385,7 +392,7 @@ pub fn http_client(timeout: std::time::Duration) -> Result<reqwest::Client, Prov
     if !timeout.is_zero() {
         builder = builder.timeout(timeout);
     }
-    builder.build().map_err(|e| ProviderError::NotConfigured(format!("cannot build the HTTP client: {e}")))
+    builder
 }
 
 /// Headers for a backend: its own (auth, version) first, then the user's

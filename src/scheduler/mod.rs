@@ -8,7 +8,7 @@
 //! |------|----------------------|------|
 //! | Jobs survive a forward clock jump (NTP sync after boot) | repeated jobs stop forever (issue #113, fix unmerged) | missed occurrences go through the job's [`CatchUp`] policy, then the next *future* occurrence is planned ([`engine::plan`]) |
 //! | Time zones are real zones | frozen to the UTC offset at creation: drifts an hour at DST (#107) | cron is evaluated by croner on a `jiff::Zoned` in the job's IANA zone on every step, so DST is honoured |
-//! | Idle means idle | 500 ms polling tick, ~120 wake-ups a minute | one `tokio::time::sleep` until the earliest due job, capped at 60 s: ≤ 1–2 wake-ups a minute when nothing is due |
+//! | Idle means idle | 500 ms polling tick, ~120 wake-ups a minute | one kernel timer until the earliest due job, capped at 5 min, and a wake-up when the wall clock is stepped: ≤ 0.2 wake-ups a minute when nothing is due |
 //! | current_thread runtime, testable with `tokio::time::pause` | needs a multi-thread runtime, hangs on current_thread | plain tasks on any runtime; the tests run on paused time with a fake wall clock |
 //! | Small binary | forces chrono-tz (+1.7 MB) | jiff reads the system tzdb (`/usr/share/zoneinfo`) |
 //!

@@ -5,10 +5,12 @@
 //! daemon side; runs are spawned tasks that report back to it, so a long job
 //! never blocks the others and all store writes happen in one place.
 //!
-//! - **Sleeping.** `tokio::time::sleep` (monotonic) until the earliest
-//!   `next_run`, capped at [`MAX_SLEEP`] (60 s). Nothing polls: an idle
-//!   scheduler wakes about once a minute. The cap bounds how long a wall-clock
-//!   change or an unsignalled CLI edit goes unnoticed.
+//! - **Sleeping.** A kernel timer (monotonic) until the earliest `next_run`,
+//!   capped at [`MAX_SLEEP`] (5 min). Nothing polls: an idle scheduler wakes
+//!   about every five minutes. A step of the wall clock wakes it at once
+//!   ([`crate::util::timer::clock_set`]); the cap bounds how long an
+//!   unsignalled CLI edit, or a clock step the kernel could not report, goes
+//!   unnoticed.
 //! - **Clock jumps.** On each wake the wall-clock time elapsed is compared with
 //!   the monotonic time elapsed; a difference over [`JUMP_THRESHOLD`] is logged
 //!   as a jump. A backward jump re-anchors `every` jobs by its size (they keep
@@ -48,7 +50,11 @@ use crate::util::pulse::Pulse;
 pub use crate::util::BoxFuture;
 
 /// The longest the loop sleeps without looking at the clock and the store.
-pub const MAX_SLEEP: Duration = Duration::from_secs(60);
+/// Clock steps wake it at once ([`crate::util::timer::clock_set`]) and
+/// `jobs.json` edits through the daemon's inotify watch, so this is a
+/// backstop; it stays under half the dead-man's limit
+/// ([`crate::work::alerts::SCHEDULER_STALL`]), whose alarm is the loop's beat.
+pub const MAX_SLEEP: Duration = Duration::from_secs(5 * 60);
 /// Wall time and monotonic time drifting apart by more than this is a clock jump.
 pub const JUMP_THRESHOLD: Duration = Duration::from_secs(5);
 /// While wall-clock jobs are held for clock sync, the probe is asked this often.
@@ -340,7 +346,9 @@ impl Scheduler {
                 }
                 _ = reload.notified() => force_reload = true,
                 Some(key) = run_now_rx.recv() => lp.manual.push(key),
-                _ = crate::util::timer::sleep(pass.wake) => {}
+                // On the dead-man's grid: when idle, both wake at the same instant.
+                _ = crate::util::timer::sleep_on_grid(pass.wake, MAX_SLEEP) => {}
+                _ = crate::util::timer::clock_set() => debug!("the wall clock was set"),
             }
         }
         // Record the runs still going as they end (the daemon bounds how long
@@ -927,7 +935,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn an_idle_scheduler_wakes_at_most_about_once_a_minute() {
+    async fn an_idle_scheduler_wakes_about_every_five_minutes() {
         let h = Harness::new("2026-05-01T08:00:00Z");
         h.add("daily", parse_cron("0 9 * * *", None).unwrap(), |_| {});
         let s = h.scheduler();
@@ -935,11 +943,13 @@ mod tests {
         let pulse = s.pulse();
         let run = h.start(s, None);
         advance(30 * 60).await;
-        // Idle, yet alive to the dead-man: a pass at least every minute.
+        // Idle, yet alive to the dead-man: a pass at least every five
+        // minutes, well inside its limit.
         assert!(pulse.silent_for() <= MAX_SLEEP, "{:?}", pulse.silent_for());
+        assert!(MAX_SLEEP * 2 <= crate::work::alerts::SCHEDULER_STALL);
         stop(run).await;
         let n = wakes.load(Ordering::Relaxed);
-        assert!((30..=32).contains(&n), "{n} wake-ups in 30 idle minutes");
+        assert!((6..=8).contains(&n), "{n} wake-ups in 30 idle minutes");
         assert!(h.runs().is_empty());
         advance(10 * 60).await;
         assert!(pulse.silent_for() >= Duration::from_secs(10 * 60), "a stopped loop is silent");
@@ -1397,12 +1407,14 @@ mod tests {
         advance(1).await;
         h.store().set_enabled("a", false).unwrap();
         h.add("b", every(30, h.now()), |_| {});
-        advance(125).await; // first wake at 08:01:00 sees the edit
+        advance(MAX_SLEEP.as_secs() + 65).await; // the first wake, at 08:05:00, sees the edit
         stop(run).await;
         let runs: Vec<_> = h.runs().into_iter().map(|r| r.1).collect();
         let t = |hms: &str| ts(&format!("2026-05-01T{hms}Z"));
-        // b's 08:00:31 is seen at 08:01:00 (within the grace) and runs; then on time.
-        assert_eq!(runs, [t("08:00:31"), t("08:01:01"), t("08:01:31"), t("08:02:01")]);
+        // The daemon's inotify watch normally says at once; without it the
+        // edit waits for the next wake. b's 08:04:31 is seen at 08:05:00
+        // (within the grace) and runs, the older ones count as missed; then on time.
+        assert_eq!(runs, [t("08:04:31"), t("08:05:01"), t("08:05:31"), t("08:06:01")]);
         assert!(!h.job("a").enabled);
     }
 
@@ -1430,7 +1442,7 @@ mod tests {
         let run = h.start(h.scheduler(), None);
         advance(1).await;
         h.add("after", every(10, h.now()), |_| {});
-        advance(70).await;
+        advance(MAX_SLEEP.as_secs() + 10).await;
         stop(run).await;
         let kept: Vec<_> = std::fs::read_dir(h.dir.path())
             .unwrap()

@@ -10,6 +10,10 @@
 //!
 //! Short sleeps use tokio's timer, and so do the library's unit tests, which
 //! pause tokio's clock (a kernel timer would not be paused).
+//!
+//! [`clock_set`] lets a loop that plans by the wall clock sleep long and still
+//! hear of a clock step (NTP at boot, `date -s`) at once, instead of waking
+//! now and then to compare clocks.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::Duration;
@@ -58,9 +62,38 @@ pub async fn sleep(d: Duration) {
     }
 }
 
+/// Sleep for `d` or until the next multiple of `grid` on the monotonic clock,
+/// whichever comes first. Loops that wake on their own every so often (the
+/// scheduler's backstop, the dead-man's checks) sleep to the same grid, so
+/// their timers expire at the same instant and wake the board once, not once
+/// each. Unit tests (paused time) sleep `d`, unaligned.
+pub async fn sleep_on_grid(d: Duration, grid: Duration) {
+    if cfg!(test) || grid.is_zero() {
+        return sleep(d).await;
+    }
+    let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else { return sleep(d).await };
+    let now = Duration::from(now);
+    let grid_ns = grid.as_nanos().max(1);
+    let next = Duration::from_nanos(((now.as_nanos() / grid_ns + 1) * grid_ns) as u64);
+    if next - now >= d || d < LONG {
+        return sleep(d).await;
+    }
+    if let Err(e) =
+        kernel_wait(Expiration::OneShot(TimeSpec::from_duration(next)), TimerSetTimeFlags::TFD_TIMER_ABSTIME).await
+    {
+        tracing::debug!("timerfd unavailable ({e}); using tokio's timer");
+        tokio::time::sleep(next - now).await;
+    }
+}
+
 async fn kernel_sleep(d: Duration) -> std::io::Result<()> {
+    kernel_wait(Expiration::OneShot(TimeSpec::from_duration(d)), TimerSetTimeFlags::empty()).await
+}
+
+/// One expiry of a `CLOCK_MONOTONIC` timerfd armed with `when` and `flags`.
+async fn kernel_wait(when: Expiration, flags: TimerSetTimeFlags) -> std::io::Result<()> {
     let timer = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)?;
-    timer.set(Expiration::OneShot(TimeSpec::from_duration(d)), TimerSetTimeFlags::empty())?;
+    timer.set(when, flags)?;
     // SAFETY: `Timer` owns the timerfd and neither closes nor replaces it while
     // the AsyncFd exists; `as_raw_fd` always returns that descriptor.
     let fd = unsafe { AsyncFd::register(Timer(timer)) }?;
@@ -69,6 +102,49 @@ async fn kernel_sleep(d: Duration) -> std::io::Result<()> {
         let mut expirations = [0u8; 8];
         match ready.try_io(|t| nix::unistd::read(t.get_ref().0.as_fd(), &mut expirations).map_err(Into::into)) {
             Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Resolves when the wall clock is *set* (stepped: NTP's first sync, `date
+/// -s`, `timedatectl set-time`); the gradual adjustments of a synchronised
+/// clock do not count. A `timerfd` on `CLOCK_REALTIME` armed for a year ahead
+/// with `TFD_TIMER_CANCEL_ON_SET`: the kernel cancels it (its read fails with
+/// `ECANCELED`) when the clock is set, which wakes the task once. A clock
+/// set between the caller's last look at the clock and this call is not
+/// seen: callers still wake now and then on their own. Never resolves where
+/// the timer is not available (and in unit tests, whose clocks are fakes).
+pub async fn clock_set() {
+    if cfg!(test) {
+        return std::future::pending().await;
+    }
+    if let Err(e) = kernel_clock_set().await {
+        tracing::debug!("cannot watch for clock steps ({e}); relying on periodic checks");
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn kernel_clock_set() -> std::io::Result<()> {
+    use nix::time::{clock_gettime, ClockId as Clock};
+    let timer = TimerFd::new(ClockId::CLOCK_REALTIME, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)?;
+    let now = clock_gettime(Clock::CLOCK_REALTIME)?;
+    let year_ahead = TimeSpec::new(now.tv_sec().saturating_add(366 * 24 * 3600), 0);
+    timer.set(
+        Expiration::OneShot(year_ahead),
+        TimerSetTimeFlags::TFD_TIMER_ABSTIME | TimerSetTimeFlags::TFD_TIMER_CANCEL_ON_SET,
+    )?;
+    // SAFETY: as in `kernel_sleep`.
+    let fd = unsafe { AsyncFd::register(Timer(timer)) }?;
+    loop {
+        let mut ready = fd.readable().await?;
+        let mut expirations = [0u8; 8];
+        match ready.try_io(|t| nix::unistd::read(t.get_ref().0.as_fd(), &mut expirations).map_err(Into::into)) {
+            // ECANCELED: the clock was set. A read that succeeds means a year
+            // passed: as good a reason as any to look at the clock again.
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ECANCELED) => return Ok(()),
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
         }
@@ -94,5 +170,24 @@ mod tests {
         let slept = t0.elapsed();
         assert!(slept >= Duration::from_millis(120), "{slept:?}");
         assert!(slept < Duration::from_secs(5), "{slept:?}");
+    }
+
+    #[tokio::test]
+    async fn an_absolute_kernel_timer_wakes_at_its_instant() {
+        let now = Duration::from(nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap());
+        let t0 = std::time::Instant::now();
+        let at = Expiration::OneShot(TimeSpec::from_duration(now + Duration::from_millis(120)));
+        kernel_wait(at, TimerSetTimeFlags::TFD_TIMER_ABSTIME).await.unwrap();
+        let slept = t0.elapsed();
+        assert!(slept >= Duration::from_millis(110), "{slept:?}");
+        assert!(slept < Duration::from_secs(5), "{slept:?}");
+    }
+
+    #[tokio::test]
+    async fn the_clock_step_watch_arms_and_waits() {
+        // Setting the machine's clock is not for a test; what can be checked
+        // is that the watch arms (no error) and does not fire by itself.
+        let waited = tokio::time::timeout(Duration::from_millis(100), kernel_clock_set()).await;
+        assert!(waited.is_err(), "no clock step, no wake-up: {waited:?}");
     }
 }

@@ -381,7 +381,9 @@ pub async fn dead_man(alerts: Alerts, watched: Vec<Watched>, outbox: Outbox, sto
     }
     loop {
         tokio::select! {
-            _ = crate::util::timer::sleep(every) => {}
+            // At multiples of `every` on the monotonic clock: the scheduler's
+            // idle wake-ups fall on the same grid, so the two share one.
+            _ = crate::util::timer::sleep_on_grid(every, every) => {}
             _ = stop.cancelled() => return,
         }
         for w in &watched {

@@ -91,9 +91,8 @@ const REQUEST_QUEUE: usize = 64;
 const MAX_INFLIGHT: u16 = 32;
 /// How long a delivery waits for the broker's PubAck.
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(20);
-/// Keep-alive (PINGREQ) interval: one wake-up a minute when idle; the broker
-/// declares us dead (last will) after 1.5 × this without a packet.
-const KEEP_ALIVE: Duration = Duration::from_secs(60);
+/// The keep-alives MQTT can say (seconds in a u16; rumqttc refuses less than 5 s).
+const KEEP_ALIVE_RANGE: std::ops::RangeInclusive<Duration> = Duration::from_secs(5)..=Duration::from_secs(65535);
 /// Longest reconnect wait after an error (from 1 s, doubling).
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// A connection that lasted this long resets the backoff when it ends.
@@ -108,6 +107,8 @@ pub enum MqttError {
     PasswordEnv(String),
     #[error("MQTT over TLS: cannot use the system's certificates: {0}")]
     Tls(String),
+    #[error("[mqtt] keep_alive `{0}` must be between 5s and 65535s")]
+    KeepAlive(crate::config::Dur),
 }
 
 /// `[mqtt]`, resolved: who we are on the broker and where our topics are.
@@ -126,6 +127,8 @@ pub struct Settings {
     pub discovery: bool,
     /// `[mqtt] inbound`: `<prefix>/in` and `<prefix>/run/<job>` are listened to.
     pub inbound: bool,
+    /// `[mqtt] keep_alive`: the PINGREQ interval, which the broker's last will waits 1.5 × on.
+    pub keep_alive: Duration,
 }
 
 impl Settings {
@@ -157,6 +160,9 @@ impl Settings {
             }
             (None, None) => None,
         };
+        if !KEEP_ALIVE_RANGE.contains(&c.keep_alive.get()) {
+            return Err(MqttError::KeepAlive(c.keep_alive));
+        }
         Ok(Some(Settings {
             client_id: device.clone(),
             device,
@@ -168,6 +174,7 @@ impl Settings {
             password,
             discovery: c.discovery,
             inbound: c.inbound,
+            keep_alive: c.keep_alive.get(),
         }))
     }
 
@@ -201,7 +208,7 @@ impl Settings {
     /// Broker, credentials, TLS and limits under `client_id`: what every connection shares.
     fn connection(&self, client_id: String) -> Result<MqttOptions, MqttError> {
         let mut o = MqttOptions::new(client_id, self.host.clone(), self.port);
-        o.set_keep_alive(KEEP_ALIVE)
+        o.set_keep_alive(self.keep_alive)
             .set_max_packet_size(Some(MAX_INCOMING as u32))
             .set_network_options(network_options());
         if let Some(user) = &self.username {
@@ -664,6 +671,23 @@ mod tests {
         assert_eq!(s.prefix, "bramble/pi");
         assert_eq!(s.client_id, "pi");
         assert_eq!(s.topic("status"), "bramble/pi/status");
+    }
+
+    #[test]
+    fn keep_alive_defaults_to_five_minutes_and_is_configurable() {
+        let s = settings();
+        assert_eq!(s.keep_alive, Duration::from_secs(300));
+        assert_eq!(s.options().unwrap().keep_alive(), Duration::from_secs(300), "announced in CONNECT");
+        let parse = |t: &str| crate::config::Config::parse(t, "c.toml".as_ref()).unwrap();
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\nkeep_alive = \"90s\"\n");
+        let s = Settings::from_config(&c.mqtt).unwrap().unwrap();
+        assert_eq!(s.options().unwrap().keep_alive(), Duration::from_secs(90));
+        // rumqttc asserts ≥ 5 s and MQTT carries seconds in a u16: refused, not a panic.
+        for bad in ["4s", "65536s"] {
+            let c = parse(&format!("[mqtt]\nurl = \"mqtt://b\"\nkeep_alive = \"{bad}\"\n"));
+            assert!(matches!(Settings::from_config(&c.mqtt), Err(MqttError::KeepAlive(_))), "{bad}");
+            assert!(check_warnings(&c)[0].contains("keep_alive"), "{bad}");
+        }
     }
 
     #[test]

@@ -28,6 +28,9 @@ pub const POLL_TIMEOUT_SECS: u64 = 50;
 /// The HTTP limit for a long poll: the poll itself plus slack. A connection
 /// that stays silent longer has stalled (a NAT dropped it): the poller reconnects.
 pub const POLL_HTTP_TIMEOUT: Duration = Duration::from_secs(POLL_TIMEOUT_SECS + 15);
+/// Idle connections to the Bot API the shared client keeps (no idle timeout:
+/// see `shared_client`).
+const POOL_MAX_IDLE: usize = 2;
 /// The HTTP limit for the other calls.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// A 429 asking for at most this long is waited out inside the call.
@@ -490,7 +493,18 @@ fn shared_client() -> Result<reqwest::Client, ApiError> {
         return Ok(c.clone());
     }
     // No total timeout on the client: each call sets its own (the long poll needs > 50 s).
-    let client = crate::provider::http_client(Duration::ZERO).map_err(|e| ApiError::Transport(e.to_string()))?;
+    let client = crate::provider::http_client_builder(Duration::ZERO)
+        // No idle timeout on pooled connections: hyper's pool checks it with a
+        // task sleeping on tokio's timer wheel, started whenever a connection
+        // comes back idle and ended when the pool is found empty. The long
+        // poll takes its connection back out at once, so one such 90 s sleep
+        // ran every other poll (three wake-ups each: 1.8 a minute for nothing).
+        // An idle connection is still dropped when Telegram closes it; at most
+        // two are kept (the poll's and one for sending).
+        .pool_idle_timeout(None)
+        .pool_max_idle_per_host(POOL_MAX_IDLE)
+        .build()
+        .map_err(|e| ApiError::Transport(format!("cannot build the HTTP client: {e}")))?;
     Ok(CLIENT.get_or_init(|| client).clone())
 }
 
