@@ -1596,6 +1596,10 @@ impl NetLab {
             world: format!("bramble-w{id}"),
             stop: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         };
+        assert!(
+            std::process::Command::new("curl").arg("--version").output().is_ok(),
+            "this test fetches with curl: apt-get install curl"
+        );
         let (h, w) = (lab.host.as_str(), lab.world.as_str());
         let steps: [&[&str]; 11] = [
             &["netns", "add", h],
@@ -1611,11 +1615,21 @@ impl NetLab {
             &["-n", h, "route", "add", "default", "via", "192.168.77.2"],
         ];
         for step in steps {
-            let out =
-                std::process::Command::new("ip").args(step).output().expect("iproute2's `ip` (apt install iproute2)");
+            let out = std::process::Command::new(NetLab::ip())
+                .args(step)
+                .output()
+                .expect("iproute2's `ip` (apt-get install iproute2)");
             assert!(out.status.success(), "ip {step:?}: {}", String::from_utf8_lossy(&out.stderr));
         }
         Some(lab)
+    }
+
+    /// `ip`, also where `/usr/sbin` is not on `PATH`.
+    fn ip() -> &'static str {
+        ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .unwrap_or("ip")
     }
 
     /// Move the calling thread into namespace `name`.
@@ -1656,7 +1670,7 @@ impl Drop for NetLab {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         for ns in [&self.host, &self.world] {
-            let _ = std::process::Command::new("ip").args(["netns", "del", ns]).status();
+            let _ = std::process::Command::new(NetLab::ip()).args(["netns", "del", ns]).status();
         }
     }
 }
