@@ -218,35 +218,28 @@ fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
 /// The model is told what the network setting means for its commands, so that
 /// it picks tools that work (curl, not ping) and reads a refusal right.
 fn describe(network: Network) -> String {
-    let net = match network {
-        Network::None => "Commands have no network.",
-        Network::All => "",
-        Network::Auto | Network::Filtered { .. } => match network {
-            Network::Filtered { internet: false, lan: true } => {
-                "Network: the local network only, through an HTTP proxy (http_proxy and https_proxy are set: \
-                 curl, wget, git, pip and Python follow them; tools that ignore them, such as ping or ssh, get \
-                 no network). The internet and this machine's own services are not reachable."
-            }
-            Network::Filtered { internet: true, lan: true } => {
-                "Network: the internet and the local network, through an HTTP proxy (http_proxy and \
-                 https_proxy are set: curl, wget, git, pip and Python follow them; tools that ignore them, such \
-                 as ping or ssh, get no network). This machine's own services are not reachable."
-            }
-            _ => {
-                "Network: public internet only, through an HTTP proxy (http_proxy and https_proxy are set: \
-                 curl, wget, git, pip and Python follow them; tools that ignore them, such as ping or ssh, get \
-                 no network). The local network and this machine's own services are not reachable."
-            }
-        },
-    };
     let base = "Run a shell command (/bin/sh -c) in the workspace and return its output and exit code. \
                 HOME is the workspace. Background processes are stopped when the command ends; \
                 the command is killed when the timeout passes.";
-    if net.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base} {net}")
-    }
+    let (reach, unreachable) = match network {
+        Network::All => return base.to_string(),
+        Network::None => return format!("{base} Commands have no network."),
+        Network::Filtered { internet: false, lan: true } => {
+            ("the local network only", "The internet and this machine's own services are")
+        }
+        Network::Filtered { internet: true, lan: true } => {
+            ("the internet and the local network", "This machine's own services are")
+        }
+        // "auto" is "internet" wherever the proxy can be set up.
+        Network::Auto | Network::Filtered { .. } => {
+            ("public internet only", "The local network and this machine's own services are")
+        }
+    };
+    format!(
+        "{base} Network: {reach}, through an HTTP proxy (http_proxy and https_proxy are set: curl, wget, git, \
+         pip and Python follow them; tools that ignore them, such as ping or ssh, get no network). \
+         {unreachable} not reachable."
+    )
 }
 
 impl Tool for ExecTool {
@@ -280,6 +273,17 @@ impl Tool for ExecTool {
 mod tests {
     use super::*;
     use crate::config::types::Dur;
+
+    #[test]
+    fn the_model_is_told_what_its_commands_can_reach() {
+        let d = describe(Network::Auto);
+        assert!(d.contains("Network: public internet only, through an HTTP proxy"), "{d}");
+        assert!(d.contains("The local network and this machine's own services are not reachable."), "{d}");
+        let d = describe(Network::Filtered { internet: false, lan: true });
+        assert!(d.contains("the local network only") && d.contains("The internet and"), "{d}");
+        assert!(describe(Network::None).ends_with("Commands have no network."));
+        assert!(!describe(Network::All).contains("Network"), "all: nothing to warn about");
+    }
 
     /// The tool without the kernel layers: this unit-test binary cannot serve as
     /// the `sandbox-exec` helper. tests/it/security.rs covers the layers through the

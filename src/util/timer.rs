@@ -94,6 +94,12 @@ async fn kernel_sleep(d: Duration) -> std::io::Result<()> {
 async fn kernel_wait(when: Expiration, flags: TimerSetTimeFlags) -> std::io::Result<()> {
     let timer = TimerFd::new(ClockId::CLOCK_MONOTONIC, TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC)?;
     timer.set(when, flags)?;
+    expiry(timer).await
+}
+
+/// Wait until `timer` can be read: `Ok` for an expiry, `Err` for what the
+/// read said instead (`ECANCELED` for a cancelled realtime timer).
+async fn expiry(timer: TimerFd) -> std::io::Result<()> {
     // SAFETY: `Timer` owns the timerfd and neither closes nor replaces it while
     // the AsyncFd exists; `as_raw_fd` always returns that descriptor.
     let fd = unsafe { AsyncFd::register(Timer(timer)) }?;
@@ -101,8 +107,7 @@ async fn kernel_wait(when: Expiration, flags: TimerSetTimeFlags) -> std::io::Res
         let mut ready = fd.readable().await?;
         let mut expirations = [0u8; 8];
         match ready.try_io(|t| nix::unistd::read(t.get_ref().0.as_fd(), &mut expirations).map_err(Into::into)) {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
+            Ok(result) => return result.map(drop),
             Err(_would_block) => continue,
         }
     }
@@ -135,19 +140,11 @@ async fn kernel_clock_set() -> std::io::Result<()> {
         Expiration::OneShot(year_ahead),
         TimerSetTimeFlags::TFD_TIMER_ABSTIME | TimerSetTimeFlags::TFD_TIMER_CANCEL_ON_SET,
     )?;
-    // SAFETY: as in `kernel_sleep`.
-    let fd = unsafe { AsyncFd::register(Timer(timer)) }?;
-    loop {
-        let mut ready = fd.readable().await?;
-        let mut expirations = [0u8; 8];
-        match ready.try_io(|t| nix::unistd::read(t.get_ref().0.as_fd(), &mut expirations).map_err(Into::into)) {
-            // ECANCELED: the clock was set. A read that succeeds means a year
-            // passed: as good a reason as any to look at the clock again.
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) if e.raw_os_error() == Some(libc::ECANCELED) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-            Err(_would_block) => continue,
-        }
+    // ECANCELED: the clock was set. An expiry means a year passed: as good a
+    // reason as any to look at the clock again.
+    match expiry(timer).await {
+        Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => Ok(()),
+        other => other,
     }
 }
 
