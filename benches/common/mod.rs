@@ -46,17 +46,26 @@ pub struct ProcStats {
     pub hwm: u64,
     /// Voluntary plus involuntary context switches, summed over all threads.
     pub switches: u64,
+    /// Of those, the voluntary ones: the threads went to sleep (a wake-up
+    /// each); the rest are preemptions, which other load on the machine adds.
+    pub voluntary: u64,
 }
 
 pub fn proc_stats(pid: u32) -> ProcStats {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let mut switches = 0;
+    let (mut switches, mut voluntary) = (0, 0);
     if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
         for t in tasks.flatten() {
             let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            switches += field(&s, "voluntary_ctxt_switches:").unwrap_or(0)
-                + field(&s, "nonvoluntary_ctxt_switches:").unwrap_or(0);
+            let v = field(&s, "voluntary_ctxt_switches:").unwrap_or(0);
+            voluntary += v;
+            switches += v + field(&s, "nonvoluntary_ctxt_switches:").unwrap_or(0);
         }
     }
-    ProcStats { rss: field(&status, "VmRSS:").unwrap_or(0), hwm: field(&status, "VmHWM:").unwrap_or(0), switches }
+    ProcStats {
+        rss: field(&status, "VmRSS:").unwrap_or(0),
+        hwm: field(&status, "VmHWM:").unwrap_or(0),
+        switches,
+        voluntary,
+    }
 }

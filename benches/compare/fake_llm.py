@@ -7,6 +7,10 @@ import http.server, json, sys
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; without TCP_NODELAY the body
+    # waits for the client's delayed ACK (~40 ms a response, for both agents).
+    # Real servers (uvicorn, llama.cpp, Ollama) set it.
+    disable_nagle_algorithm = True
     def do_GET(self):
         body = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]}).encode()
         self.reply(body)

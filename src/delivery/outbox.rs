@@ -369,6 +369,26 @@ impl Outbox {
         Ok(self.read_all()?.pending)
     }
 
+    /// Whether reports may be waiting, known without the lock or a read:
+    /// `false` only when none were waiting at this process's last read, none
+    /// are held in memory, and the journal is the same file of the same
+    /// length (one `stat`). The dead-man asks every few minutes on the
+    /// runtime thread; only a `true` sends it to a blocking thread to read.
+    pub fn maybe_pending(&self) -> bool {
+        if self.held() > 0 {
+            return true;
+        }
+        let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if !cache.state.pending.is_empty() {
+            return true;
+        }
+        match (std::fs::metadata(&self.path), cache.file) {
+            (Ok(m), Some(id)) => (m.dev(), m.ino()) != id || m.len() != cache.len,
+            (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => self.legacy_path.exists(),
+            _ => true,
+        }
+    }
+
     /// Recently delivered or dropped reports, newest last.
     pub fn recent(&self) -> Result<Vec<Delivered>, OutboxError> {
         Ok(self.read()?.recent.into())
@@ -727,6 +747,22 @@ mod tests {
         b.record(id, Attempt::Delivered, ts("2026-01-01T00:00:00Z")).unwrap();
         assert!(a.pending().unwrap().is_empty());
         assert_eq!(a.recent().unwrap()[0].outcome, "delivered");
+    }
+
+    #[test]
+    fn maybe_pending_is_false_only_when_surely_nothing_waits() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = Outbox::new(dir.path());
+        assert!(!daemon.maybe_pending(), "no outbox yet");
+        let id = daemon.enqueue(Target::Mqtt(None), "r", "heartbeat").unwrap();
+        assert!(daemon.maybe_pending(), "one waits");
+        daemon.record(id, Attempt::Delivered, ts("2026-01-01T00:00:00Z")).unwrap();
+        assert!(!daemon.maybe_pending(), "delivered, and this process wrote the last line");
+        // Another process (`bramble cron run`) queues one: the file grew.
+        Outbox::new(dir.path()).enqueue(Target::Mqtt(None), "from the CLI", "cli").unwrap();
+        assert!(daemon.maybe_pending(), "the journal changed since the last read");
+        assert_eq!(daemon.pending().unwrap().len(), 1);
+        assert!(daemon.maybe_pending());
     }
 
     #[test]

@@ -86,6 +86,34 @@ pub async fn sleep_on_grid(d: Duration, grid: Duration) {
     }
 }
 
+/// Sleep at least `d`, until the first multiple of `grid` on the monotonic
+/// clock at or after that. A periodic task that must not fall behind its
+/// period (the MQTT keep-alive) sleeps this way to land on the grid the
+/// scheduler and the dead-man wake on. Unit tests (paused time) sleep `d`.
+pub async fn sleep_to_grid_after(d: Duration, grid: Duration) {
+    if cfg!(test) || grid.is_zero() {
+        return sleep(d).await;
+    }
+    let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else { return sleep(d).await };
+    let now = Duration::from(now);
+    let at = grid_point_at_or_after(now + d, grid);
+    if at - now < LONG {
+        return tokio::time::sleep(at - now).await;
+    }
+    if let Err(e) =
+        kernel_wait(Expiration::OneShot(TimeSpec::from_duration(at)), TimerSetTimeFlags::TFD_TIMER_ABSTIME).await
+    {
+        tracing::debug!("timerfd unavailable ({e}); using tokio's timer");
+        tokio::time::sleep(at - now).await;
+    }
+}
+
+/// The first multiple of `grid` at or after `t`.
+fn grid_point_at_or_after(t: Duration, grid: Duration) -> Duration {
+    let g = grid.as_nanos().max(1);
+    Duration::from_nanos((t.as_nanos().div_ceil(g) * g) as u64)
+}
+
 async fn kernel_sleep(d: Duration) -> std::io::Result<()> {
     kernel_wait(Expiration::OneShot(TimeSpec::from_duration(d)), TimerSetTimeFlags::empty()).await
 }
@@ -178,6 +206,15 @@ mod tests {
         let slept = t0.elapsed();
         assert!(slept >= Duration::from_millis(110), "{slept:?}");
         assert!(slept < Duration::from_secs(5), "{slept:?}");
+    }
+
+    #[test]
+    fn grid_points_are_at_or_after_the_instant() {
+        let s = Duration::from_secs;
+        assert_eq!(grid_point_at_or_after(s(600), s(300)), s(600), "on the grid already");
+        assert_eq!(grid_point_at_or_after(s(601), s(300)), s(900));
+        assert_eq!(grid_point_at_or_after(Duration::from_millis(299_999), s(300)), s(300));
+        assert_eq!(grid_point_at_or_after(s(7), Duration::ZERO), s(7), "no grid");
     }
 
     #[tokio::test]

@@ -403,8 +403,13 @@ pub async fn dead_man(alerts: Alerts, watched: Vec<Watched>, outbox: Outbox, sto
 /// alerts) waiting longer than `undelivered_after`; clear the others.
 pub async fn check_outbox(alerts: &Alerts, outbox: &Outbox) {
     let after = alerts.config().undelivered_after.get();
-    let reader = outbox.clone();
-    let Ok(pending) = blocking(move || reader.pending()).await else { return };
+    let pending = if outbox.maybe_pending() {
+        let reader = outbox.clone();
+        let Ok(pending) = blocking(move || reader.pending()).await else { return };
+        pending
+    } else {
+        Vec::new()
+    };
     let now = Timestamp::now();
     let mut stuck: BTreeMap<&'static str, (usize, Timestamp, Option<String>)> = BTreeMap::new();
     for e in &pending {

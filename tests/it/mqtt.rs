@@ -23,7 +23,10 @@ struct Setup {
 impl Setup {
     /// A broker, a fake LLM and a config with `[mqtt]` (plus `mqtt_extra` keys and sections).
     async fn new(mqtt_extra: &str) -> Setup {
-        let broker = Mosquitto::start().await;
+        Setup::with_broker(Mosquitto::start().await, mqtt_extra).await
+    }
+
+    async fn with_broker(broker: Mosquitto, mqtt_extra: &str) -> Setup {
         let fake = FakeLlm::start(Dialect::OpenAi).await;
         let extra = format!(
             "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
@@ -91,6 +94,49 @@ async fn status_is_retained_online_and_offline_is_the_last_will() {
     let (code, _) = daemon.stop().await;
     assert_eq!(code, Some(0));
     assert!(w.wait_last(5, STATUS, "offline").await, "{}", s.log());
+}
+
+/// The keep-alive: after rumqttc's first PINGREQ the daemon sends them on its
+/// own timer (src/channels/mqtt/keepalive.rs). The broker (its log, at
+/// `log_type all`) must hear one within every keep-alive and never drop the
+/// daemon; a broker that stops answering (SIGSTOP) must be noticed and left.
+#[tokio::test]
+async fn pings_keep_the_connection_and_a_silent_broker_is_noticed() {
+    let logs = tempfile::tempdir().unwrap();
+    // mosquitto started as root writes its log as its own user.
+    std::fs::set_permissions(logs.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let broker_log = logs.path().join("mosquitto.log");
+    let broker = Mosquitto::start_with(&format!("log_type all\nlog_dest file {}\n", broker_log.display())).await;
+    let s = Setup::with_broker(broker, "discovery = false\nkeep_alive = \"5s\"").await;
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "online: {}", s.log());
+
+    // Four keep-alives and more: rumqttc's one ping, then the daemon's.
+    tokio::time::sleep(std::time::Duration::from_secs(23)).await;
+    let text = std::fs::read_to_string(&broker_log).unwrap_or_default();
+    let pings: Vec<u64> = text
+        .lines()
+        .filter(|l| l.ends_with("Received PINGREQ from testpi"))
+        .filter_map(|l| l.split(':').next()?.parse().ok())
+        .collect();
+    assert!(pings.len() >= 4, "a PINGREQ every 5 s: {pings:?}\n{text}");
+    // The broker's log has whole seconds; 1.5 × 5 s is its limit.
+    for pair in pings.windows(2) {
+        assert!(pair[1] - pair[0] <= 7, "pings {pair:?} too far apart: {pings:?}");
+    }
+    assert!(!text.contains("exceeded timeout"), "{text}");
+    assert!(!s.log().contains("MQTT connection lost"), "{}", s.log());
+    assert!(w.on(STATUS).iter().all(|m| m.payload == "online"), "{:?}", w.on(STATUS));
+
+    // A broker that hangs: the next ping finds the last one unanswered.
+    let pid = nix::unistd::Pid::from_raw(s.broker.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let noticed = wait_until(20, || s.log().contains("MQTT connection lost")).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(noticed, "{}", s.log());
+    assert!(wait_until(30, || s.log().matches("MQTT connected").count() >= 2).await, "{}", s.log());
+    daemon.stop().await;
 }
 
 #[tokio::test]

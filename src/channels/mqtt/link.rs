@@ -73,6 +73,12 @@ impl Link {
         self.lock().client.clone()
     }
 
+    /// Every publish handed to rumqttc has been written to the socket: the
+    /// connection task may drop a `poll()` future to queue a ping.
+    pub(super) fn idle(&self) -> bool {
+        self.lock().queued.is_empty()
+    }
+
     pub fn connected(&self) -> bool {
         self.lock().client.is_some()
     }

@@ -35,6 +35,9 @@
 //!   a retryable delivery failure.
 //! - **10 KiB packet limit by default**: raised to [`MAX_PACKET`] for what we
 //!   send and [`MAX_INCOMING`] for what we accept.
+//! - **Its keep-alive timer wakes the board four times per ping** (tokio's
+//!   timer wheel): after the ConnAck the connection task sends the pings
+//!   itself, on a kernel timer (`keepalive.rs`).
 //! - **MQTT 5, for the packet limit.** A packet over the client's limit is a
 //!   decode error that drops the connection; in MQTT 3.1.1 the broker cannot be
 //!   told the limit, so one oversize retained (or queued) message on
@@ -49,11 +52,13 @@
 
 pub mod discovery;
 mod inbound;
+mod keepalive;
 mod link;
 pub mod triggers;
 
 pub use inbound::inbound_message;
 use inbound::Router;
+use keepalive::Pinger;
 pub use link::{Link, PublishError};
 
 use std::path::PathBuf;
@@ -474,9 +479,18 @@ async fn connection(
         // A fresh client and event loop per connection: see the module docs.
         let (client, mut events) = AsyncClient::new(options.clone(), REQUEST_QUEUE);
         let mut client = Some(client);
+        let mut pinger: Option<Pinger> = None;
         let error = loop {
             let event = tokio::select! {
                 e = events.poll() => e,
+                // Dropping the `poll()` future here is safe while the link is
+                // idle; `Pinger` waits otherwise (see keepalive.rs).
+                () = async { pinger.as_mut().expect("guarded").due().await }, if pinger.is_some() => {
+                    if let Some(p) = pinger.as_mut() {
+                        p.ping(&mut events, link.idle());
+                    }
+                    continue;
+                }
                 _ = stop.cancelled() => {
                     goodbye(&link, &mut events).await;
                     return;
@@ -487,6 +501,7 @@ async fn connection(
                     tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
                     was_connected = true;
                     connected_at = Some(tokio::time::Instant::now());
+                    pinger = Some(Pinger::take_over(&mut events));
                     if let Some(c) = client.take() {
                         link.on_connack(c, &subscriptions);
                     }

@@ -164,6 +164,11 @@ impl Mosquitto {
         }
     }
 
+    /// The broker's process id (to stop it with SIGSTOP: a broker that hangs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// Start it again on the same port.
     pub async fn restart(&mut self) {
         self.kill();
