@@ -15,8 +15,9 @@ mod args;
 /// every command. `-z pack-relative-relocs` stores them as a bitmap (`DT_RELR`,
 /// 7 KB) and makes the binary require glibc 2.36 (`GLIBC_ABI_DT_RELR`, so an
 /// older glibc refuses it with a clear error). GNU ld supports it on x86 only
-/// (binutils 2.38+; older ones ignore it with a warning); the ARM cross
-/// linkers of Debian 12 ignore it, so it is not asked of them.
+/// (binutils 2.38+; older ones ignore it with a warning); Debian 12's ARM
+/// cross binutils ignore it, so `cross/build.sh` links the ARM builds with
+/// lld-16 and asks it there.
 fn pack_relative_relocations() {
     let target = std::env::var("TARGET").unwrap_or_default();
     if target.starts_with("x86_64-") && target.ends_with("-linux-gnu") {

@@ -57,7 +57,7 @@ fn main() {
             "[agent]\nmodel = \"m\"\nworkspace = \"{ws}\"\nhistory_messages = 200\n[provider]\nbase_url = \"{llm}\"\napi_key = \"k\"\n\
              [heartbeat]\nenabled = false\n[telegram]\ntoken = \"{TOKEN}\"\nallow_from = [\"7\", \"8\", \"9\"]\napi_base = \"{tg}\"\n\
              {transcription}{mqtt}\
-             [daemon]\nstate_dir = \"{st}\"\nlog_level = \"warn\"\n",
+             [daemon]\nstate_dir = \"{st}\"\nlog_level = \"{level}\"\n",
             ws = dir.path().join("ws").display(),
             llm = llm.base_url(),
             tg = tg.url(),
@@ -68,6 +68,7 @@ fn main() {
             },
             mqtt = broker.as_ref().map(|b| format!("[mqtt]\nurl = \"{}\"\ndevice = \"bench\"\n", b.url())).unwrap_or_default(),
             st = dir.path().join("state").display(),
+            level = std::env::var("BENCH_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
         );
         std::fs::write(&config, text).expect("config");
         let mut daemon = start_daemon(&config);
@@ -206,11 +207,13 @@ fn write_jobs(state: &std::path::Path, n: usize) {
     }
     let tz = jiff::tz::TimeZone::UTC;
     let now = jiff::Timestamp::now();
+    let away = (now.to_zoned(jiff::tz::TimeZone::UTC).hour() + 12) % 24;
     JobStore::open(state)
         .update(|jobs| {
             for i in 0..n {
                 let schedule = match i % 3 {
-                    0 => Schedule::Cron { expr: format!("{} 3 * * *", i % 60), tz: Some("Europe/Berlin".into()) },
+                    // Half a day away, whatever the hour of the run: none runs in the bench.
+                    0 => Schedule::Cron { expr: format!("{} {away} * * *", i % 60), tz: Some("UTC".into()) },
                     1 => Schedule::Every { every: "6h".parse().expect("dur"), anchor: now },
                     _ => Schedule::At {
                         at: now.checked_add(jiff::SignedDuration::from_hours(48 + i as i64)).expect("time"),

@@ -15,7 +15,11 @@ pub fn start_daemon(config: &Path) -> Child {
         .arg("run")
         .env_remove("RUST_LOG")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // `BENCH_DAEMON_LOG=FILE`: the daemon's log (its `log_level` still applies).
+        .stderr(match std::env::var_os("BENCH_DAEMON_LOG") {
+            Some(path) => std::fs::File::create(path).map(Stdio::from).unwrap_or_else(|_| Stdio::null()),
+            None => Stdio::null(),
+        })
         .spawn()
         .expect("spawn bramble run")
 }
