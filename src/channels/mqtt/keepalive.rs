@@ -37,6 +37,8 @@ use rumqttc::v5::{EventLoop, Request};
 
 /// rumqttc's ping interval once the task pings itself: a year.
 pub const SILENCED: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The shortest keep-alive the task takes over (rumqttc's own minimum).
+const MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// How soon to look again when a ping was due but a publish was mid-write.
 const BUSY_RETRY: Duration = Duration::from_secs(1);
 
@@ -49,13 +51,18 @@ pub struct Pinger {
 }
 
 impl Pinger {
-    /// Take the pings over from `events`, which has just connected.
-    pub fn take_over(events: &mut EventLoop) -> Pinger {
+    /// Take the pings over from `events`, which has just connected. `None`
+    /// (rumqttc keeps them) if the broker imposed a keep-alive below the 5 s
+    /// MQTT clients may ask for: no grid to put it on.
+    pub fn take_over(events: &mut EventLoop) -> Option<Pinger> {
         // The announced value, or the broker's if it imposed one.
         let every = events.options.keep_alive();
+        if every < MIN_KEEP_ALIVE {
+            return None;
+        }
         events.options.set_keep_alive(SILENCED);
         let first = every + margin(every);
-        Pinger { every, timer: Box::pin(crate::util::timer::sleep_to_grid_after(first, every)) }
+        Some(Pinger { every, timer: Box::pin(crate::util::timer::sleep_to_grid_after(first, every)) })
     }
 
     /// Resolves when a ping is due.
@@ -101,7 +108,7 @@ mod tests {
         let mut o = rumqttc::v5::MqttOptions::new("t", "127.0.0.1", 1);
         o.set_keep_alive(Duration::from_secs(60));
         let mut events = EventLoop::new(o, 4);
-        let mut p = Pinger::take_over(&mut events);
+        let mut p = Pinger::take_over(&mut events).expect("60 s");
         assert_eq!(p.every, Duration::from_secs(60));
         assert_eq!(events.options.keep_alive(), SILENCED, "rumqttc's timer silenced");
         let t0 = tokio::time::Instant::now();

@@ -485,7 +485,12 @@ async fn connection(
                 e = events.poll() => e,
                 // Dropping the `poll()` future here is safe while the link is
                 // idle; `Pinger` waits otherwise (see keepalive.rs).
-                () = async { pinger.as_mut().expect("guarded").due().await }, if pinger.is_some() => {
+                () = async {
+                    match pinger.as_mut() {
+                        Some(p) => p.due().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
                     if let Some(p) = pinger.as_mut() {
                         p.ping(&mut events, link.idle());
                     }
@@ -501,7 +506,7 @@ async fn connection(
                     tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
                     was_connected = true;
                     connected_at = Some(tokio::time::Instant::now());
-                    pinger = Some(Pinger::take_over(&mut events));
+                    pinger = Pinger::take_over(&mut events);
                     if let Some(c) = client.take() {
                         link.on_connack(c, &subscriptions);
                     }
