@@ -71,19 +71,12 @@ pub async fn sleep_on_grid(d: Duration, grid: Duration) {
     if cfg!(test) || grid.is_zero() {
         return sleep(d).await;
     }
-    let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else { return sleep(d).await };
-    let now = Duration::from(now);
-    let grid_ns = grid.as_nanos().max(1);
-    let next = Duration::from_nanos(((now.as_nanos() / grid_ns + 1) * grid_ns) as u64);
+    let Some(now) = monotonic_now() else { return sleep(d).await };
+    let next = grid_point_at_or_after(now + Duration::from_nanos(1), grid);
     if next - now >= d || d < LONG {
         return sleep(d).await;
     }
-    if let Err(e) =
-        kernel_wait(Expiration::OneShot(TimeSpec::from_duration(next)), TimerSetTimeFlags::TFD_TIMER_ABSTIME).await
-    {
-        tracing::debug!("timerfd unavailable ({e}); using tokio's timer");
-        tokio::time::sleep(next - now).await;
-    }
+    sleep_until(next, now).await;
 }
 
 /// Sleep at least `d`, until the first multiple of `grid` on the monotonic
@@ -94,17 +87,25 @@ pub async fn sleep_to_grid_after(d: Duration, grid: Duration) {
     if cfg!(test) || grid.is_zero() {
         return sleep(d).await;
     }
-    let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else { return sleep(d).await };
-    let now = Duration::from(now);
+    let Some(now) = monotonic_now() else { return sleep(d).await };
     let at = grid_point_at_or_after(now + d, grid);
     if at - now < LONG {
         return tokio::time::sleep(at - now).await;
     }
+    sleep_until(at, now).await;
+}
+
+fn monotonic_now() -> Option<Duration> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).ok().map(Duration::from)
+}
+
+/// Sleep until `at` on the monotonic clock (read as `now`), by the kernel.
+async fn sleep_until(at: Duration, now: Duration) {
     if let Err(e) =
         kernel_wait(Expiration::OneShot(TimeSpec::from_duration(at)), TimerSetTimeFlags::TFD_TIMER_ABSTIME).await
     {
         tracing::debug!("timerfd unavailable ({e}); using tokio's timer");
-        tokio::time::sleep(at - now).await;
+        tokio::time::sleep(at.saturating_sub(now)).await;
     }
 }
 
