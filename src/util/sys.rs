@@ -32,10 +32,14 @@ pub fn release_freed_memory() {
 /// TLS and HTTP client set-up, the sandbox probe), and the kernel maps each
 /// page it faults in with its neighbours: an idle daemon held about 4 of the
 /// binary's 4.6 MB of code. Only the binary's read-only file mappings are
-/// dropped, and only those with no private dirty or anonymous pages (never
-/// the relocated RELRO data): `MADV_DONTNEED` on a clean private file
-/// mapping just drops the page-table entries, and the next use faults the
-/// page back from the page cache. Under qemu-user it is a harmless no-op.
+/// dropped, and only those with no anonymous pages (never the relocated
+/// RELRO data, whose pages are private copies): `MADV_DONTNEED` on a private
+/// file mapping without such copies just drops the page-table entries, and
+/// the next use faults the page back from the page cache. Pages smaps calls
+/// dirty there are page-cache pages not yet written back (a binary copied just
+/// before it started): unmapping them loses nothing either; counting them kept
+/// a freshly installed binary's daemon at its start-up RSS. Under qemu-user it
+/// is a harmless no-op.
 pub fn release_binary_pages() -> u64 {
     #[cfg(target_os = "linux")]
     {
@@ -65,19 +69,19 @@ pub fn release_binary_pages() -> u64 {
 }
 
 /// The read-only mappings of `exe` in `smaps` with resident pages and no
-/// private dirty or anonymous ones: (start, end, Rss in KiB).
+/// anonymous (privately copied) ones: (start, end, Rss in KiB).
 fn clean_binary_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize, u64)> {
     struct Mapping {
         start: usize,
         end: usize,
         candidate: bool,
         rss: u64,
-        dirty: u64,
+        anonymous: u64,
     }
     let mut out = Vec::new();
     let mut cur: Option<Mapping> = None;
     let finish = |m: Option<Mapping>, out: &mut Vec<(usize, usize, u64)>| {
-        if let Some(m) = m.filter(|m| m.candidate && m.rss > 0 && m.dirty == 0) {
+        if let Some(m) = m.filter(|m| m.candidate && m.rss > 0 && m.anonymous == 0) {
             out.push((m.start, m.end, m.rss));
         }
     };
@@ -92,14 +96,14 @@ fn clean_binary_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize, u64)> {
             let perms = words.next().unwrap_or("");
             let path = words.nth(3).unwrap_or("");
             let candidate = path == exe && matches!(perms, "r--p" | "r-xp");
-            cur = Some(Mapping { start, end, candidate, rss: 0, dirty: 0 });
+            cur = Some(Mapping { start, end, candidate, rss: 0, anonymous: 0 });
             continue;
         }
         let Some(m) = cur.as_mut() else { continue };
         let value = words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         match first {
             "Rss:" => m.rss = value,
-            "Private_Dirty:" | "Anonymous:" | "Shared_Dirty:" => m.dirty += value,
+            "Anonymous:" => m.anonymous += value,
             _ => {}
         }
     }
@@ -112,7 +116,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_clean_read_only_mappings_of_the_binary_are_chosen() {
+    fn read_only_mappings_of_the_binary_without_private_copies_are_chosen() {
+        // The r-xp mapping's Private_Dirty: page cache not yet written back (a binary copied
+        // just before it ran); chosen. The second r--p is RELRO (private copies); not chosen.
         let smaps = "\
 5600a0000000-5600a01d0000 r--p 00000000 fd:01 123 /usr/bin/bramble
 Size:               1856 kB
@@ -121,7 +127,7 @@ Private_Dirty:         0 kB
 Anonymous:             0 kB
 5600a01d0000-5600a0650000 r-xp 001d0000 fd:01 123 /usr/bin/bramble
 Rss:                4160 kB
-Private_Dirty:         0 kB
+Private_Dirty:       512 kB
 Anonymous:             0 kB
 5600a0650000-5600a06bb000 r--p 00650000 fd:01 123 /usr/bin/bramble
 Rss:                 428 kB
