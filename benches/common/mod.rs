@@ -17,7 +17,9 @@ pub fn start_daemon(config: &Path) -> Child {
         .stdout(Stdio::null())
         // `BENCH_DAEMON_LOG=FILE`: the daemon's log (its `log_level` still applies).
         .stderr(match std::env::var_os("BENCH_DAEMON_LOG") {
-            Some(path) => std::fs::File::create(path).map(Stdio::from).unwrap_or_else(|_| Stdio::null()),
+            Some(path) => Stdio::from(std::fs::File::create(&path).unwrap_or_else(|e| {
+                panic!("BENCH_DAEMON_LOG: cannot create {}: {e}", std::path::Path::new(&path).display())
+            })),
             None => Stdio::null(),
         })
         .spawn()

@@ -36,7 +36,7 @@ use std::time::Duration;
 use rumqttc::v5::{EventLoop, Request};
 
 /// rumqttc's ping interval once the task pings itself: a year.
-pub const SILENCED: Duration = Duration::from_secs(365 * 24 * 3600);
+const SILENCED: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The shortest keep-alive the task takes over (rumqttc's own minimum).
 const MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// How soon to look again when a ping was due but a publish was mid-write.
