@@ -124,6 +124,85 @@ pub fn restrict(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
+/// The network proxy's rules ([`super::netproxy`]). It runs outside the jail,
+/// in the host's mount namespace, and reads only what name resolution reads:
+/// the resolver's files and the NSS modules the `hosts:` line of
+/// `nsswitch.conf` loads. It writes nothing. Building the command's ruleset a
+/// second time (a listing of every directory on the way to each hidden path,
+/// a rule per entry) cost the proxy ~300 system calls per command; this one
+/// is a dozen rules and reads no directory. A `hosts:` line naming a service
+/// not known here (LDAP, SSSD, WINS, …: they read files of their own) gets the
+/// command's rules instead, so resolution keeps working everywhere.
+pub fn restrict_proxy(o: &Options) -> Result<(), String> {
+    let nsswitch = std::fs::read_to_string("/etc/nsswitch.conf").unwrap_or_default();
+    let Some(reads) = proxy_reads(&nsswitch) else { return restrict(o) };
+    let err = |e: landlock::RulesetError| format!("Landlock: {e}");
+    let abi = ABI_WANTED;
+    let ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(err)?;
+    let mut created = ruleset.scope(Scope::from_all(abi)).map_err(err)?.create().map_err(err)?;
+    let mut starts: Vec<PathBuf> = Vec::with_capacity(reads.len() + 1);
+    for path in reads {
+        // Compared with the (canonical) hidden paths by name: `/lib -> usr/lib` must be
+        // judged as what a rule on it grants.
+        let Ok(real) = std::fs::canonicalize(path) else { continue };
+        // resolv.conf is often a link into /run whose manager replaces the file
+        // (a new inode, which a rule on the old one would not cover): its directory.
+        if path == "/etc/resolv.conf" && real != Path::new(path) {
+            if let Some(dir) = real.parent().filter(|d| *d != Path::new("/") && *d != Path::new("/etc")) {
+                starts.push(dir.to_path_buf());
+            }
+        }
+        starts.push(real);
+    }
+    starts.sort();
+    starts.dedup();
+    grant(&mut created, &roots_around(starts, &o.hide), AccessFs::from_read(abi), true)?;
+    created.restrict_self().map_err(err)?;
+    Ok(())
+}
+
+/// What name resolution reads, for the `hosts:` line of `nsswitch` (glibc's
+/// default, `dns files`, when there is none); `None` when it names a service
+/// whose files are not known here.
+fn proxy_reads(nsswitch: &str) -> Option<Vec<&'static str>> {
+    // getaddrinfo's own: the resolver, address sorting, the library cache for NSS modules.
+    let mut reads = vec![
+        "/etc/nsswitch.conf",
+        "/etc/resolv.conf",
+        "/etc/host.conf",
+        "/etc/hosts",
+        "/etc/gai.conf",
+        "/etc/ld.so.cache",
+    ];
+    let line = nsswitch
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .find_map(|l| l.strip_prefix("hosts:"))
+        .unwrap_or("dns files");
+    let mut modules = false;
+    for word in line.split_whitespace() {
+        if word.starts_with('[') || word.ends_with(']') || word.contains('=') {
+            continue; // an action: `[NOTFOUND=return]`
+        }
+        match word {
+            // Built into glibc ≥ 2.34; `dns` talks UDP/TCP to what resolv.conf names.
+            "files" | "dns" => {}
+            // Loadable modules that talk to a daemon over a socket by path
+            // (systemd-resolved, machined, avahi), which Landlock does not govern.
+            "resolve" | "myhostname" | "mymachines" | "systemd" | "mdns" | "mdns4" | "mdns6" | "mdns_minimal"
+            | "mdns4_minimal" | "mdns6_minimal" => modules = true,
+            _ => return None,
+        }
+        if word.starts_with("mdns") && !word.ends_with("_minimal") {
+            reads.push("/etc/mdns.allow");
+        }
+    }
+    if modules {
+        reads.extend(["/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib"]);
+    }
+    Some(reads)
+}
+
 /// Add a rule per path, naming the path when the kernel refuses one.
 /// `lenient`: skip paths that vanished or that the kernel says are no
 /// filesystem object (`EBADFD`), rather than fail the command.
@@ -163,7 +242,11 @@ fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
 
 /// Directories (and files) that together cover everything under `/` except `hidden`.
 pub fn read_roots(hidden: &[PathBuf]) -> Vec<PathBuf> {
-    let mut roots = vec![PathBuf::from("/")];
+    roots_around(vec![PathBuf::from("/")], hidden)
+}
+
+/// Directories (and files) that together cover what `roots` cover, except `hidden`.
+fn roots_around(mut roots: Vec<PathBuf>, hidden: &[PathBuf]) -> Vec<PathBuf> {
     for h in hidden {
         if !h.is_absolute() || h == Path::new("/") {
             continue;
@@ -230,6 +313,71 @@ mod tests {
         // Something outside our temp dir is still readable.
         assert!(read_roots(&hidden).iter().any(|p| Path::new("/etc/hostname").starts_with(p)));
         assert_eq!(read_roots(&[]), [PathBuf::from("/")]);
+    }
+
+    #[test]
+    fn the_proxy_reads_what_its_hosts_line_loads() {
+        let plain = proxy_reads("# hosts: ldap\nhosts:          files dns\nnetworks: files\n").unwrap();
+        assert!(plain.contains(&"/etc/hosts") && plain.contains(&"/etc/resolv.conf"), "{plain:?}");
+        assert!(!plain.contains(&"/usr/lib"), "files and dns are in glibc: no module to load");
+        // Debian's desktop line: modules (from the library directories), no mdns.allow.
+        let desktop = proxy_reads("hosts: files mdns4_minimal [NOTFOUND=return] dns myhostname\n").unwrap();
+        assert!(desktop.contains(&"/usr/lib") && !desktop.contains(&"/etc/mdns.allow"), "{desktop:?}");
+        assert!(proxy_reads("hosts: files mdns4 dns\n").unwrap().contains(&"/etc/mdns.allow"));
+        assert!(proxy_reads("hosts: resolve [!UNAVAIL=return] files\n").unwrap().contains(&"/lib"));
+        // No hosts line: glibc's default, dns and files.
+        assert_eq!(proxy_reads(""), Some(plain));
+        // A service whose files are unknown here: the command's rules instead.
+        assert_eq!(proxy_reads("hosts: files ldap dns\n"), None);
+        assert_eq!(proxy_reads("hosts: sss files\n"), None);
+    }
+
+    #[test]
+    fn roots_around_keep_a_hidden_path_out_of_a_granted_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("lib");
+        std::fs::create_dir_all(lib.join("bramble")).unwrap();
+        std::fs::write(lib.join("libnss_x.so"), "").unwrap();
+        let hidden = [lib.join("bramble"), dir.path().join("elsewhere")];
+        assert_eq!(roots_around(vec![lib.clone()], &hidden), [lib.join("libnss_x.so")]);
+        // A granted tree inside a hidden one is dropped whole.
+        assert!(roots_around(vec![lib.join("bramble")], std::slice::from_ref(&lib)).is_empty());
+    }
+
+    /// Runs in a child process (a ruleset cannot be taken back): the proxy's rules
+    /// let it resolve names and read nothing else.
+    #[test]
+    fn the_proxy_reads_the_resolver_and_nothing_else() {
+        const CHILD: &str = "BRAMBLE_TEST_PROXY_RULES";
+        const NAME: &str = "sandbox::landlock::tests::the_proxy_reads_the_resolver_and_nothing_else";
+        if std::env::var_os(CHILD).is_some() {
+            let o = Options { landlock: true, ..Options::default() };
+            restrict_proxy(&o).unwrap();
+            let denied =
+                |p: &str| std::fs::read(p).err().map(|e| e.kind()) == Some(std::io::ErrorKind::PermissionDenied);
+            assert!(std::fs::read("/etc/nsswitch.conf").is_ok() || !Path::new("/etc/nsswitch.conf").exists());
+            assert!(std::fs::read("/etc/hosts").is_ok());
+            for other in ["/etc/passwd", "/etc/hostname", "/proc/self/environ"] {
+                assert!(!Path::new(other).exists() || denied(other), "{other} must be out of reach");
+            }
+            assert!(std::fs::read_dir("/").is_err());
+            assert!(std::fs::write("/tmp/bramble-proxy-rules-test", "x").is_err());
+            use std::net::ToSocketAddrs;
+            let addrs: Vec<_> = ("localhost", 80).to_socket_addrs().unwrap().collect();
+            assert!(addrs.iter().any(|a| a.ip().is_loopback()), "{addrs:?}");
+            return;
+        }
+        if abi_version().is_err() {
+            eprintln!("skipped: no Landlock here");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
     }
 
     #[test]

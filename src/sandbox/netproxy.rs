@@ -29,7 +29,8 @@
 //! [`MAX_CONNECTIONS`]). It is outside the jail (it must reach the host's
 //! network and resolver), so it gets what can be had there: the command's
 //! user when bramble is root, `no_new_privs`, the helper's environment (the
-//! command's: no secrets), the command's Landlock rules (bramble's state,
+//! command's: no secrets), Landlock rules that let it read only what name
+//! resolution reads ([`super::landlock::restrict_proxy`]; bramble's state,
 //! config and credentials unreadable) — and it dies with the helper
 //! (parent-death signal, and the helper kills it when the command ends).
 
@@ -179,16 +180,16 @@ fn serve(reach: Reach, o: &Options, chan: OwnedFd, helper: Pid) -> Result<(), St
         prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("PR_SET_PDEATHSIG: {e}"))?;
     }
     prctl::set_no_new_privs().map_err(|e| format!("PR_SET_NO_NEW_PRIVS: {e}"))?;
-    if o.landlock {
-        // The command's own filesystem rules: bramble's state, config and credentials out of reach.
-        super::landlock::restrict(o)?;
-    }
     // The command's stdout is not ours to hold open; stderr carries refusals to the model.
     if let Ok(null) = std::fs::File::open("/dev/null") {
         for fd in [0, 1] {
             // SAFETY: dup2 onto the standard descriptors replaces them; nothing else refers to them here.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
+    }
+    if o.landlock {
+        // Only what name resolution reads: bramble's state, config and credentials out of reach.
+        super::landlock::restrict_proxy(o)?;
     }
     let Some(listener) = recv_fd(&chan).map_err(|e| format!("receiving the listener: {e}"))? else {
         return Ok(()); // The helper failed before handing it over.

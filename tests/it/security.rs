@@ -1590,7 +1590,9 @@ impl NetLab {
             eprintln!("skipped: making network namespaces needs root");
             return None;
         }
-        let id = std::process::id();
+        // Tests run side by side in one process: each lab its own names.
+        static LABS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = format!("{}-{}", std::process::id(), LABS.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
         let lab = NetLab {
             host: format!("bramble-h{id}"),
             world: format!("bramble-w{id}"),
@@ -1664,6 +1666,120 @@ impl NetLab {
         });
         ready_rx.recv().unwrap();
     }
+}
+
+/// A DNS server for the lab (RFC 1035 wire format, UDP): answers A queries for
+/// the names in `names` and "no data" for any other question. A test double:
+/// the proxy's resolver is glibc's, reading the machine's resolv.conf.
+fn serve_dns(lab: &NetLab, addr: &'static str, names: &'static [(&'static str, [u8; 4])]) {
+    let (ns, stop) = (lab.world.clone(), lab.stop.clone());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        NetLab::enter(&ns);
+        let sock = std::net::UdpSocket::bind(addr).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        ready_tx.send(()).unwrap();
+        let mut buf = [0u8; 512];
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
+            let q = &buf[..n];
+            // Header (12 bytes), then QNAME as labels, QTYPE, QCLASS.
+            let (mut name, mut i) = (Vec::new(), 12);
+            while i < n && q[i] != 0 {
+                let len = q[i] as usize;
+                name.push(String::from_utf8_lossy(&q[i + 1..(i + 1 + len).min(n)]).to_ascii_lowercase());
+                i += 1 + len;
+            }
+            if i + 5 > n {
+                continue;
+            }
+            let qtype = u16::from_be_bytes([q[i + 1], q[i + 2]]);
+            let question = &q[12..i + 5];
+            let found = names.iter().find(|(n, _)| *n == name.join(".")).map(|(_, a)| *a);
+            let answer = found.filter(|_| qtype == 1);
+            let mut r = Vec::with_capacity(64);
+            r.extend_from_slice(&q[..2]); // ID
+            let rcode = if found.is_some() { 0 } else { 3 }; // NXDOMAIN for unknown names
+            r.extend_from_slice(&[0x81, 0x80 | rcode, 0, 1, 0, u8::from(answer.is_some()), 0, 0, 0, 0]);
+            r.extend_from_slice(question);
+            if let Some(a) = answer {
+                // Name by pointer to the question, A, IN, TTL 60, 4 bytes.
+                r.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+                r.extend_from_slice(&a);
+            }
+            let _ = sock.send_to(&r, from);
+        }
+    });
+    ready_rx.recv().unwrap();
+}
+
+/// The proxy resolves names under its own Landlock rules (the resolver's files
+/// and nothing else): through `/etc/hosts` and through the DNS server
+/// `resolv.conf` names, and judges the addresses the names have. The thread
+/// that runs the command gets a mount namespace of its own in which the lab's
+/// `hosts`, `nsswitch.conf` and `resolv.conf` are bound over the machine's.
+#[test]
+fn the_proxy_resolves_names_from_hosts_and_dns() {
+    let Some(lab) = NetLab::new() else { return };
+    let p = layers();
+    assert!(p.jail_available() && p.proxy.is_ok(), "as root the jail and its proxy work: {p:?}");
+    lab.serve(&lab.world, "93.184.216.34:8080", "public-site");
+    lab.serve(&lab.world, "192.168.77.2:8080", "lan-device");
+    serve_dns(
+        &lab,
+        "93.184.216.34:53",
+        &[("public.dns.test", [93, 184, 216, 34]), ("lan.dns.test", [192, 168, 77, 2])],
+    );
+    let files = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = files.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let binds = [
+        (write("hosts", "127.0.0.1 localhost\n93.184.216.34 public.hosts.test\n"), "/etc/hosts"),
+        (write("nsswitch.conf", "hosts: files dns\n"), "/etc/nsswitch.conf"),
+        (write("resolv.conf", "nameserver 93.184.216.34\noptions timeout:2 attempts:1\n"), "/etc/resolv.conf"),
+    ];
+    let host = lab.host.clone();
+    let out = std::thread::spawn(move || {
+        use nix::mount::{mount, MsFlags};
+        NetLab::enter(&host);
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+        for (from, to) in &binds {
+            mount(Some(from), *to, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
+        }
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let s = Setup::new(ExecConfig { network: Network::INTERNET, ..ExecConfig::default() });
+            let mut script = String::new();
+            for url in [
+                "http://public.hosts.test:8080/",
+                "http://public.dns.test:8080/",
+                "http://lan.dns.test:8080/",
+                "http://nowhere.dns.test:8080/",
+            ] {
+                script
+                    .push_str(&format!("echo '== {url}'; curl -sS -m 10 -x \"$http_proxy\" --noproxy '' {url} 2>&1; "));
+            }
+            script.push_str("echo '== end'");
+            s.exec(&script).await.text
+        })
+    })
+    .join()
+    .unwrap();
+    let section = |url: &str| -> String {
+        let start = out.find(&format!("== {url}\n")).unwrap_or_else(|| panic!("no {url} in {out}"));
+        let rest = &out[start + url.len() + 4..];
+        rest[..rest.find("== ").unwrap_or(rest.len())].to_string()
+    };
+    assert!(section("http://public.hosts.test:8080/").contains("reached public-site"), "{out}");
+    assert!(section("http://public.dns.test:8080/").contains("reached public-site"), "{out}");
+    // A name is judged by its address: this one is on the LAN.
+    let lan = section("http://lan.dns.test:8080/");
+    assert!(!lan.contains("reached") && lan.contains("local network"), "{out}");
+    assert!(section("http://nowhere.dns.test:8080/").contains("cannot resolve nowhere.dns.test"), "{out}");
 }
 
 impl Drop for NetLab {
