@@ -82,10 +82,12 @@ fn main() {
         // (5 min after connecting; the daemon pings itself from then on).
         let settle: u64 = std::env::var("BENCH_SETTLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(35);
         tokio::time::sleep(Duration::from_secs(settle)).await;
-        let ProcStats { rss: rss0, switches: sw0, voluntary: vol0, .. } = proc_stats(daemon.id());
+        let before = proc_stats(daemon.id());
+        let ProcStats { rss: rss0, switches: sw0, voluntary: vol0, .. } = before;
         let polls0 = tg.calls("getUpdates").len();
         tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-        let ProcStats { rss: rss1, switches: sw1, voluntary: vol1, .. } = proc_stats(daemon.id());
+        let after = proc_stats(daemon.id());
+        let ProcStats { rss: rss1, switches: sw1, voluntary: vol1, .. } = after;
         let polls = tg.calls("getUpdates").len() - polls0;
         let per_min = sw1.saturating_sub(sw0) as f64 * 60.0 / idle_secs as f64;
         let voluntary_per_min = vol1.saturating_sub(vol0) as f64 * 60.0 / idle_secs as f64;
@@ -99,6 +101,17 @@ fn main() {
         let pss = common::proc_field(daemon.id(), "smaps_rollup", "Pss:").unwrap_or(0);
         let pss_anon = common::proc_field(daemon.id(), "smaps_rollup", "Pss_Anon:").unwrap_or(0);
         println!("  of which anonymous {anon} KiB, file-backed (the binary's pages, libc) {file} KiB; PSS {pss} KiB (anonymous {pss_anon} KiB)");
+        let parts: Vec<String> = common::rss_by_mapping(daemon.id())
+            .iter()
+            .take(6)
+            .map(|(name, rss, pss)| format!("{name} {rss}/{pss}"))
+            .collect();
+        println!("  by mapping, RSS/PSS KiB: {}", parts.join(", "));
+        println!(
+            "  page faults while idle: {} minor, {} major (read from the disk)",
+            after.minor_faults.saturating_sub(before.minor_faults),
+            after.major_faults.saturating_sub(before.major_faults)
+        );
         println!(
             "  wake-ups (context switches, all threads) {per_min:.1} per minute, {voluntary_per_min:.1} of them voluntary; \
              {polls} getUpdates in that time (from {settle} s after the start)"

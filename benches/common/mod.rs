@@ -43,6 +43,40 @@ fn field(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
+/// Resident memory by what it maps (`/proc/PID/smaps`): the binary, each
+/// library, and anonymous memory (heap, stacks, relocated data), as
+/// `(name, Rss KiB, Pss KiB)`, largest first.
+pub fn rss_by_mapping(pid: u32) -> Vec<(String, u64, u64)> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else { return Vec::new() };
+    let mut sums: Vec<(String, u64, u64)> = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or_default();
+        if first.contains('-') && first.chars().next().is_some_and(|c| c.is_ascii_hexdigit()) {
+            // A mapping's header: address range, perms, offset, dev, inode, path.
+            let path = words.nth(4).unwrap_or("[anonymous]");
+            current = path.rsplit('/').next().unwrap_or(path).to_string();
+            continue;
+        }
+        let slot = match sums.iter().position(|(n, _, _)| *n == current) {
+            Some(i) => i,
+            None => {
+                sums.push((current.clone(), 0, 0));
+                sums.len() - 1
+            }
+        };
+        match first {
+            "Rss:" => sums[slot].1 += field(line, "Rss:").unwrap_or(0),
+            "Pss:" => sums[slot].2 += field(line, "Pss:").unwrap_or(0),
+            _ => {}
+        }
+    }
+    sums.retain(|(_, rss, _)| *rss > 0);
+    sums.sort_by_key(|s| std::cmp::Reverse(s.1));
+    sums
+}
+
 /// A process's memory and how often its threads were woken.
 #[derive(Debug, Clone, Copy)]
 pub struct ProcStats {
@@ -55,6 +89,10 @@ pub struct ProcStats {
     /// Of those, the voluntary ones: the threads went to sleep (a wake-up
     /// each); the rest are preemptions, which other load on the machine adds.
     pub voluntary: u64,
+    /// Page faults served from memory (the page cache, zeroed pages), all threads.
+    pub minor_faults: u64,
+    /// Page faults that read from the disk: each one a wait.
+    pub major_faults: u64,
 }
 
 pub fn proc_stats(pid: u32) -> ProcStats {
@@ -68,10 +106,16 @@ pub fn proc_stats(pid: u32) -> ProcStats {
             switches += v + field(&s, "nonvoluntary_ctxt_switches:").unwrap_or(0);
         }
     }
+    // /proc/PID/stat after the command's name: state is field 3, minflt 10, majflt 12.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let stat_field = |n: usize| after_name.get(n - 3).and_then(|v| v.parse().ok()).unwrap_or(0);
     ProcStats {
         rss: field(&status, "VmRSS:").unwrap_or(0),
         hwm: field(&status, "VmHWM:").unwrap_or(0),
         switches,
         voluntary,
+        minor_faults: stat_field(10),
+        major_faults: stat_field(12),
     }
 }

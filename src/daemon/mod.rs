@@ -335,12 +335,16 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     let settle = stop.clone();
     tasks.spawn(async move {
         tokio::select! {
-            () = crate::util::timer::sleep(RELEASE_AFTER) => {
-                let kib = crate::util::tasks::blocking(crate::util::sys::release_binary_pages).await;
-                tracing::debug!(kib, "released the binary's start-up pages");
-            }
-            _ = settle.cancelled() => {}
+            () = crate::util::timer::sleep(RELEASE_AFTER) => {}
+            _ = settle.cancelled() => return,
         }
+        // Here, not on the blocking pool (one read of our own smaps, well under a
+        // millisecond), and the task then waits for the stop: what runs after the
+        // release is what the idle loops run anyway, not a hand-over and a task's
+        // completion, whose pages would be faulted straight back in.
+        let kib = crate::util::sys::release_code_pages();
+        tracing::debug!(kib, "released the start-up pages of the binary and its libraries");
+        settle.cancelled().await;
     });
     Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
 }
@@ -374,7 +378,7 @@ fn spawn_control(
 }
 
 /// How long after start the binary's start-up pages are released
-/// ([`crate::util::sys::release_binary_pages`]): after READY, the first
+/// ([`crate::util::sys::release_code_pages`]): after READY, the first
 /// polls, connections and the sandbox probe.
 const RELEASE_AFTER: std::time::Duration = std::time::Duration::from_secs(20);
 

@@ -25,36 +25,37 @@ pub fn release_freed_memory() {
     }
 }
 
-/// Unmap the pages of this binary that start-up touched, so that an idle
-/// daemon keeps resident only what it still runs. Returns the KiB released.
+/// Unmap the code pages that start-up touched, the binary's and its shared
+/// libraries', so that an idle daemon keeps resident only what it still
+/// runs. Returns the KiB released.
 ///
 /// Start-up runs code from all over the binary (argument parsing, config,
 /// TLS and HTTP client set-up, the sandbox probe), and the kernel maps each
 /// page it faults in with its neighbours: an idle daemon held about 4 of the
-/// binary's 4.6 MB of code. Only the binary's read-only file mappings are
-/// dropped, and only those with no anonymous pages (never the relocated
-/// RELRO data, whose pages are private copies): `MADV_DONTNEED` on a private
-/// file mapping without such copies just drops the page-table entries, and
-/// the next use faults the page back from the page cache. Pages smaps calls
-/// dirty there are page-cache pages not yet written back (a binary copied just
-/// before it started): unmapping them loses nothing either; counting them kept
-/// a freshly installed binary's daemon at its start-up RSS. Under qemu-user it
-/// is a harmless no-op.
-pub fn release_binary_pages() -> u64 {
+/// binary's 4.6 MB of code, and 1.5 MB of libc (all of it: its pages are in
+/// the page cache for every process, so fault-around maps them at once).
+/// Only read-only file mappings of executables and libraries (files mapped
+/// executable somewhere) are dropped, and only those with no anonymous pages
+/// (never relocated RELRO data, whose pages are private copies):
+/// `MADV_DONTNEED` on a private file mapping without such copies just drops
+/// the page-table entries, and the next use faults the page back from the
+/// page cache. Pages smaps calls dirty there are page-cache pages not yet
+/// written back (a binary copied just before it started): unmapping them
+/// loses nothing either; counting them kept a freshly installed binary's
+/// daemon at its start-up RSS. Under qemu-user it is a harmless no-op.
+pub fn release_code_pages() -> u64 {
     #[cfg(target_os = "linux")]
     {
-        let (Ok(exe), Ok(smaps)) = (std::fs::read_link("/proc/self/exe"), std::fs::read_to_string("/proc/self/smaps"))
-        else {
+        let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
             return 0;
         };
-        let exe = exe.to_string_lossy().into_owned();
-        clean_binary_mappings(&smaps, &exe)
+        clean_code_mappings(&smaps)
             .into_iter()
             .map(|(start, end, rss)| {
-                // SAFETY: [start, end) is a whole mapping of this binary, read-only
-                // and clean (checked in smaps just now; read-only pages cannot be
-                // dirtied in between): dropping its pages loses nothing, the next
-                // access reads them from the file again.
+                // SAFETY: [start, end) is a whole read-only mapping of an executable
+                // or library, without private copies (checked in smaps just now;
+                // read-only pages cannot be dirtied in between): dropping its pages
+                // loses nothing, the next access reads them from the file again.
                 let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
                 if r == 0 {
                     rss
@@ -68,23 +69,19 @@ pub fn release_binary_pages() -> u64 {
     0
 }
 
-/// The read-only mappings of `exe` in `smaps` with resident pages and no
+/// The read-only mappings in `smaps` of files that are mapped executable
+/// somewhere (the binary, shared libraries), with resident pages and no
 /// anonymous (privately copied) ones: (start, end, Rss in KiB).
-fn clean_binary_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize, u64)> {
-    struct Mapping {
+fn clean_code_mappings(smaps: &str) -> Vec<(usize, usize, u64)> {
+    struct Mapping<'a> {
         start: usize,
         end: usize,
-        candidate: bool,
+        perms: &'a str,
+        path: &'a str,
         rss: u64,
         anonymous: u64,
     }
-    let mut out = Vec::new();
-    let mut cur: Option<Mapping> = None;
-    let finish = |m: Option<Mapping>, out: &mut Vec<(usize, usize, u64)>| {
-        if let Some(m) = m.filter(|m| m.candidate && m.rss > 0 && m.anonymous == 0) {
-            out.push((m.start, m.end, m.rss));
-        }
-    };
+    let mut maps: Vec<Mapping> = Vec::new();
     for line in smaps.lines() {
         let mut words = line.split_whitespace();
         let first = words.next().unwrap_or("");
@@ -92,14 +89,12 @@ fn clean_binary_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize, u64)> {
             let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
                 continue;
             };
-            finish(cur.take(), &mut out);
             let perms = words.next().unwrap_or("");
             let path = words.nth(3).unwrap_or("");
-            let candidate = path == exe && matches!(perms, "r--p" | "r-xp");
-            cur = Some(Mapping { start, end, candidate, rss: 0, anonymous: 0 });
+            maps.push(Mapping { start, end, perms, path, rss: 0, anonymous: 0 });
             continue;
         }
-        let Some(m) = cur.as_mut() else { continue };
+        let Some(m) = maps.last_mut() else { continue };
         let value = words.next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         match first {
             "Rss:" => m.rss = value,
@@ -107,8 +102,13 @@ fn clean_binary_mappings(smaps: &str, exe: &str) -> Vec<(usize, usize, u64)> {
             _ => {}
         }
     }
-    finish(cur.take(), &mut out);
-    out
+    let code: Vec<&str> =
+        maps.iter().filter(|m| m.perms == "r-xp" && m.path.starts_with('/')).map(|m| m.path).collect();
+    maps.iter()
+        .filter(|m| matches!(m.perms, "r--p" | "r-xp") && code.contains(&m.path))
+        .filter(|m| m.rss > 0 && m.anonymous == 0)
+        .map(|m| (m.start, m.end, m.rss))
+        .collect()
 }
 
 #[cfg(test)]
@@ -116,9 +116,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn read_only_mappings_of_the_binary_without_private_copies_are_chosen() {
-        // The r-xp mapping's Private_Dirty: page cache not yet written back (a binary copied
-        // just before it ran); chosen. The second r--p is RELRO (private copies); not chosen.
+    fn read_only_mappings_of_code_without_private_copies_are_chosen() {
+        // The binary's r-xp mapping's Private_Dirty: page cache not yet written back (a binary
+        // copied just before it ran); chosen. Its second r--p is RELRO (private copies): not
+        // chosen. libc's code and constants are chosen; a data file mapped read-only
+        // (nothing of it executable) and the vDSO are not.
         let smaps = "\
 5600a0000000-5600a01d0000 r--p 00000000 fd:01 123 /usr/bin/bramble
 Size:               1856 kB
@@ -136,17 +138,33 @@ Anonymous:           428 kB
 5600a06bb000-5600a06bf000 rw-p 006bb000 fd:01 123 /usr/bin/bramble
 Rss:                  16 kB
 Private_Dirty:        16 kB
-7f0000000000-7f0000100000 r-xp 00000000 fd:01 9 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000000000-7f0000028000 r--p 00000000 fd:01 9 /usr/lib/x86_64-linux-gnu/libc.so.6
+Rss:                 160 kB
+Anonymous:             0 kB
+7f0000028000-7f0000128000 r-xp 00028000 fd:01 9 /usr/lib/x86_64-linux-gnu/libc.so.6
 Rss:                1080 kB
 Private_Dirty:         0 kB
+7f0000200000-7f0000300000 r--p 00000000 fd:01 77 /var/cache/some.db
+Rss:                  64 kB
+Anonymous:             0 kB
+7ffc00000000-7ffc00002000 r-xp 00000000 00:00 0 [vdso]
+Rss:                   8 kB
 ";
-        let chosen = clean_binary_mappings(smaps, "/usr/bin/bramble");
-        assert_eq!(chosen, [(0x5600a0000000, 0x5600a01d0000, 1104), (0x5600a01d0000, 0x5600a0650000, 4160)]);
+        let chosen = clean_code_mappings(smaps);
+        assert_eq!(
+            chosen,
+            [
+                (0x5600a0000000, 0x5600a01d0000, 1104),
+                (0x5600a01d0000, 0x5600a0650000, 4160),
+                (0x7f0000000000, 0x7f0000028000, 160),
+                (0x7f0000028000, 0x7f0000128000, 1080),
+            ]
+        );
     }
 
     #[test]
-    fn releasing_the_binarys_pages_keeps_the_process_working() {
-        let released = release_binary_pages();
+    fn releasing_code_pages_keeps_the_process_working() {
+        let released = release_code_pages();
         // Code and constants are read back from the file as they are used.
         assert_eq!(hostname(), hostname());
         let text = format!("{}", 6 * 7);
