@@ -34,14 +34,14 @@ bin="$work/bramble"
 # IDLE_ORDER_DUMP=FILE: write the script from an earlier profile of $bin.
 dump=${IDLE_ORDER_DUMP:-}
 if [ -z "$dump" ]; then
-command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+    command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 
-echo "== building an unstripped release binary" >&2
-CARGO_TARGET_DIR="$work/target" CARGO_PROFILE_RELEASE_STRIP=false cargo build --release --quiet
-cp "$work/target/release/bramble" "$bin"
+    echo "== building an unstripped release binary" >&2
+    CARGO_TARGET_DIR="$work/target" CARGO_PROFILE_RELEASE_STRIP=false cargo build --release --quiet
+    cp "$work/target/release/bramble" "$bin"
 
-# The daemon (`… run`) under callgrind; everything else the bench runs as is.
-cat > "$work/wrapper" <<EOF
+    # The daemon (`… run`) under callgrind; everything else the bench runs as is.
+    cat > "$work/wrapper" <<EOF
 #!/bin/sh
 for a in "\$@"; do
   if [ "\$a" = run ]; then
@@ -51,34 +51,34 @@ for a in "\$@"; do
 done
 exec "$bin" "\$@"
 EOF
-chmod +x "$work/wrapper"
-rm -f "$work"/callgrind.out.* "$work/daemon.log"
+    chmod +x "$work/wrapper"
+    rm -f "$work"/callgrind.out.* "$work/daemon.log"
 
-echo "== the idle daemon under callgrind for ${idle} s" >&2
-BRAMBLE_BIN="$work/wrapper" BENCH_NO_MEDIA=1 BENCH_MQTT=1 BENCH_JOBS=100 \
-    BENCH_LOG_LEVEL=info BENCH_DAEMON_LOG="$work/daemon.log" \
-    BENCH_SETTLE_SECS=30 BENCH_IDLE_SECS=$((idle + 10)) \
-    cargo bench --bench telegram --profile dev >"$work/bench.log" 2>&1 &
-bench=$!
-pid=""
-for _ in $(seq 120); do
-    pid=$(pgrep -f "callgrind.*$bin.* run" | head -1 || true)
-    [ -n "$pid" ] && break
-    sleep 1
-done
-[ -n "$pid" ] || { echo "the daemon did not start under callgrind; see $work/bench.log" >&2; kill $bench; exit 1; }
-# From the end of start-up (the last channel up, a few seconds before the release of
-# the start-up pages), so that the release and what runs right after it are in.
-for _ in $(seq 120); do
-    grep -q "Telegram polling" "$work/daemon.log" 2>/dev/null && break
-    sleep 0.5
-done
-sleep 3
-callgrind_control -z "$pid" >/dev/null
-sleep "$idle"
-callgrind_control -d "$pid" >/dev/null
-wait $bench || { echo "the bench failed; see $work/bench.log" >&2; exit 1; }
-dump=$(ls "$work"/callgrind.out."$pid".* | head -1)
+    echo "== the idle daemon under callgrind for ${idle} s" >&2
+    BRAMBLE_BIN="$work/wrapper" BENCH_NO_MEDIA=1 BENCH_MQTT=1 BENCH_JOBS=100 \
+        BENCH_LOG_LEVEL=info BENCH_DAEMON_LOG="$work/daemon.log" \
+        BENCH_SETTLE_SECS=30 BENCH_IDLE_SECS=$((idle + 10)) \
+        cargo bench --bench telegram --profile dev >"$work/bench.log" 2>&1 &
+    bench=$!
+    pid=""
+    for _ in $(seq 120); do
+        pid=$(pgrep -f "callgrind.*$bin.* run" | head -1 || true)
+        [ -n "$pid" ] && break
+        sleep 1
+    done
+    [ -n "$pid" ] || { echo "the daemon did not start under callgrind; see $work/bench.log" >&2; kill $bench; exit 1; }
+    # From the end of start-up (the last channel up, a few seconds before the release of
+    # the start-up pages), so that the release and what runs right after it are in.
+    for _ in $(seq 120); do
+        grep -q "Telegram polling" "$work/daemon.log" 2>/dev/null && break
+        sleep 0.5
+    done
+    sleep 3
+    callgrind_control -z "$pid" >/dev/null
+    sleep "$idle"
+    callgrind_control -d "$pid" >/dev/null
+    wait $bench || { echo "the bench failed; see $work/bench.log" >&2; exit 1; }
+    dump=$(ls "$work"/callgrind.out."$pid".* | head -1)
 fi
 
 python3 - "$dump" "$bin" cross/idle-order.ld "$idle" <<'EOF'

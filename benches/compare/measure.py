@@ -7,8 +7,9 @@ nanobot-ai 0.3.5 and passes the paths. Figures:
    system of the process and the children it waited for, from wait4) and
    peak RSS, over N cold runs (each a new process), median and p90;
 2. the idle daemon (`bramble run` / `nanobot gateway`, no channels, heartbeat
-   off): RSS and anonymous memory after start, and wake-ups per minute as the
-   context switches of all its threads over the idle window.
+   off): RSS and anonymous memory 30 s after start (bramble releases its
+   start-up pages at 20 s), and wake-ups per minute as the context switches
+   of all its threads over the idle window.
 
 Prints a Markdown table with the ratios (nanobot / bramble).
 """
@@ -91,8 +92,8 @@ def main():
     nenv = dict(os.environ, HOME=nhome)
     b_turn = turns([bramble, "--config", bconf, "agent", "-m", "run true", "-s"], benv, n)
     n_turn = turns([nanobot, "agent", "-m", "run true", "-s"], nenv, n)
-    b_idle = idle([bramble, "--config", bconf, "run"], benv, 15, window)
-    n_idle = idle([nanobot, "gateway"], nenv, 15, window)
+    b_idle = idle([bramble, "--config", bconf, "run"], benv, 30, window)
+    n_idle = idle([nanobot, "gateway"], nenv, 30, window)
     ratio = lambda a, b: f"{a / b:.0f}×" if b > 0 else "—"
     print(f"| figure ({n} cold runs; idle {window} s) | bramble | nanobot 0.3.5 | nanobot / bramble |")
     print("|---|---|---|---|")
