@@ -29,8 +29,9 @@ fn pack_relative_relocations() {
 /// written by `cross/idle-order.sh` from a profile) at the start of `.text`,
 /// together: an idle daemon then keeps ~1 MB of code resident instead of
 /// ~3 MB spread over the binary. A linker script with `INSERT BEFORE .text`
-/// only adds to the default layout; GNU ld, gold and lld read it (mold does
-/// not: `BRAMBLE_NO_IDLE_ORDER=1` leaves it out).
+/// only adds to the default layout; GNU ld and lld read it (checked: GNU ld
+/// 2.40, lld 16, rustup's rust-lld). For a linker that does not (mold),
+/// `BRAMBLE_NO_IDLE_ORDER=1` leaves it out.
 fn idle_order() {
     println!("cargo:rerun-if-env-changed=BRAMBLE_NO_IDLE_ORDER");
     println!("cargo:rerun-if-changed=cross/idle-order.ld");
