@@ -102,14 +102,8 @@ pub fn abi_version() -> Result<i32, Unavailable> {
 
 /// Restrict the calling process (and what it execs) as described above.
 pub fn restrict(o: &Options) -> Result<(), String> {
-    let err = |e: landlock::RulesetError| format!("Landlock: {e}");
     let abi = ABI_WANTED;
-    let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(err)?;
-    if o.no_network {
-        ruleset = ruleset.handle_access(AccessNet::from_all(abi)).map_err(err)?;
-    }
-    let ruleset = ruleset.scope(Scope::from_all(abi)).map_err(err)?;
-    let mut created = ruleset.create().map_err(err)?;
+    let mut created = ruleset(o.no_network)?;
     // What is read everywhere may hold entries that are no filesystem object
     // (the kernel refuses a pipe or a socket reached through a magic link):
     // nothing to grant there. What is granted by name must be granted.
@@ -120,8 +114,23 @@ pub fn restrict(o: &Options) -> Result<(), String> {
     writable.extend(o.workspace.clone());
     writable.retain(|p| p.exists());
     grant(&mut created, &writable, AccessFs::from_all(abi), false)?;
-    created.restrict_self().map_err(err)?;
+    created.restrict_self().map_err(ruleset_error)?;
     Ok(())
+}
+
+/// A ruleset that handles every filesystem right (and with `network`, TCP)
+/// of [`ABI_WANTED`] and is scoped (signals, abstract sockets); rules grant.
+fn ruleset(network: bool) -> Result<RulesetCreated, String> {
+    let abi = ABI_WANTED;
+    let mut ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(ruleset_error)?;
+    if network {
+        ruleset = ruleset.handle_access(AccessNet::from_all(abi)).map_err(ruleset_error)?;
+    }
+    ruleset.scope(Scope::from_all(abi)).map_err(ruleset_error)?.create().map_err(ruleset_error)
+}
+
+fn ruleset_error(e: landlock::RulesetError) -> String {
+    format!("Landlock: {e}")
 }
 
 /// The network proxy's rules ([`super::netproxy`]). It runs outside the jail,
@@ -136,10 +145,7 @@ pub fn restrict(o: &Options) -> Result<(), String> {
 pub fn restrict_proxy(o: &Options) -> Result<(), String> {
     let nsswitch = std::fs::read_to_string("/etc/nsswitch.conf").unwrap_or_default();
     let Some(reads) = proxy_reads(&nsswitch) else { return restrict(o) };
-    let err = |e: landlock::RulesetError| format!("Landlock: {e}");
-    let abi = ABI_WANTED;
-    let ruleset = Ruleset::default().handle_access(AccessFs::from_all(abi)).map_err(err)?;
-    let mut created = ruleset.scope(Scope::from_all(abi)).map_err(err)?.create().map_err(err)?;
+    let mut created = ruleset(false)?;
     let mut starts: Vec<PathBuf> = Vec::with_capacity(reads.len() + 1);
     for path in reads {
         // Compared with the (canonical) hidden paths by name: `/lib -> usr/lib` must be
@@ -156,8 +162,8 @@ pub fn restrict_proxy(o: &Options) -> Result<(), String> {
     }
     starts.sort();
     starts.dedup();
-    grant(&mut created, &roots_around(starts, &o.hide), AccessFs::from_read(abi), true)?;
-    created.restrict_self().map_err(err)?;
+    grant(&mut created, &roots_around(starts, &o.hide), AccessFs::from_read(ABI_WANTED), true)?;
+    created.restrict_self().map_err(ruleset_error)?;
     Ok(())
 }
 

@@ -1668,6 +1668,13 @@ impl NetLab {
     }
 }
 
+/// What a net-lab script printed between its `== NAME` line and the next `== `.
+fn section(out: &str, name: &str) -> String {
+    let start = out.find(&format!("== {name}\n")).unwrap_or_else(|| panic!("no {name} in {out}"));
+    let rest = &out[start + name.len() + 4..];
+    rest[..rest.find("== ").unwrap_or(rest.len())].to_string()
+}
+
 /// A DNS server for the lab (RFC 1035 wire format, UDP): answers A queries for
 /// the names in `names` and "no data" for any other question. A test double:
 /// the proxy's resolver is glibc's, reading the machine's resolv.conf.
@@ -1769,11 +1776,7 @@ fn the_proxy_resolves_names_from_hosts_and_dns() {
     })
     .join()
     .unwrap();
-    let section = |url: &str| -> String {
-        let start = out.find(&format!("== {url}\n")).unwrap_or_else(|| panic!("no {url} in {out}"));
-        let rest = &out[start + url.len() + 4..];
-        rest[..rest.find("== ").unwrap_or(rest.len())].to_string()
-    };
+    let section = |url: &str| section(&out, url);
     assert!(section("http://public.hosts.test:8080/").contains("reached public-site"), "{out}");
     assert!(section("http://public.dns.test:8080/").contains("reached public-site"), "{out}");
     // A name is judged by its address: this one is on the LAN.
@@ -1844,11 +1847,6 @@ fn exec_network_modes_reach_only_what_they_allow() {
     })
     .join()
     .unwrap();
-    let section = |out: &str, name: &str| -> String {
-        let start = out.find(&format!("== {name}\n")).unwrap_or_else(|| panic!("no {name} in {out}"));
-        let rest = &out[start + name.len() + 4..];
-        rest[..rest.find("== ").unwrap_or(rest.len())].to_string()
-    };
     for (network, out) in results {
         let reached = |name: &str| section(&out, name).contains(&format!("reached {name}"));
         let (public, lan, all) = match network {
