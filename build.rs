@@ -44,6 +44,33 @@ fn idle_order() {
     }
 }
 
+/// Release builds leave out the unwind tables (`cross/no-unwind.ld`): the
+/// release profile's `panic = "abort"` leaves nothing to unwind, so they served
+/// only a panic's backtrace, nameless in a stripped binary, and they were 8 %
+/// of the file (aarch64: `.eh_frame` 326 KB + `.eh_frame_hdr` 77 KB, most of
+/// it the precompiled std's, which `-C force-unwind-tables=no` cannot reach).
+/// A panic still prints its message and location, then aborts. (A build
+/// script cannot see the profile's `panic`: `CARGO_CFG_PANIC` is the target's
+/// default. A release-profile build with unwinding, `cargo test --release`'s
+/// binary, also aborts on a panic then.) A build with debug info keeps them:
+/// a profiler's or debugger's stack walk needs them; so does
+/// `BRAMBLE_KEEP_UNWIND_TABLES=1`.
+fn no_unwind_tables() {
+    println!("cargo:rerun-if-env-changed=BRAMBLE_KEEP_UNWIND_TABLES");
+    println!("cargo:rerun-if-changed=cross/no-unwind.ld");
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let keep = std::env::var_os("BRAMBLE_KEEP_UNWIND_TABLES").is_some_and(|v| !v.is_empty() && v != "0");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cross/no-unwind.ld");
+    if var("PROFILE") == "release"
+        && var("DEBUG") == "false"
+        && var("TARGET").contains("-linux-")
+        && !keep
+        && script.exists()
+    {
+        println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
+    }
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok().filter(|o| o.status.success())?;
     let text = String::from_utf8(out.stdout).ok()?;
@@ -53,6 +80,7 @@ fn git(args: &[&str]) -> Option<String> {
 fn main() {
     pack_relative_relocations();
     idle_order();
+    no_unwind_tables();
     let version = env!("CARGO_PKG_VERSION");
     let version = match git(&["rev-parse", "--short=12", "HEAD"]) {
         Some(commit) => format!("{version} ({commit})"),

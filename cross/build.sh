@@ -98,18 +98,16 @@ export "$cc_var=$gcc"
 #   links through it with -fuse-ld=lld, finding ld.lld by -B;
 # - identical code folding (lld's --icf=all): -71 KB. Rust promises no
 #   distinct addresses for distinct functions, so folding is sound;
-# - no unwind tables for bramble's code (-C force-unwind-tables=no): -174 KB.
-#   With panic = "abort" nothing unwinds; they served only the backtrace of a
-#   panic, which a stripped binary prints without names anyway. (Not for
-#   `cargo build`: tests need panic = "unwind", which needs the tables.)
+# (Release builds also leave out the unwind tables, std's included: build.rs,
+# cross/no-unwind.ld; -403 KB.)
 lld=""
 for v in 19 18 17 16 15; do
     [ -x "/usr/lib/llvm-$v/bin/ld.lld" ] && { lld="/usr/lib/llvm-$v/bin"; break; }
 done
 if [ -n "$lld" ]; then
-    echo "linking with $lld/ld.lld: packed relative relocations, identical code folding; no unwind tables"
+    echo "linking with $lld/ld.lld: packed relative relocations, identical code folding"
     flags="-C link-arg=-fuse-ld=lld -C link-arg=-B$lld -C link-arg=-Wl,-z,pack-relative-relocs"
-    flags="$flags -C link-arg=-Wl,--icf=all -C force-unwind-tables=no"
+    flags="$flags -C link-arg=-Wl,--icf=all"
     # RUSTFLAGS (with --target it reaches the target's crates only, not build
     # scripts) rather than CARGO_TARGET_<triple>_RUSTFLAGS, which a RUSTFLAGS
     # from the caller would silently replace.

@@ -37,7 +37,9 @@ if [ -z "$dump" ]; then
     command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 
     echo "== building an unstripped release binary" >&2
-    CARGO_TARGET_DIR="$work/target" CARGO_PROFILE_RELEASE_STRIP=false cargo build --release --quiet
+    # (With its unwind tables: valgrind walks stacks by them.)
+    CARGO_TARGET_DIR="$work/target" CARGO_PROFILE_RELEASE_STRIP=false BRAMBLE_KEEP_UNWIND_TABLES=1 \
+        cargo build --release --quiet
     cp "$work/target/release/bramble" "$bin"
 
     # The daemon (`… run`) under callgrind; everything else the bench runs as is.
