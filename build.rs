@@ -31,7 +31,8 @@ fn pack_relative_relocations() {
 /// ~3 MB spread over the binary. A linker script with `INSERT BEFORE .text`
 /// only adds to the default layout; GNU ld and lld read it (checked: GNU ld
 /// 2.40, lld 16, rustup's rust-lld). For a linker that does not (mold),
-/// `BRAMBLE_NO_IDLE_ORDER=1` leaves it out.
+/// `BRAMBLE_NO_IDLE_ORDER=1` leaves it out (with `BRAMBLE_KEEP_UNWIND_TABLES=1`,
+/// which leaves out the other script, `cross/no-unwind.ld`).
 fn idle_order() {
     println!("cargo:rerun-if-env-changed=BRAMBLE_NO_IDLE_ORDER");
     println!("cargo:rerun-if-changed=cross/idle-order.ld");
