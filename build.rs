@@ -38,7 +38,7 @@ fn idle_order() {
     println!("cargo:rerun-if-changed=cross/idle-order.ld");
     let target = std::env::var("TARGET").unwrap_or_default();
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let off = std::env::var_os("BRAMBLE_NO_IDLE_ORDER").is_some_and(|v| !v.is_empty() && v != "0");
+    let off = flag("BRAMBLE_NO_IDLE_ORDER");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cross/idle-order.ld");
     if release && !off && target.contains("-linux-") && script.exists() {
         println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
@@ -60,7 +60,7 @@ fn no_unwind_tables() {
     println!("cargo:rerun-if-env-changed=BRAMBLE_KEEP_UNWIND_TABLES");
     println!("cargo:rerun-if-changed=cross/no-unwind.ld");
     let var = |name: &str| std::env::var(name).unwrap_or_default();
-    let keep = std::env::var_os("BRAMBLE_KEEP_UNWIND_TABLES").is_some_and(|v| !v.is_empty() && v != "0");
+    let keep = flag("BRAMBLE_KEEP_UNWIND_TABLES");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cross/no-unwind.ld");
     if var("PROFILE") == "release"
         && var("DEBUG") == "false"
@@ -70,6 +70,11 @@ fn no_unwind_tables() {
     {
         println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
     }
+}
+
+/// An opt-out variable is set: anything but empty or "0".
+fn flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
 fn git(args: &[&str]) -> Option<String> {
