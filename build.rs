@@ -34,15 +34,7 @@ fn pack_relative_relocations() {
 /// `BRAMBLE_NO_IDLE_ORDER=1` leaves it out (with `BRAMBLE_KEEP_UNWIND_TABLES=1`,
 /// which leaves out the other script, `cross/no-unwind.ld`).
 fn idle_order() {
-    println!("cargo:rerun-if-env-changed=BRAMBLE_NO_IDLE_ORDER");
-    println!("cargo:rerun-if-changed=cross/idle-order.ld");
-    let target = std::env::var("TARGET").unwrap_or_default();
-    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let off = flag("BRAMBLE_NO_IDLE_ORDER");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cross/idle-order.ld");
-    if release && !off && target.contains("-linux-") && script.exists() {
-        println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
-    }
+    release_linker_script("idle-order.ld", "BRAMBLE_NO_IDLE_ORDER", true);
 }
 
 /// Release builds leave out the unwind tables (`cross/no-unwind.ld`): the
@@ -57,17 +49,18 @@ fn idle_order() {
 /// a profiler's or debugger's stack walk needs them; so does
 /// `BRAMBLE_KEEP_UNWIND_TABLES=1`.
 fn no_unwind_tables() {
-    println!("cargo:rerun-if-env-changed=BRAMBLE_KEEP_UNWIND_TABLES");
-    println!("cargo:rerun-if-changed=cross/no-unwind.ld");
-    let var = |name: &str| std::env::var(name).unwrap_or_default();
-    let keep = flag("BRAMBLE_KEEP_UNWIND_TABLES");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cross/no-unwind.ld");
-    if var("PROFILE") == "release"
-        && var("DEBUG") == "false"
-        && var("TARGET").contains("-linux-")
-        && !keep
-        && script.exists()
-    {
+    let debug_info = std::env::var("DEBUG").is_ok_and(|d| d != "false");
+    release_linker_script("no-unwind.ld", "BRAMBLE_KEEP_UNWIND_TABLES", !debug_info);
+}
+
+/// Give the linker `cross/NAME` (`-T`) in a release build for Linux when
+/// `wanted`, unless the variable `opt_out` is set.
+fn release_linker_script(name: &str, opt_out: &str, wanted: bool) {
+    println!("cargo:rerun-if-env-changed={opt_out}");
+    println!("cargo:rerun-if-changed=cross/{name}");
+    let var = |key: &str| std::env::var(key).unwrap_or_default();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cross").join(name);
+    if wanted && var("PROFILE") == "release" && var("TARGET").contains("-linux-") && !flag(opt_out) && script.exists() {
         println!("cargo:rustc-link-arg-bins=-Wl,-T,{}", script.display());
     }
 }
