@@ -158,6 +158,69 @@ impl Conversation {
     }
 }
 
+/// Who asked for something: the person a turn acts for, and whose rights a
+/// job made in it keeps ([`crate::scheduler::Job::creator`]). Decided by the
+/// channel that authenticated them, never from text in the message.
+///
+/// On disk it is one string: `owner`, `telegram:<user id>`,
+/// `member:<unix user>`, `anonymous`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Principal {
+    /// The owner: the terminal, root or the service's user at the CLI, the
+    /// config's own jobs and the heartbeat.
+    Owner,
+    /// A Telegram user, by id: an `allow_from` user or a paired one. Their
+    /// rights end when they are revoked or leave `allow_from`.
+    Telegram(i64),
+    /// A member of the installed service's group, by user name (`bramble
+    /// cron …` through the control socket): `[service] members` says what
+    /// they may do.
+    Member(String),
+    /// Whoever can publish to the broker, or set a Home Assistant state:
+    /// nobody in particular, trusted with nothing that outlives the turn.
+    Anonymous,
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Principal::Owner => f.write_str("owner"),
+            Principal::Telegram(id) => write!(f, "telegram:{id}"),
+            Principal::Member(user) => write!(f, "member:{user}"),
+            Principal::Anonymous => f.write_str("anonymous"),
+        }
+    }
+}
+
+impl FromStr for Principal {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.split_once(':') {
+            None if text == "owner" => Ok(Principal::Owner),
+            None if text == "anonymous" => Ok(Principal::Anonymous),
+            Some(("telegram", id)) => {
+                id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
+            }
+            Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
+            _ => Err(format!(
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `member:<user>` or `anonymous`"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Principal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Serialize for Principal {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A message for the agent, from some channel.
 #[derive(Debug)]
 pub struct InboundMessage {
@@ -165,6 +228,9 @@ pub struct InboundMessage {
     pub conversation: Conversation,
     /// Who sent it (for logs; authorisation happened in the channel).
     pub sender: String,
+    /// Who sent it, as the channel authenticated them: what a job made in
+    /// this turn may do later.
+    pub principal: Principal,
     pub text: String,
     /// Where the answer goes.
     pub reply_to: Target,
@@ -299,5 +365,17 @@ mod tests {
             assert!(err.contains(t.trim()), "{err}");
         }
         assert_eq!("ha:notify.mobile_app_x".parse::<Target>().unwrap().channel(), "ha");
+    }
+
+    #[test]
+    fn principals_round_trip_as_one_string() {
+        for p in [Principal::Owner, Principal::Telegram(42), Principal::Member("ann".into()), Principal::Anonymous] {
+            let json = serde_json::to_string(&p).unwrap();
+            assert_eq!(serde_json::from_str::<Principal>(&json).unwrap(), p);
+        }
+        assert_eq!(serde_json::to_string(&Principal::Telegram(-5)).unwrap(), "\"telegram:-5\"");
+        for bad in ["", "root", "telegram:x", "member:", "telegram"] {
+            assert!(bad.parse::<Principal>().is_err(), "{bad}");
+        }
     }
 }

@@ -113,6 +113,9 @@ pub struct TurnRequest {
     pub cancel: CancellationToken,
     /// Files that came with the message (voice notes, photos, documents).
     pub attachments: Vec<crate::bus::Attachment>,
+    /// Who the turn acts for: the message's sender, or the job's creator (a
+    /// job's turn gets no tool its creator may not use).
+    pub principal: crate::bus::Principal,
 }
 
 impl TurnRequest {
@@ -124,6 +127,7 @@ impl TurnRequest {
     /// A turn in `conversation`, not as a job, stopped only by its own token.
     pub fn new(conversation: Conversation, text: impl Into<String>) -> Self {
         TurnRequest {
+            principal: crate::tools::presumed(&conversation),
             conversation,
             text: text.into(),
             in_job: false,
@@ -131,6 +135,11 @@ impl TurnRequest {
             cancel: CancellationToken::new(),
             attachments: Vec::new(),
         }
+    }
+
+    /// The context its tool calls run in: its source, and who it acts for.
+    fn tool_context(&self) -> ToolContext {
+        ToolContext::new(self.conversation.clone(), self.in_job, self.cancel.clone()).acting_for(self.principal.clone())
     }
 }
 
@@ -580,9 +589,9 @@ impl Agent {
         // Everything from the user's message on is this turn's and will be saved.
         let turn_start = messages.len() - 1;
         // The turn's origin (and so what its tools may do) follows from its channel.
-        let tool_ctx = ToolContext::new(req.conversation.clone(), req.in_job, req.cancel.clone());
+        let tool_ctx = req.tool_context();
         // Built per turn: MCP servers' tools come and go with their connections.
-        let specs = self.tools.specs_for(tool_ctx.source);
+        let specs = self.tools.specs_for(tool_ctx.grant());
         let spec = LoopSpec {
             provider,
             tools: &self.tools,
@@ -725,8 +734,7 @@ impl Agent {
     /// The messages of a turn's first model call.
     async fn prompt(&self, req: &TurnRequest, text: &str) -> std::io::Result<Vec<Message>> {
         // The system prompt lists the tools this turn is offered (`[policy.*]`).
-        let source = crate::tools::policy::Source::of(&req.conversation, req.in_job);
-        let system = self.system_prompt_with(self.tools.names_for(source)).await;
+        let system = self.system_prompt_with(self.tools.names_for(req.tool_context().grant())).await;
         let history = self.sessions.history(&req.conversation.session_key, self.settings.history_messages)?;
         Ok(self.context.build(system, history, text, &req.conversation, jiff::Timestamp::now()))
     }

@@ -69,6 +69,7 @@ impl Agent {
                 model: None,
                 cancel,
                 attachments: msg.attachments,
+                principal: msg.principal,
             };
             match self.turn(req).await {
                 Ok(report) => report.text,
@@ -103,6 +104,7 @@ impl Agent {
                 in_job: true,
                 cancel: cancel.child_token(),
                 attachments: Vec::new(),
+                principal: a.principal.clone(),
             };
             let text = match self.turn(req).await {
                 Ok(r) => Some(r.text),
@@ -142,6 +144,7 @@ impl Agent {
                 crate::config::Unanswered::Report => p.notice(self.context.timezone()),
                 crate::config::Unanswered::Rerun => {
                     let req = TurnRequest {
+                        principal: crate::tools::presumed(&p.conversation),
                         model: None,
                         conversation: p.conversation.clone(),
                         text: p.text.clone(),

@@ -48,6 +48,8 @@ const ANNOUNCE_QUEUE: usize = 16;
 pub struct Announcement {
     /// The conversation of the turn that spawned it.
     pub conversation: Conversation,
+    /// Who that turn acted for: the announcement's turn acts for them too.
+    pub principal: crate::bus::Principal,
     pub label: String,
     pub text: String,
 }
@@ -183,12 +185,13 @@ impl Hub {
         self.active.fetch_add(1, Ordering::SeqCst);
         let hub = Arc::clone(self);
         let origin = ctx.conversation.clone();
-        // The sub-agent is offered what its parent was (`[policy.*]`).
-        let source = ctx.source;
+        // The sub-agent is offered what its parent was (`[policy.*]`, its creator's ceiling).
+        let grant = ctx.grant();
+        let principal = ctx.principal.clone();
         let label_out = label.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let text = hub.run(&task, &origin, source, &cancel).await;
+            let text = hub.run(&task, &origin, grant, &principal, &cancel).await;
             hub.running.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             if cancel.is_cancelled() {
                 // Stopped (`/stop`, shutdown): the user asked for quiet, so no
@@ -197,7 +200,7 @@ impl Hub {
                 hub.announced();
                 return;
             }
-            let a = Announcement { conversation: origin, label, text };
+            let a = Announcement { conversation: origin, principal, label, text };
             hub.announce(a).await;
         });
         Ok(format!(
@@ -211,10 +214,11 @@ impl Hub {
         &self,
         task: &str,
         origin: &Conversation,
-        source: crate::tools::policy::Source,
+        grant: crate::tools::policy::Grant,
+        principal: &crate::bus::Principal,
         cancel: &CancellationToken,
     ) -> String {
-        let names = self.tools.names_for(source);
+        let names = self.tools.names_for(grant);
         let system = format!(
             "# bramble sub-agent\n\nYou are a sub-agent of bramble, started by the main agent for one task. Work on it \
              with your tools, then answer with a concise report of what you found or did: it goes back to the main \
@@ -231,8 +235,10 @@ impl Hub {
         ];
         // The sub-agent inherits the origin of the turn that spawned it (same channel).
         let own = Conversation { session_key: format!("subagent:{}", origin.chat_id), ..origin.clone() };
-        let tool_ctx = ToolContext::new(own, true, cancel.clone()).with_source(source);
-        let specs = self.tools.specs_for(source);
+        let mut tool_ctx = ToolContext::new(own, true, cancel.clone()).with_source(grant.source);
+        tool_ctx.principal = principal.clone();
+        tool_ctx.ceiling = grant.ceiling;
+        let specs = self.tools.specs_for(grant);
         let spec = LoopSpec {
             provider: self.provider.as_ref(),
             tools: &self.tools,

@@ -26,14 +26,22 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    edit(loaded, cmd, &mut out, &mut std::io::stderr())?;
+    // At this terminal: root, the service's user or the owner's own account.
+    edit(loaded, cmd, crate::bus::Principal::Owner, &mut out, &mut std::io::stderr())?;
     out.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Every `cron` command but `run`, writing what it says to `out` and its
-/// warnings to `err`: this terminal's, or a control socket client's.
-pub(super) fn edit(loaded: &Loaded, cmd: CronCommand, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<()> {
+/// warnings to `err`: this terminal's, or a control socket client's. A job
+/// added is `creator`'s: it runs with their rights as they are when it runs.
+pub(super) fn edit(
+    loaded: &Loaded,
+    cmd: CronCommand,
+    creator: crate::bus::Principal,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<()> {
     use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Schedule};
     let store = JobStore::open(&loaded.paths.state_dir);
     let tz = loaded.config.timezone();
@@ -87,6 +95,7 @@ pub(super) fn edit(loaded: &Loaded, cmd: CronCommand, out: &mut dyn Write, err: 
                 job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
             }
             job.ha_button = ha_button;
+            job.creator = Some(creator);
             sched::job::check_attach(&attach).map_err(|e| anyhow::anyhow!("--attach {e}"))?;
             job.attach = attach;
             job.model = model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
@@ -357,7 +366,7 @@ pub(super) fn serve(call: control::Call) -> control::Answer {
     let loaded = &call.loaded;
     let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
     if call.peer.member {
-        if let Err(why) = members_allow(loaded.config.service.members, &cmd, &store) {
+        if let Err(why) = members_allow(loaded, &cmd, &store) {
             return control::Answer {
                 reply: control::Reply::error(why),
                 audit: audit.map(|a| format!("{a} (refused)")),
@@ -368,7 +377,12 @@ pub(super) fn serve(call: control::Call) -> control::Answer {
         CronCommand::Run { id } => run_in_daemon(loaded, &store, &call.scheduler, &id).map(|out| (out, String::new())),
         cmd => {
             let (mut out, mut err) = (Vec::new(), Vec::new());
-            edit(loaded, cmd, &mut out, &mut err)
+            // Root and the service's user are the owner; a member is who the kernel says.
+            let creator = match call.peer.member {
+                true => crate::bus::Principal::Member(call.peer.name.clone()),
+                false => crate::bus::Principal::Owner,
+            };
+            edit(loaded, cmd, creator, &mut out, &mut err)
                 .map(|()| (String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).into_owned()))
         }
     };
@@ -412,15 +426,11 @@ fn change(cmd: &CronCommand) -> Option<String> {
 }
 
 /// Whether `[service] members` lets a member of the service's group do `cmd`.
-fn members_allow(
-    members: crate::config::Members,
-    cmd: &CronCommand,
-    store: &crate::scheduler::JobStore,
-) -> Result<(), String> {
+fn members_allow(loaded: &Loaded, cmd: &CronCommand, store: &crate::scheduler::JobStore) -> Result<(), String> {
     use crate::config::Members;
     use crate::scheduler::JobKind;
     const SUDO: &str = "use sudo (`sudo bramble …` acts as the service's user)";
-    match members {
+    match loaded.config.service.members {
         Members::Jobs => Ok(()),
         Members::None => Err(format!(
             "the service does not take job commands from its group's members ([service] members = \"none\"): {SUDO}"
@@ -431,7 +441,18 @@ fn members_allow(
             CronCommand::Add { remind: Some(_), attach, .. } if !attach.is_empty() => Err(format!(
                 "members of the service's group may not attach workspace files ([service] members = \"reminders\"); {SUDO}"
             )),
-            CronCommand::Add { remind: Some(_), .. } => Ok(()),
+            // A delivery target is a capability: a member's reminder may go to chats and report
+            // topics, never to a device's command topic or into bramble's own inputs.
+            CronCommand::Add { remind: Some(_), deliver, .. } => {
+                let c = &loaded.config;
+                let chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, &loaded.paths.state_dir);
+                for t in deliver {
+                    let target = t.parse::<Target>()?;
+                    crate::policy::standing::member_target(&target, &chats, &c.mqtt.publish_allow)
+                        .map_err(|why| format!("--deliver {why} ([service] members = \"reminders\"); {SUDO}"))?;
+                }
+                Ok(())
+            }
             CronCommand::Add { .. } => Err(format!(
                 "members of the service's group may add reminders (--remind) only ([service] members = \"reminders\"): \
                  --message and --exec jobs run as the service, with its key; {SUDO}"
@@ -500,6 +521,7 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
         reports: run.reports(),
         abort: abort.clone(),
         alerts: crate::work::alerts::Alerts::new(&loaded.paths.state_dir, &loaded.config.alerts, run.reports()),
+        standing: assemble::standing(loaded),
     };
     let started = jiff::Timestamp::now();
     let ctrl_c = abort.clone();

@@ -81,7 +81,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded, &acting).await,
-        Command::Pair { list, revoke } => pair(&loaded, list, revoke),
+        Command::Pair { list, revoke } => pair(&loaded, list, revoke).await,
         Command::Audit { since } => audit(&loaded, &since),
         Command::Check { .. }
         | Command::Init { .. }
@@ -121,7 +121,7 @@ fn when(t: Option<jiff::Timestamp>, tz: &config::TzName) -> String {
 }
 
 /// `bramble pair`: a one-time code for a new Telegram user; `--list`, `--revoke ID`.
-fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyhow::Result<ExitCode> {
+async fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyhow::Result<ExitCode> {
     use crate::policy::pairing;
     let state = &loaded.paths.state_dir;
     if list {
@@ -139,6 +139,7 @@ fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyh
         crate::util::fs::create_private_dir(state)?;
         if pairing::revoke(state, id)? {
             println!("revoked {id}: the running daemon stops serving them at their next message");
+            revoke_jobs(loaded, id).await?;
             return Ok(ExitCode::SUCCESS);
         }
         eprintln!("bramble: {id} is not a paired user (`bramble pair --list`; ids in allow_from are the config's)");
@@ -156,6 +157,54 @@ fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyh
     println!();
     println!("The code works once; a new `bramble pair` replaces it. `bramble pair --list` shows who is paired.");
     Ok(ExitCode::SUCCESS)
+}
+
+/// After `pair --revoke id`: disable the jobs the user made (unless the
+/// config's `allow_from` still lists them), say which, and record it in the
+/// audit trail. The scheduler refuses them anyway ([`crate::policy::Standing`]);
+/// this makes it visible at once, in `cron list` too.
+async fn revoke_jobs(loaded: &crate::config::Loaded, id: i64) -> anyhow::Result<()> {
+    let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+    if crate::daemon::assemble::standing(loaded).telegram_allows(id) {
+        println!("  {id} is still in [telegram] allow_from: their jobs keep running (remove them there too)");
+        return Ok(());
+    }
+    let who = crate::bus::Principal::Telegram(id);
+    let names = store.update(|jobs| {
+        let mut names = Vec::new();
+        for job in jobs.iter_mut().filter(|j| j.enabled && !j.state.done && j.made_by() == who) {
+            job.enabled = false;
+            names.push(format!("{} ({})", job.name, job.id));
+        }
+        Ok(names)
+    })?;
+    if names.is_empty() {
+        println!("  they made no job that is still enabled");
+        return Ok(());
+    }
+    println!(
+        "  disabled {} job{} they made: {}",
+        names.len(),
+        if names.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    );
+    // The audit file: `bramble audit` reads it beside the service's journal.
+    let audit = crate::tools::audit::Audit::new(&loaded.paths.state_dir, false);
+    let detail = format!("pair --revoke {id}: disabled {}", names.join(", "));
+    audit.record_cli(&invoking_user(), &detail, true).await;
+    Ok(())
+}
+
+/// Who typed the command: sudo's caller, else this process's user.
+fn invoking_user() -> String {
+    if let Some(name) = std::env::var("SUDO_USER").ok().filter(|n| !n.is_empty()) {
+        return name;
+    }
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid {uid}"),
+    }
 }
 
 /// `bramble audit [--since WHEN]`: the journal's audit entries where systemd

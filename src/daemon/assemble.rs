@@ -98,7 +98,12 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
         tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
     }
-    tools.register(Arc::new(crate::tools::cron::CronTool::new(JobStore::open(state), c.timezone(), telegram_chats)));
+    tools.register(Arc::new(crate::tools::cron::CronTool::new(
+        JobStore::open(state),
+        c.timezone(),
+        telegram_chats,
+        c.mqtt.publish_allow.clone(),
+    )));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
     if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws) {
@@ -163,6 +168,18 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
+/// Who may still have their jobs run: Telegram's users now, and what
+/// `[service] members` lets members do.
+pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
+    let c = &loaded.config;
+    crate::policy::Standing::new(
+        &c.telegram.allow_from,
+        &loaded.paths.state_dir,
+        c.service.members,
+        &c.mqtt.publish_allow,
+    )
+}
+
 fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::tools::homeassistant::HaRest>> {
     match crate::tools::homeassistant::HaRest::from_config(&c.homeassistant) {
         Ok(rest) => rest.map(Arc::new),

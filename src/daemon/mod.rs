@@ -216,8 +216,13 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     let reload = scheduler.reload_handle();
     let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone());
     let alerts = Alerts::new(state, &c.alerts, reports.clone());
-    let runner =
-        JobRunner { runner: work.clone(), reports: reports.clone(), abort: abort.clone(), alerts: alerts.clone() };
+    let runner = JobRunner {
+        runner: work.clone(),
+        reports: reports.clone(),
+        abort: abort.clone(),
+        alerts: alerts.clone(),
+        standing: assemble::standing(loaded),
+    };
     let mqtt_jobs = Arc::new(Notify::new());
     let mqtt_heartbeat = Arc::new(Notify::new());
     let mqtt_alerts = Arc::new(Notify::new());

@@ -5,11 +5,15 @@
 //!   Telegram poller decides with it who is served; the `message` and `cron`
 //!   tools decide with it where a report may go.
 //! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
+//! - [`standing`]: whether a job's creator may still have it run (revoked
+//!   users' jobs stop), and where members' reminders may go.
 //!
 //! Below the tools and the channels, above the configuration (see
 //! `ARCHITECTURE.md`, "Layers").
 
 pub mod pairing;
 pub mod pins;
+pub mod standing;
 
 pub use pins::{pins_summary, Allow, AllowedChats, Verdict};
+pub use standing::Standing;

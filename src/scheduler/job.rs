@@ -20,7 +20,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::schedule::{Schedule, ScheduleError};
-use crate::bus::{Conversation, Target};
+use crate::bus::{Conversation, Principal, Target};
 use crate::config::Dur;
 
 /// At most this many run records are kept per job.
@@ -340,6 +340,12 @@ pub struct Job {
     /// The conversation the job was made in, so a reminder set from a
     /// Telegram chat answers there (and its turns continue that session).
     pub origin: Option<Conversation>,
+    /// Who made it: its turns act for them, with no tool they may not use
+    /// now, and it stops running when their rights end (`bramble pair
+    /// --revoke`). `None` in jobs stored before bramble recorded it: see
+    /// [`Job::made_by`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creator: Option<Principal>,
     /// A Home Assistant button runs it (`cron add --ha-button`; with
     /// `[mqtt] discovery`, at most [`crate::channels::mqtt::discovery::MAX_BUTTONS`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -379,6 +385,23 @@ impl Job {
         // A job made in the terminal has no terminal to report to later: the log.
         let origin = self.origin.as_ref().map(Conversation::reply_target).filter(|t| *t != Target::Cli);
         vec![origin.unwrap_or(Target::Log)]
+    }
+
+    /// Who made it: [`Job::creator`], or for a job stored before that was
+    /// recorded, the user of the private Telegram chat it was made in (the
+    /// chat's id is theirs) and otherwise the owner (the terminal, the CLI
+    /// and, as before, group chats).
+    pub fn made_by(&self) -> Principal {
+        if let Some(p) = &self.creator {
+            return p.clone();
+        }
+        match &self.origin {
+            Some(o) if o.channel == "telegram" => match o.chat_id.parse::<i64>() {
+                Ok(id) if id > 0 => Principal::Telegram(id),
+                _ => Principal::Owner,
+            },
+            _ => Principal::Owner,
+        }
     }
 
     /// [`report_targets`](Job::report_targets) as text, for messages.
@@ -424,6 +447,7 @@ impl Job {
             enabled: true,
             created: now,
             origin: None,
+            creator: None,
             ha_button: false,
             model: None,
             watch: None,

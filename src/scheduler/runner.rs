@@ -78,29 +78,34 @@ pub struct RunOutcome {
     pub model: Option<String>,
     /// What a watcher's command printed, kept in the job for the next run.
     pub watch: Option<super::WatchSeen>,
+    /// The job may not run any more (its creator's rights ended): the
+    /// scheduler disables it with this run.
+    pub disable: bool,
 }
 
 impl RunOutcome {
+    fn new(status: RunStatus, summary: String, error: Option<String>) -> RunOutcome {
+        RunOutcome { status, summary, error, model: None, watch: None, disable: false }
+    }
     pub fn ok(summary: impl Into<String>) -> RunOutcome {
-        RunOutcome { status: RunStatus::Ok, summary: summary.into(), error: None, model: None, watch: None }
+        RunOutcome::new(RunStatus::Ok, summary.into(), None)
     }
     pub fn error(error: impl Into<String>) -> RunOutcome {
         let error = error.into();
-        RunOutcome { status: RunStatus::Error, summary: error.clone(), error: Some(error), model: None, watch: None }
+        RunOutcome::new(RunStatus::Error, error.clone(), Some(error))
     }
     pub fn skipped(reason: impl Into<String>) -> RunOutcome {
-        RunOutcome { status: RunStatus::Skipped, summary: reason.into(), error: None, model: None, watch: None }
+        RunOutcome::new(RunStatus::Skipped, reason.into(), None)
+    }
+
+    /// Not run, and never to run again as it is: the job is disabled.
+    pub fn refused(error: impl Into<String>) -> RunOutcome {
+        RunOutcome { disable: true, ..RunOutcome::error(error) }
     }
 
     /// Interrupted by shutdown before it could finish.
     pub fn cancelled() -> RunOutcome {
-        RunOutcome {
-            status: RunStatus::Cancelled,
-            summary: "interrupted by shutdown".into(),
-            error: None,
-            model: None,
-            watch: None,
-        }
+        RunOutcome::new(RunStatus::Cancelled, "interrupted by shutdown".into(), None)
     }
 
     /// The same, saying which model answered.
@@ -447,6 +452,9 @@ impl Change {
                     tz,
                 );
                 job.state.note_run(outcome.model.as_deref(), outcome.watch.as_ref());
+                if outcome.disable {
+                    job.enabled = false;
+                }
             }
         }
     }

@@ -27,11 +27,14 @@ pub struct CronTool {
     tz: TzName,
     /// The chats of `[telegram] allow_from`: the only Telegram chats a job may deliver to.
     telegram: AllowedChats,
+    /// `[mqtt] publish_allow`: the only topics a job may deliver to, as for
+    /// the `message` tool and `mqtt_publish` (a report is a publish too).
+    mqtt_allow: super::mqtt::MqttPublish,
 }
 
 impl CronTool {
-    pub fn new(store: JobStore, tz: TzName, telegram: AllowedChats) -> Self {
-        CronTool { store, tz, telegram }
+    pub fn new(store: JobStore, tz: TzName, telegram: AllowedChats, publish_allow: Vec<String>) -> Self {
+        CronTool { store, tz, telegram, mqtt_allow: super::mqtt::MqttPublish::new(publish_allow, None) }
     }
 
     async fn add(&self, a: Args, ctx: &ToolContext) -> Result<String, ToolError> {
@@ -60,6 +63,11 @@ impl CronTool {
             };
         let deliver =
             a.deliver.iter().map(|t| t.parse::<Target>().map_err(ToolError)).collect::<Result<Vec<_>, _>>()?;
+        for target in &deliver {
+            if let Target::Mqtt(Some(topic)) = target {
+                self.mqtt_allow.check(topic)?;
+            }
+        }
         super::message::check_delivery(ctx, &deliver, &self.telegram).await?;
         let name = match a.name {
             Some(n) => n,
@@ -70,6 +78,8 @@ impl CronTool {
             job.catch_up = policy.parse::<CatchUp>().map_err(err)?;
         }
         job.origin = Some(ctx.conversation.clone());
+        // Its turns act for whoever asked, within their rights as they are when it runs.
+        job.creator = Some(ctx.principal.clone());
         job.ha_button = a.ha_button;
         crate::scheduler::job::check_attach(&a.attach).map_err(ToolError)?;
         job.attach = a.attach;
@@ -266,7 +276,12 @@ mod tests {
     use super::*;
 
     fn tool(dir: &std::path::Path) -> CronTool {
-        CronTool::new(JobStore::open(dir), "Europe/Berlin".parse().unwrap(), AllowedChats::new(&["7".into()], dir))
+        CronTool::new(
+            JobStore::open(dir),
+            "Europe/Berlin".parse().unwrap(),
+            AllowedChats::new(&["7".into()], dir),
+            vec!["home/#".into()],
+        )
     }
 
     fn telegram_ctx() -> ToolContext {

@@ -44,7 +44,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::Conversation;
+use crate::bus::{Conversation, Principal};
 use crate::provider::{ToolCall, ToolSpec};
 use crate::util::BoxFuture;
 
@@ -170,13 +170,42 @@ pub struct ToolContext {
     pub origin: Origin,
     /// Where the turn came from, for `[policy.<source>]` (which tools it is offered).
     pub source: policy::Source,
+    /// Who the turn acts for: the sender of a chat's message, the creator of
+    /// a job. A job made in this turn remembers them.
+    pub principal: Principal,
+    /// A job's turn: its creator's source, whose tools it may not exceed.
+    pub ceiling: Option<policy::Source>,
 }
 
 impl ToolContext {
-    /// The context of a turn; its [`Origin`] follows from the conversation's channel.
+    /// The context of a turn; its [`Origin`] follows from the conversation's
+    /// channel, and it acts for [`Principal::presumed`] of it until
+    /// [`acting_for`](Self::acting_for) says who.
     pub fn new(conversation: Conversation, in_job: bool, cancel: CancellationToken) -> Self {
         let source = policy::Source::of(&conversation, in_job);
-        ToolContext { origin: Origin::of_channel(&conversation.channel), conversation, in_job, cancel, source }
+        let principal = presumed(&conversation);
+        ToolContext {
+            origin: Origin::of_channel(&conversation.channel),
+            conversation,
+            in_job,
+            cancel,
+            source,
+            principal,
+            ceiling: None,
+        }
+    }
+
+    /// The same context acting for `principal`; a job's turn (`in_job`) gets
+    /// its creator's ceiling.
+    pub fn acting_for(mut self, principal: Principal) -> Self {
+        self.ceiling = if self.in_job { policy::Source::ceiling_of(&principal) } else { None };
+        self.principal = principal;
+        self
+    }
+
+    /// What the turn may be offered: its source's tools within its ceiling.
+    pub fn grant(&self) -> policy::Grant {
+        policy::Grant { source: self.source, ceiling: self.ceiling }
     }
 
     /// The same context with another policy source (a sub-agent keeps its parent's).
@@ -191,6 +220,7 @@ impl ToolContext {
         self.conversation.chat_id = chat_id.to_string();
         self.origin = Origin::of_channel(channel);
         self.source = policy::Source::of(&self.conversation, self.in_job);
+        self.principal = presumed(&self.conversation);
         self
     }
 
@@ -202,6 +232,21 @@ impl ToolContext {
     /// The turn's session key.
     pub fn session_key(&self) -> &str {
         &self.conversation.session_key
+    }
+}
+
+/// Who a turn in `conversation` acts for when nothing says better (a turn
+/// run again after a crash, a test): the owner at the terminal and in the
+/// scheduler's own sessions, the user of a private Telegram chat (whose id is
+/// the chat's), and nobody in particular elsewhere.
+pub fn presumed(conversation: &Conversation) -> Principal {
+    match conversation.channel.as_str() {
+        "cli" | "system" => Principal::Owner,
+        "telegram" => match conversation.chat_id.parse::<i64>() {
+            Ok(id) if id > 0 => Principal::Telegram(id),
+            _ => Principal::Anonymous,
+        },
+        _ => Principal::Anonymous,
     }
 }
 
@@ -361,9 +406,10 @@ impl ToolRegistry {
         self.all().iter().map(|t| t.name().to_string()).collect()
     }
 
-    /// The names of the tools a turn from `source` is offered.
-    pub fn names_for(&self, source: policy::Source) -> Vec<String> {
-        self.all().iter().map(|t| t.name().to_string()).filter(|n| self.policy.allows(source, n)).collect()
+    /// The names of the tools a turn under `grant` is offered.
+    pub fn names_for(&self, grant: impl Into<policy::Grant>) -> Vec<String> {
+        let grant = grant.into();
+        self.all().iter().map(|t| t.name().to_string()).filter(|n| self.policy.grants(grant, n)).collect()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
@@ -402,9 +448,10 @@ impl ToolRegistry {
         self.specs_where(|_| true)
     }
 
-    /// The specs offered to a turn from `source` (`[policy.*]`).
-    pub fn specs_for(&self, source: policy::Source) -> Vec<ToolSpec> {
-        self.specs_where(|name| self.policy.allows(source, name))
+    /// The specs offered to a turn under `grant` (`[policy.*]`).
+    pub fn specs_for(&self, grant: impl Into<policy::Grant>) -> Vec<ToolSpec> {
+        let grant = grant.into();
+        self.specs_where(|name| self.policy.grants(grant, name))
     }
 
     fn specs_where(&self, offered: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
@@ -422,7 +469,7 @@ impl ToolRegistry {
     /// Run one call. Never fails: every problem becomes an `Error: …` outcome.
     pub async fn execute(&self, call: &ToolCall, ctx: &ToolContext) -> ToolOutcome {
         let name = call.function.name.as_str();
-        if !self.policy.allows(ctx.source, name) {
+        if !self.policy.grants(ctx.grant(), name) {
             if let Some(audit) = &self.audit {
                 let args = parse_arguments(&call.function.arguments).unwrap_or_default();
                 if audit::Audit::audited(name, &args) {
@@ -430,10 +477,10 @@ impl ToolRegistry {
                 }
             }
             return error_outcome(format!(
-                "`{name}` is not offered to turns from {} ([policy.{}] in the config). Tools here: {}.",
+                "`{name}` is not offered to turns from {} ({} in the config). Tools here: {}.",
                 ctx.origin.name(),
-                ctx.source.name(),
-                self.names_for(ctx.source).join(", ")
+                ctx.grant().tables(),
+                self.names_for(ctx.grant()).join(", ")
             ));
         }
         let Some(tool) = self.get(name) else {

@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::bus::Conversation;
+use crate::bus::{Conversation, Principal};
 use crate::config::PolicyRule;
 
 /// Where a turn came from, as `[policy.<name>]` names it.
@@ -46,19 +46,34 @@ impl Source {
         [Source::Terminal, Source::Telegram, Source::Job, Source::Heartbeat, Source::Mqtt, Source::Trigger];
 
     /// The source of a turn in `conversation` (`in_job`: run by the scheduler).
-    /// An unknown channel counts as a trigger: untrusted.
+    /// A scheduled turn of a trusted chat is a job's, whatever chat made the
+    /// job (the terminal's included: a job runs when nobody is at it); an
+    /// untrusted channel stays untrusted. An unknown channel counts as a
+    /// trigger: untrusted.
     pub fn of(conversation: &Conversation, in_job: bool) -> Source {
         let key = conversation.session_key.as_str();
         match conversation.channel.as_str() {
-            "cli" => Source::Terminal,
-            "telegram" if in_job => Source::Job,
-            "telegram" => Source::Telegram,
             "system" if key == "heartbeat" => Source::Heartbeat,
+            "cli" | "telegram" | "system" if in_job => Source::Job,
+            "cli" => Source::Terminal,
+            "telegram" => Source::Telegram,
             "system" => Source::Job,
             "mqtt" if key.starts_with("trigger:") => Source::Trigger,
             "mqtt" => Source::Mqtt,
             // Home Assistant's triggers, and any channel this build does not know: untrusted.
             _ => Source::Trigger,
+        }
+    }
+
+    /// The rights a job's creator has as a chat source, which its turns may
+    /// never exceed (`None`: the owner's, all of `[policy.job]`). A Telegram
+    /// user's jobs get no tool `[policy.telegram]` denies them; anyone else
+    /// who is not the owner gets the untrusted `[policy.mqtt]`'s.
+    pub fn ceiling_of(principal: &Principal) -> Option<Source> {
+        match principal {
+            Principal::Owner | Principal::Member(_) => None,
+            Principal::Telegram(_) => Some(Source::Telegram),
+            Principal::Anonymous => Some(Source::Mqtt),
         }
     }
 
@@ -84,6 +99,32 @@ impl Source {
         match self {
             Source::Mqtt | Source::Trigger => &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"],
             _ => &[],
+        }
+    }
+}
+
+/// What a turn may be offered: its source's tools, and, for a job's turn,
+/// no more than its creator's source (`ceiling`) is offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub source: Source,
+    pub ceiling: Option<Source>,
+}
+
+impl From<Source> for Grant {
+    fn from(source: Source) -> Grant {
+        Grant { source, ceiling: None }
+    }
+}
+
+impl Grant {
+    /// The `[policy.*]` tables that decide, for refusals: `[policy.job]` and `[policy.telegram]`.
+    pub fn tables(self) -> String {
+        match self.ceiling {
+            Some(c) if c != self.source => {
+                format!("[policy.{}] and its creator's [policy.{}]", self.source.name(), c.name())
+            }
+            _ => format!("[policy.{}]", self.source.name()),
         }
     }
 }
@@ -132,6 +173,12 @@ impl ToolPolicy {
         let Some(rule) = self.rules.get(&source) else { return true };
         let listed = rule.allow.as_ref().is_none_or(|allow| allow.iter().any(|p| glob(p, tool)));
         listed && !rule.deny.iter().any(|p| glob(p, tool))
+    }
+
+    /// Whether a turn under `grant` may use `tool`: its source allows it, and
+    /// so does its ceiling's.
+    pub fn grants(&self, grant: Grant, tool: &str) -> bool {
+        self.allows(grant.source, tool) && grant.ceiling.is_none_or(|c| self.allows(c, tool))
     }
 
     /// The rule of `source` in a few words, for `bramble status`.
@@ -193,6 +240,32 @@ mod tests {
         assert_eq!(Source::of(&conv("mqtt", "trigger:zigbee2mqtt/door"), false), Source::Trigger);
         assert_eq!(Source::of(&conv("homeassistant", "trigger:door"), false), Source::Trigger);
         assert_eq!(Source::of(&conv("carrier-pigeon", "x"), false), Source::Trigger, "unknown: untrusted");
+    }
+
+    #[test]
+    fn a_scheduled_turn_is_a_jobs_whatever_chat_made_it() {
+        // `bramble agent`'s cron tool stores the terminal's conversation as the job's origin.
+        assert_eq!(Source::of(&conv("cli", "cli:direct"), true), Source::Job);
+        assert_eq!(Source::of(&conv("telegram", "telegram:1"), true), Source::Job);
+        assert_eq!(Source::of(&conv("system", "cron:x"), true), Source::Job);
+        assert_eq!(Source::of(&conv("system", "heartbeat"), true), Source::Heartbeat);
+        // Untrusted stays untrusted when the scheduler or a trigger runs it.
+        assert_eq!(Source::of(&conv("mqtt", "mqtt:x"), true), Source::Mqtt);
+        assert_eq!(Source::of(&conv("mqtt", "trigger:t"), true), Source::Trigger);
+        assert_eq!(Source::of(&conv("homeassistant", "trigger:t"), true), Source::Trigger);
+    }
+
+    #[test]
+    fn a_grant_is_narrowed_by_its_ceiling() {
+        let mut cfg = BTreeMap::new();
+        cfg.insert("telegram".to_string(), PolicyRule { tools: None, deny: Some(vec!["exec".into()]) });
+        let p = ToolPolicy::from_config(&cfg);
+        let owner = Grant { source: Source::Job, ceiling: Source::ceiling_of(&Principal::Owner) };
+        let user = Grant { source: Source::Job, ceiling: Source::ceiling_of(&Principal::Telegram(7)) };
+        assert!(p.grants(owner, "exec"));
+        assert!(!p.grants(user, "exec") && p.grants(user, "write_file"));
+        assert_eq!(user.tables(), "[policy.job] and its creator's [policy.telegram]");
+        assert_eq!(Grant::from(Source::Mqtt).tables(), "[policy.mqtt]");
     }
 
     #[test]

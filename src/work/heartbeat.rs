@@ -70,6 +70,7 @@ impl Heartbeat {
             in_job: true,
             cancel: cancel.child_token(),
             attachments: Vec::new(),
+            principal: crate::bus::Principal::Owner,
         };
         let (status, outcome) = match agent.turn(req).await {
             Err(crate::agent::TurnError::Cancelled) => return HeartbeatOutcome::Cancelled,

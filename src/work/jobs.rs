@@ -10,6 +10,7 @@ use super::alerts::{job_key, Alerts};
 use super::{Runner, Work};
 use crate::bus::Conversation;
 use crate::delivery::Reports;
+use crate::policy::Standing;
 use crate::scheduler::{Incident, Job, JobExecutor, JobKind, RunOutcome, RunStatus, Watch, WatchMode, WatchSeen};
 
 /// Runs due jobs for the scheduler: message (an agent turn), remind (the text
@@ -21,6 +22,8 @@ pub struct JobRunner {
     pub abort: CancellationToken,
     /// `[alerts]`: a job failing in a row, a one-shot given up, missed runs.
     pub alerts: Alerts,
+    /// Whether a job's creator may still have it run (checked at every run).
+    pub standing: Standing,
 }
 
 impl JobRunner {
@@ -29,6 +32,13 @@ impl JobRunner {
     /// condition stays open, across restarts, until a good run clears it
     /// with a recovery note). Used by the daemon and `bramble cron run`.
     pub async fn run_job(&self, job: &Job) -> RunOutcome {
+        if let Err(why) = self.creator_may_run(job).await {
+            // Nothing runs and nothing is reported: the creator's chat may be
+            // the very one that lost its rights. The owner finds it in the log
+            // and in `bramble cron list` (disabled).
+            tracing::warn!(job = %job.name, creator = %job.made_by(), "job not run and disabled: {why}");
+            return RunOutcome::refused(format!("not run and disabled: {why}"));
+        }
         let outcome = self.run_once(job).await;
         let (after, before) = (self.alerts.config().after_failures.max(1), job.state.failures);
         let key = job_key(&job.id);
@@ -60,6 +70,12 @@ impl JobRunner {
         outcome
     }
 
+    /// [`Standing::check`], off the runtime thread (it reads the paired users).
+    async fn creator_may_run(&self, job: &Job) -> Result<(), String> {
+        let (standing, job) = (self.standing.clone(), job.clone());
+        crate::util::tasks::blocking(move || standing.check(&job)).await
+    }
+
     async fn run_once(&self, job: &Job) -> RunOutcome {
         let mut seen = None;
         let work = match &job.kind {
@@ -87,6 +103,7 @@ impl JobRunner {
                         job.name
                     ),
                     model: job.model.clone(),
+                    principal: job.made_by(),
                 }
             }
             JobKind::Exec { command } => Work::Shell { command: command.clone(), stdin: None },

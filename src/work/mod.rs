@@ -24,15 +24,16 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::{Agent, TurnRequest};
-use crate::bus::Conversation;
+use crate::bus::{Conversation, Principal};
 use crate::config::ExecConfig;
 
 /// One piece of work.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Work {
     /// An agent turn in a session (as a job: tools that would schedule more
-    /// work refuse), on `model` if given (`provider/model`, a job's `--model`).
-    Turn { conversation: Conversation, text: String, model: Option<String> },
+    /// work refuse), on `model` if given (`provider/model`, a job's `--model`),
+    /// acting for `principal` (a job's creator: its tools stay within theirs).
+    Turn { conversation: Conversation, text: String, model: Option<String>, principal: Principal },
     /// A command in the sandbox, as the `exec` tool runs it, with `stdin` if given.
     Shell { command: String, stdin: Option<Vec<u8>> },
     /// A text as it is (a reminder).
@@ -85,8 +86,9 @@ impl Runner {
         let _busy = self.agent.inflight().enter();
         match work {
             Work::Text(text) => Ok(Done::text(text)),
-            Work::Turn { conversation, text, model } => {
+            Work::Turn { conversation, text, model, principal } => {
                 let req = TurnRequest {
+                    principal,
                     conversation,
                     text,
                     in_job: true,

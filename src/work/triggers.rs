@@ -40,7 +40,13 @@ pub struct Firing<'a> {
 /// `log` when there are none. Nothing is reported when `abort` stopped it.
 pub async fn fire(f: Firing<'_>, deps: &TriggerDeps, abort: &CancellationToken) {
     let work = match f.action {
-        TriggerAction::Message(_) => Work::Turn { conversation: f.conversation, text: f.text, model: None },
+        TriggerAction::Message(_) => Work::Turn {
+            conversation: f.conversation,
+            text: f.text,
+            model: None,
+            // Whoever set the state or published the message: nobody in particular.
+            principal: crate::bus::Principal::Anonymous,
+        },
         TriggerAction::Exec(command) => Work::Shell { command: command.clone(), stdin: Some(f.stdin) },
     };
     let result = deps.runner.run(work, abort).await;

@@ -255,6 +255,7 @@ async fn the_bus_turns_inbound_messages_into_replies() {
         .send(InboundMessage {
             conversation: Conversation::new("telegram", "42", "telegram:42"),
             sender: "7".into(),
+            principal: bramble::bus::Principal::Telegram(7),
             text: "ping".into(),
             reply_to: Target::Telegram("42".into()),
             attachments: Vec::new(),

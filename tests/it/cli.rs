@@ -747,6 +747,22 @@ async fn a_member_edits_the_services_jobs_through_its_control_socket() {
     let out = member(&["cron", "add", "peek", "--every", "1h", "--remind", "x", "--attach", "USER.md"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("may not attach workspace files"), "{}", text(&out.stderr));
+    // A delivery target is a capability: a member's reminder goes to chats and report topics, never into
+    // bramble's own inputs (a turn, the owner's exec job) nor to a device's command topic.
+    for (target, why) in [
+        ("mqtt:bramble/test/in", "not in [mqtt] publish_allow"),
+        ("mqtt:bramble/test/run/who", "not in [mqtt] publish_allow"),
+        ("mqtt:zigbee2mqtt/front_door/set", "not in [mqtt] publish_allow"),
+        ("telegram:999", "is not the chat of a user bramble serves"),
+    ] {
+        let args =
+            ["cron", "add", "unlock", "--every", "1h", "--remind", "{\"state\": \"UNLOCK\"}", "--deliver", target];
+        let out = svc.bramble_as(&args, 1, nobody.gid.as_raw()).await;
+        assert_eq!(out.status.code(), Some(1), "{target}: {}", text(&out.stdout));
+        assert!(text(&out.stderr).contains(why), "{target}: {}", text(&out.stderr));
+    }
+    let out = member(&["cron", "show", "unlock"]).await;
+    assert_eq!(out.status.code(), Some(1), "no such job was made");
     let out = member(&["cron", "disable", "who"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("job who is an exec job: members"), "{}", text(&out.stderr));

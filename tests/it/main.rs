@@ -15,6 +15,7 @@ mod mcp;
 mod memory;
 mod mqtt;
 mod provider;
+mod rights;
 mod search;
 mod security;
 mod smoke;

@@ -60,6 +60,7 @@ pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMes
     Ok(InboundMessage {
         conversation: Conversation::new("mqtt", reply_topic.clone(), session_key),
         sender: "mqtt".into(),
+        principal: crate::bus::Principal::Anonymous,
         text,
         reply_to: Target::Mqtt(Some(reply_topic)),
         attachments: Vec::new(),

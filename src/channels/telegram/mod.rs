@@ -398,6 +398,7 @@ impl Poller {
             conversation: Conversation::new("telegram", chat.clone(), format!("telegram:{chat}")),
             reply_to: Target::Telegram(chat),
             sender,
+            principal: crate::bus::Principal::Telegram(from.id),
             text: text.to_string(),
             attachments: Vec::new(),
         })

@@ -1,0 +1,142 @@
+//! Whether a job's creator still has the rights the job runs with.
+//!
+//! A job outlives the chat that made it, so the rights it was made with are
+//! checked again each time it is due, not only when it was made: a Telegram
+//! user revoked with `bramble pair --revoke` (or taken out of `allow_from`)
+//! no longer has their jobs run, and a member of the service's group has
+//! theirs run only while `[service] members` still lets them make such a job.
+//! The turn of a job that may run is still narrowed to its creator's
+//! `[policy.<source>]` ([`crate::tools::policy::Source::ceiling_of`]).
+
+use std::path::Path;
+
+use crate::bus::{Principal, Target};
+use crate::config::Members;
+use crate::scheduler::{Job, JobKind};
+
+use super::AllowedChats;
+
+/// What decides a creator's standing now: who Telegram serves, and what
+/// members may do.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    telegram: AllowedChats,
+    members: Members,
+    /// `[mqtt] publish_allow`: the topics a member's reminder may go to.
+    publish_allow: Vec<String>,
+}
+
+impl Standing {
+    pub fn new(allow_from: &[String], state_dir: &Path, members: Members, publish_allow: &[String]) -> Standing {
+        Standing { telegram: AllowedChats::new(allow_from, state_dir), members, publish_allow: publish_allow.to_vec() }
+    }
+
+    /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
+    /// (reads the paired users): call it off the runtime thread.
+    pub fn check(&self, job: &Job) -> Result<(), String> {
+        match job.made_by() {
+            Principal::Owner => Ok(()),
+            Principal::Telegram(id) if self.telegram.contains(&id.to_string()) => Ok(()),
+            Principal::Telegram(id) => Err(format!(
+                "its creator, Telegram user {id}, is no longer allowed (revoked, or not in [telegram] allow_from)"
+            )),
+            Principal::Member(user) => member_may(self.members, job)
+                .and_then(|()| match self.members {
+                    Members::Jobs => Ok(()),
+                    _ => job.deliver.iter().try_for_each(|t| member_target(t, &self.telegram, &self.publish_allow)),
+                })
+                .map_err(|why| format!("its creator, {user} (a member of the service's group), {why}")),
+            Principal::Anonymous => Err("it was made by nobody bramble knows (an untrusted source)".into()),
+        }
+    }
+
+    /// Whether a user is served by Telegram now (allow_from, pins, pairing). Blocking.
+    pub fn telegram_allows(&self, id: i64) -> bool {
+        self.telegram.contains(&id.to_string())
+    }
+}
+
+/// What `members` lets a member have run: everything, reminders without a
+/// watcher that go to chats and report topics only, or nothing.
+pub fn member_may(members: Members, job: &Job) -> Result<(), String> {
+    match members {
+        Members::Jobs => Ok(()),
+        Members::None => Err("may not have jobs run ([service] members = \"none\")".into()),
+        Members::Reminders => {
+            if !matches!(job.kind, JobKind::Remind { .. }) || job.watch.is_some() {
+                return Err("may have reminders only ([service] members = \"reminders\")".into());
+            }
+            if !job.attach.is_empty() {
+                return Err("may not attach workspace files ([service] members = \"reminders\")".into());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Whether a member's reminder may go to `target`: a chat (an allowed
+/// Telegram user's, a Home Assistant notify service), the log, the device's
+/// own report topic, or a topic the owner opened with `[mqtt] publish_allow`
+/// — never any other topic (a device's command topic, bramble's own inputs).
+pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[String]) -> Result<(), String> {
+    match target {
+        Target::Telegram(chat) if chats.contains(chat) => Ok(()),
+        Target::Telegram(chat) => Err(format!(
+            "telegram:{chat} is not the chat of a user bramble serves: members' reminders go to those chats only"
+        )),
+        Target::HomeAssistant(_) | Target::Log | Target::Mqtt(None) => Ok(()),
+        Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),
+        Target::Mqtt(Some(topic)) => Err(format!(
+            "mqtt:{topic} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
+             topic or the topics the owner allows"
+        )),
+        Target::Cli => Err("the terminal is not a delivery target for a job".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::{Job, JobKind, Schedule};
+
+    fn job(kind: JobKind, deliver: &[&str], creator: Option<Principal>) -> Job {
+        let now = jiff::Timestamp::now();
+        let schedule = Schedule::Every { every: crate::scheduler::parse_every("1h").unwrap(), anchor: now };
+        let deliver = deliver.iter().map(|t| t.parse().unwrap()).collect();
+        let mut j = Job::new("j", schedule, kind, deliver, now, &jiff::tz::TimeZone::UTC).unwrap();
+        j.creator = creator;
+        j
+    }
+
+    #[test]
+    fn a_revoked_or_unlisted_users_job_may_not_run_and_the_owners_may() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Standing::new(&["7".into()], dir.path(), Members::Jobs, &[]);
+        let msg = JobKind::Message { text: "x".into() };
+        assert!(s.check(&job(msg.clone(), &[], Some(Principal::Owner))).is_ok());
+        assert!(s.check(&job(msg.clone(), &[], Some(Principal::Telegram(7)))).is_ok());
+        let err = s.check(&job(msg.clone(), &[], Some(Principal::Telegram(8)))).unwrap_err();
+        assert!(err.contains("Telegram user 8") && err.contains("no longer allowed"), "{err}");
+        assert!(s.check(&job(msg, &[], Some(Principal::Anonymous))).is_err());
+    }
+
+    #[test]
+    fn members_jobs_follow_what_members_may_do_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let ann = Some(Principal::Member("ann".into()));
+        let remind = JobKind::Remind { text: "tea".into() };
+        let msg = JobKind::Message { text: "x".into() };
+        let jobs = Standing::new(&[], dir.path(), Members::Jobs, &[]);
+        assert!(jobs.check(&job(msg.clone(), &["mqtt:z2m/lock/set"], ann.clone())).is_ok());
+        let reminders = Standing::new(&["7".into()], dir.path(), Members::Reminders, &["home/note/#".into()]);
+        assert!(reminders
+            .check(&job(remind.clone(), &["telegram:7", "mqtt", "mqtt:home/note/x"], ann.clone()))
+            .is_ok());
+        assert!(reminders.check(&job(msg, &[], ann.clone())).unwrap_err().contains("reminders only"));
+        let err = reminders.check(&job(remind.clone(), &["mqtt:bramble/dev/in"], ann.clone())).unwrap_err();
+        assert!(err.contains("publish_allow"), "{err}");
+        assert!(reminders.check(&job(remind.clone(), &["telegram:8"], ann.clone())).is_err());
+        let none = Standing::new(&[], dir.path(), Members::None, &[]);
+        assert!(none.check(&job(remind, &[], ann)).is_err());
+    }
+}
