@@ -24,6 +24,7 @@
 //! - [`engine`]: the firing rules as pure functions; the wall-clock probe.
 //! - [`runner`]: the loop that sleeps, wakes, plans and hands due jobs to an executor.
 
+pub mod cron;
 pub mod engine;
 pub mod heartbeat;
 pub mod job;

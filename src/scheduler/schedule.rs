@@ -7,16 +7,20 @@
 //!
 //! - `every` is anchored: occurrences are `anchor + k·every`, so a restart of
 //!   the daemon never shifts or resets the interval.
-//! - `cron` is evaluated by croner on a `jiff::Zoned` in the job's IANA zone,
-//!   so DST transitions are real: a fixed time inside a spring-forward gap runs
-//!   once at the first instant after the gap, a fixed time inside a repeated
-//!   (fall-back) hour runs once, at its first instance (croner's rules).
+//! - `cron` is evaluated in the job's IANA zone as Debian's cron does it
+//!   ([`super::cron`]): a fixed-time job's slot inside a spring-forward gap
+//!   runs once at the first instant after the gap, one inside a repeated
+//!   (fall-back) hour once, at its first instance; a job whose minute or hour
+//!   starts with `*` runs at the local times that exist. croner is kept for
+//!   the English reading of an expression only.
 //! - `at` happens once.
 
 use std::fmt;
 use std::time::Duration;
 
 use croner::parser::{CronParser, Seconds, Year};
+
+use super::cron::CronExpr;
 use jiff::tz::{AmbiguousOffset, TimeZone};
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
@@ -95,14 +99,12 @@ impl Schedule {
                 Timestamp::from_nanosecond(a.checked_add(k.checked_mul(step)?)?).ok()
             }
             Schedule::Cron { expr, tz } => {
-                let cron = cron_parser().parse(expr).ok()?;
+                let cron = CronExpr::parse(expr).ok()?;
                 let zone = match tz {
                     Some(name) => TimeZone::get(name).ok()?,
                     None => default_tz.clone(),
                 };
-                let next = cron.find_next_occurrence(&after.to_zoned(zone), false).ok()?.timestamp();
-                // croner steps whole seconds; keep the contract "strictly after" exact.
-                (next > after).then_some(next)
+                cron.next_after(after, &zone)
             }
             Schedule::At { at } => (*at > after).then_some(*at),
         }
@@ -121,13 +123,12 @@ impl Schedule {
                 Timestamp::from_nanosecond(a + (t - a) / step * step).ok()
             }
             Schedule::Cron { expr, tz } => {
-                let cron = cron_parser().parse(expr).ok()?;
+                let cron = CronExpr::parse(expr).ok()?;
                 let zone = match tz {
                     Some(name) => TimeZone::get(name).ok()?,
                     None => default_tz.clone(),
                 };
-                let prev = cron.find_previous_occurrence(&t.to_zoned(zone), true).ok()?.timestamp();
-                (prev <= t).then_some(prev)
+                cron.last_at_or_before(t, &zone)
             }
             Schedule::At { at } => (*at <= t).then_some(*at),
         }
@@ -241,14 +242,7 @@ pub fn parse_every(text: &str) -> Result<Dur, ScheduleError> {
 /// with the expression trimmed.
 pub fn parse_cron(expr: &str, tz: Option<&str>) -> Result<Schedule, ScheduleError> {
     let trimmed = expr.trim();
-    let fields = trimmed.split_whitespace().count();
-    if fields == 7 {
-        return Err(ScheduleError::Cron {
-            expr: expr.to_string(),
-            reason: "7 fields (a year field) are not supported".into(),
-        });
-    }
-    cron_parser().parse(trimmed).map_err(|e| ScheduleError::Cron { expr: expr.to_string(), reason: e.to_string() })?;
+    CronExpr::parse(trimmed).map_err(|e| ScheduleError::Cron { expr: expr.to_string(), reason: e.0 })?;
     let tz = match tz {
         Some(name) => Some(parse_tz(name)?.iana_name().unwrap_or(name.trim()).to_string()),
         None => None,
