@@ -14,11 +14,15 @@
 //! on TCP, absolute `http://` URLs for plain HTTP); the command gets
 //! `http_proxy`, `https_proxy` and `ALL_PROXY` pointing at it, which curl,
 //! wget, git, pip, apt, Python, Go and Rust clients follow. Names are resolved
-//! here, outside, and every address is judged before the connection is made:
+//! here, outside, and every address is judged before the connection is made,
+//! by the judgement `web_fetch` uses too ([`crate::util::addr::Judge`]):
 //! this machine (loopback, unspecified, any address it can bind: its own) is
 //! never reachable; public addresses only with "internet"; the local network
-//! (RFC 1918, CGNAT, link-local, IPv6 unique-local) only with "lan"; anything
-//! special-purpose (multicast, documentation, reserved) never. A refusal is a
+//! (RFC 1918, CGNAT, link-local, IPv6 unique-local, and any prefix one of this
+//! machine's interfaces is on, whatever its class) only with "lan"; anything
+//! special-purpose (multicast, documentation, reserved) never. The prefixes
+//! are read when the proxy starts, before its Landlock rules close `/proc`;
+//! its own addresses are asked the kernel at each connection. A refusal is a
 //! `403` whose body says why and what setting would allow it, and one line on
 //! the command's stderr, so the model reads the reason.
 //!
@@ -50,7 +54,7 @@ use nix::sys::wait::waitpid;
 use nix::unistd::{fork, getpid, getppid, setgroups, setresgid, setresuid, ForkResult, Gid, Pid, Uid};
 
 use super::helper::Options;
-use crate::util::addr::{is_lan, is_local_host, is_public};
+use crate::util::addr::{Judge, Place};
 
 /// Connections served at once; more get `503`.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -66,7 +70,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Reach {
     /// Public (globally routable) addresses.
     pub internet: bool,
-    /// The local network: RFC 1918, CGNAT, link-local, unique-local.
+    /// The local network: RFC 1918, CGNAT, link-local, unique-local, and
+    /// the prefixes this machine's interfaces are on.
     pub lan: bool,
 }
 
@@ -92,28 +97,21 @@ impl Reach {
         (internet || lan).then_some(Reach { internet, lan })
     }
 
-    /// Whether a connection to `ip` is allowed; `own` says whether an address is this machine's.
-    fn judge(self, ip: IpAddr, own: impl Fn(IpAddr) -> bool) -> Result<(), &'static str> {
-        if is_local_host(ip) || own(ip) {
-            return Err("this machine itself (loopback or one of its own addresses), which commands never reach \
-                        unless [exec] network = \"all\"");
+    /// Whether a connection to a place is allowed.
+    fn judge(self, place: Place) -> Result<(), &'static str> {
+        match place {
+            Place::ThisMachine => {
+                Err("this machine itself (loopback or one of its own addresses), which commands never \
+                                       reach unless [exec] network = \"all\"")
+            }
+            Place::Public if self.internet => Ok(()),
+            Place::Public => Err("a public address, and [exec] network = \"lan\" allows the local network only"),
+            Place::Lan if self.lan => Ok(()),
+            Place::Lan => Err("on the local network (a private range, or a network this machine is on), and [exec] \
+                               network = \"internet\" allows public addresses only (network = [\"internet\", \"lan\"] \
+                               allows both)"),
+            Place::Special => Err("a special-purpose address (multicast, documentation or reserved)"),
         }
-        if is_public(ip) {
-            return if self.internet {
-                Ok(())
-            } else {
-                Err("a public address, and [exec] network = \"lan\" allows the local network only")
-            };
-        }
-        if is_lan(ip) {
-            return if self.lan {
-                Ok(())
-            } else {
-                Err("on the local network, and [exec] network = \"internet\" allows public addresses only \
-                     (network = [\"internet\", \"lan\"] allows both)")
-            };
-        }
-        Err("a special-purpose address (multicast, documentation or reserved)")
     }
 }
 
@@ -171,6 +169,8 @@ fn serve(reach: Reach, o: &Options, chan: OwnedFd, helper: Pid) -> Result<(), St
     if getppid() != helper {
         return Ok(()); // The helper is gone already.
     }
+    // The links now, while /proc is readable: Landlock closes it below.
+    let judge = Arc::new(Judge::read().map_err(|e| e.to_string())?);
     if let Some((uid, gid)) = o.run_as {
         let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
         setgroups(&[gid]).map_err(|e| format!("setgroups: {e}"))?;
@@ -204,9 +204,9 @@ fn serve(reach: Reach, o: &Options, chan: OwnedFd, helper: Pid) -> Result<(), St
             let _ = client.write_all(&response(503, "too many connections through bramble's proxy at once\n"));
             continue;
         }
-        let count = live.clone();
+        let (count, judge) = (live.clone(), judge.clone());
         let spawned = std::thread::Builder::new().stack_size(256 * 1024).spawn(move || {
-            handle(client, reach);
+            handle(client, reach, &judge);
             count.fetch_sub(1, Ordering::SeqCst);
         });
         if spawned.is_err() {
@@ -217,7 +217,7 @@ fn serve(reach: Reach, o: &Options, chan: OwnedFd, helper: Pid) -> Result<(), St
 }
 
 /// One connection: read the request, judge and connect, then relay bytes both ways.
-fn handle(mut client: TcpStream, reach: Reach) {
+fn handle(mut client: TcpStream, reach: Reach, judge: &Judge) {
     let _ = client.set_read_timeout(Some(HEAD_TIMEOUT));
     let (head, rest) = match read_head(&mut client) {
         Ok(v) => v,
@@ -233,7 +233,7 @@ fn handle(mut client: TcpStream, reach: Reach) {
             return;
         }
     };
-    let mut upstream = match connect(&req.host, req.port, reach) {
+    let mut upstream = match connect(&req.host, req.port, reach, judge) {
         Ok(s) => s,
         Err(Failure::Refused(ip, why)) => {
             let msg = format!("bramble: {}:{} ({ip}) is {why}", req.host, req.port);
@@ -416,7 +416,7 @@ enum Failure {
 
 /// Resolve `host` here (outside the command's namespace), judge every address,
 /// and connect to the first allowed one that answers.
-fn connect(host: &str, port: u16, reach: Reach) -> Result<TcpStream, Failure> {
+fn connect(host: &str, port: u16, reach: Reach, judge: &Judge) -> Result<TcpStream, Failure> {
     let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => (host, port)
@@ -427,7 +427,7 @@ fn connect(host: &str, port: u16, reach: Reach) -> Result<TcpStream, Failure> {
     let mut refused: Option<Failure> = None;
     let mut last: Option<io::Error> = None;
     for addr in addrs {
-        match reach.judge(addr.ip(), is_own_address) {
+        match reach.judge(judge.place(addr.ip())) {
             Err(why) => {
                 refused.get_or_insert(Failure::Refused(addr.ip(), why));
             }
@@ -442,22 +442,6 @@ fn connect(host: &str, port: u16, reach: Reach) -> Result<TcpStream, Failure> {
         (None, Some(r)) => r,
         (None, None) => Failure::Unreachable(format!("{host} has no address")),
     })
-}
-
-/// Whether `ip` is an address of this machine, asked the kernel's way: a
-/// socket can be bound to it only if it is local (an interface's address, or a
-/// `local` route). No list to go stale, and no netlink (the packaged unit
-/// allows only `AF_UNIX`, `AF_INET` and `AF_INET6`). Where binding to foreign
-/// addresses is allowed (`ip_nonlocal_bind`), everything counts as this
-/// machine: refused, the safe way round.
-fn is_own_address(ip: IpAddr) -> bool {
-    let ip = crate::util::addr::embedded_v4(ip).map_or(ip, IpAddr::V4);
-    let family = if ip.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
-    let Ok(sock) = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None) else {
-        return true; // Cannot tell: treat it as this machine.
-    };
-    let addr = nix::sys::socket::SockaddrStorage::from(SocketAddr::new(ip, 0));
-    nix::sys::socket::bind(sock.as_raw_fd(), &addr).is_ok()
 }
 
 fn response(code: u16, body: &str) -> Vec<u8> {
@@ -559,35 +543,27 @@ mod tests {
 
     #[test]
     fn judging_addresses() {
+        use crate::util::addr::Links;
+        // The board is 192.168.1.10 and 2001:470::10 on 2001:470::/64.
+        let links = Links::parse("", "20010470000000000000000000000000 40 0 00 0 0 0 0 00000001 eth0\n", "");
         let own = |a: IpAddr| [ip("192.168.1.10"), ip("2001:470::10")].contains(&a);
+        let j = Judge::new(links, own);
         let internet = Reach { internet: true, lan: false };
         let lan = Reach { internet: false, lan: true };
         let both = Reach { internet: true, lan: true };
-        assert!(internet.judge(ip("93.184.216.34"), own).is_ok());
-        assert!(internet.judge(ip("192.168.1.20"), own).unwrap_err().contains("local network"));
-        assert!(internet.judge(ip("169.254.169.254"), own).is_err(), "cloud metadata is link-local");
-        assert!(lan.judge(ip("192.168.1.20"), own).is_ok());
-        assert!(lan.judge(ip("8.8.8.8"), own).unwrap_err().contains("public"));
+        assert!(internet.judge(j.place(ip("93.184.216.34"))).is_ok());
+        assert!(internet.judge(j.place(ip("192.168.1.20"))).unwrap_err().contains("local network"));
+        assert!(internet.judge(j.place(ip("169.254.169.254"))).is_err(), "cloud metadata is link-local");
+        assert!(internet.judge(j.place(ip("2001:470::20"))).unwrap_err().contains("local network"), "on-link");
+        assert!(lan.judge(j.place(ip("2001:470::20"))).is_ok(), "on-link is the LAN");
+        assert!(lan.judge(j.place(ip("192.168.1.20"))).is_ok());
+        assert!(lan.judge(j.place(ip("8.8.8.8"))).unwrap_err().contains("public"));
         for this_host in ["127.0.0.1", "::1", "0.0.0.0", "::ffff:127.0.0.1", "192.168.1.10", "2001:470::10"] {
-            let why = both.judge(ip(this_host), own).unwrap_err();
+            let why = both.judge(j.place(ip(this_host))).unwrap_err();
             assert!(why.contains("this machine"), "{this_host}: {why}");
         }
-        assert!(both.judge(ip("224.0.0.251"), own).unwrap_err().contains("special"));
-        assert!(both.judge(ip("::ffff:10.0.0.1"), own).is_ok(), "a mapped LAN address is LAN");
-    }
-
-    #[test]
-    fn this_machines_addresses_are_found_by_binding() {
-        assert!(is_own_address(ip("127.0.0.1")) && is_own_address(ip("::ffff:127.0.0.1")));
-        // TEST-NET-2 is on no interface.
-        assert!(!is_own_address(ip("198.51.100.7")));
-        let local = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
-            s.connect("192.0.2.1:9")?; // No packet is sent: this only picks the outgoing address.
-            s.local_addr()
-        });
-        if let Ok(local) = local {
-            assert!(is_own_address(local.ip()), "{local}");
-        }
+        assert!(both.judge(j.place(ip("224.0.0.251"))).unwrap_err().contains("special"));
+        assert!(both.judge(j.place(ip("::ffff:10.0.0.1"))).is_ok(), "a mapped LAN address is LAN");
     }
 
     #[test]

@@ -4,7 +4,11 @@
 //! A model (or a page it read) can ask for `http://192.168.1.1/admin` or the
 //! cloud metadata service at `169.254.169.254`. bramble runs on a home network,
 //! so every address a request connects to must be public unless the operator
-//! allowed its range in `[web] allow_private`. Checking a host name and then
+//! allowed its range in `[web] allow_private` — public for this machine, by
+//! the judgement the exec proxy uses too ([`crate::util::addr::Judge`]): not
+//! one of the board's own addresses (a service listening on all interfaces
+//! is reached through them), not on a network its interfaces are on (a
+//! device on the board's own IPv6 /64 has a global address). Checking a host name and then
 //! letting the HTTP client resolve it again is racy (DNS rebinding), so the
 //! check is *pinned*: reqwest gets our own resolver, which resolves the name,
 //! drops every non-public address and hands only the checked addresses to the
@@ -30,7 +34,7 @@ use serde_json::{json, Value};
 
 use super::{parse_args, BoxFuture, Tool, ToolContext, ToolError};
 use crate::config::{Cidr, WebConfig};
-use crate::util::addr::{embedded_v4, is_public};
+use crate::util::addr::{embedded_v4, is_public, Judge, Place};
 
 /// Bytes of a response body read at most; the rest is never downloaded.
 const BODY_CAP: usize = 2 * 1024 * 1024;
@@ -54,11 +58,24 @@ struct AddressGuard {
 }
 
 impl AddressGuard {
-    /// Whether connecting to `ip` is allowed: public, or inside an allowed range.
-    fn permits(&self, ip: IpAddr) -> bool {
-        let embedded = embedded_v4(ip).map(IpAddr::V4);
-        let effective = embedded.unwrap_or(ip);
-        is_public(effective) || self.allow_private.iter().any(|c| c.contains(ip) || c.contains(effective))
+    /// Whether connecting to `ip` is allowed: inside an allowed range, or a
+    /// public place for `judge`. The refusal says why.
+    fn permits(&self, ip: IpAddr, judge: &Judge) -> Result<(), &'static str> {
+        let effective = embedded_v4(ip).map_or(ip, IpAddr::V4);
+        if self.allow_private.iter().any(|c| c.contains(ip) || c.contains(effective)) {
+            return Ok(());
+        }
+        match judge.place(ip) {
+            Place::Public => Ok(()),
+            _ if !is_public(ip) => Err("a private or reserved address"),
+            Place::ThisMachine => Err("this machine's own address"),
+            _ => Err("on this machine's local network (a network its interfaces are on, no router between)"),
+        }
+    }
+
+    /// The judgement of this machine as it is now.
+    fn judge() -> Result<Judge, Refused> {
+        Judge::read().map_err(|e| Refused(e.to_string()))
     }
 
     /// Scheme and (for IP literals) address of a URL about to be requested.
@@ -74,11 +91,8 @@ impl AddressGuard {
         let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() else {
             return Ok(());
         };
-        if self.permits(ip) {
-            Ok(())
-        } else {
-            Err(Refused(format!("{ip} is a private or reserved address; add it to [web] allow_private to allow it")))
-        }
+        self.permits(ip, &AddressGuard::judge()?)
+            .map_err(|why| Refused(format!("{ip} is {why}; add it to [web] allow_private to allow it")))
     }
 }
 
@@ -94,14 +108,27 @@ impl Resolve for GuardedResolver {
         let host = name.as_str().to_string();
         Box::pin(async move {
             let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let (allowed, refused): (Vec<SocketAddr>, Vec<SocketAddr>) =
-                all.into_iter().partition(|a| guard.permits(a.ip()));
+            let judge = AddressGuard::judge()?;
+            let mut refused: Option<(IpAddr, &'static str)> = None;
+            let mut allowed: Vec<SocketAddr> = Vec::with_capacity(all.len());
+            for a in all {
+                match guard.permits(a.ip(), &judge) {
+                    Ok(()) => allowed.push(a),
+                    Err(why) => {
+                        refused.get_or_insert((a.ip(), why));
+                    }
+                }
+            }
             if allowed.is_empty() {
-                let msg = match refused.first() {
-                    Some(a) => format!(
-                        "{host} resolves to a private address ({}); add it to [web] allow_private to allow it",
-                        a.ip()
-                    ),
+                let msg = match refused {
+                    Some((ip, _)) if !is_public(ip) => {
+                        format!(
+                            "{host} resolves to a private address ({ip}); add it to [web] allow_private to allow it"
+                        )
+                    }
+                    Some((ip, why)) => {
+                        format!("{host} resolves to {ip}, {why}; add it to [web] allow_private to allow it")
+                    }
                     None => format!("{host} does not resolve to any address"),
                 };
                 return Err(Box::new(Refused(msg)) as Box<dyn std::error::Error + Send + Sync>);
@@ -351,14 +378,29 @@ mod tests {
     fn allow_private_opens_exactly_its_ranges() {
         let guard =
             AddressGuard { allow_private: vec!["192.168.1.0/24".parse().unwrap(), "fd00::/8".parse().unwrap()].into() };
-        assert!(guard.permits(ip("192.168.1.20")));
-        assert!(guard.permits(ip("::ffff:192.168.1.20")));
-        assert!(guard.permits(ip("64:ff9b::c0a8:0114")));
-        assert!(guard.permits(ip("fd00::5")));
-        assert!(!guard.permits(ip("192.168.2.1")));
-        assert!(!guard.permits(ip("127.0.0.1")));
-        assert!(!guard.permits(ip("fc00::1")));
-        assert!(guard.permits(ip("93.184.216.34")));
+        let judge = AddressGuard::judge().unwrap();
+        let permits = |s: &str| guard.permits(ip(s), &judge).is_ok();
+        assert!(permits("192.168.1.20"));
+        assert!(permits("::ffff:192.168.1.20"));
+        assert!(permits("64:ff9b::c0a8:0114"));
+        assert!(permits("fd00::5"));
+        assert!(!permits("192.168.2.1"));
+        assert!(!permits("127.0.0.1"));
+        assert!(!permits("fc00::1"));
+        assert!(permits("93.184.216.34"));
+    }
+
+    #[test]
+    fn the_boards_own_and_on_link_public_addresses_are_refused_by_the_shared_judgement() {
+        use crate::util::addr::Links;
+        let guard = AddressGuard { allow_private: vec!["2001:470:77::20/128".parse().unwrap()].into() };
+        let links = Links::parse("", "20010470007700000000000000000000 40 0 00 0 0 0 0 00000001 eth0\n", "");
+        let judge = Judge::new(links, |a| a == "2001:470:77::10".parse::<IpAddr>().unwrap());
+        assert_eq!(guard.permits(ip("2001:470:77::10"), &judge), Err("this machine's own address"));
+        assert!(guard.permits(ip("2001:470:77::30"), &judge).unwrap_err().contains("local network"));
+        assert!(guard.permits(ip("2001:470:77::20"), &judge).is_ok(), "allow_private opens it");
+        assert!(guard.permits(ip("2001:470:78::1"), &judge).is_ok(), "off-link public");
+        assert_eq!(guard.permits(ip("10.0.0.1"), &judge), Err("a private or reserved address"));
     }
 
     #[test]

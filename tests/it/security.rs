@@ -1874,3 +1874,137 @@ fn exec_network_modes_reach_only_what_they_allow() {
         }
     }
 }
+
+// ---------------------------------------------------------------- this board and its links (issue 36)
+
+/// Adds IPv6 and this board's own public addresses to a [`NetLab`]: the host
+/// (the board) holds the public IPv4 81.2.69.160 and the global IPv6
+/// 2001:470:77::1/64 on its link; the world has 2001:470:77::2 on that same
+/// /64 (a device on the board's own link, with a global address like any
+/// server's) and 2001:470:99::1 behind it (a public server, off the link,
+/// routed through it).
+fn lab_with_the_boards_links(lab: &NetLab) {
+    let (h, w) = (lab.host.as_str(), lab.world.as_str());
+    let steps: [&[&str]; 5] = [
+        &["-n", h, "addr", "add", "2001:470:77::1/64", "dev", "vh", "nodad"],
+        &["-n", w, "addr", "add", "2001:470:77::2/64", "dev", "vw", "nodad"],
+        &["-n", w, "addr", "add", "2001:470:99::1/128", "dev", "lo"],
+        &["-n", h, "-6", "route", "add", "default", "via", "2001:470:77::2"],
+        &["-n", h, "addr", "add", "81.2.69.160/32", "dev", "vh"],
+    ];
+    for step in steps {
+        let out = std::process::Command::new(NetLab::ip()).args(step).output().unwrap();
+        assert!(out.status.success(), "ip {step:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    lab.serve(&lab.world, "[2001:470:77::2]:8080", "link-device");
+    lab.serve(&lab.world, "[2001:470:99::1]:8080", "public-v6-site");
+    lab.serve(&lab.world, "93.184.216.34:8080", "public-site");
+    // A service of the board's listening on all its interfaces (IPv4 too).
+    lab.serve(&lab.host, "[::]:8082", "board-service");
+}
+
+/// `web_fetch` on the board (in the lab's host namespace) for each URL: the tool's text.
+fn web_fetch_on_the_board(lab: &NetLab, urls: &'static [&'static str]) -> Vec<(&'static str, String)> {
+    let host = lab.host.clone();
+    std::thread::spawn(move || {
+        NetLab::enter(&host);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            bramble::install_crypto();
+            let cfg = WebConfig { timeout: bramble::config::Dur(Duration::from_secs(5)), ..WebConfig::default() };
+            let mut registry = ToolRegistry::new(10_000);
+            registry.register(Arc::new(WebFetch::new(&cfg, Arc::new(bramble::tools::web::GuardedHttp::new(&cfg)))));
+            let mut out = Vec::new();
+            for url in urls {
+                let args = serde_json::json!({ "url": url }).to_string();
+                let call = ToolCall::new("w", "web_fetch", args);
+                out.push((*url, registry.execute(&call, &ToolContext::detached("security")).await.text));
+            }
+            out
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+/// The board's own public IPv4 and global IPv6 addresses are this machine,
+/// like loopback: a service listening on all interfaces is not reached
+/// through them. A device on the board's own /64 is the LAN although its
+/// address is global; a public server off the link stays reachable.
+#[test]
+fn web_fetch_judges_the_boards_own_addresses_and_its_link_by_what_they_are() {
+    let Some(lab) = NetLab::new() else { return };
+    lab_with_the_boards_links(&lab);
+    let out = web_fetch_on_the_board(
+        &lab,
+        &[
+            "http://81.2.69.160:8082/",
+            "http://[2001:470:77::1]:8082/",
+            "http://[2001:470:77::2]:8080/",
+            "http://[2001:470:99::1]:8080/",
+            "http://93.184.216.34:8080/",
+        ],
+    );
+    for (url, text) in &out[..2] {
+        assert!(!text.contains("reached") && text.contains("this machine's own address"), "{url}: {text}");
+    }
+    let (url, text) = &out[2];
+    assert!(!text.contains("reached") && text.contains("local network"), "{url}: {text}");
+    assert!(text.contains("[web] allow_private"), "{url}: the model reads what would allow it: {text}");
+    assert!(out[3].1.contains("reached public-v6-site"), "{out:?}");
+    assert!(out[4].1.contains("reached public-site"), "{out:?}");
+}
+
+/// `[exec] network`: a device on the board's own IPv6 link is the LAN whatever
+/// its address class ("internet" refuses it, "lan" reaches it), a public
+/// server off the link is the internet, and the board's own global and
+/// public addresses are this machine for both.
+#[test]
+fn exec_network_judges_the_boards_link_by_what_it_is() {
+    let Some(lab) = NetLab::new() else { return };
+    let p = layers();
+    assert!(p.jail_available() && p.proxy.is_ok(), "as root the jail and its proxy work: {p:?}");
+    lab_with_the_boards_links(&lab);
+    const TARGETS: [(&str, &str); 4] = [
+        ("link-device", "http://[2001:470:77::2]:8080/"),
+        ("public-v6-site", "http://[2001:470:99::1]:8080/"),
+        ("board-v4", "http://81.2.69.160:8082/"),
+        ("board-v6", "http://[2001:470:77::1]:8082/"),
+    ];
+    let mut script = String::new();
+    for (name, url) in TARGETS {
+        script.push_str(&format!("echo '== {name}'; curl -gsS -m 5 -x \"$http_proxy\" --noproxy '' {url} 2>&1; "));
+    }
+    script.push_str("echo '== end'");
+    let host = lab.host.clone();
+    let results = std::thread::spawn(move || {
+        NetLab::enter(&host);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut results = Vec::new();
+            for network in [Network::INTERNET, Network::Filtered { internet: false, lan: true }] {
+                let s = Setup::new(ExecConfig { network, ..ExecConfig::default() });
+                results.push((network, s.exec(&script).await.text));
+            }
+            results
+        })
+    })
+    .join()
+    .unwrap();
+    for (network, out) in results {
+        let Network::Filtered { internet, lan } = network else { unreachable!() };
+        let link = section(&out, "link-device");
+        assert_eq!(link.contains("reached link-device"), lan, "{network:?}: {out}");
+        let public = section(&out, "public-v6-site");
+        assert_eq!(public.contains("reached public-v6-site"), internet, "{network:?}: {out}");
+        if internet {
+            assert!(link.contains("local network"), "{network:?}: {out}");
+        } else {
+            assert!(public.contains("public address"), "{network:?}: {out}");
+        }
+        for own in ["board-v4", "board-v6"] {
+            let text = section(&out, own);
+            assert!(!text.contains("reached") && text.contains("this machine itself"), "{network:?}: {out}");
+        }
+    }
+}
