@@ -199,6 +199,21 @@ pub enum CronCommand {
         /// Job id or name
         id: String,
     },
+    /// Print when a cron expression fires, as the scheduler computes it (adds nothing): the next
+    /// times in its zone with their UTC offsets, and what it means in words
+    Next {
+        /// 5 fields (`30 1-3 * * *`), 6 with seconds first, or a nickname (`@daily`)
+        expr: String,
+        /// Time zone of the expression [default: [agent] timezone]
+        #[arg(long)]
+        tz: Option<String>,
+        /// Start after this time: RFC 3339, or `YYYY-MM-DD HH:MM` in the zone [default: now]
+        #[arg(long, value_name = "TIME")]
+        from: Option<String>,
+        /// How many times to print (1 to 1000)
+        #[arg(long, short = 'n', default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        count: u32,
+    },
 }
 
 impl Command {

@@ -156,6 +156,9 @@ pub(super) fn edit(
                 writeln!(out, "  {line}")?;
             }
         }
+        CronCommand::Next { expr, tz: job_tz, from, count } => {
+            next(&expr, job_tz.as_deref(), from.as_deref(), count, &tz, now, out)?;
+        }
         CronCommand::List => {
             let jobs = store.list()?;
             // One buffered writer: thousands of jobs are thousands of lines.
@@ -315,6 +318,13 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
             name
         }
         CronCommand::List => return vec!["list".into()],
+        CronCommand::Next { expr, tz, from, count } => {
+            a.push("next".into());
+            opt(&mut a, "tz", tz);
+            opt(&mut a, "from", from);
+            a.push(format!("--count={count}"));
+            expr
+        }
         CronCommand::Show { id } => {
             a.push("show".into());
             id
@@ -339,6 +349,56 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
     a.push("--".into());
     a.push(id.clone());
     a
+}
+
+/// `cron next`: when `expr` fires after `from` (default now), in `zone` (default the
+/// configured one), computed by the scheduler's own code, with the English reading.
+fn next(
+    expr: &str,
+    zone: Option<&str>,
+    from: Option<&str>,
+    count: u32,
+    default_tz: &crate::config::TzName,
+    now: jiff::Timestamp,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    use crate::scheduler::{self as sched, Schedule};
+    let schedule = sched::parse_cron(expr, zone)?;
+    let tz = match zone {
+        Some(name) => sched::parse_tz(name)?,
+        None => default_tz.tz().clone(),
+    };
+    let mut t = match from {
+        Some(f) => sched::parse_at(f, &tz).map_err(|e| anyhow::anyhow!("--from: {e}"))?,
+        None => now,
+    };
+    writeln!(out, "{}", schedule.describe(&tz))?;
+    if let Schedule::Cron { expr, .. } = &schedule {
+        let fixed = crate::scheduler::cron::CronExpr::parse(expr).map(|c| c.is_fixed_time()).unwrap_or(false);
+        writeln!(
+            out,
+            "{}",
+            match fixed {
+                true => "fixed-time: a run in an hour the clocks skip happens when they have changed; a repeated hour runs once",
+                false => "wildcard (minute or hour starts with `*`, or seconds given): runs at the local times that exist",
+            }
+        )?;
+    }
+    for _ in 0..count {
+        let Some(next) = schedule.next_after(t, &tz) else {
+            writeln!(out, "  (no more runs in the next 50 years)")?;
+            break;
+        };
+        let local = next.to_zoned(tz.clone());
+        writeln!(
+            out,
+            "  {}  {}",
+            local.strftime("%a %Y-%m-%d %H:%M:%S %Z (%:z)"),
+            next.strftime("%Y-%m-%dT%H:%M:%SZ")
+        )?;
+        t = next;
+    }
+    Ok(())
 }
 
 /// The control socket's handler (`bramble run` hands it to the daemon): the
@@ -421,7 +481,7 @@ fn change(cmd: &CronCommand) -> Option<String> {
         CronCommand::Run { id } => format!("run {id}"),
         CronCommand::Enable { id } => format!("enable {id}"),
         CronCommand::Disable { id } => format!("disable {id}"),
-        CronCommand::List | CronCommand::Show { .. } => return None,
+        CronCommand::List | CronCommand::Show { .. } | CronCommand::Next { .. } => return None,
     })
 }
 
@@ -436,7 +496,7 @@ fn members_allow(loaded: &Loaded, cmd: &CronCommand, store: &crate::scheduler::J
             "the service does not take job commands from its group's members ([service] members = \"none\"): {SUDO}"
         )),
         Members::Reminders => match cmd {
-            CronCommand::List | CronCommand::Show { .. } => Ok(()),
+            CronCommand::List | CronCommand::Show { .. } | CronCommand::Next { .. } => Ok(()),
             // A reminder with files would send the agent's workspace (memory, USER.md) where the member says.
             CronCommand::Add { remind: Some(_), attach, .. } if !attach.is_empty() => Err(format!(
                 "members of the service's group may not attach workspace files ([service] members = \"reminders\"); {SUDO}"

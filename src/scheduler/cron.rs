@@ -241,7 +241,7 @@ impl CronExpr {
         if upper == "@REBOOT" {
             return Err(bad(
                 "@reboot is not supported: bramble runs jobs by the clock. To do something when the board \
-                 starts, use a job with `--catch-up once`, or systemd (an `ExecStartPost=` or a unit of its own)",
+                 starts, use systemd: a unit of its own, or `ExecStartPost=` in a drop-in for bramble.service",
             ));
         }
         let text = match nickname(&upper) {
@@ -306,6 +306,11 @@ impl CronExpr {
         Ok(())
     }
 
+    /// Whether the day-of-month and day-of-week must both match.
+    pub fn days_anded(&self) -> bool {
+        self.day_and
+    }
+
     /// Whether this is a fixed-time job in Debian's sense (see the module header).
     pub fn is_fixed_time(&self) -> bool {
         self.fixed
@@ -321,7 +326,7 @@ impl CronExpr {
         let wd = d.weekday().to_sunday_zero_offset() as u8;
         let dow = self.weekdays & (1 << wd) != 0
             || (self.last_weekdays & (1 << wd) != 0 && day + 7 > last)
-            || self.nth_weekdays.iter().any(|&(w, n)| w == wd && (day + 6) / 7 == n);
+            || self.nth_weekdays.iter().any(|&(w, n)| w == wd && day.div_ceil(7) == n);
         if self.day_and {
             dom && dow
         } else {
@@ -590,6 +595,24 @@ mod tests {
     }
 
     #[test]
+    fn half_hour_changes_lord_howe() {
+        let lh = TimeZone::get("Australia/Lord_Howe").unwrap();
+        // Spring (2026-10-04, 02:00 +10:30 -> 02:30 +11:00): 02:30 exists, 02:00 does not.
+        assert_eq!(
+            runs("30 * * * *", &lh, "2026-10-03T14:00:00Z", 3),
+            ["04 01:30+10:30", "04 02:30+11:00", "04 03:30+11:00"]
+        );
+        assert_eq!(runs("0 2 * * *", &lh, "2026-10-03T14:00:00Z", 2), ["04 02:30+11:00", "05 02:00+11:00"]);
+        // Autumn (2026-04-05, 02:00 +11:00 -> 01:30 +10:30): 01:30-01:59 twice for a wildcard job.
+        assert_eq!(
+            runs("30 * * * *", &lh, "2026-04-04T13:00:00Z", 4),
+            ["05 00:30+11:00", "05 01:30+11:00", "05 01:30+10:30", "05 02:30+10:30"]
+        );
+        assert_eq!(runs("45 1 * * *", &lh, "2026-04-04T13:00:00Z", 2), ["05 01:45+11:00", "06 01:45+10:30"]);
+        assert_eq!(runs("*/15 2 * * *", &lh, "2026-04-04T13:00:00Z", 2), ["05 02:00+10:30", "05 02:15+10:30"]);
+    }
+
+    #[test]
     fn the_last_slot_at_or_before_follows_the_same_rules() {
         let cron = CronExpr::parse("45 * * * *").unwrap();
         // 02:10 CET, in the repeated hour: the newest slot is 02:45 CEST, 25 minutes before.
@@ -610,7 +633,10 @@ mod tests {
         let utc = TimeZone::UTC;
         assert_eq!(runs("1 1 1-7 * */7", &utc, "2026-11-01T02:00:00Z", 2), ["06 01:01+00:00", "03 01:01+00:00"]);
         // Both plain: either day.
-        assert_eq!(runs("0 9 13 * 5", &utc, "2026-11-01T00:00:00Z", 3), ["06 09:00+00:00", "13 09:00+00:00", "20 09:00+00:00"]);
+        assert_eq!(
+            runs("0 9 13 * 5", &utc, "2026-11-01T00:00:00Z", 3),
+            ["06 09:00+00:00", "13 09:00+00:00", "20 09:00+00:00"]
+        );
         // `*/100,1-7` starts with `*`: the first Monday only (1 November 2026 is a Sunday).
         assert_eq!(runs("0 9 */100,1-7 * 1", &utc, "2026-11-01T00:00:00Z", 2), ["02 09:00+00:00", "07 09:00+00:00"]);
         assert!(CronExpr::parse("0 9 1-7 * */7").unwrap().day_and);
@@ -634,7 +660,11 @@ mod tests {
     fn what_cannot_work_is_refused_with_the_fix() {
         let err = |e: &str| CronExpr::parse(e).unwrap_err().0;
         assert!(err("@reboot").contains("@reboot is not supported"), "{}", err("@reboot"));
-        assert!(err("0 0 30 2 *").contains("can never fire: day 30 does not occur in February"), "{}", err("0 0 30 2 *"));
+        assert!(
+            err("0 0 30 2 *").contains("can never fire: day 30 does not occur in February"),
+            "{}",
+            err("0 0 30 2 *")
+        );
         assert!(err("0 22-2 * * *").contains("`22-23,0-2`"), "{}", err("0 22-2 * * *"));
         assert!(err("+5 * * * *").contains("minute `+5`"), "{}", err("+5 * * * *"));
         assert!(err("0 0 * * * 2026 x").contains("7 fields"));

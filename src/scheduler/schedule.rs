@@ -180,8 +180,12 @@ impl Schedule {
             }
             Schedule::Cron { expr, tz } => {
                 let zone = tz.as_deref().unwrap_or_else(|| default_tz.iana_name().unwrap_or("local"));
-                match cron_parser().parse(expr) {
-                    Ok(cron) => format!("cron `{expr}` ({zone}): {}", cron.describe()),
+                // The words are croner's, told how Debian's cron pairs the two day fields.
+                match CronExpr::parse(expr) {
+                    Ok(ours) => match cron_parser(ours.days_anded()).parse(expr) {
+                        Ok(cron) => format!("cron `{expr}` ({zone}): {}", cron.describe()),
+                        Err(_) => format!("cron `{expr}` ({zone})"),
+                    },
                     Err(e) => format!("cron `{expr}` ({zone}): invalid: {e}"),
                 }
             }
@@ -204,9 +208,10 @@ impl fmt::Display for Schedule {
     }
 }
 
-/// The one cron dialect we accept: 5 fields, or 6 with seconds first; no year field.
-fn cron_parser() -> CronParser {
-    CronParser::builder().seconds(Seconds::Optional).year(Year::Disallowed).build()
+/// croner, for the English reading only: 5 fields, or 6 with seconds first;
+/// the day fields ANDed as [`CronExpr`] decides.
+fn cron_parser(days_anded: bool) -> CronParser {
+    CronParser::builder().seconds(Seconds::Optional).year(Year::Disallowed).dom_and_dow(days_anded).build()
 }
 
 fn check_every(text: &str, every: Dur) -> Result<Dur, ScheduleError> {

@@ -9,6 +9,7 @@ mod support;
 
 mod agent;
 mod cli;
+mod cron_reference;
 mod daemon;
 mod homeassistant;
 mod mcp;

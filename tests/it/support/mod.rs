@@ -11,6 +11,7 @@
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
+//! - [`python`]: a venv with pinned PyPI packages, for outside references written in Python.
 #![allow(dead_code)]
 
 pub mod daemon;
@@ -21,5 +22,6 @@ pub mod fake_ha;
 pub mod fake_llm;
 pub mod http;
 pub mod mosquitto;
+pub mod python;
 pub mod setup;
 pub mod telegram;
