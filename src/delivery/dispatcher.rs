@@ -40,11 +40,14 @@ pub async fn run_outbox(
         let mut write_failed = false;
         // The outbox waits on the disk: read and written on a blocking thread.
         let reader = outbox.clone();
-        let due = blocking(move || reader.due(Timestamp::now())).await.unwrap_or_else(|e| {
+        let mut due = blocking(move || reader.due(Timestamp::now())).await.unwrap_or_else(|e| {
             tracing::error!("{e}");
             write_failed = true;
             Vec::new()
         });
+        // A report the other side refused before goes after the others: if it
+        // takes the connection down again, it takes nothing else with it.
+        due.sort_by_key(|e| e.refusals > 0);
         // Outcomes from earlier passes that could not be written yet go into this pass's write.
         let mut outcomes: Vec<(u64, Attempt)> = unrecorded.drain().collect();
         for entry in due {
@@ -70,6 +73,10 @@ pub async fn run_outbox(
                 .await
             {
                 Ok(()) => Attempt::Delivered,
+                Err(e) if e.suspect => {
+                    tracing::warn!(target = %entry.target, refusals = entry.refusals + 1, error = %e, "delivery refused or the connection closed under it; will retry");
+                    Attempt::Suspect(e.message)
+                }
                 Err(e) if e.retryable => {
                     tracing::warn!(target = %entry.target, attempt = entry.attempts + 1, error = %e, "delivery failed; will retry");
                     Attempt::Retry(e.message)

@@ -27,11 +27,19 @@ pub struct CronTool {
     tz: TzName,
     /// The chats of `[telegram] allow_from`: the only Telegram chats a job may deliver to.
     telegram: AllowedChats,
+    /// The topics bramble listens to: never a job's `mqtt:` target.
+    mqtt_inputs: Option<crate::util::mqtt::InputTopics>,
 }
 
 impl CronTool {
     pub fn new(store: JobStore, tz: TzName, telegram: AllowedChats) -> Self {
-        CronTool { store, tz, telegram }
+        CronTool { store, tz, telegram, mqtt_inputs: None }
+    }
+
+    /// Refuse `mqtt:<topic>` targets bramble listens to ([`super::message::check_mqtt_targets`]).
+    pub fn with_mqtt_inputs(mut self, inputs: Option<crate::util::mqtt::InputTopics>) -> Self {
+        self.mqtt_inputs = inputs;
+        self
     }
 
     async fn add(&self, a: Args, ctx: &ToolContext) -> Result<String, ToolError> {
@@ -60,6 +68,7 @@ impl CronTool {
             };
         let deliver =
             a.deliver.iter().map(|t| t.parse::<Target>().map_err(ToolError)).collect::<Result<Vec<_>, _>>()?;
+        super::message::check_mqtt_targets(&deliver, self.mqtt_inputs.as_ref())?;
         super::message::check_delivery(ctx, &deliver, &self.telegram).await?;
         let name = match a.name {
             Some(n) => n,

@@ -26,6 +26,8 @@ pub enum PublishError {
     Lost,
     #[error("the broker did not acknowledge the message within {0:?}")]
     Timeout(Duration),
+    #[error("the broker refused the message ({0})")]
+    Refused(String),
 }
 
 /// The publishing side, shared by the channel, the job observer, discovery and
@@ -35,14 +37,17 @@ pub struct Link {
     state: Mutex<LinkState>,
 }
 
+/// Told how a publish ended: acknowledged, or refused with the broker's reason.
+type Waiter = oneshot::Sender<Result<(), String>>;
+
 #[derive(Default)]
 struct LinkState {
     /// The client of the current connection; `None` while disconnected.
     client: Option<AsyncClient>,
     /// Waiters of publishes handed to rumqttc and not yet written, in order.
-    queued: VecDeque<oneshot::Sender<()>>,
+    queued: VecDeque<Waiter>,
     /// Waiters of publishes written, by packet id, until the PubAck.
-    unacked: HashMap<u16, oneshot::Sender<()>>,
+    unacked: HashMap<u16, Waiter>,
     /// Retained state published again on every ConnAck (status, discovery,
     /// job records). An empty payload clears a retained topic.
     retained: BTreeMap<String, Vec<u8>>,
@@ -52,8 +57,10 @@ struct LinkState {
 }
 
 impl crate::delivery::Publisher for Link {
+    /// `mqtt_publish`: never to a topic we listen to, nor one against MQTT's rules.
     fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
+            self.settings.inputs.refuse(topic).map_err(|e| e.to_string())?;
             self.publish_acked(topic, payload, retain, super::ACK_TIMEOUT).await.map_err(|e| e.to_string())
         })
     }
@@ -85,7 +92,12 @@ impl Link {
 
     /// Hand one QoS 1 publish to rumqttc; the receiver resolves on its PubAck
     /// and fails if the connection is lost first.
-    pub fn publish(&self, topic: &str, payload: Vec<u8>, retain: bool) -> Result<oneshot::Receiver<()>, PublishError> {
+    pub fn publish(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
         // Fixed header, topic length and packet id fit in 16 bytes.
         if payload.len() + topic.len() + 16 > MAX_PACKET {
             return Err(PublishError::TooLarge(payload.len()));
@@ -104,7 +116,8 @@ impl Link {
     ) -> Result<(), PublishError> {
         let rx = self.publish(topic, payload, retain)?;
         match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(reason))) => Err(PublishError::Refused(reason)),
             Ok(Err(_)) => Err(PublishError::Lost),
             Err(_) => Err(PublishError::Timeout(limit)),
         }
@@ -157,7 +170,7 @@ impl Link {
         let mut st = self.lock();
         if let Some(waiter) = st.queued.pop_front() {
             if pkid == 0 {
-                let _ = waiter.send(());
+                let _ = waiter.send(Ok(()));
             } else {
                 st.unacked.insert(pkid, waiter);
             }
@@ -167,15 +180,17 @@ impl Link {
     }
 
     /// The broker's PubAck. MQTT 5 gives a reason: a refusal (not authorized,
-    /// quota exceeded, …) fails the waiter, so the outbox keeps the report.
+    /// quota exceeded, …) fails the waiter with it; the outbox counts it.
     pub(super) fn on_puback(&self, ack: &PubAck) {
         let Some(waiter) = self.lock().unacked.remove(&ack.pkid) else { return };
-        match ack.reason {
-            PubAckReason::Success | PubAckReason::NoMatchingSubscribers => {
-                let _ = waiter.send(());
+        let outcome = match ack.reason {
+            PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Ok(()),
+            ref refused => {
+                tracing::warn!(reason = ?refused, "the MQTT broker refused a message");
+                Err(format!("{refused:?}"))
             }
-            ref refused => tracing::warn!(reason = ?refused, "the MQTT broker refused a message"),
-        }
+        };
+        let _ = waiter.send(outcome);
     }
 
     /// The connection is gone: every waiter fails (the outbox retries), new
@@ -208,7 +223,7 @@ fn publish_locked(
     topic: &str,
     payload: Vec<u8>,
     retain: bool,
-) -> Result<oneshot::Receiver<()>, PublishError> {
+) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
     let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
     client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
     let (tx, rx) = oneshot::channel();

@@ -53,12 +53,14 @@
 pub mod discovery;
 mod inbound;
 mod keepalive;
+mod limit;
 mod link;
 pub mod triggers;
 
 pub use inbound::inbound_message;
 use inbound::Router;
 use keepalive::Pinger;
+pub use limit::{TurnLimit, TurnRate};
 pub use link::{Link, PublishError};
 
 use std::path::PathBuf;
@@ -76,6 +78,7 @@ use crate::bus::{InboundMessage, Target};
 use crate::config::MqttConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::scheduler::{JobStore, SchedulerHandle};
+use crate::util::mqtt::InputTopics;
 use crate::util::BoxFuture;
 
 /// Largest packet sent (rumqttc's default is 10 KiB; an LLM answer is bigger).
@@ -106,7 +109,7 @@ const STABLE: Duration = Duration::from_secs(10);
 /// Why MQTT cannot be set up from the config.
 #[derive(Debug, thiserror::Error)]
 pub enum MqttError {
-    #[error("[mqtt] topic_prefix `{0}` must not be empty or contain `+` or `#`")]
+    #[error("[mqtt] topic_prefix `{0}` must be a topic: not empty, no `+`, `#` or control characters, not starting with `$`")]
     Prefix(String),
     #[error("[mqtt] password_env names {0} but it is not set")]
     PasswordEnv(String),
@@ -134,6 +137,10 @@ pub struct Settings {
     pub inbound: bool,
     /// `[mqtt] keep_alive`: the PINGREQ interval, which the broker's last will waits 1.5 × on.
     pub keep_alive: Duration,
+    /// What we subscribe to, route by, and never publish to.
+    pub inputs: InputTopics,
+    /// `[mqtt] turns_per_minute` and `turn_burst`: model turns one source may start.
+    pub turn_rate: TurnRate,
 }
 
 impl Settings {
@@ -155,7 +162,7 @@ impl Settings {
             .trim()
             .trim_end_matches('/')
             .to_string();
-        if prefix.is_empty() || prefix.contains(['+', '#']) {
+        if crate::util::mqtt::check_topic(&prefix).is_err() {
             return Err(MqttError::Prefix(prefix));
         }
         let password = match (&c.password, &c.password_env) {
@@ -168,7 +175,7 @@ impl Settings {
         if !KEEP_ALIVE_RANGE.contains(&c.keep_alive.get()) {
             return Err(MqttError::KeepAlive(c.keep_alive));
         }
-        Ok(Some(Settings {
+        let mut s = Settings {
             client_id: device.clone(),
             device,
             prefix,
@@ -180,7 +187,16 @@ impl Settings {
             discovery: c.discovery,
             inbound: c.inbound,
             keep_alive: c.keep_alive.get(),
-        }))
+            inputs: InputTopics::default(),
+            turn_rate: TurnRate { per_minute: c.turns_per_minute, burst: c.turn_burst },
+        };
+        s.inputs = InputTopics {
+            prefix: s.prefix.clone(),
+            inbound: s.inbound,
+            discovery: s.discovery.then(|| discovery::cleanup_filter(&s)),
+            triggers: c.trigger.iter().map(|t| t.topic.clone()).collect(),
+        };
+        Ok(Some(s))
     }
 
     /// `<prefix>/<rest>`.
@@ -297,6 +313,25 @@ pub fn status_line(c: &MqttConfig) -> String {
     )
 }
 
+/// The MQTT targets among `targets` that bramble must not deliver to, as an
+/// error that names the first: a topic against MQTT's rules, or one of the
+/// topics this config makes bramble listen to (a report there would come back
+/// as a new message). For every place a target is accepted: `cron add
+/// --deliver`, the cron and message tools, the config.
+pub fn refuse_targets(config: &MqttConfig, targets: &[Target]) -> Result<(), String> {
+    let inputs = Settings::from_config(config).ok().flatten().map(|s| s.inputs);
+    for t in targets {
+        if let Target::Mqtt(Some(topic)) = t {
+            let refused = match &inputs {
+                Some(inputs) => inputs.refuse(topic),
+                None => crate::util::mqtt::check_topic(topic),
+            };
+            refused.map_err(|e| format!("`{}` cannot be a delivery target: {e}", t.to_string().escape_debug()))?;
+        }
+    }
+    Ok(())
+}
+
 /// `bramble check`: what would keep MQTT from working as configured.
 pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
     let c = &config.mqtt;
@@ -307,6 +342,13 @@ pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
             out.push("[mqtt] has triggers or publish_allow but no `url`: MQTT stays off".into())
         }
         _ => {}
+    }
+    let configured =
+        [&config.heartbeat.deliver, &config.alerts.deliver].into_iter().chain(c.trigger.iter().map(|t| &t.deliver));
+    for targets in configured {
+        if let Err(e) = refuse_targets(c, targets) {
+            out.push(format!("{e}: such reports are set aside, never published"));
+        }
     }
     for t in &c.trigger {
         for target in &t.deliver {
@@ -394,10 +436,21 @@ impl Channel for MqttChannel {
             let Some(topic) = MqttChannel::topic_for(&self.link.settings, report.target, report.source) else {
                 return Err(DeliveryError::permanent(format!("`{}` is not an MQTT target", report.target)));
             };
+            // Never a topic we listen to (the report would come back as a new
+            // message), nor one a broker closes the connection on: refused
+            // for good, whatever queued it (an old outbox, an old job, the config).
+            if let Err(e) = self.link.settings.inputs.refuse(&topic) {
+                return Err(DeliveryError::permanent(format!("{}: {e}", topic.escape_debug())));
+            }
             let text = report.text_naming_files();
             match self.link.publish_acked(&topic, text.as_bytes().to_vec(), false, ACK_TIMEOUT).await {
                 Ok(()) => Ok(()),
                 Err(e @ PublishError::TooLarge(_)) => Err(DeliveryError::permanent(format!("{topic}: {e}"))),
+                // The broker said no, or closed the connection with this report
+                // in flight (what it does to a packet it will not take): counted.
+                Err(e @ (PublishError::Refused(_) | PublishError::Lost)) => {
+                    Err(DeliveryError::suspect(format!("{topic}: {e}")))
+                }
                 Err(e) => Err(DeliveryError::retryable(format!("{topic}: {e}"))),
             }
         })
@@ -434,27 +487,23 @@ pub fn spawn(
     abort: CancellationToken,
 ) -> Result<(), MqttError> {
     let options = link.settings.options()?;
-    let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger);
+    let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger, link.settings.turn_rate);
     let trigger_set = Arc::new(trigger_set);
     if let (Some(rx), Some(deps)) = (trigger_rx, w.triggers) {
         tasks.spawn(triggers::run(trigger_set.clone(), rx, deps, stop.clone(), abort));
     }
-    let mut subscriptions = Vec::new();
-    if link.settings.inbound {
-        subscriptions.extend([link.settings.topic("in"), link.settings.topic("run/+")]);
-    } else {
+    if !link.settings.inbound {
         tracing::info!("MQTT inbound is off: {} and run/<job> are not listened to", link.settings.topic("in"));
     }
-    subscriptions.extend(trigger_set.filters());
-    if link.settings.discovery {
-        subscriptions.push(discovery::cleanup_filter(&link.settings));
-    }
+    // The one list we listen to, route by and never publish to.
+    let subscriptions = link.settings.inputs.subscriptions();
     let router = Router {
         link: link.clone(),
         inbound: w.inbound,
         scheduler: w.scheduler,
         jobs: w.jobs.clone(),
         triggers: trigger_set,
+        turns: TurnLimit::new(link.settings.turn_rate, link.settings.topic("in")),
     };
     let outbox = (w.outbox, w.wake);
     tasks.spawn(connection(link.clone(), options, subscriptions, router, outbox, stop.clone()));
