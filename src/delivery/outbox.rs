@@ -870,6 +870,41 @@ mod tests {
     }
 
     #[test]
+    fn a_report_refused_again_and_again_is_set_aside_and_the_count_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        let bad = o.enqueue(Target::Mqtt(None), "big", "job:x").unwrap();
+        let now = ts("2026-01-01T00:00:00Z");
+        o.record(bad, Attempt::Retry("not connected".into()), now).unwrap();
+        for _ in 1..MAX_REFUSALS {
+            // A new handle each time: a restart does not reset the count.
+            Outbox::new(dir.path()).record(bad, Attempt::Suspect("connection lost".into()), now).unwrap();
+        }
+        let e = &o.pending().unwrap()[0];
+        assert_eq!((e.refusals, e.attempts), (MAX_REFUSALS - 1, MAX_REFUSALS));
+        o.record(bad, Attempt::Suspect("connection lost".into()), now).unwrap();
+        assert!(o.pending().unwrap().is_empty(), "set aside, not retried");
+        let outcome = &o.recent().unwrap()[0].outcome;
+        assert_eq!(outcome, &format!("set aside after {MAX_REFUSALS} refusals: connection lost"));
+    }
+
+    #[test]
+    fn a_report_to_a_topic_against_mqtt_rules_is_not_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        let results = o.enqueue_many(vec![
+            super::super::Outgoing::new(Target::Log, "a", "agent"),
+            super::super::Outgoing::new(Target::Mqtt(Some("a/\0".into())), "b", "agent"),
+            super::super::Outgoing::new(Target::Mqtt(Some("ok/topic".into())), "c", "agent"),
+        ]);
+        assert!(results[0].is_ok() && results[2].is_ok());
+        let err = results[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("not queued") && err.contains("U+0000"), "{err}");
+        let texts: Vec<_> = o.pending().unwrap().into_iter().map(|e| e.text).collect();
+        assert_eq!(texts, ["a", "c"]);
+    }
+
+    #[test]
     fn dropped_reports_are_recorded_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         let o = Outbox::new(dir.path());

@@ -20,7 +20,9 @@ pub enum PublishError {
     NotConnected,
     #[error("the MQTT request queue is full")]
     QueueFull,
-    #[error("the payload ({0} bytes) is larger than the MQTT packet limit")]
+    #[error(
+        "the payload ({0} bytes) is larger than the MQTT packet limit (ours, or the broker's Maximum Packet Size)"
+    )]
     TooLarge(usize),
     #[error("the connection to the broker was lost before it acknowledged the message")]
     Lost,
@@ -54,6 +56,9 @@ struct LinkState {
     /// Retained topics not yet handed to rumqttc on this connection (its
     /// request queue was full): sent as the queue drains.
     unsent: BTreeSet<String>,
+    /// The broker's Maximum Packet Size (MQTT 5 CONNACK). rumqttc fails the
+    /// whole connection on a larger publish, so none is handed to it.
+    broker_max: Option<u32>,
 }
 
 impl crate::delivery::Publisher for Link {
@@ -98,10 +103,6 @@ impl Link {
         payload: Vec<u8>,
         retain: bool,
     ) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
-        // Fixed header, topic length and packet id fit in 16 bytes.
-        if payload.len() + topic.len() + 16 > MAX_PACKET {
-            return Err(PublishError::TooLarge(payload.len()));
-        }
         let mut st = self.lock();
         publish_locked(&mut st, topic, payload, retain)
     }
@@ -146,8 +147,10 @@ impl Link {
     }
 
     /// A new connection: take its client, subscribe, publish the retained state.
-    pub(super) fn on_connack(&self, client: AsyncClient, subscriptions: &[String]) {
+    /// `broker_max`: the broker's Maximum Packet Size, if it told one.
+    pub(super) fn on_connack(&self, client: AsyncClient, subscriptions: &[String], broker_max: Option<u32>) {
         let mut st = self.lock();
+        st.broker_max = broker_max;
         for filter in subscriptions {
             if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                 tracing::warn!(filter, "cannot subscribe: {e}");
@@ -211,8 +214,11 @@ fn flush_retained(st: &mut LinkState) {
             st.unsent.remove(&topic);
             continue;
         };
-        if publish_locked(st, &topic, payload, true).is_err() {
-            return;
+        match publish_locked(st, &topic, payload, true) {
+            Ok(_) => {}
+            // Never sendable on this connection: skipped, not waited for.
+            Err(e @ PublishError::TooLarge(_)) => tracing::warn!(topic, "retained state not published: {e}"),
+            Err(_) => return,
         }
         st.unsent.remove(&topic);
     }
@@ -224,6 +230,11 @@ fn publish_locked(
     payload: Vec<u8>,
     retain: bool,
 ) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
+    // Fixed header, topic length, packet id and properties fit in 16 bytes.
+    let size = payload.len() + topic.len() + 16;
+    if size > MAX_PACKET || st.broker_max.is_some_and(|max| size > max as usize) {
+        return Err(PublishError::TooLarge(payload.len()));
+    }
     let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
     client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
     let (tx, rx) = oneshot::channel();

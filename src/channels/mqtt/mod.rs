@@ -557,7 +557,8 @@ async fn connection(
                     connected_at = Some(tokio::time::Instant::now());
                     pinger = Pinger::take_over(&mut events);
                     if let Some(c) = client.take() {
-                        link.on_connack(c, &subscriptions);
+                        let broker_max = ack.properties.as_ref().and_then(|p| p.max_packet_size);
+                        link.on_connack(c, &subscriptions, broker_max);
                     }
                     match outbox.retry_now("mqtt") {
                         Ok(0) => {}
@@ -773,6 +774,18 @@ mod tests {
         assert!(err.contains("not a session name"), "{err}");
         assert!(inbound_message(&s, br#"{"text":"#).unwrap_err().contains("not a valid JSON"));
         assert!(inbound_message(&s, br#"{"text":"x","reply_to":"a/#"}"#).unwrap_err().contains("wildcard"));
+        // Never a topic we listen to (the answer would be the next message), nor one a broker disconnects on.
+        for (reply_to, says) in [
+            ("bramble/pi/in", "own input topics"),
+            ("bramble/pi/run/backup", "own input topics"),
+            ("homeassistant/button/bramble_pi/run_x/config", "own input topics"),
+            ("a/\\u0000", "U+0000"),
+            ("$SYS/broker", "`$`"),
+        ] {
+            let payload = format!(r#"{{"text":"x","reply_to":"{reply_to}"}}"#);
+            let err = inbound_message(&s, payload.as_bytes()).unwrap_err();
+            assert!(err.contains(says), "{reply_to}: {err}");
+        }
         assert!(inbound_message(&s, b"   ").is_err());
     }
 
@@ -803,6 +816,15 @@ mod tests {
         let link = Link::new(settings());
         assert_eq!(link.publish("a", b"x".to_vec(), false).unwrap_err(), PublishError::NotConnected);
         assert!(matches!(link.publish("a", vec![0; MAX_PACKET], false).unwrap_err(), PublishError::TooLarge(_)));
+        // The broker's Maximum Packet Size: a larger publish would take the connection down.
+        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 10);
+        link.on_connack(client, &[], Some(2000));
+        assert!(matches!(link.publish("a", vec![0; 2000], false).unwrap_err(), PublishError::TooLarge(2000)));
+        assert!(link.publish("a", vec![0; 100], false).is_ok());
+        link.set_retained("big/state", vec![0; 3000]);
+        link.set_retained("small/state", b"x".to_vec());
+        assert_eq!(link.unsent_count(), 0, "the oversize state is skipped, the rest goes");
+        link.on_disconnect();
         // Retained state is kept for the next connection.
         link.set_retained("bramble/pi/jobs/x", b"{}".to_vec());
         assert_eq!(link.retained_value("bramble/pi/jobs/x"), Some(b"{}".to_vec()));
@@ -816,14 +838,14 @@ mod tests {
         }
         // A connection whose request queue holds 4: `online` and three more go now.
         let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 4);
-        link.on_connack(client, &[]);
+        link.on_connack(client, &[], None);
         assert_eq!(link.unsent_count(), 7);
         // Disconnected, a change waits too; the next ConnAck sends everything again.
         link.on_disconnect();
         link.set_retained("t/new", b"y".to_vec());
         assert_eq!(link.unsent_count(), 8);
         let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 100);
-        link.on_connack(client, &[]);
+        link.on_connack(client, &[], None);
         assert_eq!(link.unsent_count(), 0);
     }
 }
