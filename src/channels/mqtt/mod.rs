@@ -7,7 +7,10 @@
 //! - `link.rs`: the [`Link`] shared by everything that publishes; ack tracking;
 //!   the retained state re-published on every connect.
 //! - `inbound.rs`: `<prefix>/in`, `<prefix>/run/<job>`, and the routing of
-//!   everything else to discovery clean-up and triggers.
+//!   everything else to discovery clean-up and triggers, by the same
+//!   [`InputTopics`] we subscribe with — and never publish to: a report on a
+//!   topic we listen to would come back as a new message (a loop of turns).
+//! - `limit.rs`: [`TurnLimit`], the model turns one source on the broker may start.
 //! - [`triggers`]: `[[mqtt.trigger]]` — templates into agent turns, or commands.
 //! - [`discovery`]: Home Assistant MQTT discovery documents.
 //!
@@ -729,6 +732,13 @@ mod tests {
         assert!(check_warnings(&c)[0].contains("no `url`"));
         let c = parse("[mqtt]\nurl = \"mqtt://b\"\ntopic_prefix = \"a/+\"\n");
         assert!(check_warnings(&c)[0].contains("topic_prefix `a/+`"));
+        // Configured reports into our own input topics, or to a `$` topic: said, and set aside at delivery.
+        let c = parse(
+            "[heartbeat]\ndeliver = [\"mqtt:bramble/pi/in\"]\n[mqtt]\nurl = \"mqtt://b\"\ndevice = \"pi\"\n\
+             [[mqtt.trigger]]\ntopic = \"a/b\"\nexec = \"cat\"\ndeliver = [\"mqtt:a/b\"]\n",
+        );
+        let w = check_warnings(&c);
+        assert!(w.iter().filter(|w| w.contains("own input topics")).count() == 2, "{w:?}");
         assert!(check_warnings(&parse("")).is_empty());
     }
 
