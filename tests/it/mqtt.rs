@@ -481,7 +481,9 @@ async fn an_answer_never_goes_to_a_topic_bramble_listens_to() {
         "discovery = false\n[[mqtt.trigger]]\ntopic = \"sensors/door\"\nexec = \"cat >> door.txt\"\nmin_interval = \"0s\"",
     )
     .await;
-    s.fake.route(|_| Some(Reply::text("an answer")));
+    // A model that cooperates with the loop: its answer is itself a message to `in`.
+    let answer = r#"{"text":"again","reply_to":"bramble/testpi/in"}"#;
+    s.fake.route(move |_| Some(Reply::text(answer)));
     let daemon = s.start();
     let inbox = "bramble/testpi/in";
     let w =
@@ -492,13 +494,14 @@ async fn an_answer_never_goes_to_a_topic_bramble_listens_to() {
     }
     // The control: a message after them is answered where it asks.
     w.publish(inbox, r#"{"text":"hello","reply_to":"elsewhere"}"#).await;
-    assert!(w.wait_for(15, "elsewhere", |p| p == "an answer").await, "{}", s.log());
+    assert!(w.wait_for(15, "elsewhere", |p| p == answer).await, "{}", s.log());
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     daemon.stop().await;
     assert_eq!(s.fake.request_count(), 1, "one turn: the answered one, no loop");
     assert_eq!(w.on(inbox).len(), 4, "only our own four messages on the input topic");
     assert!(w.on("bramble/testpi/run/ping").is_empty() && w.on("sensors/door").is_empty());
     assert!(!s.home.workspace.join("door.txt").exists(), "the trigger never fired");
+    // The answer published to `elsewhere` came back to nobody: only our three were refused.
     assert_eq!(s.log().matches("is one of bramble's own input topics").count(), 3, "{}", s.log());
 }
 
