@@ -170,3 +170,57 @@ pub async fn pump_outbound(
         save(batch).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::Target;
+    use crate::delivery::{Channel, DeliveryError};
+    use crate::util::BoxFuture;
+    use std::sync::Mutex;
+
+    /// Records what it was given; refuses `bad` as a broker would (suspect).
+    struct Recording(Mutex<Vec<String>>);
+
+    impl Channel for Recording {
+        fn name(&self) -> &'static str {
+            "log"
+        }
+        fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
+            self.0.lock().unwrap().push(report.text.to_string());
+            let bad = report.text == "bad";
+            Box::pin(async move {
+                if bad {
+                    Err(DeliveryError::suspect("connection lost"))
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_report_refused_before_goes_after_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::new(dir.path());
+        let bad = outbox.enqueue(Target::Log, "bad", "job:a").unwrap();
+        outbox.record(bad, Attempt::Suspect("connection lost".into()), Timestamp::now()).unwrap();
+        outbox.retry_now("log").unwrap();
+        outbox.enqueue(Target::Log, "good", "job:b").unwrap();
+        let ch = Arc::new(Recording(Mutex::new(Vec::new())));
+        let mut channels = Channels::default();
+        channels.add(ch.clone());
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run_outbox(outbox.clone(), channels, Arc::default(), Arc::default(), cancel.clone()));
+        for _ in 0..200 {
+            if ch.0.lock().unwrap().len() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(*ch.0.lock().unwrap(), ["good", "bad"], "the older, refused report goes last");
+        assert_eq!(outbox.pending().unwrap()[0].refusals, 2, "counted again");
+    }
+}
