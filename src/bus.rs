@@ -72,7 +72,19 @@ impl fmt::Display for Target {
 
 impl FromStr for Target {
     type Err = String;
+    /// A target as a user, the config or the agent writes it. An MQTT topic
+    /// must follow MQTT's rules ([`crate::util::mqtt::check_topic`]): a broker
+    /// closes the connection on a publish that does not, and a report queued
+    /// for one would stall the channel.
     fn from_str(text: &str) -> Result<Self, String> {
+        Target::parse(text, true)
+    }
+}
+
+impl Target {
+    /// `strict`: the whole of MQTT's topic rules; otherwise only what earlier
+    /// versions checked (no wildcards), for targets read back from state files.
+    fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected = "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
@@ -96,6 +108,8 @@ impl FromStr for Target {
                     Err(format!(
                         "`{text}`: an MQTT target needs a topic without wildcards, like `mqtt:home/bramble/report`"
                     ))
+                } else if let Some(e) = crate::util::mqtt::check_topic(topic).err().filter(|_| strict) {
+                    Err(format!("`{}`: {e}", text.escape_debug()))
                 } else {
                     Ok(Target::Mqtt(Some(topic.to_string())))
                 }
@@ -116,9 +130,14 @@ impl FromStr for Target {
     }
 }
 
+/// Read back as earlier versions wrote it: `jobs.json` and the outbox are read
+/// whole, and a stricter rule here would make one old target cost every job
+/// or report in the file. What cannot be delivered is refused where it is
+/// delivered (the MQTT channel checks every topic) and said by `bramble check`
+/// for the config; everything new is checked by [`FromStr`].
 impl<'de> Deserialize<'de> for Target {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        Target::parse(&String::deserialize(d)?, false).map_err(serde::de::Error::custom)
     }
 }
 
@@ -360,10 +379,22 @@ mod tests {
             "ha:light.x",
             "ha:notify.",
             "ha:notify.a/b",
+            "mqtt:$SYS/broker/load",
         ] {
             let err = t.parse::<Target>().unwrap_err();
             assert!(err.contains(t.trim()), "{err}");
         }
+        // MQTT's topic rules: what a broker would close the connection on is refused now.
+        for (t, says) in [("mqtt:a\0b", "U+0000"), ("mqtt:a\u{1}b", "U+0001"), ("mqtt:$SYS/x", "`$`")] {
+            let err = t.parse::<Target>().unwrap_err();
+            assert!(err.contains(says), "{t:?}: {err}");
+        }
+        let long = format!("mqtt:{}", "a".repeat(65536));
+        assert!(long.parse::<Target>().unwrap_err().contains("65535 bytes"));
+        // Read back from a state file as earlier versions wrote it: kept, refused at delivery.
+        let old: Target = serde_json::from_str("\"mqtt:$SYS/x\\u0000\"").unwrap();
+        assert_eq!(old, Target::Mqtt(Some("$SYS/x\0".into())));
+        assert!(serde_json::from_str::<Target>("\"mqtt:a/#\"").is_err());
         assert_eq!("ha:notify.mobile_app_x".parse::<Target>().unwrap().channel(), "ha");
     }
 

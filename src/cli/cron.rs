@@ -90,6 +90,7 @@ pub(super) fn edit(
                 .iter()
                 .map(|t| t.parse::<Target>().map_err(anyhow::Error::msg))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            crate::channels::mqtt::refuse_targets(&loaded.config.mqtt, &deliver).map_err(anyhow::Error::msg)?;
             let mut job = Job::new(&name, schedule, kind, deliver, now, tz.tz())?;
             if let Some(policy) = catch_up {
                 job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;

@@ -904,6 +904,11 @@ pub struct MqttConfig {
     /// goes silent without a goodbye (power cut, network gone); a broker that
     /// stopped answering is noticed after at most 2 × this.
     pub keep_alive: Dur,
+    /// Model turns a minute that one source on the broker may start
+    /// (`<prefix>/in`; the message triggers together); more are dropped. 0: no limit.
+    pub turns_per_minute: u32,
+    /// How many of those may come at once.
+    pub turn_burst: u32,
 }
 
 /// `[mqtt] keep_alive` by default.
@@ -923,6 +928,8 @@ impl Default for MqttConfig {
             trigger: Vec::new(),
             inbound: true,
             keep_alive: MQTT_KEEP_ALIVE,
+            turns_per_minute: 20,
+            turn_burst: 5,
         }
     }
 }

@@ -82,28 +82,37 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         }
     }
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
+    // The topics bramble listens to: no tool delivers or publishes there.
+    let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
         crate::tools::message::MessageTool::new(
             links.outbound.clone(),
             c.mqtt.publish_allow.clone(),
             telegram_chats.clone(),
         )
+        .with_mqtt_inputs(mqtt_inputs.clone())
         .with_workspace(crate::workspace::Workspace::new(ws.clone())),
     ));
     if c.mqtt.url.is_some() {
-        tools.register(Arc::new(crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)));
+        tools.register(Arc::new(
+            crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)
+                .refusing(mqtt_inputs.clone()),
+        ));
     }
     if let Some(ha) = links.ha.or_else(|| ha_rest(c)) {
         let allow = &c.homeassistant.allow;
         tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
         tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
     }
-    tools.register(Arc::new(crate::tools::cron::CronTool::new(
-        JobStore::open(state),
-        c.timezone(),
-        telegram_chats,
-        c.mqtt.publish_allow.clone(),
-    )));
+    tools.register(Arc::new(
+        crate::tools::cron::CronTool::new(
+            JobStore::open(state),
+            c.timezone(),
+            telegram_chats,
+            c.mqtt.publish_allow.clone(),
+        )
+        .with_mqtt_inputs(mqtt_inputs),
+    ));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
     if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws) {

@@ -40,11 +40,14 @@ pub async fn run_outbox(
         let mut write_failed = false;
         // The outbox waits on the disk: read and written on a blocking thread.
         let reader = outbox.clone();
-        let due = blocking(move || reader.due(Timestamp::now())).await.unwrap_or_else(|e| {
+        let mut due = blocking(move || reader.due(Timestamp::now())).await.unwrap_or_else(|e| {
             tracing::error!("{e}");
             write_failed = true;
             Vec::new()
         });
+        // A report the other side refused before goes after the others: if it
+        // takes the connection down again, it takes nothing else with it.
+        due.sort_by_key(|e| e.refusals > 0);
         // Outcomes from earlier passes that could not be written yet go into this pass's write.
         let mut outcomes: Vec<(u64, Attempt)> = unrecorded.drain().collect();
         for entry in due {
@@ -70,6 +73,10 @@ pub async fn run_outbox(
                 .await
             {
                 Ok(()) => Attempt::Delivered,
+                Err(e) if e.suspect => {
+                    tracing::warn!(target = %entry.target, refusals = entry.refusals + 1, error = %e, "delivery refused or the connection closed under it; will retry");
+                    Attempt::Suspect(e.message)
+                }
                 Err(e) if e.retryable => {
                     tracing::warn!(target = %entry.target, attempt = entry.attempts + 1, error = %e, "delivery failed; will retry");
                     Attempt::Retry(e.message)
@@ -161,5 +168,59 @@ pub async fn pump_outbound(
     }
     if !batch.is_empty() {
         save(batch).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::Target;
+    use crate::delivery::{Channel, DeliveryError};
+    use crate::util::BoxFuture;
+    use std::sync::Mutex;
+
+    /// Records what it was given; refuses `bad` as a broker would (suspect).
+    struct Recording(Mutex<Vec<String>>);
+
+    impl Channel for Recording {
+        fn name(&self) -> &'static str {
+            "log"
+        }
+        fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
+            self.0.lock().unwrap().push(report.text.to_string());
+            let bad = report.text == "bad";
+            Box::pin(async move {
+                if bad {
+                    Err(DeliveryError::suspect("connection lost"))
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_report_refused_before_goes_after_the_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = Outbox::new(dir.path());
+        let bad = outbox.enqueue(Target::Log, "bad", "job:a").unwrap();
+        outbox.record(bad, Attempt::Suspect("connection lost".into()), Timestamp::now()).unwrap();
+        outbox.retry_now("log").unwrap();
+        outbox.enqueue(Target::Log, "good", "job:b").unwrap();
+        let ch = Arc::new(Recording(Mutex::new(Vec::new())));
+        let mut channels = Channels::default();
+        channels.add(ch.clone());
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run_outbox(outbox.clone(), channels, Arc::default(), Arc::default(), cancel.clone()));
+        for _ in 0..200 {
+            if ch.0.lock().unwrap().len() >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        assert_eq!(*ch.0.lock().unwrap(), ["good", "bad"], "the older, refused report goes last");
+        assert_eq!(outbox.pending().unwrap()[0].refusals, 2, "counted again");
     }
 }

@@ -28,14 +28,24 @@ pub struct DeliveryError {
     /// Whether trying again later may succeed (broker down, network, 429) or
     /// not (chat does not exist, bot blocked): permanent failures are dropped with a log line.
     pub retryable: bool,
+    /// The failure may be this report's own doing: the other side refused it,
+    /// or closed the connection while it was in flight (an MQTT broker does
+    /// that to a packet it will not take). Retried, but counted: after
+    /// [`outbox::MAX_REFUSALS`] such failures the report is set aside, so it
+    /// cannot take the channel down after every reconnect for ever.
+    pub suspect: bool,
 }
 
 impl DeliveryError {
     pub fn retryable(message: impl Into<String>) -> Self {
-        DeliveryError { message: message.into(), retryable: true }
+        DeliveryError { message: message.into(), retryable: true, suspect: false }
     }
     pub fn permanent(message: impl Into<String>) -> Self {
-        DeliveryError { message: message.into(), retryable: false }
+        DeliveryError { message: message.into(), retryable: false, suspect: false }
+    }
+    /// Retryable, and counted against the report ([`suspect`](Self::suspect)).
+    pub fn suspect(message: impl Into<String>) -> Self {
+        DeliveryError { message: message.into(), retryable: true, suspect: true }
     }
 }
 
@@ -155,6 +165,8 @@ impl Reports {
 /// MQTT channel's link through this, so the tool knows no channel.
 pub trait Publisher: Send + Sync {
     /// Publish; Ok once the broker has it. The error is a sentence for the model.
+    /// A topic bramble listens to, or one against MQTT's rules, is refused
+    /// before anything is sent.
     fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>>;
 }
 

@@ -7,7 +7,13 @@
 //! after the channel said yes. A channel that is down (broker restarting, no
 //! network) gets the report again with exponential backoff (5 s … 10 min),
 //! across restarts too. A permanent refusal (the chat does not exist) is
-//! logged and dropped.
+//! logged and dropped. A report the other side keeps refusing — an MQTT broker
+//! closes the connection on a packet it will not take, so it looks like an
+//! outage that a reconnect ends — is set aside after [`MAX_REFUSALS`] such
+//! attempts (counted in the journal, so a restart does not reset the count),
+//! and the dispatcher tries it after the others in each pass, so it never
+//! holds them up. A report to an MQTT topic against MQTT's rules is not
+//! queued at all.
 //!
 //! The file is a journal: one line per change (`add`, `set` for a new attempt
 //! count or backoff, `done` with the outcome), never a rewrite of the whole
@@ -63,6 +69,9 @@ const COMPACT_SLACK: usize = 100;
 /// First retry delay; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(5);
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
+/// A report the other side refused (or closed the connection on) this many
+/// times is set aside: recorded as done with the reason, not retried.
+pub const MAX_REFUSALS: u32 = 5;
 /// At most this many reports are held in memory while the outbox cannot be written.
 pub const HELD_MAX_REPORTS: usize = 256;
 /// At most this many bytes of report text (and source) are held in memory.
@@ -83,6 +92,10 @@ pub struct Entry {
     pub next_attempt: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Attempts the other side refused or closed the connection on (see
+    /// [`MAX_REFUSALS`]); on disk, so a restart does not start the count again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refusals: u32,
     /// The job whose report it is (for report buttons).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<super::JobRef>,
@@ -185,6 +198,9 @@ struct Cache {
 pub enum OutboxError {
     #[error("cannot use the outbox {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    /// A report to a target nothing can deliver to.
+    #[error("a report to `{}` was not queued: {reason}", target.escape_debug())]
+    Target { target: String, reason: String },
     /// The file could not be parsed; it was moved aside, never deleted.
     #[error("the outbox {} was unreadable ({reason}); it was kept as {} and a new one started", path.display(), kept_as.display())]
     Corrupt { path: PathBuf, kept_as: PathBuf, reason: String },
@@ -215,6 +231,10 @@ struct Held {
     last_id: u64,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 fn held_size(e: &Entry) -> usize {
     e.text.len() + e.source.len()
 }
@@ -225,6 +245,9 @@ pub enum Attempt {
     Delivered,
     /// Try again later, with this error.
     Retry(String),
+    /// Refused by the other side, or the connection closed under it: try
+    /// again later, but at most [`MAX_REFUSALS`] times in all.
+    Suspect(String),
     /// Give up, with this reason.
     Drop(String),
 }
@@ -312,8 +335,32 @@ impl Outbox {
     }
 
     /// Queue reports with one append and one flush; one result per report,
-    /// in order (each held or dropped on its own if the write fails).
+    /// in order (each held or dropped on its own if the write fails). A
+    /// report to an MQTT topic against MQTT's rules is refused, not queued:
+    /// a broker closes the connection on such a publish.
     pub fn enqueue_many(&self, reports: Vec<super::Outgoing>) -> Vec<Result<u64, OutboxError>> {
+        let (reports, refused): (Vec<_>, Vec<_>) =
+            reports.into_iter().enumerate().partition(|(_, o)| match &o.target {
+                Target::Mqtt(Some(topic)) => util::mqtt::check_topic(topic).is_ok(),
+                _ => true,
+            });
+        let mut results: Vec<(usize, Result<u64, OutboxError>)> = refused
+            .into_iter()
+            .map(|(i, o)| {
+                let reason = match &o.target {
+                    Target::Mqtt(Some(topic)) => util::mqtt::check_topic(topic).err().map(|e| e.to_string()),
+                    _ => None,
+                };
+                (i, Err(OutboxError::Target { target: o.target.to_string(), reason: reason.unwrap_or_default() }))
+            })
+            .collect();
+        let (order, reports): (Vec<usize>, Vec<_>) = reports.into_iter().unzip();
+        results.extend(order.into_iter().zip(self.enqueue_checked(reports)));
+        results.sort_by_key(|(i, _)| *i);
+        results.into_iter().map(|(_, r)| r).collect()
+    }
+
+    fn enqueue_checked(&self, reports: Vec<super::Outgoing>) -> Vec<Result<u64, OutboxError>> {
         let now = Timestamp::now();
         let entries: Vec<Entry> = reports
             .into_iter()
@@ -326,6 +373,7 @@ impl Outbox {
                 attempts: 0,
                 next_attempt: None,
                 last_error: None,
+                refusals: 0,
                 job: o.job,
                 attach: o.attach,
             })
@@ -451,18 +499,13 @@ impl Outbox {
                     continue;
                 };
                 // Never on disk: its outcome is kept in memory too.
-                match attempt {
-                    Attempt::Retry(err) => {
-                        let e = &mut h.entries[pos];
-                        e.attempts += 1;
-                        e.next_attempt = now.checked_add(backoff(e.attempts)).ok();
-                        e.last_error = Some(err);
-                    }
-                    Attempt::Delivered | Attempt::Drop(_) => {
+                match settle(&h.entries[pos], attempt, now) {
+                    Ok(next) => h.entries[pos] = next,
+                    Err(done) => {
                         let e = h.entries.remove(pos);
                         h.bytes = h.bytes.saturating_sub(held_size(&e));
-                        if let Attempt::Drop(why) = attempt {
-                            tracing::warn!(source = %e.source, target = %e.target, "report dropped: {why}");
+                        if done.outcome != "delivered" {
+                            tracing::warn!(source = %e.source, target = %e.target, "report {}", done.outcome);
                         }
                     }
                 }
@@ -476,27 +519,9 @@ impl Outbox {
                 .into_iter()
                 .filter_map(|(id, attempt)| {
                     let e = f.pending.iter().find(|e| e.id == id)?;
-                    Some(match attempt {
-                        Attempt::Retry(err) => {
-                            let attempts = e.attempts + 1;
-                            Op::Set(Entry {
-                                attempts,
-                                next_attempt: now.checked_add(backoff(attempts)).ok(),
-                                last_error: Some(err),
-                                ..e.clone()
-                            })
-                        }
-                        Attempt::Delivered | Attempt::Drop(_) => Op::Done(Delivered {
-                            id: e.id,
-                            target: e.target.clone(),
-                            source: e.source.clone(),
-                            created: e.created,
-                            finished: now,
-                            outcome: match attempt {
-                                Attempt::Drop(why) => format!("dropped: {why}"),
-                                _ => "delivered".to_string(),
-                            },
-                        }),
+                    Some(match settle(e, attempt, now) {
+                        Ok(next) => Op::Set(next),
+                        Err(done) => Op::Done(done),
                     })
                 })
                 .collect();
@@ -714,6 +739,42 @@ fn merge(file: &mut OutboxFile, held: &[Entry]) -> Vec<Op> {
     ops
 }
 
+/// What an attempt makes of an entry: the entry to try again (`Ok`), or the
+/// record of it done — delivered, dropped, or set aside after its
+/// [`MAX_REFUSALS`]th refusal (`Err`).
+fn settle(e: &Entry, attempt: Attempt, now: Timestamp) -> Result<Entry, Delivered> {
+    let done = |outcome: String| Delivered {
+        id: e.id,
+        target: e.target.clone(),
+        source: e.source.clone(),
+        created: e.created,
+        finished: now,
+        outcome,
+    };
+    let (err, refusals) = match attempt {
+        Attempt::Delivered => return Err(done("delivered".into())),
+        Attempt::Drop(why) => return Err(done(format!("dropped: {why}"))),
+        Attempt::Retry(err) => (err, e.refusals),
+        Attempt::Suspect(err) => (err, e.refusals + 1),
+    };
+    if refusals >= MAX_REFUSALS {
+        tracing::error!(
+            source = %e.source,
+            target = %e.target,
+            "report set aside after {refusals} refusals, not retried again: {err}"
+        );
+        return Err(done(format!("set aside after {refusals} refusals: {err}")));
+    }
+    let attempts = e.attempts + 1;
+    Ok(Entry {
+        attempts,
+        refusals,
+        next_attempt: now.checked_add(backoff(attempts)).ok(),
+        last_error: Some(err),
+        ..e.clone()
+    })
+}
+
 /// The earliest time one of `entries` whose target passes `deliverable` may be tried.
 pub fn next_attempt_at(entries: &[Entry], deliverable: impl Fn(&Target) -> bool) -> Option<Timestamp> {
     entries.iter().filter(|e| deliverable(&e.target)).map(|e| e.next_attempt.unwrap_or(e.created)).min()
@@ -806,6 +867,41 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(10));
         assert_eq!(backoff(5), Duration::from_secs(80));
         assert_eq!(backoff(50), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn a_report_refused_again_and_again_is_set_aside_and_the_count_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        let bad = o.enqueue(Target::Mqtt(None), "big", "job:x").unwrap();
+        let now = ts("2026-01-01T00:00:00Z");
+        o.record(bad, Attempt::Retry("not connected".into()), now).unwrap();
+        for _ in 1..MAX_REFUSALS {
+            // A new handle each time: a restart does not reset the count.
+            Outbox::new(dir.path()).record(bad, Attempt::Suspect("connection lost".into()), now).unwrap();
+        }
+        let e = &o.pending().unwrap()[0];
+        assert_eq!((e.refusals, e.attempts), (MAX_REFUSALS - 1, MAX_REFUSALS));
+        o.record(bad, Attempt::Suspect("connection lost".into()), now).unwrap();
+        assert!(o.pending().unwrap().is_empty(), "set aside, not retried");
+        let outcome = &o.recent().unwrap()[0].outcome;
+        assert_eq!(outcome, &format!("set aside after {MAX_REFUSALS} refusals: connection lost"));
+    }
+
+    #[test]
+    fn a_report_to_a_topic_against_mqtt_rules_is_not_queued() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Outbox::new(dir.path());
+        let results = o.enqueue_many(vec![
+            super::super::Outgoing::new(Target::Log, "a", "agent"),
+            super::super::Outgoing::new(Target::Mqtt(Some("a/\0".into())), "b", "agent"),
+            super::super::Outgoing::new(Target::Mqtt(Some("ok/topic".into())), "c", "agent"),
+        ]);
+        assert!(results[0].is_ok() && results[2].is_ok());
+        let err = results[1].as_ref().unwrap_err().to_string();
+        assert!(err.contains("not queued") && err.contains("U+0000"), "{err}");
+        let texts: Vec<_> = o.pending().unwrap().into_iter().map(|e| e.text).collect();
+        assert_eq!(texts, ["a", "c"]);
     }
 
     #[test]

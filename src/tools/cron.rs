@@ -30,11 +30,20 @@ pub struct CronTool {
     /// `[mqtt] publish_allow`: the only topics a job may deliver to, as for
     /// the `message` tool and `mqtt_publish` (a report is a publish too).
     mqtt_allow: super::mqtt::MqttPublish,
+    /// The topics bramble listens to: never a job's `mqtt:` target.
+    mqtt_inputs: Option<crate::util::mqtt::InputTopics>,
 }
 
 impl CronTool {
     pub fn new(store: JobStore, tz: TzName, telegram: AllowedChats, publish_allow: Vec<String>) -> Self {
-        CronTool { store, tz, telegram, mqtt_allow: super::mqtt::MqttPublish::new(publish_allow, None) }
+        let mqtt_allow = super::mqtt::MqttPublish::new(publish_allow, None);
+        CronTool { store, tz, telegram, mqtt_allow, mqtt_inputs: None }
+    }
+
+    /// Refuse `mqtt:<topic>` targets bramble listens to ([`super::message::check_mqtt_targets`]).
+    pub fn with_mqtt_inputs(mut self, inputs: Option<crate::util::mqtt::InputTopics>) -> Self {
+        self.mqtt_inputs = inputs;
+        self
     }
 
     async fn add(&self, a: Args, ctx: &ToolContext) -> Result<String, ToolError> {
@@ -63,6 +72,7 @@ impl CronTool {
             };
         let deliver =
             a.deliver.iter().map(|t| t.parse::<Target>().map_err(ToolError)).collect::<Result<Vec<_>, _>>()?;
+        super::message::check_mqtt_targets(&deliver, self.mqtt_inputs.as_ref())?;
         for target in &deliver {
             if let Target::Mqtt(Some(topic)) = target {
                 self.mqtt_allow.check(topic)?;

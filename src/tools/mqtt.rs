@@ -14,24 +14,37 @@ use serde_json::{json, Value};
 
 use super::{parse_args, Tool, ToolContext, ToolError};
 use crate::delivery::Publisher;
-use crate::util::mqtt::topic_matches;
+use crate::util::mqtt::{topic_matches, InputTopics};
 use crate::util::BoxFuture;
 
 pub struct MqttPublish {
     allow: Vec<String>,
     publisher: Option<Arc<dyn Publisher>>,
+    /// The topics bramble listens to: never published to, whatever `allow` says.
+    inputs: Option<InputTopics>,
 }
 
 impl MqttPublish {
     /// `publisher`: the daemon's MQTT connection; `None` where there is none.
     pub fn new(allow: Vec<String>, publisher: Option<Arc<dyn Publisher>>) -> MqttPublish {
-        MqttPublish { allow, publisher }
+        MqttPublish { allow, publisher, inputs: None }
+    }
+
+    /// Refuse bramble's own input topics (`<prefix>/in`, `<prefix>/run/+`,
+    /// triggers, discovery) before anything is sent, with a clear error.
+    pub fn refusing(mut self, inputs: Option<InputTopics>) -> MqttPublish {
+        self.inputs = inputs;
+        self
     }
 
     /// Ok if the topic may be published to; otherwise the reason, for the model.
     pub fn check(&self, topic: &str) -> Result<(), ToolError> {
-        if topic.is_empty() || topic.contains(['+', '#', '\0']) {
-            return Err(ToolError::new(format!("`{topic}` is not a topic to publish to: no wildcards, not empty")));
+        let valid = match &self.inputs {
+            Some(inputs) => inputs.refuse(topic),
+            None => crate::util::mqtt::check_topic(topic),
+        };
+        if let Err(e) = valid {
+            return Err(ToolError::new(format!("`{}` is not a topic to publish to: {e}", topic.escape_debug())));
         }
         if self.allow.is_empty() {
             return Err(ToolError::new(
@@ -114,5 +127,18 @@ mod tests {
         assert!(t.check("home/locks/front/set").unwrap_err().0.contains("not allowed"));
         assert!(t.check("home/lights/+/set").unwrap_err().0.contains("wildcards"));
         assert!(MqttPublish::new(vec![], None).check("a").unwrap_err().0.contains("publish_allow"));
+        for bad in ["a/\0", "$SYS/x", ""] {
+            assert!(t.check(bad).unwrap_err().0.contains("not a topic to publish to"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn never_to_bramble_s_own_inputs_even_when_allowed() {
+        let inputs = InputTopics { prefix: "bramble/pi".into(), inbound: true, ..Default::default() };
+        let t = MqttPublish::new(vec!["#".into()], None).refusing(Some(inputs));
+        assert!(t.check("home/x").is_ok());
+        for own in ["bramble/pi/in", "bramble/pi/run/backup"] {
+            assert!(t.check(own).unwrap_err().0.contains("own input topics"), "{own}");
+        }
     }
 }

@@ -470,3 +470,193 @@ async fn an_mqtt_turn_gets_no_exec_by_default() {
         "{audit}"
     );
 }
+
+/// Issue 36: `reply_to` naming a topic bramble listens to. The answer to a
+/// message whose `reply_to` is `<prefix>/in` came back as the next message:
+/// thousands of model calls in seconds. Such a `reply_to` (and `run/<job>`, a
+/// trigger's topic) is refused before the turn; the channel goes on.
+#[tokio::test]
+async fn an_answer_never_goes_to_a_topic_bramble_listens_to() {
+    let s = Setup::new(
+        "discovery = false\n[[mqtt.trigger]]\ntopic = \"sensors/door\"\nexec = \"cat >> door.txt\"\nmin_interval = \"0s\"",
+    )
+    .await;
+    // A model that cooperates with the loop: its answer is itself a message to `in`.
+    let answer = r#"{"text":"again","reply_to":"bramble/testpi/in"}"#;
+    s.fake.route(move |_| Some(Reply::text(answer)));
+    let daemon = s.start();
+    let inbox = "bramble/testpi/in";
+    let w =
+        Watcher::start(s.broker.port, &[STATUS, OUT, inbox, "bramble/testpi/run/#", "sensors/#", "elsewhere"]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    for reply_to in [inbox, "bramble/testpi/run/ping", "sensors/door"] {
+        w.publish(inbox, &format!(r#"{{"text":"loop me","reply_to":"{reply_to}"}}"#)).await;
+    }
+    // The control: a message after them is answered where it asks.
+    w.publish(inbox, r#"{"text":"hello","reply_to":"elsewhere"}"#).await;
+    assert!(w.wait_for(15, "elsewhere", |p| p == answer).await, "{}", s.log());
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    daemon.stop().await;
+    assert_eq!(s.fake.request_count(), 1, "one turn: the answered one, no loop");
+    assert_eq!(w.on(inbox).len(), 4, "only our own four messages on the input topic");
+    assert!(w.on("bramble/testpi/run/ping").is_empty() && w.on("sensors/door").is_empty());
+    assert!(!s.home.workspace.join("door.txt").exists(), "the trigger never fired");
+    // The answer published to `elsewhere` came back to nobody: only our three were refused.
+    assert_eq!(s.log().matches("is one of bramble's own input topics").count(), 3, "{}", s.log());
+}
+
+/// Issue 36: a `reply_to` a broker closes the connection on (a NUL), a
+/// wildcard, a `$SYS` topic: refused before anything is queued, and the next
+/// message is answered. Before, the reply with a NUL took the connection down
+/// after every reconnect and the channel stalled.
+#[tokio::test]
+async fn a_reply_to_against_mqtt_rules_is_refused_and_the_channel_keeps_serving() {
+    let s = Setup::new("discovery = false").await;
+    s.fake.route(|_| Some(Reply::text("an answer")));
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    for reply_to in ["bad\\u0000topic", "a/+/b", "$SYS/broker/x", "ctl\\u0007"] {
+        w.publish("bramble/testpi/in", &format!(r#"{{"text":"hi","reply_to":"{reply_to}"}}"#)).await;
+    }
+    w.publish("bramble/testpi/in", "and now?").await;
+    assert!(w.wait_for(20, OUT, |p| p == "an answer").await, "{}", s.log());
+    daemon.stop().await;
+    assert_eq!(s.fake.request_count(), 1, "only the good message made a turn");
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
+    assert!(outbox.pending().unwrap().is_empty());
+    assert!(outbox.recent().unwrap().iter().all(|d| d.outcome == "delivered"), "{:?}", outbox.recent());
+    assert!(!s.log().contains("MQTT connection lost"), "{}", s.log());
+    assert_eq!(s.log().matches("MQTT message ignored: reply_to").count(), 4, "{}", s.log());
+}
+
+/// Issue 36: a report in the outbox to a topic the broker would disconnect
+/// on (as an outbox written by an earlier version holds it) is set aside at
+/// once with the reason; the report behind it goes out.
+#[tokio::test]
+async fn a_report_to_a_topic_the_broker_disconnects_on_is_set_aside_and_the_next_goes_out() {
+    let s = Setup::new("discovery = false").await;
+    std::fs::create_dir_all(&s.home.state).unwrap();
+    let add = |id: u64, target: &str, text: &str| {
+        serde_json::json!({"add": {"id": id, "target": target, "text": text, "source": "job:old",
+            "created": "2026-01-01T00:00:00Z", "attempts": 0}})
+        .to_string()
+    };
+    let journal = format!("{}\n{}\n", add(1, "mqtt:old/\u{0}/topic", "poison"), add(2, "mqtt", "the next report"));
+    std::fs::write(s.home.state.join("outbox.jsonl"), journal).unwrap();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT]).await;
+    let daemon = s.start();
+    assert!(w.wait_for(20, OUT, |p| p == "the next report").await, "{}", s.log());
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
+    assert!(wait_until(10, || outbox.pending().is_ok_and(|p| p.is_empty())).await, "{:?}", outbox.pending());
+    let recent = outbox.recent().unwrap();
+    let poison = recent.iter().find(|d| d.id == 1).expect("recorded");
+    assert!(poison.outcome.starts_with("dropped: ") && poison.outcome.contains("U+0000"), "{}", poison.outcome);
+    daemon.stop().await;
+    assert!(!s.log().contains("MQTT connection lost"), "never sent: {}", s.log());
+}
+
+/// Issue 36: a report larger than the broker's Maximum Packet Size took the
+/// connection down (rumqttc fails the connection on it) after every
+/// reconnect, with the job's retained run record too: the channel stalled.
+/// Now the broker's limit from the CONNACK is kept: the report is set aside
+/// at once with the reason, the record is skipped, the next report goes out.
+#[tokio::test]
+async fn a_report_larger_than_the_broker_takes_is_set_aside_and_the_next_goes_out() {
+    let broker = Mosquitto::start_with("max_packet_size 2000").await;
+    let s = Setup::with_broker(broker, "discovery = false").await;
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT]).await;
+    let daemon = s.start();
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    let big = "x".repeat(5000);
+    let at = jiff::Timestamp::now().checked_add(jiff::SignedDuration::from_secs(1)).unwrap().to_string();
+    s.cli(&["cron", "add", "big", "--at", &at, "--remind", &big, "--deliver", "mqtt"]).await;
+    s.cli(&["cron", "add", "small", "--at", &at, "--remind", "small report", "--deliver", "mqtt"]).await;
+    assert!(w.wait_for(30, OUT, |p| p == "small report").await, "{}", s.log());
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
+    assert!(wait_until(10, || outbox.pending().is_ok_and(|p| p.is_empty())).await, "{:?}", outbox.pending());
+    let recent = outbox.recent().unwrap();
+    let set_aside = recent.iter().find(|d| d.source == "job:big").expect("recorded");
+    assert!(set_aside.outcome.contains("Maximum Packet Size"), "{}", set_aside.outcome);
+    daemon.stop().await;
+    assert!(!s.log().contains("MQTT connection lost"), "{}", s.log());
+}
+
+/// Issue 36: 200 messages on `<prefix>/in` in a burst start at most
+/// `turn_burst` turns (plus what `turns_per_minute` refills meanwhile), and
+/// nothing is published back for the dropped ones.
+#[tokio::test]
+async fn a_flood_on_the_input_topic_starts_only_the_rate_limit_s_turns() {
+    let s = Setup::new("discovery = false").await;
+    s.fake.route(|_| Some(Reply::text("ok")));
+    let daemon = s.start();
+    let w = Watcher::start(s.broker.port, &[STATUS, OUT]).await;
+    assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
+    let started = std::time::Instant::now();
+    for i in 0..200 {
+        w.publish("bramble/testpi/in", &format!("message {i}")).await;
+    }
+    assert!(w.wait_for(15, OUT, |p| p == "ok").await, "{}", s.log());
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let turns = s.fake.request_count();
+    // The default: 20 a minute, 5 at once.
+    let allowed = 5 + (started.elapsed().as_secs_f64() / 3.0).ceil() as usize;
+    assert!((1..=allowed).contains(&turns), "{turns} turns, at most {allowed} allowed: {}", s.log());
+    assert_eq!(w.on(OUT).len(), turns, "one answer per turn, nothing for the dropped");
+    assert!(s.log().contains("messages are dropped"), "{}", s.log());
+    daemon.stop().await;
+}
+
+/// Issue 36: bramble's own input topics as delivery targets — `cron add
+/// --deliver`, the cron tool, the message tool, mqtt_publish — are refused at
+/// once with a clear error, even where publish_allow would allow them.
+#[tokio::test]
+async fn bramble_s_own_input_topics_are_refused_as_delivery_targets() {
+    let s = Setup::new(
+        "discovery = false\npublish_allow = [\"#\"]\n\
+         [[mqtt.trigger]]\ntopic = \"sensors/+/door\"\nexec = \"cat\"",
+    )
+    .await;
+    for target in ["mqtt:bramble/testpi/in", "mqtt:bramble/testpi/run/backup", "mqtt:sensors/front/door"] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&s.home.config)
+            .args(["cron", "add", "x", "--every", "1h", "--remind", "hi", "--deliver", target])
+            .env_clear()
+            .env("HOME", s.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .output()
+            .await
+            .expect("bramble");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{target} accepted");
+        assert!(err.contains("is one of bramble's own input topics"), "{target}: {err}");
+    }
+    // The tools, in a terminal turn (every tool offered).
+    s.fake.push(Reply::tool_call("message", r#"{"content":"x","target":"mqtt:bramble/testpi/in"}"#));
+    s.fake.push(Reply::tool_call(
+        "cron",
+        r#"{"action":"add","every":"1h","remind":"x","deliver":["mqtt:bramble/testpi/run/backup"]}"#,
+    ));
+    s.fake.push(Reply::tool_call("mqtt_publish", r#"{"topic":"sensors/back/door","payload":"x"}"#));
+    s.fake.push(Reply::text("done"));
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .arg("--config")
+        .arg(&s.home.config)
+        .args(["agent", "-m", "go"])
+        .env_clear()
+        .env("HOME", s.home.path())
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .output()
+        .await
+        .expect("bramble");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reqs = s.llm_requests();
+    assert_eq!(reqs.len(), 4, "{reqs:?}");
+    assert!(reqs[1].contains("is one of bramble's own input topics"), "message: {}", reqs[1]);
+    assert!(reqs[2].contains("is one of bramble's own input topics"), "cron: {}", reqs[2]);
+    assert!(reqs[3].contains("is one of bramble's own input topics"), "mqtt_publish: {}", reqs[3]);
+    assert!(s.cli(&["cron", "list"]).await.contains("no jobs"), "no job was added");
+    let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
+    assert!(outbox.pending().unwrap_or_default().is_empty(), "nothing queued");
+}

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::{discovery, triggers, Link, Settings};
+use super::{discovery, triggers, Link, Settings, TurnLimit};
 use crate::bus::{Conversation, InboundMessage, Target};
 use crate::scheduler::{JobStore, SchedulerHandle};
+use crate::util::mqtt::Input;
 
 /// A `<prefix>/in` payload in JSON form.
 #[derive(Deserialize)]
@@ -39,15 +40,21 @@ pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMes
     if text.is_empty() {
         return Err("empty message".into());
     }
+    // `reply_to` may be any topic whoever can publish here could publish to
+    // themselves, but none bramble listens to (the answer would come back as the
+    // next message: a loop of model turns) and none a broker would close the
+    // connection on (the reply would stall the channel). Refused here, before
+    // the turn, so nothing is spent on an answer that cannot go out.
     let reply_topic = match reply_to.map(|r| r.trim().to_string()).filter(|r| !r.is_empty()) {
-        Some(r) if r.contains(['+', '#']) => return Err(format!("reply_to `{r}` contains a wildcard")),
-        Some(r) => r,
+        Some(r) => match settings.inputs.refuse(&r) {
+            Ok(()) => r,
+            Err(e) => return Err(format!("reply_to `{}`: {e}", r.escape_debug())),
+        },
         None => settings.topic("out"),
     };
     // A named session lives under this device's MQTT namespace: a publisher on
     // `<prefix>/in` must not be able to name (read, reset, stop) a Telegram chat's
-    // session. `reply_to` may be any topic: whoever can publish here can publish
-    // there themselves.
+    // session.
     let session_key = match session.map(|s| s.trim().to_string()).filter(|s| !s.is_empty()) {
         None => format!("mqtt:{}", settings.prefix),
         Some(s) if s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) => {
@@ -75,52 +82,46 @@ pub(super) struct Router {
     pub(super) scheduler: SchedulerHandle,
     pub(super) jobs: JobStore,
     pub(super) triggers: Arc<triggers::Triggers>,
+    /// Turns `<prefix>/in` may start ([`TurnLimit`]).
+    pub(super) turns: TurnLimit,
 }
 
 impl Router {
+    /// Route one message by what its topic is to us ([`crate::util::mqtt::InputTopics`]:
+    /// the same list we subscribed to). A retained message is old state the
+    /// broker replays on every (re)subscribe, not an event: it runs nothing.
     pub(super) fn dispatch(&self, topic: &str, payload: &[u8], retained: bool) {
         let s = &self.link.settings;
-        // With `inbound = false` these are not subscribed; one that comes anyway (a
-        // trigger on `#`) is one of our own topics below, and never runs anything.
-        if s.inbound && topic == s.topic("in") {
-            if retained {
+        match s.inputs.classify(topic) {
+            Some(Input::Agent) if retained => {
                 // A retained command would run again on every reconnect.
                 tracing::warn!(topic, "ignoring a retained message on the input topic");
-                return;
             }
-            match inbound_message(s, payload) {
-                Ok(msg) => {
-                    tracing::debug!(session = %msg.conversation.session_key, "MQTT message in");
-                    if self.inbound.try_send(msg).is_err() {
-                        tracing::warn!(topic, "the agent's queue is full: MQTT message dropped");
-                    }
-                }
-                Err(e) => tracing::warn!(topic, "MQTT message ignored: {e}"),
-            }
-            return;
-        }
-        if let Some(job) = topic.strip_prefix(&s.topic("run/")).filter(|_| s.inbound) {
-            if retained {
-                tracing::warn!(topic, "ignoring a retained run request");
-                return;
-            }
-            match self.jobs.get(job) {
+            Some(Input::Agent) => self.agent_message(topic, payload),
+            Some(Input::Run(_)) if retained => tracing::warn!(topic, "ignoring a retained run request"),
+            Some(Input::Run(job)) => match self.jobs.get(job) {
                 Ok(j) if self.scheduler.run_now(&j.id) => tracing::info!(job, "MQTT: running the job now"),
                 Ok(_) => tracing::warn!(job, "MQTT: the scheduler is busy; run request dropped"),
                 Err(e) => tracing::warn!(job, "MQTT: cannot run the job: {e}"),
-            }
+            },
+            Some(Input::Discovery) => discovery::check_leftover(&self.link, topic, payload),
+            Some(Input::Trigger) if !retained => self.triggers.dispatch(topic, payload),
+            Some(Input::Trigger) | None => {}
+        }
+    }
+
+    /// `<prefix>/in`: parsed, rate-limited, and handed to the agent.
+    fn agent_message(&self, topic: &str, payload: &[u8]) {
+        let msg = match inbound_message(&self.link.settings, payload) {
+            Ok(msg) => msg,
+            Err(e) => return tracing::warn!(topic, "MQTT message ignored: {e}"),
+        };
+        if !self.turns.allow() {
             return;
         }
-        if s.discovery && discovery::is_own_config(s, topic) {
-            discovery::check_leftover(&self.link, topic, payload);
-            return;
+        tracing::debug!(session = %msg.conversation.session_key, "MQTT message in");
+        if self.inbound.try_send(msg).is_err() {
+            tracing::warn!(topic, "the agent's queue is full: MQTT message dropped");
         }
-        // A retained message is old state the broker replays on every
-        // (re)subscribe, not an event; and our own topics never trigger
-        // (a trigger on `#` would otherwise answer its own reports).
-        if retained || topic.starts_with(&format!("{}/", s.prefix)) {
-            return;
-        }
-        self.triggers.dispatch(topic, payload);
     }
 }

@@ -20,12 +20,16 @@ pub enum PublishError {
     NotConnected,
     #[error("the MQTT request queue is full")]
     QueueFull,
-    #[error("the payload ({0} bytes) is larger than the MQTT packet limit")]
+    #[error(
+        "the payload ({0} bytes) is larger than the MQTT packet limit (ours, or the broker's Maximum Packet Size)"
+    )]
     TooLarge(usize),
     #[error("the connection to the broker was lost before it acknowledged the message")]
     Lost,
     #[error("the broker did not acknowledge the message within {0:?}")]
     Timeout(Duration),
+    #[error("the broker refused the message ({0})")]
+    Refused(String),
 }
 
 /// The publishing side, shared by the channel, the job observer, discovery and
@@ -35,25 +39,33 @@ pub struct Link {
     state: Mutex<LinkState>,
 }
 
+/// Told how a publish ended: acknowledged, or refused with the broker's reason.
+type Waiter = oneshot::Sender<Result<(), String>>;
+
 #[derive(Default)]
 struct LinkState {
     /// The client of the current connection; `None` while disconnected.
     client: Option<AsyncClient>,
     /// Waiters of publishes handed to rumqttc and not yet written, in order.
-    queued: VecDeque<oneshot::Sender<()>>,
+    queued: VecDeque<Waiter>,
     /// Waiters of publishes written, by packet id, until the PubAck.
-    unacked: HashMap<u16, oneshot::Sender<()>>,
+    unacked: HashMap<u16, Waiter>,
     /// Retained state published again on every ConnAck (status, discovery,
     /// job records). An empty payload clears a retained topic.
     retained: BTreeMap<String, Vec<u8>>,
     /// Retained topics not yet handed to rumqttc on this connection (its
     /// request queue was full): sent as the queue drains.
     unsent: BTreeSet<String>,
+    /// The broker's Maximum Packet Size (MQTT 5 CONNACK). rumqttc fails the
+    /// whole connection on a larger publish, so none is handed to it.
+    broker_max: Option<u32>,
 }
 
 impl crate::delivery::Publisher for Link {
+    /// `mqtt_publish`: never to a topic we listen to, nor one against MQTT's rules.
     fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
+            self.settings.inputs.refuse(topic).map_err(|e| e.to_string())?;
             self.publish_acked(topic, payload, retain, super::ACK_TIMEOUT).await.map_err(|e| e.to_string())
         })
     }
@@ -85,11 +97,12 @@ impl Link {
 
     /// Hand one QoS 1 publish to rumqttc; the receiver resolves on its PubAck
     /// and fails if the connection is lost first.
-    pub fn publish(&self, topic: &str, payload: Vec<u8>, retain: bool) -> Result<oneshot::Receiver<()>, PublishError> {
-        // Fixed header, topic length and packet id fit in 16 bytes.
-        if payload.len() + topic.len() + 16 > MAX_PACKET {
-            return Err(PublishError::TooLarge(payload.len()));
-        }
+    pub fn publish(
+        &self,
+        topic: &str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
         let mut st = self.lock();
         publish_locked(&mut st, topic, payload, retain)
     }
@@ -104,7 +117,8 @@ impl Link {
     ) -> Result<(), PublishError> {
         let rx = self.publish(topic, payload, retain)?;
         match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(reason))) => Err(PublishError::Refused(reason)),
             Ok(Err(_)) => Err(PublishError::Lost),
             Err(_) => Err(PublishError::Timeout(limit)),
         }
@@ -133,8 +147,10 @@ impl Link {
     }
 
     /// A new connection: take its client, subscribe, publish the retained state.
-    pub(super) fn on_connack(&self, client: AsyncClient, subscriptions: &[String]) {
+    /// `broker_max`: the broker's Maximum Packet Size, if it told one.
+    pub(super) fn on_connack(&self, client: AsyncClient, subscriptions: &[String], broker_max: Option<u32>) {
         let mut st = self.lock();
+        st.broker_max = broker_max;
         for filter in subscriptions {
             if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                 tracing::warn!(filter, "cannot subscribe: {e}");
@@ -157,7 +173,7 @@ impl Link {
         let mut st = self.lock();
         if let Some(waiter) = st.queued.pop_front() {
             if pkid == 0 {
-                let _ = waiter.send(());
+                let _ = waiter.send(Ok(()));
             } else {
                 st.unacked.insert(pkid, waiter);
             }
@@ -167,15 +183,17 @@ impl Link {
     }
 
     /// The broker's PubAck. MQTT 5 gives a reason: a refusal (not authorized,
-    /// quota exceeded, …) fails the waiter, so the outbox keeps the report.
+    /// quota exceeded, …) fails the waiter with it; the outbox counts it.
     pub(super) fn on_puback(&self, ack: &PubAck) {
         let Some(waiter) = self.lock().unacked.remove(&ack.pkid) else { return };
-        match ack.reason {
-            PubAckReason::Success | PubAckReason::NoMatchingSubscribers => {
-                let _ = waiter.send(());
+        let outcome = match ack.reason {
+            PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Ok(()),
+            ref refused => {
+                tracing::warn!(reason = ?refused, "the MQTT broker refused a message");
+                Err(format!("{refused:?}"))
             }
-            ref refused => tracing::warn!(reason = ?refused, "the MQTT broker refused a message"),
-        }
+        };
+        let _ = waiter.send(outcome);
     }
 
     /// The connection is gone: every waiter fails (the outbox retries), new
@@ -196,8 +214,11 @@ fn flush_retained(st: &mut LinkState) {
             st.unsent.remove(&topic);
             continue;
         };
-        if publish_locked(st, &topic, payload, true).is_err() {
-            return;
+        match publish_locked(st, &topic, payload, true) {
+            Ok(_) => {}
+            // Never sendable on this connection: skipped, not waited for.
+            Err(e @ PublishError::TooLarge(_)) => tracing::warn!(topic, "retained state not published: {e}"),
+            Err(_) => return,
         }
         st.unsent.remove(&topic);
     }
@@ -208,7 +229,12 @@ fn publish_locked(
     topic: &str,
     payload: Vec<u8>,
     retain: bool,
-) -> Result<oneshot::Receiver<()>, PublishError> {
+) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
+    // Fixed header, topic length, packet id and properties fit in 16 bytes.
+    let size = payload.len() + topic.len() + 16;
+    if size > MAX_PACKET || st.broker_max.is_some_and(|max| size > max as usize) {
+        return Err(PublishError::TooLarge(payload.len()));
+    }
     let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
     client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
     let (tx, rx) = oneshot::channel();

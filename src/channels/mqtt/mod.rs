@@ -7,7 +7,10 @@
 //! - `link.rs`: the [`Link`] shared by everything that publishes; ack tracking;
 //!   the retained state re-published on every connect.
 //! - `inbound.rs`: `<prefix>/in`, `<prefix>/run/<job>`, and the routing of
-//!   everything else to discovery clean-up and triggers.
+//!   everything else to discovery clean-up and triggers, by the same
+//!   [`InputTopics`] we subscribe with — and never publish to: a report on a
+//!   topic we listen to would come back as a new message (a loop of turns).
+//! - `limit.rs`: [`TurnLimit`], the model turns one source on the broker may start.
 //! - [`triggers`]: `[[mqtt.trigger]]` — templates into agent turns, or commands.
 //! - [`discovery`]: Home Assistant MQTT discovery documents.
 //!
@@ -53,12 +56,14 @@
 pub mod discovery;
 mod inbound;
 mod keepalive;
+mod limit;
 mod link;
 pub mod triggers;
 
 pub use inbound::inbound_message;
 use inbound::Router;
 use keepalive::Pinger;
+pub use limit::{TurnLimit, TurnRate};
 pub use link::{Link, PublishError};
 
 use std::path::PathBuf;
@@ -76,6 +81,7 @@ use crate::bus::{InboundMessage, Target};
 use crate::config::MqttConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::scheduler::{JobStore, SchedulerHandle};
+use crate::util::mqtt::InputTopics;
 use crate::util::BoxFuture;
 
 /// Largest packet sent (rumqttc's default is 10 KiB; an LLM answer is bigger).
@@ -106,7 +112,7 @@ const STABLE: Duration = Duration::from_secs(10);
 /// Why MQTT cannot be set up from the config.
 #[derive(Debug, thiserror::Error)]
 pub enum MqttError {
-    #[error("[mqtt] topic_prefix `{0}` must not be empty or contain `+` or `#`")]
+    #[error("[mqtt] topic_prefix `{0}` must be a topic: not empty, no `+`, `#` or control characters, not starting with `$`")]
     Prefix(String),
     #[error("[mqtt] password_env names {0} but it is not set")]
     PasswordEnv(String),
@@ -134,6 +140,10 @@ pub struct Settings {
     pub inbound: bool,
     /// `[mqtt] keep_alive`: the PINGREQ interval, which the broker's last will waits 1.5 × on.
     pub keep_alive: Duration,
+    /// What we subscribe to, route by, and never publish to.
+    pub inputs: InputTopics,
+    /// `[mqtt] turns_per_minute` and `turn_burst`: model turns one source may start.
+    pub turn_rate: TurnRate,
 }
 
 impl Settings {
@@ -155,7 +165,7 @@ impl Settings {
             .trim()
             .trim_end_matches('/')
             .to_string();
-        if prefix.is_empty() || prefix.contains(['+', '#']) {
+        if crate::util::mqtt::check_topic(&prefix).is_err() {
             return Err(MqttError::Prefix(prefix));
         }
         let password = match (&c.password, &c.password_env) {
@@ -168,7 +178,7 @@ impl Settings {
         if !KEEP_ALIVE_RANGE.contains(&c.keep_alive.get()) {
             return Err(MqttError::KeepAlive(c.keep_alive));
         }
-        Ok(Some(Settings {
+        let mut s = Settings {
             client_id: device.clone(),
             device,
             prefix,
@@ -180,7 +190,16 @@ impl Settings {
             discovery: c.discovery,
             inbound: c.inbound,
             keep_alive: c.keep_alive.get(),
-        }))
+            inputs: InputTopics::default(),
+            turn_rate: TurnRate { per_minute: c.turns_per_minute, burst: c.turn_burst },
+        };
+        s.inputs = InputTopics {
+            prefix: s.prefix.clone(),
+            inbound: s.inbound,
+            discovery: s.discovery.then(|| discovery::cleanup_filter(&s)),
+            triggers: c.trigger.iter().map(|t| t.topic.clone()).collect(),
+        };
+        Ok(Some(s))
     }
 
     /// `<prefix>/<rest>`.
@@ -297,6 +316,25 @@ pub fn status_line(c: &MqttConfig) -> String {
     )
 }
 
+/// The MQTT targets among `targets` that bramble must not deliver to, as an
+/// error that names the first: a topic against MQTT's rules, or one of the
+/// topics this config makes bramble listen to (a report there would come back
+/// as a new message). For every place a target is accepted: `cron add
+/// --deliver`, the cron and message tools, the config.
+pub fn refuse_targets(config: &MqttConfig, targets: &[Target]) -> Result<(), String> {
+    let inputs = Settings::from_config(config).ok().flatten().map(|s| s.inputs);
+    for t in targets {
+        if let Target::Mqtt(Some(topic)) = t {
+            let refused = match &inputs {
+                Some(inputs) => inputs.refuse(topic),
+                None => crate::util::mqtt::check_topic(topic),
+            };
+            refused.map_err(|e| format!("`{}` cannot be a delivery target: {e}", t.to_string().escape_debug()))?;
+        }
+    }
+    Ok(())
+}
+
 /// `bramble check`: what would keep MQTT from working as configured.
 pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
     let c = &config.mqtt;
@@ -307,6 +345,13 @@ pub fn check_warnings(config: &crate::config::Config) -> Vec<String> {
             out.push("[mqtt] has triggers or publish_allow but no `url`: MQTT stays off".into())
         }
         _ => {}
+    }
+    let configured =
+        [&config.heartbeat.deliver, &config.alerts.deliver].into_iter().chain(c.trigger.iter().map(|t| &t.deliver));
+    for targets in configured {
+        if let Err(e) = refuse_targets(c, targets) {
+            out.push(format!("{e}: such reports are set aside, never published"));
+        }
     }
     for t in &c.trigger {
         for target in &t.deliver {
@@ -394,10 +439,21 @@ impl Channel for MqttChannel {
             let Some(topic) = MqttChannel::topic_for(&self.link.settings, report.target, report.source) else {
                 return Err(DeliveryError::permanent(format!("`{}` is not an MQTT target", report.target)));
             };
+            // Never a topic we listen to (the report would come back as a new
+            // message), nor one a broker closes the connection on: refused
+            // for good, whatever queued it (an old outbox, an old job, the config).
+            if let Err(e) = self.link.settings.inputs.refuse(&topic) {
+                return Err(DeliveryError::permanent(format!("{}: {e}", topic.escape_debug())));
+            }
             let text = report.text_naming_files();
             match self.link.publish_acked(&topic, text.as_bytes().to_vec(), false, ACK_TIMEOUT).await {
                 Ok(()) => Ok(()),
                 Err(e @ PublishError::TooLarge(_)) => Err(DeliveryError::permanent(format!("{topic}: {e}"))),
+                // The broker said no, or closed the connection with this report
+                // in flight (what it does to a packet it will not take): counted.
+                Err(e @ (PublishError::Refused(_) | PublishError::Lost)) => {
+                    Err(DeliveryError::suspect(format!("{topic}: {e}")))
+                }
                 Err(e) => Err(DeliveryError::retryable(format!("{topic}: {e}"))),
             }
         })
@@ -434,27 +490,23 @@ pub fn spawn(
     abort: CancellationToken,
 ) -> Result<(), MqttError> {
     let options = link.settings.options()?;
-    let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger);
+    let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger, link.settings.turn_rate);
     let trigger_set = Arc::new(trigger_set);
     if let (Some(rx), Some(deps)) = (trigger_rx, w.triggers) {
         tasks.spawn(triggers::run(trigger_set.clone(), rx, deps, stop.clone(), abort));
     }
-    let mut subscriptions = Vec::new();
-    if link.settings.inbound {
-        subscriptions.extend([link.settings.topic("in"), link.settings.topic("run/+")]);
-    } else {
+    if !link.settings.inbound {
         tracing::info!("MQTT inbound is off: {} and run/<job> are not listened to", link.settings.topic("in"));
     }
-    subscriptions.extend(trigger_set.filters());
-    if link.settings.discovery {
-        subscriptions.push(discovery::cleanup_filter(&link.settings));
-    }
+    // The one list we listen to, route by and never publish to.
+    let subscriptions = link.settings.inputs.subscriptions();
     let router = Router {
         link: link.clone(),
         inbound: w.inbound,
         scheduler: w.scheduler,
         jobs: w.jobs.clone(),
         triggers: trigger_set,
+        turns: TurnLimit::new(link.settings.turn_rate, link.settings.topic("in")),
     };
     let outbox = (w.outbox, w.wake);
     tasks.spawn(connection(link.clone(), options, subscriptions, router, outbox, stop.clone()));
@@ -508,7 +560,8 @@ async fn connection(
                     connected_at = Some(tokio::time::Instant::now());
                     pinger = Pinger::take_over(&mut events);
                     if let Some(c) = client.take() {
-                        link.on_connack(c, &subscriptions);
+                        let broker_max = ack.properties.as_ref().and_then(|p| p.max_packet_size);
+                        link.on_connack(c, &subscriptions, broker_max);
                     }
                     match outbox.retry_now("mqtt") {
                         Ok(0) => {}
@@ -679,6 +732,13 @@ mod tests {
         assert!(check_warnings(&c)[0].contains("no `url`"));
         let c = parse("[mqtt]\nurl = \"mqtt://b\"\ntopic_prefix = \"a/+\"\n");
         assert!(check_warnings(&c)[0].contains("topic_prefix `a/+`"));
+        // Configured reports into our own input topics, or to a `$` topic: said, and set aside at delivery.
+        let c = parse(
+            "[heartbeat]\ndeliver = [\"mqtt:bramble/pi/in\"]\n[mqtt]\nurl = \"mqtt://b\"\ndevice = \"pi\"\n\
+             [[mqtt.trigger]]\ntopic = \"a/b\"\nexec = \"cat\"\ndeliver = [\"mqtt:a/b\"]\n",
+        );
+        let w = check_warnings(&c);
+        assert!(w.iter().filter(|w| w.contains("own input topics")).count() == 2, "{w:?}");
         assert!(check_warnings(&parse("")).is_empty());
     }
 
@@ -724,6 +784,18 @@ mod tests {
         assert!(err.contains("not a session name"), "{err}");
         assert!(inbound_message(&s, br#"{"text":"#).unwrap_err().contains("not a valid JSON"));
         assert!(inbound_message(&s, br#"{"text":"x","reply_to":"a/#"}"#).unwrap_err().contains("wildcard"));
+        // Never a topic we listen to (the answer would be the next message), nor one a broker disconnects on.
+        for (reply_to, says) in [
+            ("bramble/pi/in", "own input topics"),
+            ("bramble/pi/run/backup", "own input topics"),
+            ("homeassistant/button/bramble_pi/run_x/config", "own input topics"),
+            ("a/\\u0000", "U+0000"),
+            ("$SYS/broker", "`$`"),
+        ] {
+            let payload = format!(r#"{{"text":"x","reply_to":"{reply_to}"}}"#);
+            let err = inbound_message(&s, payload.as_bytes()).unwrap_err();
+            assert!(err.contains(says), "{reply_to}: {err}");
+        }
         assert!(inbound_message(&s, b"   ").is_err());
     }
 
@@ -754,6 +826,15 @@ mod tests {
         let link = Link::new(settings());
         assert_eq!(link.publish("a", b"x".to_vec(), false).unwrap_err(), PublishError::NotConnected);
         assert!(matches!(link.publish("a", vec![0; MAX_PACKET], false).unwrap_err(), PublishError::TooLarge(_)));
+        // The broker's Maximum Packet Size: a larger publish would take the connection down.
+        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 10);
+        link.on_connack(client, &[], Some(2000));
+        assert!(matches!(link.publish("a", vec![0; 2000], false).unwrap_err(), PublishError::TooLarge(2000)));
+        assert!(link.publish("a", vec![0; 100], false).is_ok());
+        link.set_retained("big/state", vec![0; 3000]);
+        link.set_retained("small/state", b"x".to_vec());
+        assert_eq!(link.unsent_count(), 0, "the oversize state is skipped, the rest goes");
+        link.on_disconnect();
         // Retained state is kept for the next connection.
         link.set_retained("bramble/pi/jobs/x", b"{}".to_vec());
         assert_eq!(link.retained_value("bramble/pi/jobs/x"), Some(b"{}".to_vec()));
@@ -767,14 +848,14 @@ mod tests {
         }
         // A connection whose request queue holds 4: `online` and three more go now.
         let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 4);
-        link.on_connack(client, &[]);
+        link.on_connack(client, &[], None);
         assert_eq!(link.unsent_count(), 7);
         // Disconnected, a change waits too; the next ConnAck sends everything again.
         link.on_disconnect();
         link.set_retained("t/new", b"y".to_vec());
         assert_eq!(link.unsent_count(), 8);
         let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 100);
-        link.on_connack(client, &[]);
+        link.on_connack(client, &[], None);
         assert_eq!(link.unsent_count(), 0);
     }
 }

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::{TurnLimit, TurnRate};
 use crate::bus::Conversation;
 use crate::config::MqttTrigger;
 pub use crate::work::triggers::TriggerDeps;
@@ -49,28 +50,24 @@ struct Entry {
 pub struct Triggers {
     entries: Vec<Entry>,
     queue: Option<mpsc::Sender<Fire>>,
+    /// Model turns the message triggers may start together ([`TurnLimit`]):
+    /// each trigger's `min_interval` bounds one trigger, this bounds them all.
+    turns: TurnLimit,
 }
 
 impl Triggers {
     /// The triggers, and the receiving end of their queue (`None` without triggers).
-    pub fn new(config: &[MqttTrigger]) -> (Triggers, Option<mpsc::Receiver<Fire>>) {
+    pub fn new(config: &[MqttTrigger], rate: TurnRate) -> (Triggers, Option<mpsc::Receiver<Fire>>) {
+        let turns = TurnLimit::new(rate, "the message triggers");
         let entries: Vec<Entry> = config
             .iter()
             .map(|c| Entry { config: c.clone(), last: Mutex::new(None), dropped: AtomicU64::new(0) })
             .collect();
         if entries.is_empty() {
-            return (Triggers { entries, queue: None }, None);
+            return (Triggers { entries, queue: None, turns }, None);
         }
         let (tx, rx) = mpsc::channel(QUEUE);
-        (Triggers { entries, queue: Some(tx) }, Some(rx))
-    }
-
-    /// The topic filters to subscribe to.
-    pub fn filters(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.entries.iter().map(|e| e.config.topic.clone()).collect();
-        v.sort();
-        v.dedup();
-        v
+        (Triggers { entries, queue: Some(tx), turns }, Some(rx))
     }
 
     /// A message arrived: queue a run for every trigger that matches and is
@@ -87,6 +84,10 @@ impl Triggers {
                 if last.is_some_and(|l| now.duration_since(l) < e.config.min_interval.get()) {
                     let n = e.dropped.fetch_add(1, Ordering::Relaxed) + 1;
                     tracing::debug!(trigger = %e.config.topic, topic, dropped = n, "trigger rate-limited: message dropped");
+                    continue;
+                }
+                let model = matches!(e.config.action, crate::config::TriggerAction::Message(_));
+                if model && !self.turns.allow() {
                     continue;
                 }
                 *last = Some(now);
@@ -197,7 +198,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_rate_limit_drops_a_burst() {
-        let (t, rx) = Triggers::new(&[trigger("sensors/+/motion", "10s")]);
+        let (t, rx) = Triggers::new(&[trigger("sensors/+/motion", "10s")], TurnRate { per_minute: 0, burst: 0 });
         let mut rx = rx.unwrap();
         for _ in 0..5 {
             t.dispatch("sensors/hall/motion", b"1");
