@@ -72,7 +72,7 @@ async fn report_unanswered(outbox: &Outbox, agent: &Agent) {
 async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<ExitCode> {
     // A slash command is a command here too, as in the chat: never a model call.
     if let Some(inv) = crate::agent::commands::parse(&text) {
-        let answer = crate::agent::commands::execute(agent, session, &inv).await;
+        let answer = crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await;
         if crate::agent::commands::is_known(inv.name) {
             println!("{answer}");
             return Ok(ExitCode::SUCCESS);
@@ -127,7 +127,10 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
             continue;
         }
         if let Some(inv) = crate::agent::commands::parse(text) {
-            println!("bramble> {}\n", crate::agent::commands::execute(agent, session, &inv).await);
+            println!(
+                "bramble> {}\n",
+                crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await
+            );
             continue;
         }
         let req = TurnRequest::cli(session, text);
