@@ -18,7 +18,7 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
         while let Some(OutboundMessage { target, text, attach }) = outbound.recv().await {
             let text = if attach.is_empty() { text } else { format!("{text}\n(attached: {})", attach.join(", ")) };
             match target {
-                Target::Cli => println!("[message] {text}"),
+                Target::Cli => println!("[message] {}", crate::util::text::escape_controls(&text)),
                 other => tracing::warn!(
                     target = %other,
                     "`bramble agent` cannot deliver to {other}: only the daemon (`bramble run`) runs channels"
@@ -74,10 +74,10 @@ async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<
     if let Some(inv) = crate::agent::commands::parse(&text) {
         let answer = crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await;
         if crate::agent::commands::is_known(inv.name) {
-            println!("{answer}");
+            println!("{}", crate::util::text::escape_controls(&answer));
             return Ok(ExitCode::SUCCESS);
         }
-        eprintln!("bramble: {answer}");
+        eprintln!("bramble: {}", crate::util::text::escape_controls(&answer));
         return Ok(ExitCode::from(1));
     }
     let req = TurnRequest::cli(session, text);
@@ -91,7 +91,7 @@ async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<
     stop.abort();
     match result {
         Ok(report) => {
-            println!("{}", report.text);
+            println!("{}", crate::util::text::escape_controls(&report.text));
             Ok(ExitCode::SUCCESS)
         }
         Err(TurnError::Cancelled) => Ok(ExitCode::from(130)),
@@ -141,7 +141,7 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
             }
         });
         match agent.turn(req).await {
-            Ok(report) => println!("bramble> {}\n", report.text),
+            Ok(report) => println!("bramble> {}\n", crate::util::text::escape_controls(&report.text)),
             Err(TurnError::Cancelled) => println!("(stopped)\n"),
             Err(e) => eprintln!("error: {e}\n"),
         }
