@@ -59,7 +59,7 @@ async fn report_unanswered(outbox: &Outbox, agent: &Agent) {
     let cancel = tokio_util::sync::CancellationToken::new();
     agent
         .resolve_unanswered(true, &cancel, |target, text| match target {
-            Target::Cli => eprintln!("bramble: {text}"),
+            Target::Cli => eprintln!("bramble: {}", crate::util::text::escape_controls(&text)),
             other => {
                 if let Err(e) = outbox.enqueue(other, &text, "agent") {
                     eprintln!("bramble: {text} (could not queue it: {e})");
@@ -127,10 +127,8 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
             continue;
         }
         if let Some(inv) = crate::agent::commands::parse(text) {
-            println!(
-                "bramble> {}\n",
-                crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await
-            );
+            let answer = crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await;
+            println!("bramble> {}\n", crate::util::text::escape_controls(&answer));
             continue;
         }
         let req = TurnRequest::cli(session, text);
@@ -143,7 +141,7 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
         match agent.turn(req).await {
             Ok(report) => println!("bramble> {}\n", crate::util::text::escape_controls(&report.text)),
             Err(TurnError::Cancelled) => println!("(stopped)\n"),
-            Err(e) => eprintln!("error: {e}\n"),
+            Err(e) => eprintln!("error: {}\n", crate::util::text::escape_controls(&e.to_string())),
         }
         stop.abort();
     }

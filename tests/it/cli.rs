@@ -1110,3 +1110,15 @@ async fn cron_show_and_run_print_job_output_with_its_controls_escaped() {
     let run = shown.lines().find(|l| l.contains("ZXZpbA==") && !l.contains("command:")).expect(&shown);
     assert!(run.contains(r"\x1b]52;c;ZXZpbA==\x07\u{9b} 31m\u{202e} done"), "{shown}");
 }
+
+/// An error quotes what it was given (a name, a server's answer): `bramble`
+/// prints it with its control characters escaped.
+#[tokio::test]
+async fn errors_quote_their_input_with_controls_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out =
+        bramble(dir.path(), &["cron", "add", "a\u{1b}]52;c;eA==\u{7}b", "--every", "1h", "--remind", "x"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(raw_controls(&out.stderr), b"", "{:?}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(r"`a\x1b]52;c;eA==\x07b` is not a job name"), "{}", text(&out.stderr));
+}
