@@ -14,6 +14,14 @@
 //! so their output stays clean). A daemon reload applies a changed
 //! `log_level` ([`set_level`]). Secrets never reach a log line: they live in
 //! [`crate::config::Secret`], whose `Debug` prints `***`.
+//!
+//! Log lines carry text from outside (a refused command an MQTT publisher
+//! asked for, a server's error): on stderr, which is often a terminal, every
+//! message and field value is written with its control characters escaped
+//! ([`escaped_fields`]), so an escape sequence cannot reach the terminal and
+//! a newline cannot forge a log line. The journal stores fields as bytes and
+//! `journalctl` shows a value with control characters as `[blob data]`
+//! unless asked for `--all`: that path is left as it is.
 
 use std::os::unix::fs::MetadataExt;
 
@@ -48,10 +56,14 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
         l.with_syslog_identifier("bramble".into()).with_field_prefix(None).with_priority_mappings(priorities())
     });
     let fmt = journald.is_none().then(|| {
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(colour(
-            std::io::IsTerminal::is_terminal(&std::io::stderr()),
-            std::env::var_os("NO_COLOR").as_deref(),
-        ))
+        tracing_subscriber::fmt::layer()
+            .fmt_fields(escaped_fields())
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .with_ansi(colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ))
     });
     let (targets, handle) = reload::Layer::new(targets);
     if tracing_subscriber::registry().with(targets).with(journald).with(fmt).try_init().is_ok() {
@@ -75,6 +87,23 @@ pub fn set_level(config_level: Option<&str>) {
         }
         Err(e) => tracing::warn!("ignoring log filter `{filter}` ({e}); keeping the current one"),
     }
+}
+
+/// The fields of a stderr log line as the default formatter writes them
+/// (`message key=value …`, `log.*` left out), each with its control
+/// characters escaped: one event, one line, nothing a terminal would run.
+fn escaped_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let text = format!("{value:?}");
+        let text = crate::util::text::escape_line(&text);
+        match field.name() {
+            "message" => write!(w, "{text}"),
+            name if name.starts_with("log.") => Ok(()),
+            name => write!(w, "{name}={text}"),
+        }
+    })
+    .delimited(" ")
 }
 
 /// Colour in log lines only on a terminal, and not when `NO_COLOR` is set to
@@ -124,6 +153,40 @@ mod tests {
         assert!(!is_stderr(Some(elsewhere.as_ref())));
         assert!(!is_stderr(Some("garbage".as_ref())));
         assert!(!is_stderr(None));
+    }
+
+    /// A `MakeWriter` into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn stderr_lines_escape_control_characters() {
+        let buffer = Buffer::default();
+        let out = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .fmt_fields(escaped_fields())
+            .with_writer(move || out.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let command = "ls \u{1b}]52;c;ZXZpbA==\u{7}\u{9b}2J";
+            tracing::info!(detail = %command, session = "mqtt:x\nFAKE", "audit: exec refused: {command}\nINFO forged");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains(['\u{1b}', '\u{7}', '\u{9b}']), "{text:?}");
+        assert_eq!(text.lines().count(), 1, "one event, one line: {text:?}");
+        assert!(text.contains("audit: exec refused: ls \\x1b]52;c;ZXZpbA==\\x07\\u{9b}2J\\nINFO forged"), "{text}");
+        assert!(text.contains("detail=ls \\x1b]52") && text.contains(r#"session="mqtt:x\nFAKE""#), "{text}");
     }
 
     #[test]

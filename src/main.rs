@@ -35,9 +35,11 @@ fn main() -> ExitCode {
     match runtime.block_on(bramble::cli::run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("bramble: error: {err}");
+            // An error may quote a server's answer: its control characters are shown, not run.
+            use bramble::util::text::escape_controls;
+            eprintln!("bramble: error: {}", escape_controls(&err.to_string()));
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", escape_controls(&cause.to_string()));
             }
             ExitCode::FAILURE
         }

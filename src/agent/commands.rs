@@ -12,6 +12,8 @@
 //! (`setMyCommands`) is built from the same table.
 
 use super::Agent;
+use crate::bus::Conversation;
+use crate::tools::policy::Source;
 use crate::util::BoxFuture;
 
 /// A command as typed: `/name args`, with any `@botname` suffix removed.
@@ -23,8 +25,17 @@ pub struct Invocation<'a> {
     pub args: &'a str,
 }
 
-/// A handler: the agent, the session the command was sent in, its arguments.
-type Handler = for<'a> fn(&'a Agent, &'a str, &'a str) -> BoxFuture<'a, String>;
+/// A handler: the agent, the session the command was sent in (its key, and
+/// where it came from), its arguments.
+type Handler = for<'a> fn(&'a Agent, Sent<'a>, &'a str) -> BoxFuture<'a, String>;
+
+/// Where a command was sent: the session's key and its source (`[policy.*]`;
+/// `/new` and `/compact` write long-term memory only for a source that may).
+#[derive(Debug, Clone, Copy)]
+struct Sent<'a> {
+    key: &'a str,
+    source: Source,
+}
 
 /// One row of the command table.
 pub struct Command {
@@ -76,11 +87,12 @@ pub fn is_known(name: &str) -> bool {
     COMMANDS.iter().any(|c| c.name.eq_ignore_ascii_case(name))
 }
 
-/// Run a command in `session_key` and return the answer.
-pub async fn execute(agent: &Agent, session_key: &str, inv: &Invocation<'_>) -> String {
+/// Run a command sent in `conversation` (never in a job) and return the answer.
+pub async fn execute(agent: &Agent, conversation: &Conversation, inv: &Invocation<'_>) -> String {
     let name = inv.name.to_ascii_lowercase();
+    let sent = Sent { key: &conversation.session_key, source: Source::of(conversation, false) };
     match COMMANDS.iter().find(|c| c.name == name) {
-        Some(cmd) => (cmd.handler)(agent, session_key, inv.args).await,
+        Some(cmd) => (cmd.handler)(agent, sent, inv.args).await,
         None => unknown(&name),
     }
 }
@@ -115,9 +127,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-fn new<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+/// `/new`: the session goes to long-term memory only when its source may
+/// write it; otherwise it is archived in the journal, and the answer says so.
+fn new<'a>(agent: &'a Agent, Sent { key, source }: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
-        match agent.reset_session(key).await {
+        match agent.reset_session(key, source).await {
             Ok(crate::agent::Consolidation::Nothing) => "Started a new conversation.".into(),
             Ok(done) => format!("Started a new conversation. {done}"),
             Err(e) => format!("Could not start a new conversation: {e}"),
@@ -125,7 +139,7 @@ fn new<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> 
     })
 }
 
-fn stop<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+fn stop<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let turns = match agent.stop_session(key) {
             0 => String::new(),
@@ -146,7 +160,7 @@ fn stop<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String>
     })
 }
 
-fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+fn status<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let provider = match agent.provider_problem() {
             None => "ready".to_string(),
@@ -178,7 +192,7 @@ fn status<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, Strin
     })
 }
 
-fn jobs<'a>(agent: &'a Agent, _: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+fn jobs<'a>(agent: &'a Agent, _: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let Some((store, tz)) = agent.jobs() else { return "Jobs are not available here.".into() };
         let list = match store.list() {
@@ -206,7 +220,7 @@ fn jobs<'a>(agent: &'a Agent, _: &'a str, _: &'a str) -> BoxFuture<'a, String> {
     })
 }
 
-fn run<'a>(agent: &'a Agent, _: &'a str, args: &'a str) -> BoxFuture<'a, String> {
+fn run<'a>(agent: &'a Agent, _: Sent<'a>, args: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let name = args.split_whitespace().next().unwrap_or("");
         if name.is_empty() {
@@ -229,16 +243,16 @@ fn run<'a>(agent: &'a Agent, _: &'a str, args: &'a str) -> BoxFuture<'a, String>
     })
 }
 
-fn compact<'a>(agent: &'a Agent, key: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+fn compact<'a>(agent: &'a Agent, Sent { key, source }: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
-        match agent.consolidate(key).await {
+        match agent.consolidate(key, source).await {
             Ok(done) => done.to_string(),
             Err(e) => format!("Could not compact this conversation: {e}"),
         }
     })
 }
 
-fn model<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, String> {
+fn model<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, args: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let configured = agent.model_label(&agent.settings().model);
         match args.split_whitespace().next() {
@@ -268,7 +282,7 @@ fn model<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, Str
     })
 }
 
-fn history<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, String> {
+fn history<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, args: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let n = match args.split_whitespace().next().map(str::parse::<usize>) {
             None => 10,
@@ -283,7 +297,7 @@ fn history<'a>(agent: &'a Agent, key: &'a str, args: &'a str) -> BoxFuture<'a, S
     })
 }
 
-fn help<'a>(_: &'a Agent, _: &'a str, _: &'a str) -> BoxFuture<'a, String> {
+fn help<'a>(_: &'a Agent, _: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let mut out = String::from("Commands:\n");
         for c in COMMANDS {
@@ -362,7 +376,7 @@ mod tests {
     }
 
     async fn say(agent: &Agent, text: &str) -> String {
-        execute(agent, "telegram:1", &parse(text).unwrap()).await
+        execute(agent, &crate::bus::Conversation::new("telegram", "1", "telegram:1"), &parse(text).unwrap()).await
     }
 
     #[tokio::test]

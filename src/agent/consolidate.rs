@@ -1,8 +1,18 @@
 //! Consolidation: a session whose prompt grows past `context_tokens` is
 //! summarised into `memory/` (the long-term MEMORY.md and the history journal)
 //! and cut to its recent part; `/new` archives it whole.
+//!
+//! MEMORY.md goes into every system prompt, of every session: what a
+//! consolidation writes there, the owner's next Telegram turn (with `exec`)
+//! reads as its own memory. So only a session whose source may write memory
+//! (`[policy.<source>] memory`, off for mqtt and trigger by default) is
+//! summarised into it, and the lines it adds carry that source
+//! ([`memory::mark_source`]). Any other session is archived verbatim in the
+//! history journal (its entry carries the source too): nothing is lost,
+//! nothing reaches a prompt it did not come from, and no model is asked.
 
 use super::*;
+use crate::tools::policy::Source;
 
 /// How much of a session a consolidation keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +32,9 @@ pub enum Consolidation {
     Summarised { messages: usize, cursor: u64, memory_updated: bool },
     /// Summarising failed (`reason`): `messages` were archived verbatim as journal entry `cursor`.
     Archived { messages: usize, cursor: u64, reason: String },
+    /// The session's source may not write long-term memory: `messages` were
+    /// archived verbatim as journal entry `cursor`, MEMORY.md is untouched.
+    NotRemembered { messages: usize, cursor: u64, source: &'static str },
 }
 
 impl std::fmt::Display for Consolidation {
@@ -36,6 +49,11 @@ impl std::fmt::Display for Consolidation {
             Consolidation::Archived { messages, cursor, reason } => write!(
                 f,
                 "Summarising failed ({reason}); {messages} messages were archived verbatim in the history journal (entry {cursor})."
+            ),
+            Consolidation::NotRemembered { messages, cursor, source } => write!(
+                f,
+                "Conversations from {source} are not added to long-term memory ([policy.{source}] memory = false): \
+                 {messages} messages were archived verbatim in the history journal (entry {cursor})."
             ),
         }
     }
@@ -53,7 +71,13 @@ impl Agent {
 
     /// Consolidate the older part of a session before a turn. Failures are
     /// logged; the turn goes on with the session as it is.
-    pub(super) async fn auto_consolidate(&self, provider: &dyn Provider, model: &str, key: &str, prompt: &[Message]) {
+    pub(super) async fn auto_consolidate(
+        &self,
+        provider: &dyn Provider,
+        model: &str,
+        (key, source): (&str, Source),
+        prompt: &[Message],
+    ) {
         // What every prompt carries besides the history: system prompt, tools, runtime context, the new text.
         let fixed = prompt.first().map_or(0, |m| memory::estimate_tokens(std::slice::from_ref(m)))
             + prompt.iter().rev().take(2).map(|m| memory::estimate_tokens(std::slice::from_ref(m))).sum::<usize>()
@@ -63,7 +87,7 @@ impl Agent {
             tokens: self.settings.context_tokens.saturating_sub(fixed) / 2,
         };
         tracing::info!(session = %key, "consolidating the session's older part");
-        match self.consolidate_locked(Some(provider), model, key, keep).await {
+        match self.consolidate_locked(Some(provider), model, (key, source), keep).await {
             Ok(c) => tracing::info!(session = %key, "{c}"),
             Err(e) => tracing::error!(session = %key, "consolidation failed, the session is unchanged: {e}"),
         }
@@ -76,13 +100,14 @@ impl Agent {
     }
 
     /// Summarise the part of the session before the boundary `keep` picks and
-    /// replace it by a checkpoint (no checkpoint for [`Keep::Nothing`]). The
-    /// caller holds the session's lock.
+    /// replace it by a checkpoint (no checkpoint for [`Keep::Nothing`]). A
+    /// session whose `source` may not write memory is archived verbatim
+    /// instead. The caller holds the session's lock.
     pub(super) async fn consolidate_locked(
         &self,
         provider: Option<&dyn Provider>,
         model: &str,
-        key: &str,
+        (key, source): (&str, Source),
         keep: Keep,
     ) -> Result<Consolidation, TurnError> {
         let session_err = |source| TurnError::Session { key: key.to_string(), source };
@@ -99,6 +124,10 @@ impl Agent {
             return Ok(Consolidation::Nothing);
         }
         let chunk = &all[..boundary];
+        let archived = session.checkpoint.as_ref().map_or(0, |c| c.archived) + boundary as u64;
+        if !self.tools.policy().remembers(source) {
+            return self.archive_unremembered(key, source, chunk, archived, keep).await;
+        }
         let workspace = self.context.workspace().to_path_buf();
         let current = {
             let workspace = workspace.clone();
@@ -114,7 +143,6 @@ impl Agent {
             }
             None => Err(self.provider_problem().unwrap_or("no provider").to_string()),
         };
-        let archived = session.checkpoint.as_ref().map_or(0, |c| c.archived) + boundary as u64;
         let journal_err = |e: std::io::Error| TurnError::Session {
             key: key.to_string(),
             source: std::io::Error::new(e.kind(), format!("cannot write {}: {e}", self.journal.path().display())),
@@ -122,13 +150,16 @@ impl Agent {
         // The journal first: once the old messages are in it, the session may drop them.
         let (checkpoint, outcome) = match result {
             Ok(saved) => {
-                let cursor =
-                    self.append_journal(key, "summary", saved.history_entry.trim()).await.map_err(journal_err)?;
+                let cursor = self
+                    .append_journal(key, source, "summary", saved.history_entry.trim())
+                    .await
+                    .map_err(journal_err)?;
                 let update = saved.memory_update.clone();
-                let written =
-                    tokio::task::spawn_blocking(move || memory::apply_memory_update(&workspace, &current, &update))
-                        .await
-                        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                let written = tokio::task::spawn_blocking(move || {
+                    memory::apply_memory_update(&workspace, &current, &update, source.name())
+                })
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
                 let memory_updated = written.unwrap_or_else(|e| {
                     tracing::error!("cannot write {}: {e}", memory::MEMORY_FILE);
                     false
@@ -143,7 +174,7 @@ impl Agent {
             Err(reason) => {
                 tracing::warn!(session = %key, messages = boundary, "summarising failed ({reason}); archiving the messages verbatim");
                 let raw = format!("[RAW] {boundary} messages\n{}", memory::transcript(chunk, false));
-                let cursor = self.append_journal(key, "raw", &raw).await.map_err(journal_err)?;
+                let cursor = self.append_journal(key, source, "raw", &raw).await.map_err(journal_err)?;
                 (
                     memory::raw_checkpoint(boundary, archived, cursor),
                     Consolidation::Archived { messages: boundary, cursor, reason },
@@ -158,31 +189,69 @@ impl Agent {
         Ok(outcome)
     }
 
+    /// Archive `chunk` of a session whose `source` may not write memory:
+    /// verbatim in the journal (entry marked with the source), MEMORY.md and
+    /// the model untouched; the session keeps a checkpoint naming the entry.
+    async fn archive_unremembered(
+        &self,
+        key: &str,
+        source: Source,
+        chunk: &[session::StoredMessage],
+        archived: u64,
+        keep: Keep,
+    ) -> Result<Consolidation, TurnError> {
+        let boundary = chunk.len();
+        tracing::info!(session = %key, source = source.name(), messages = boundary, "the source may not write long-term memory; archiving the messages verbatim");
+        let raw = format!("[RAW] {boundary} messages\n{}", memory::transcript(chunk, false));
+        let cursor = self.append_journal(key, source, "raw", &raw).await.map_err(|e| TurnError::Session {
+            key: key.to_string(),
+            source: std::io::Error::new(e.kind(), format!("cannot write {}: {e}", self.journal.path().display())),
+        })?;
+        let checkpoint = (keep != Keep::Nothing).then(|| memory::raw_checkpoint(boundary, archived, cursor));
+        let replaced = self
+            .sessions
+            .replace_prefix(key, boundary, chunk, checkpoint)
+            .map_err(|source| TurnError::Session { key: key.to_string(), source })?;
+        if replaced.is_none() {
+            tracing::warn!(session = %key, "the session changed during archiving; it is left as it is (the journal has the entry)");
+        }
+        Ok(Consolidation::NotRemembered { messages: boundary, cursor, source: source.name() })
+    }
+
     /// Append to the history journal off the runtime thread (a command may hold a lock on it).
-    pub(super) async fn append_journal(&self, key: &str, kind: &'static str, content: &str) -> std::io::Result<u64> {
+    pub(super) async fn append_journal(
+        &self,
+        key: &str,
+        source: Source,
+        kind: &'static str,
+        content: &str,
+    ) -> std::io::Result<u64> {
         let journal = self.journal.clone();
         let (key, content) = (key.to_string(), content.to_string());
-        tokio::task::spawn_blocking(move || journal.append(&key, kind, &content))
+        tokio::task::spawn_blocking(move || journal.append(&key, source.name(), kind, &content))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
-    /// `/compact`: consolidate everything but the last turn now.
-    pub async fn consolidate(&self, key: &str) -> Result<Consolidation, TurnError> {
+    /// `/compact`: consolidate everything but the last turn now. `source`
+    /// is where the session's turns come from (`[policy.<source>] memory`).
+    pub async fn consolidate(&self, key: &str, source: Source) -> Result<Consolidation, TurnError> {
         let lock = SessionLock::new(self, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
         let provider = self.provider.as_ref().ok().cloned();
-        self.consolidate_locked(provider.as_deref(), &model, key, Keep::Recent { messages: 1, tokens: 0 }).await
+        let keep = Keep::Recent { messages: 1, tokens: 0 };
+        self.consolidate_locked(provider.as_deref(), &model, (key, source), keep).await
     }
 
-    /// `/new`: consolidate the whole session into memory and start it afresh.
-    /// Without a provider the messages are archived verbatim.
-    pub async fn reset_session(&self, key: &str) -> Result<Consolidation, TurnError> {
+    /// `/new`: consolidate the whole session into memory (when `source` may
+    /// write it) and start it afresh. Without a provider, or when the source
+    /// may not write memory, the messages are archived verbatim.
+    pub async fn reset_session(&self, key: &str, source: Source) -> Result<Consolidation, TurnError> {
         let lock = SessionLock::new(self, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
         let provider = self.provider.as_ref().ok().cloned();
-        self.consolidate_locked(provider.as_deref(), &model, key, Keep::Nothing).await
+        self.consolidate_locked(provider.as_deref(), &model, (key, source), Keep::Nothing).await
     }
 }

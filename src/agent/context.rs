@@ -81,14 +81,17 @@ impl ContextBuilder {
             if budget == 0 {
                 break;
             }
-            let Some(text) = read_prompt_file(&ws, name, self.limits.per_file_chars) else { continue };
+            let Some(text) = read_prompt_file(&ws, name, self.limits.per_file_chars, strip_comments) else { continue };
             let allowed = self.limits.per_file_chars.min(budget);
             budget -= text.chars().count().min(allowed);
             let text = cap(&text, allowed, name);
             out.push_str(&format!("\n## {name}\n\n{text}\n"));
         }
 
-        if let Some(memory) = read_prompt_file(&ws, "memory/MEMORY.md", self.limits.per_file_chars) {
+        // Lines from untrusted sources shown apart, as data (`memory::for_prompt`).
+        if let Some(memory) =
+            read_prompt_file(&ws, "memory/MEMORY.md", self.limits.per_file_chars, super::memory::for_prompt)
+        {
             let memory = cap(&memory, self.limits.per_file_chars, "memory/MEMORY.md");
             out.push_str(&format!("\n## Memory (memory/MEMORY.md)\n\n{memory}\n"));
         }
@@ -108,7 +111,7 @@ impl ContextBuilder {
                 out.push_str(&format!("- {}: {} ({}){state}\n", s.name, s.description, s.path));
             }
             for s in skills.iter().filter(|s| s.always && s.available()) {
-                if let Some(body) = read_prompt_file(&ws, &s.path, self.limits.per_file_chars) {
+                if let Some(body) = read_prompt_file(&ws, &s.path, self.limits.per_file_chars, strip_comments) {
                     let body = cap(super::skills::body(&body), self.limits.per_file_chars, &s.path);
                     out.push_str(&format!("\n### Skill: {}\n\n{body}\n", s.name));
                 }
@@ -155,7 +158,12 @@ impl ContextBuilder {
 /// plain file in the workspace (a symlink, a FIFO, a device: logged, never
 /// followed or read). At most `max_chars` characters are read (plus room for
 /// comments), so a huge file or `/dev/zero` costs a bounded read.
-fn read_prompt_file(ws: &Workspace, rel: &str, max_chars: usize) -> Option<String> {
+fn strip_comments(text: &str) -> String {
+    crate::util::text::strip_html_comments(text)
+}
+
+/// A workspace file for the prompt, through `prepare` (which drops its comments).
+fn read_prompt_file(ws: &Workspace, rel: &str, max_chars: usize, prepare: fn(&str) -> String) -> Option<String> {
     // Four bytes a character at most, twice over for comments that will be stripped.
     let cap = max_chars.saturating_mul(8).clamp(4096, 4 << 20);
     let text = match ws.read_text(rel, cap) {
@@ -166,7 +174,7 @@ fn read_prompt_file(ws: &Workspace, rel: &str, max_chars: usize) -> Option<Strin
             return None;
         }
     };
-    let text = crate::util::text::strip_html_comments(&text);
+    let text = prepare(&text);
     let meaningful = text.lines().any(|l| {
         let l = l.trim();
         !l.is_empty() && !l.starts_with('#')

@@ -576,8 +576,13 @@ impl Agent {
         }
         let mut messages = self.prompt(req, &input.text).await.map_err(session_err)?;
         if self.needs_consolidation(&req.conversation.session_key, &messages) {
+            // Whether the session may write long-term memory follows from its source (`[policy.*] memory`).
+            let session = (
+                req.conversation.session_key.as_str(),
+                crate::tools::policy::Source::of(&req.conversation, req.in_job),
+            );
             tokio::select! {
-                () = self.auto_consolidate(provider, &model, &req.conversation.session_key, &messages) => {}
+                () = self.auto_consolidate(provider, &model, session, &messages) => {}
                 // Nothing is written before the summary is back: stopping here changes nothing.
                 _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
             }

@@ -60,7 +60,7 @@ impl Agent {
     async fn answer(&self, msg: InboundMessage, cancel: CancellationToken, outbound: mpsc::Sender<OutboundMessage>) {
         let target = msg.reply_to;
         let text = if let Some(inv) = commands::parse(&msg.text) {
-            commands::execute(self, &msg.conversation.session_key, &inv).await
+            commands::execute(self, &msg.conversation, &inv).await
         } else {
             let req = TurnRequest {
                 conversation: msg.conversation,

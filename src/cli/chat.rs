@@ -18,7 +18,7 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
         while let Some(OutboundMessage { target, text, attach }) = outbound.recv().await {
             let text = if attach.is_empty() { text } else { format!("{text}\n(attached: {})", attach.join(", ")) };
             match target {
-                Target::Cli => println!("[message] {text}"),
+                Target::Cli => println!("[message] {}", crate::util::text::escape_controls(&text)),
                 other => tracing::warn!(
                     target = %other,
                     "`bramble agent` cannot deliver to {other}: only the daemon (`bramble run`) runs channels"
@@ -59,7 +59,7 @@ async fn report_unanswered(outbox: &Outbox, agent: &Agent) {
     let cancel = tokio_util::sync::CancellationToken::new();
     agent
         .resolve_unanswered(true, &cancel, |target, text| match target {
-            Target::Cli => eprintln!("bramble: {text}"),
+            Target::Cli => eprintln!("bramble: {}", crate::util::text::escape_controls(&text)),
             other => {
                 if let Err(e) = outbox.enqueue(other, &text, "agent") {
                     eprintln!("bramble: {text} (could not queue it: {e})");
@@ -72,12 +72,12 @@ async fn report_unanswered(outbox: &Outbox, agent: &Agent) {
 async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<ExitCode> {
     // A slash command is a command here too, as in the chat: never a model call.
     if let Some(inv) = crate::agent::commands::parse(&text) {
-        let answer = crate::agent::commands::execute(agent, session, &inv).await;
+        let answer = crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await;
         if crate::agent::commands::is_known(inv.name) {
-            println!("{answer}");
+            println!("{}", crate::util::text::escape_controls(&answer));
             return Ok(ExitCode::SUCCESS);
         }
-        eprintln!("bramble: {answer}");
+        eprintln!("bramble: {}", crate::util::text::escape_controls(&answer));
         return Ok(ExitCode::from(1));
     }
     let req = TurnRequest::cli(session, text);
@@ -91,7 +91,7 @@ async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<
     stop.abort();
     match result {
         Ok(report) => {
-            println!("{}", report.text);
+            println!("{}", crate::util::text::escape_controls(&report.text));
             Ok(ExitCode::SUCCESS)
         }
         Err(TurnError::Cancelled) => Ok(ExitCode::from(130)),
@@ -127,7 +127,8 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
             continue;
         }
         if let Some(inv) = crate::agent::commands::parse(text) {
-            println!("bramble> {}\n", crate::agent::commands::execute(agent, session, &inv).await);
+            let answer = crate::agent::commands::execute(agent, &crate::bus::Conversation::cli(session), &inv).await;
+            println!("bramble> {}\n", crate::util::text::escape_controls(&answer));
             continue;
         }
         let req = TurnRequest::cli(session, text);
@@ -138,9 +139,9 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
             }
         });
         match agent.turn(req).await {
-            Ok(report) => println!("bramble> {}\n", report.text),
+            Ok(report) => println!("bramble> {}\n", crate::util::text::escape_controls(&report.text)),
             Err(TurnError::Cancelled) => println!("(stopped)\n"),
-            Err(e) => eprintln!("error: {e}\n"),
+            Err(e) => eprintln!("error: {}\n", crate::util::text::escape_controls(&e.to_string())),
         }
         stop.abort();
     }

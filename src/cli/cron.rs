@@ -184,7 +184,7 @@ pub(super) fn edit(
                     out,
                     "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
                     j.id,
-                    j.name,
+                    esc(&j.name),
                     kind_name_of(&j),
                     j.schedule.summary(tz.tz())
                 )?;
@@ -193,11 +193,13 @@ pub(super) fn edit(
         }
         CronCommand::Show { id } => {
             let j = store.get(&id)?;
-            writeln!(out, "{} ({})", j.name, j.id)?;
+            // Every text a job holds may have come from outside (a chat, a
+            // command's output, a server's error): shown with its controls escaped.
+            writeln!(out, "{} ({})", esc(&j.name), j.id)?;
             writeln!(out, "  kind:      {}", kind_name_of(&j))?;
             match &j.kind {
-                JobKind::Message { text } | JobKind::Remind { text } => writeln!(out, "  text:      {text}")?,
-                JobKind::Exec { command } => writeln!(out, "  command:   {command}")?,
+                JobKind::Message { text } | JobKind::Remind { text } => writeln!(out, "  text:      {}", esc(text))?,
+                JobKind::Exec { command } => writeln!(out, "  command:   {}", esc(command))?,
             }
             writeln!(out, "  schedule:  {}", j.schedule.describe(tz.tz()))?;
             writeln!(out, "  catch-up:  {}", j.catch_up)?;
@@ -205,10 +207,10 @@ pub(super) fn edit(
                 writeln!(out, "  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
             }
             if let Some(w) = &j.watch {
-                writeln!(out, "  watch:     {} (the turn runs when: {})", w.command, w.mode.as_str())?;
+                writeln!(out, "  watch:     {} (the turn runs when: {})", esc(&w.command), w.mode.as_str())?;
                 if let Some(seen) = &j.state.watch {
                     let first = seen.output.lines().next().unwrap_or("");
-                    writeln!(out, "  last seen: {}", crate::scheduler::job::truncate(first, 80))?;
+                    writeln!(out, "  last seen: {}", esc(&crate::scheduler::job::truncate(first, 80)))?;
                 }
             }
             for line in limits(&j, &tz) {
@@ -218,19 +220,20 @@ pub(super) fn edit(
                 writeln!(out, "  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name))?;
             }
             let targets: Vec<String> = j.report_target_names();
-            writeln!(out, "  deliver:   {}", targets.join(", "))?;
+            writeln!(out, "  deliver:   {}", esc(&targets.join(", ")))?;
             if !j.attach.is_empty() {
-                writeln!(out, "  attach:    {}", j.attach.join(", "))?;
+                writeln!(out, "  attach:    {}", esc(&j.attach.join(", ")))?;
             }
             writeln!(out, "  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" })?;
             writeln!(out, "  next run:  {}", when(j.state.next_run, &tz))?;
             if let Some(e) = &j.state.last_error {
-                writeln!(out, "  last error: {e}")?;
+                writeln!(out, "  last error: {}", esc(e))?;
             }
             for r in &j.state.history {
-                let by = r.model.as_deref().map(|m| format!("  [{m}]")).unwrap_or_default();
+                let by = r.model.as_deref().map(|m| format!("  [{}]", esc(m))).unwrap_or_default();
                 // One line per run: a report's lines joined.
                 let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
+                let summary = esc(&summary);
                 writeln!(out, "  {}  {:<7}  {summary}{by}", when(Some(r.started), &tz), r.status.to_string())?;
             }
         }
@@ -628,18 +631,26 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
         RunStatus::Ok
             if job.watch.is_some() && outcome.model.is_none() && outcome.summary.ends_with("(no model call)") =>
         {
-            println!("{}", outcome.summary);
+            println!("{}", crate::util::text::escape_controls(&outcome.summary));
             Ok(ExitCode::SUCCESS)
         }
         RunStatus::Ok => {
-            println!("{}\n\n(report queued for {}; the daemon delivers it)", outcome.summary, targets.join(", "));
+            let summary = crate::util::text::escape_controls(&outcome.summary);
+            println!("{summary}\n\n(report queued for {}; the daemon delivers it)", esc(&targets.join(", ")));
             Ok(ExitCode::SUCCESS)
         }
         _ => {
-            eprintln!("bramble: job {} failed: {}", job.name, outcome.error.unwrap_or(outcome.summary));
+            let why = outcome.error.unwrap_or(outcome.summary);
+            eprintln!("bramble: job {} failed: {}", esc(&job.name), crate::util::text::escape_controls(&why));
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+/// A one-line field of a job, its control characters escaped (it may have
+/// come from outside: a chat, a command's output, a server's error).
+fn esc(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::util::text::escape_line(text)
 }
 
 /// `jitter`, `max runs` and `until` lines of a job, when set.

@@ -42,7 +42,8 @@ impl Report {
                 "error  "
             }
         };
-        println!("{tag}  {what:<16} {}", text.as_ref());
+        // What a server answered is quoted here: its control characters are shown, not run.
+        println!("{tag}  {what:<16} {}", crate::util::text::escape_controls(text.as_ref()));
     }
 }
 

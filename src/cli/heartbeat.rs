@@ -33,7 +33,11 @@ pub(super) async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<
         ),
         HeartbeatOutcome::NothingToReport => println!("HEARTBEAT_OK: nothing to report, nothing delivered."),
         HeartbeatOutcome::Reported { text, targets: t } => {
-            println!("{text}\n\n(queued for {}; the daemon delivers it)", targets(&t))
+            println!(
+                "{}\n\n(queued for {}; the daemon delivers it)",
+                crate::util::text::escape_controls(&text),
+                targets(&t)
+            )
         }
         HeartbeatOutcome::Cancelled => {
             println!("(stopped)");

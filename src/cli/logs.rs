@@ -3,6 +3,11 @@
 //! run in this process's place so paging, colours and Ctrl-C are
 //! journalctl's own); anywhere else the daemon logs to its stderr, and this
 //! says so instead of printing nothing.
+//!
+//! Log lines carry text from outside (a command an MQTT publisher asked for):
+//! `journalctl` shows a field with control characters as `[… blob data]`
+//! unless given `--all`/`-a`, which this never passes, so an escape sequence
+//! in the journal does not reach the terminal.
 
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -58,5 +63,8 @@ mod tests {
         assert_eq!(journalctl_args(true, true, true, 5).unwrap(), ["-u", "bramble.service", "-n", "5", "-f"]);
         assert!(journalctl_args(false, false, false, 100).unwrap_err().contains("logs to its stderr"));
         assert!(journalctl_args(true, false, false, 100).unwrap_err().contains("not installed"));
+        // Never `--all`: journalctl then prints control characters raw.
+        let args = journalctl_args(true, true, true, 100).unwrap();
+        assert!(!args.iter().any(|a| a == "-a" || a == "--all" || a.starts_with("-o")), "{args:?}");
     }
 }

@@ -130,7 +130,7 @@ async fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -
             println!("no paired users ([telegram] allow_from in the config still applies)");
         }
         for u in users {
-            let name = u.username.map(|n| format!(" (@{n})")).unwrap_or_default();
+            let name = u.username.map(|n| format!(" (@{})", crate::util::text::escape_line(&n))).unwrap_or_default();
             println!("{}{name}, paired {}", u.id, u.paired.strftime("%Y-%m-%d %H:%M UTC"));
         }
         return Ok(ExitCode::SUCCESS);

@@ -3,6 +3,11 @@
 //! The tools and channels are those of the parts the composition root builds
 //! for the daemon ([`crate::daemon::assemble::daemon`]), so the list cannot
 //! drift from what `bramble run` runs.
+//!
+//! Much of what it shows came from outside — MCP servers' tool names and
+//! errors, a job's name, an undelivered report's error, an alert's text — so
+//! those are printed through [`esc`]: an escape sequence in them is shown,
+//! never run by the owner's terminal.
 
 use std::process::ExitCode;
 
@@ -11,6 +16,11 @@ use crate::daemon::assemble;
 
 use super::check::telegram_summary;
 use super::when;
+
+/// A one-line field that may have come from outside, its control characters escaped.
+fn esc(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::util::text::escape_line(text)
+}
 
 /// Whether a daemon runs on `state` (it holds `daemon.lock`).
 pub(super) fn daemon_line(state: &std::path::Path) -> String {
@@ -103,7 +113,7 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
     println!("state:      {}", loaded.paths.state_dir.display());
     if *acting == Acting::ServiceConfigOnly {
         // The state is private; the running service says whether it answers (and what members may).
-        println!("daemon:     {}", super::service::control_line().await);
+        println!("daemon:     {}", esc(&super::service::control_line().await));
     } else {
         println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
     }
@@ -120,13 +130,13 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
             // stopped again), so the line says what this machine can reach now.
             let tools = parts.agent.tools();
             tools.prepare().await;
-            println!("tools:      {}", tools.names().join(", "));
+            println!("tools:      {}", esc(&tools.names().join(", ")));
             println!("channels:   {}", parts.channels.names().join(", "));
             for (i, line) in tools.sources_status().iter().enumerate() {
-                println!("{:<12}{line}", if i == 0 { "mcp:" } else { "" });
+                println!("{:<12}{}", if i == 0 { "mcp:" } else { "" }, esc(line));
             }
         }
-        Err(e) => println!("channels:   error: {e}"),
+        Err(e) => println!("channels:   error: {}", esc(&e.to_string())),
     }
     println!(
         "exec:       {}",
@@ -144,10 +154,10 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         let engines = crate::tools::search::WebSearch::new(&c.web, http).map(|s| s.engines().join(" → "));
         println!("web search: {}", engines.unwrap_or_else(|| "off ([web] search = [])".into()));
     }
-    println!("telegram:   {}", telegram_summary(&c.telegram, &loaded.paths.state_dir));
-    println!("mqtt:       {}", crate::channels::mqtt::status_line(&c.mqtt));
+    println!("telegram:   {}", esc(&telegram_summary(&c.telegram, &loaded.paths.state_dir)));
+    println!("mqtt:       {}", esc(&crate::channels::mqtt::status_line(&c.mqtt)));
     println!("policy:     {}", policy_summary(&c.policy));
-    println!("ha:         {}", crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir));
+    println!("ha:         {}", esc(&crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir)));
     if private {
         println!("sessions:   {PRIVATE}");
     } else {
@@ -217,13 +227,13 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         Some(Ok(jobs)) => {
             println!("jobs:       {}", jobs.len());
             if let Some(notice) = jobs_store.corrupt_notice() {
-                println!("  job store: {notice}");
+                println!("  job store: {}", esc(&notice));
             }
             for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
-                println!("  {:<20} next {}", j.name, when(j.state.next_run, &tz));
+                println!("  {:<20} next {}", esc(&j.name), when(j.state.next_run, &tz));
             }
         }
-        Some(Err(e)) => println!("jobs:       error: {e}"),
+        Some(Err(e)) => println!("jobs:       error: {}", esc(&e.to_string())),
     }
     let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
     match (!private).then(|| outbox.pending()) {
@@ -232,11 +242,12 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         Some(Ok(p)) => {
             println!("outbox:     {} undelivered", p.len());
             for e in p.iter().take(5) {
-                let err = e.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
-                println!("  {} from {}, {} attempts{err}", e.target, e.source, e.attempts);
+                let err = e.last_error.as_deref().map(|e| format!(" ({})", esc(e))).unwrap_or_default();
+                let (target, source) = (e.target.to_string(), e.source.to_string());
+                println!("  {} from {}, {} attempts{err}", esc(&target), esc(&source), e.attempts);
             }
         }
-        Some(Err(e)) => println!("outbox:     error: {e}"),
+        Some(Err(e)) => println!("outbox:     error: {}", esc(&e.to_string())),
     }
     if private {
         println!("alerts:     {PRIVATE}");
@@ -254,7 +265,8 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         println!("alerts:     {} open ({to})", open.len());
         for (key, o) in &open {
             let first = o.text.lines().next().unwrap_or_default();
-            println!("  {key} since {}: {}", when(Some(o.since), &tz), crate::scheduler::job::truncate(first, 160));
+            let text = crate::scheduler::job::truncate(first, 160);
+            println!("  {} since {}: {}", esc(key), when(Some(o.since), &tz), esc(&text));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -89,7 +89,8 @@ impl Members {
     }
 }
 
-/// `[policy.<source>]`: an allow-list and a deny list of tool names (`*` globs).
+/// `[policy.<source>]`: an allow-list and a deny list of tool names (`*` globs),
+/// and whether the source's sessions may write long-term memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyRule {
@@ -97,6 +98,11 @@ pub struct PolicyRule {
     pub tools: Option<Vec<String>>,
     /// Not these (unset: the source's default list; `[]`: none).
     pub deny: Option<Vec<String>>,
+    /// Whether consolidating the source's sessions (`/new`, `/compact`, a
+    /// long session) may write `memory/MEMORY.md`, which goes into every
+    /// system prompt (unset: yes for terminal, telegram, job and heartbeat;
+    /// no for mqtt and trigger, whose text anyone on the broker can write).
+    pub memory: Option<bool>,
 }
 
 /// The names `[policy.<name>]` takes.
@@ -1487,6 +1493,36 @@ mod tests {
             }
         }
         assert!(missing.is_empty(), "keys missing from config/bramble.toml: {missing:?}");
+    }
+
+    /// `[policy.<source>]`'s keys are shown in the template's policy part too.
+    #[test]
+    fn every_policy_key_is_in_the_template() {
+        let source = include_str!("mod.rs");
+        let template = include_str!("../../config/bramble.toml");
+        let start = source.find("pub struct PolicyRule {").unwrap();
+        let body = &source[start..start + source[start..].find("\n}").unwrap()];
+        let part = &template[template.find("# [policy.").unwrap()..];
+        let part = &part[..part.find("\n[").unwrap_or(part.len())];
+        for line in body.lines().map(str::trim).filter(|l| l.starts_with("pub ") && !l.starts_with("pub struct")) {
+            let key = line["pub ".len()..].split(':').next().unwrap().trim();
+            let listed = part.lines().any(|l| {
+                l.trim_start_matches('#')
+                    .trim_start()
+                    .strip_prefix(key)
+                    .is_some_and(|r| r.trim_start().starts_with('='))
+            });
+            assert!(listed, "[policy.<source>] {key} is missing from config/bramble.toml");
+        }
+    }
+
+    #[test]
+    fn policy_tables_take_memory() {
+        let c = parse("[policy.mqtt]\nmemory = true\n[policy.telegram]\nmemory = false\n").unwrap();
+        assert_eq!(c.policy["mqtt"].memory, Some(true));
+        assert_eq!(c.policy["telegram"].memory, Some(false));
+        assert!(parse("[policy.mqtt]\nmemory = \"yes\"\n").is_err(), "a boolean");
+        assert!(parse("[policy.mqtt]\nmemories = true\n").unwrap_err().contains("memories"), "unknown keys refused");
     }
 
     use super::*;

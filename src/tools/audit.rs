@@ -16,6 +16,13 @@
 //! also appended to `<state>/audit.jsonl`, which is kept under 512 KiB (the
 //! older half moves to `audit.jsonl.1`). No fsync: a record lost to a power
 //! cut costs less than an SD card written at every command.
+//!
+//! A record keeps what was asked as it was asked (the file is JSON, the
+//! journal stores bytes): the evidence is not rewritten. What was asked is an
+//! attacker's text, though (an anonymous MQTT publisher's refused command), so
+//! `bramble audit` prints every field through
+//! [`escape_line`](crate::util::text::escape_line): an escape sequence in it
+//! (OSC 52 writes the owner's clipboard in many terminals) is shown, never run.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -193,7 +200,7 @@ pub fn read_file(state_dir: &Path, since: Option<jiff::Timestamp>) -> Vec<Entry>
 /// An audit entry from one line of `journalctl -o json`.
 pub fn from_journal(line: &str) -> Option<Entry> {
     let v: Value = serde_json::from_str(line).ok()?;
-    let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    let s = |k: &str| v.get(k).and_then(journal_text);
     let micros: i64 = s("__REALTIME_TIMESTAMP")?.parse().ok()?;
     let message = s("MESSAGE").unwrap_or_default();
     Some(Entry {
@@ -207,18 +214,30 @@ pub fn from_journal(line: &str) -> Option<Entry> {
     })
 }
 
+/// A field of `journalctl -o json`: a string, or (for a value with control
+/// characters or bytes that are not UTF-8) an array of its bytes.
+fn journal_text(v: &Value) -> Option<String> {
+    if let Some(text) = v.as_str() {
+        return Some(text.to_string());
+    }
+    let bytes: Option<Vec<u8>> = v.as_array()?.iter().map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok())).collect();
+    Some(String::from_utf8_lossy(&bytes?).into_owned())
+}
+
 impl std::fmt::Display for Entry {
-    /// `2026-11-23 20:01:02  telegram  telegram:42  exec  ok  df -h`
+    /// `2026-11-23 20:01:02  telegram  telegram:42  exec  ok  df -h`, every
+    /// field with its control characters escaped (they came from outside).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::util::text::escape_line;
         write!(
             f,
             "{}  {:<9} {:<22} {:<14} {:<7} {}",
             self.at.strftime("%Y-%m-%d %H:%M:%S"),
-            self.source,
-            self.session,
-            self.tool,
+            escape_line(&self.source),
+            escape_line(&self.session),
+            escape_line(&self.tool),
             if self.ok { "ok" } else { "refused/failed" },
-            self.detail
+            escape_line(&self.detail)
         )
     }
 }
@@ -275,5 +294,11 @@ mod tests {
         let e = from_journal(line).unwrap();
         assert_eq!((e.tool.as_str(), e.source.as_str(), e.detail.as_str(), e.ok), ("exec", "telegram", "df -h", true));
         assert!(from_journal(r#"{"MESSAGE":"other"}"#).is_none());
+        // journalctl gives a value with control characters as its bytes: read, then shown escaped.
+        let bytes: Vec<u8> = "audit: exec failed or refused (mqtt, mqtt:x): ls \u{1b}]52;c;eA==\u{7}".bytes().collect();
+        let line = json!({"__REALTIME_TIMESTAMP": "1795464062000000", "MESSAGE": bytes, "AUDIT_TOOL": "exec"});
+        let e = from_journal(&line.to_string()).unwrap();
+        assert_eq!(e.detail, "ls \u{1b}]52;c;eA==\u{7}");
+        assert!(e.to_string().ends_with("refused/failed ls \\x1b]52;c;eA==\\x07"), "{e}");
     }
 }

@@ -673,7 +673,10 @@ mod tests {
         assert_eq!(r.execute(&ToolCall::new("1", "exec", "{}"), &chat).await.text, "ran");
         // A table in the config changes it.
         let mut cfg = std::collections::BTreeMap::new();
-        cfg.insert("mqtt".to_string(), crate::config::PolicyRule { tools: None, deny: Some(vec!["exec".into()]) });
+        cfg.insert(
+            "mqtt".to_string(),
+            crate::config::PolicyRule { tools: None, deny: Some(vec!["exec".into()]), memory: None },
+        );
         let r = r.with_policy(policy::ToolPolicy::from_config(&cfg));
         assert_eq!(r.execute(&ToolCall::new("1", "mqtt_publish", "{}"), &mqtt).await.text, "ran");
         assert!(

@@ -101,6 +101,13 @@ impl Source {
             _ => &[],
         }
     }
+
+    /// Whether the source's sessions may write long-term memory when the
+    /// config says nothing: not the untrusted ones (nor any source added
+    /// later without saying so).
+    pub fn default_memory(self) -> bool {
+        matches!(self, Source::Terminal | Source::Telegram | Source::Job | Source::Heartbeat)
+    }
 }
 
 /// What a turn may be offered: its source's tools, and, for a job's turn,
@@ -129,11 +136,13 @@ impl Grant {
     }
 }
 
-/// One source's rule: an allow-list (`None`: every tool) and a deny list.
+/// One source's rule: an allow-list (`None`: every tool), a deny list, and
+/// whether its sessions may write long-term memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Rule {
     allow: Option<Vec<String>>,
     deny: Vec<String>,
+    memory: bool,
 }
 
 /// The rules of every source.
@@ -162,7 +171,8 @@ impl ToolPolicy {
                 let deny = rule
                     .and_then(|r| r.deny.clone())
                     .unwrap_or_else(|| s.default_deny().iter().map(|t| t.to_string()).collect());
-                (s, Rule { allow, deny })
+                let memory = rule.and_then(|r| r.memory).unwrap_or_else(|| s.default_memory());
+                (s, Rule { allow, deny, memory })
             })
             .collect();
         ToolPolicy { rules }
@@ -181,6 +191,12 @@ impl ToolPolicy {
         self.allows(grant.source, tool) && grant.ceiling.is_none_or(|c| self.allows(c, tool))
     }
 
+    /// Whether a session from `source` may write long-term memory
+    /// (`memory/MEMORY.md`, through consolidation). A source without a rule: no.
+    pub fn remembers(&self, source: Source) -> bool {
+        self.rules.get(&source).is_some_and(|r| r.memory)
+    }
+
     /// The rule of `source` in a few words, for `bramble status`.
     pub fn describe(&self, source: Source) -> String {
         let Some(rule) = self.rules.get(&source) else { return "every tool".into() };
@@ -189,10 +205,11 @@ impl ToolPolicy {
             Some(list) if list.is_empty() => "no tools".to_string(),
             Some(list) => format!("only {}", list.join(", ")),
         };
-        if rule.deny.is_empty() {
-            base
+        let tools = if rule.deny.is_empty() { base } else { format!("{base} except {}", rule.deny.join(", ")) };
+        if rule.memory {
+            tools
         } else {
-            format!("{base} except {}", rule.deny.join(", "))
+            format!("{tools} (no memory writes)")
         }
     }
 
@@ -258,7 +275,7 @@ mod tests {
     #[test]
     fn a_grant_is_narrowed_by_its_ceiling() {
         let mut cfg = BTreeMap::new();
-        cfg.insert("telegram".to_string(), PolicyRule { tools: None, deny: Some(vec!["exec".into()]) });
+        cfg.insert("telegram".to_string(), PolicyRule { tools: None, deny: Some(vec!["exec".into()]), memory: None });
         let p = ToolPolicy::from_config(&cfg);
         let owner = Grant { source: Source::Job, ceiling: Source::ceiling_of(&Principal::Owner) };
         let user = Grant { source: Source::Job, ceiling: Source::ceiling_of(&Principal::Telegram(7)) };
@@ -278,7 +295,7 @@ mod tests {
         assert!(p.allows(Source::Mqtt, "read_file") && p.allows(Source::Mqtt, "web_fetch"));
         assert_eq!(
             p.describe(Source::Mqtt),
-            "every tool except exec, write_file, edit_file, mqtt_publish, ha_call_service"
+            "every tool except exec, write_file, edit_file, mqtt_publish, ha_call_service (no memory writes)"
         );
         assert_eq!(p.describe(Source::Job), "every tool");
     }
@@ -288,10 +305,13 @@ mod tests {
         let mut cfg = BTreeMap::new();
         cfg.insert(
             "mqtt".to_string(),
-            PolicyRule { tools: Some(vec!["read_file".into(), "ha__*".into()]), deny: None },
+            PolicyRule { tools: Some(vec!["read_file".into(), "ha__*".into()]), deny: None, memory: None },
         );
-        cfg.insert("trigger".to_string(), PolicyRule { tools: None, deny: Some(vec![]) });
-        cfg.insert("telegram".to_string(), PolicyRule { tools: None, deny: Some(vec!["exec".into()]) });
+        cfg.insert("trigger".to_string(), PolicyRule { tools: None, deny: Some(vec![]), memory: Some(true) });
+        cfg.insert(
+            "telegram".to_string(),
+            PolicyRule { tools: None, deny: Some(vec!["exec".into()]), memory: Some(false) },
+        );
         let p = ToolPolicy::from_config(&cfg);
         assert!(p.allows(Source::Mqtt, "read_file") && p.allows(Source::Mqtt, "ha__get_state"));
         assert!(!p.allows(Source::Mqtt, "web_fetch"));
@@ -299,6 +319,18 @@ mod tests {
         assert!(p.allows(Source::Trigger, "exec"), "`deny = []` replaces the default");
         assert!(!p.allows(Source::Telegram, "exec") && p.allows(Source::Telegram, "write_file"));
         assert_eq!(p.powerful(Source::Telegram), ["write_file", "edit_file", "mqtt_publish", "ha_call_service"]);
+        assert!(p.remembers(Source::Trigger) && !p.remembers(Source::Telegram), "`memory` overrides the default");
+        assert!(!p.remembers(Source::Mqtt), "a table without `memory` keeps the default");
+    }
+
+    #[test]
+    fn only_trusted_sources_write_memory_by_default() {
+        let p = ToolPolicy::default();
+        for s in Source::ALL {
+            let trusted = matches!(s, Source::Terminal | Source::Telegram | Source::Job | Source::Heartbeat);
+            assert_eq!(p.remembers(s), trusted, "{s:?}");
+        }
+        assert!(p.describe(Source::Mqtt).ends_with(" (no memory writes)"));
     }
 
     #[test]

