@@ -15,6 +15,7 @@ mod mcp;
 mod memory;
 mod mqtt;
 mod provider;
+mod redirects;
 mod search;
 mod security;
 mod smoke;
