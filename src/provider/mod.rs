@@ -271,15 +271,17 @@ impl ProviderError {
     /// Whether a fallback chain moves on to its next model: the provider is
     /// unreachable or failing (retryable errors, after their retries), or
     /// this provider cannot serve the request at all — a refused key (401,
-    /// 403), an unknown model (404), no key, an answer that is not one. A
-    /// bad request (400, 413, 422) is ours and would fail anywhere: returned.
+    /// 403), an unknown model (404), a redirect not followed (3xx), no key,
+    /// an answer that is not one. A bad request (400, 413, 422) is ours and
+    /// would fail anywhere: returned.
     pub fn falls_back(&self) -> bool {
         match self {
             ProviderError::GaveUp { .. }
             | ProviderError::Auth { .. }
             | ProviderError::NotConfigured(_)
             | ProviderError::Decode(_) => true,
-            ProviderError::Http { status: 404, .. } => true,
+            // 404: no such model; 3xx: a redirect we do not follow (the server moved).
+            ProviderError::Http { status: 404 | 300..=399, .. } => true,
             other => other.is_retryable(),
         }
     }
@@ -659,6 +661,12 @@ mod shared_tests {
         assert_eq!(retry_after(&h), Some(std::time::Duration::from_millis(1500)));
         h.insert("retry-after", HeaderValue::from_static("-3"));
         assert_eq!(retry_after(&h), Some(std::time::Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_redirect_falls_back_and_is_not_retried() {
+        let e = ProviderError::Http { status: 307, message: "moved".into(), retry_after: None };
+        assert!(e.falls_back() && !e.is_retryable());
     }
 
     #[test]

@@ -165,7 +165,10 @@ fn search_config(engine: SearchEngine, mover: &TestServer) -> WebConfig {
 async fn search(cfg: &WebConfig) -> String {
     let http = Arc::new(bramble::tools::web::GuardedHttp::new(cfg));
     let tool = bramble::tools::search::WebSearch::new(cfg, http).unwrap();
-    tool.execute(json!({"query": "pi"}), &ToolContext::detached("t")).await.unwrap_err().0
+    match tool.execute(json!({"query": "pi"}), &ToolContext::detached("t")).await {
+        Ok(text) => text,
+        Err(e) => e.0,
+    }
 }
 
 #[tokio::test]
@@ -214,4 +217,49 @@ async fn mcp_headers_do_not_follow_a_redirect() {
         let status = mcp_status(&mover, transport).await;
         assert_refused(&seen, key, &trap, &status);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Echoes: a server (or a proxy before it) that quotes the request back.
+// ---------------------------------------------------------------------------
+
+/// Answers every request 401 with its head quoted back, as a debugging proxy does.
+async fn echo_server() -> TestServer {
+    TestServer::start(|req: Request| {
+        let head: Vec<String> = req.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        Response::text(401, format!("denied {} {}\n{}\n", req.method, req.path, head.join("\n")))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn servers_quoting_the_request_back_do_not_reveal_the_secret() {
+    let keys = [
+        ("BRAMBLE_TEST_BRAVE_KEY_7d2e", "brave-echo-key-1"),
+        ("BRAMBLE_TEST_TAVILY_KEY_7d2e", "tvly-echo-key-2"),
+        ("BRAMBLE_TEST_MCP_KEY_7d2e", "mcp-echo-key-3"),
+    ];
+    let test = concat!(module_path!(), "::servers_quoting_the_request_back_do_not_reveal_the_secret");
+    if !crate::support::env::in_child(test, &keys, &[]) {
+        return;
+    }
+    bramble::install_crypto();
+    let echo = echo_server().await;
+    let said = |text: &str, secret: &str| {
+        assert!(text.contains("denied"), "the server's words are kept: {text}");
+        assert!(!text.contains(secret), "the secret came back: {text}");
+    };
+    // Keyed search engines.
+    for (engine, key) in [(SearchEngine::Brave, keys[0].1), (SearchEngine::Tavily, keys[1].1)] {
+        said(&search(&search_config(engine, &echo)).await, key);
+    }
+    // A provider's extra header (a proxy's key), and its own key.
+    let mut cfg = provider_config(ProviderKind::Openai, &format!("{}/v1", echo.url()));
+    cfg.extra_headers.insert("X-Proxy-Key".into(), "proxy-echo-5ecret".into());
+    let p = bramble::provider::openai::OpenAiProvider::new(&cfg).unwrap();
+    let err = chat(&p).await;
+    said(&err, "proxy-echo-5ecret");
+    said(&err, KEY);
+    // An MCP server's secret header.
+    said(&mcp_status(&echo, "streamable-http").await, keys[2].1);
 }
