@@ -364,8 +364,9 @@ impl Tool for HaCallService {
 
     fn description(&self) -> &'static str {
         "Call a Home Assistant service (turn a light on, set a thermostat, send a phone notification). Only \
-         entities (or, for services without one such as notify, `domain.service`) allowed by the user's \
-         [homeassistant] allow patterns work. Name entities in `entity_id`; put other service fields in `data`."
+         entities allowed by the user's [homeassistant] allow patterns work, with a service of their own domain \
+         (`light.turn_on` on lights) or one the patterns list by name (`notify.mobile_app_pixel`). Name entities \
+         in `entity_id`; put other service fields in `data`."
     }
 
     fn parameters(&self) -> Value {
