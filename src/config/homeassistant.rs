@@ -24,8 +24,11 @@ pub struct HomeAssistantConfig {
     pub token: Option<Secret>,
     /// The variable (or systemd credential) holding the token; default `HA_TOKEN`.
     pub token_env: Option<String>,
-    /// What the tools may touch: entity ids, or `domain.service` for services
-    /// without an entity (`notify.mobile_app_*`). Globs: `*` and `?`. Empty: nothing.
+    /// What the tools may touch: entity ids, and `domain.service` names. A
+    /// service call needs every entity it targets allowed *and* the service:
+    /// listed by name (`notify.mobile_app_*`, `script.good_night`), or a
+    /// service of its entities' own domain (`light.turn_on` on allowed lights).
+    /// Globs: `*` and `?`. Empty: nothing.
     pub allow: Vec<EntityGlob>,
     pub trigger: Vec<HaTrigger>,
 }

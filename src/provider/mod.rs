@@ -271,15 +271,17 @@ impl ProviderError {
     /// Whether a fallback chain moves on to its next model: the provider is
     /// unreachable or failing (retryable errors, after their retries), or
     /// this provider cannot serve the request at all — a refused key (401,
-    /// 403), an unknown model (404), no key, an answer that is not one. A
-    /// bad request (400, 413, 422) is ours and would fail anywhere: returned.
+    /// 403), an unknown model (404), a redirect not followed (3xx), no key,
+    /// an answer that is not one. A bad request (400, 413, 422) is ours and
+    /// would fail anywhere: returned.
     pub fn falls_back(&self) -> bool {
         match self {
             ProviderError::GaveUp { .. }
             | ProviderError::Auth { .. }
             | ProviderError::NotConfigured(_)
             | ProviderError::Decode(_) => true,
-            ProviderError::Http { status: 404, .. } => true,
+            // 404: no such model; 3xx: a redirect we do not follow (the server moved).
+            ProviderError::Http { status: 404 | 300..=399, .. } => true,
             other => other.is_retryable(),
         }
     }
@@ -326,15 +328,19 @@ async fn probe_models(
     headers: reqwest::header::HeaderMap,
     secret: Option<&crate::config::Secret>,
 ) -> Result<String, ProviderError> {
+    let sent = secrets_sent(&headers, secret);
     let transport = |e: reqwest::Error| ProviderError::Transport {
         url: url.to_string(),
-        message: redact(&transport_message(e), secret),
+        message: redact_sent(&transport_message(e), &sent),
     };
     let resp = client.get(url).headers(headers).send().await.map_err(transport)?;
     let status = resp.status();
+    if let Some(message) = crate::util::secrets::redirect_refusal(&resp) {
+        return Err(ProviderError::Http { status: status.as_u16(), message, retry_after: None });
+    }
     let bytes = resp.bytes().await.map_err(transport)?;
     if !status.is_success() {
-        let message = redact(&error_message(&bytes, status.canonical_reason()), secret);
+        let message = redact_sent(&error_message(&bytes, status.canonical_reason()), &sent);
         let status = status.as_u16();
         return Err(match status {
             401 | 403 => ProviderError::Auth { status, message },
@@ -379,6 +385,12 @@ pub fn http_client(timeout: std::time::Duration) -> Result<reqwest::Client, Prov
 }
 
 /// [`http_client`]'s settings, for a client that needs one more.
+///
+/// Every client built here carries a secret (an API key, a token in the URL,
+/// an MCP server's headers), so none follows a redirect: an answer 3xx comes
+/// back as it is and is turned into an error by
+/// [`crate::util::secrets::redirect_refusal`]. The protocols spoken here have
+/// no redirects; a moved server is configured at its new address.
 pub fn http_client_builder(timeout: std::time::Duration) -> reqwest::ClientBuilder {
     crate::install_crypto();
     let connect = std::time::Duration::from_secs(10);
@@ -387,6 +399,7 @@ pub fn http_client_builder(timeout: std::time::Duration) -> reqwest::ClientBuild
         // The CA store is read at the first https handshake, not here (a LAN model over http never needs it).
         .tls_backend_preconfigured(crate::util::tls::client_config())
         .http1_only()
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(connect);
     if !timeout.is_zero() {
@@ -415,11 +428,13 @@ fn build_headers(
         let header = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
             ProviderError::NotConfigured(format!("[provider] extra_headers: `{name}` is not a valid HTTP header name"))
         })?;
-        let value = HeaderValue::from_str(value.trim()).map_err(|_| {
+        let mut value = HeaderValue::from_str(value.trim()).map_err(|_| {
             ProviderError::NotConfigured(format!(
                 "[provider] extra_headers: the value of `{name}` is not a valid HTTP header value"
             ))
         })?;
+        // A proxy's key often comes this way: treated as a secret (never logged, scrubbed from errors).
+        value.set_sensitive(true);
         map.insert(header, value);
     }
     Ok(map)
@@ -455,9 +470,10 @@ async fn post_body(
     if let Ok(v) = reqwest::header::HeaderValue::from_str(content_type) {
         headers.insert(reqwest::header::CONTENT_TYPE, v);
     }
+    let sent = secrets_sent(&headers, secret);
     let transport = |e: reqwest::Error| {
         let timed_out = e.is_timeout();
-        let message = redact(&transport_message(e), secret);
+        let message = redact_sent(&transport_message(e), &sent);
         if timed_out {
             ProviderError::Timeout { url: url.to_string(), message }
         } else {
@@ -467,11 +483,14 @@ async fn post_body(
     let resp = client.post(url).headers(headers).body(body).send().await.map_err(transport)?;
     let status = resp.status();
     let retry_after = retry_after(resp.headers());
+    if let Some(message) = crate::util::secrets::redirect_refusal(&resp) {
+        return Err(ProviderError::Http { status: status.as_u16(), message, retry_after: None });
+    }
     let bytes = resp.bytes().await.map_err(transport)?;
     if status.is_success() {
         return Ok(bytes.to_vec());
     }
-    let message = redact(&error_message(&bytes, status.canonical_reason()), secret);
+    let message = redact_sent(&error_message(&bytes, status.canonical_reason()), &sent);
     let status = status.as_u16();
     Err(match status {
         401 | 403 => ProviderError::Auth { status, message },
@@ -550,12 +569,23 @@ fn excerpt(body: &[u8], max: usize) -> String {
     cut
 }
 
-/// `text` with every occurrence of the secret replaced by `***`.
+/// `text` with the secret and every echoed credential replaced by `***`
+/// ([`crate::util::secrets::redact`]).
 pub(crate) fn redact(text: &str, secret: Option<&crate::config::Secret>) -> String {
-    match secret.map(|s| s.expose()).filter(|s| s.len() >= 4) {
-        Some(key) => text.replace(key, "***"),
-        None => text.to_string(),
-    }
+    crate::util::secrets::redact(text, &[secret.map_or("", |s| s.expose())])
+}
+
+/// The secrets a request carries: the key and every sensitive header value
+/// (the auth header, `extra_headers`).
+fn secrets_sent(headers: &reqwest::header::HeaderMap, key: Option<&crate::config::Secret>) -> Vec<String> {
+    let mut sent = crate::util::secrets::sensitive_values(headers);
+    sent.extend(key.map(|k| k.expose().to_string()));
+    sent
+}
+
+/// `text` scrubbed of what [`secrets_sent`] found.
+fn redact_sent(text: &str, sent: &[String]) -> String {
+    crate::util::secrets::redact(text, sent)
 }
 
 /// A fresh id for a tool call the server sent without one (`call_1`, `call_2`, …),
@@ -631,6 +661,12 @@ mod shared_tests {
         assert_eq!(retry_after(&h), Some(std::time::Duration::from_millis(1500)));
         h.insert("retry-after", HeaderValue::from_static("-3"));
         assert_eq!(retry_after(&h), Some(std::time::Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn a_redirect_falls_back_and_is_not_retried() {
+        let e = ProviderError::Http { status: 307, message: "moved".into(), retry_after: None };
+        assert!(e.falls_back() && !e.is_retryable());
     }
 
     #[test]

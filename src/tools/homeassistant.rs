@@ -11,12 +11,17 @@
 //!   `../`, no query string. Redirects are not followed (the token must not
 //!   travel).
 //! - **An allow list is the boundary.** `[homeassistant] allow` lists entity
-//!   patterns (`light.*`, `switch.kitchen_*`); a service call is checked
-//!   against every entity it names — `entity_id` and `data.entity_id` alike —
-//!   and a service without an entity (`notify.mobile_app_pixel`) against
-//!   `domain.service`. `target`, `area_id`, `device_id`, `floor_id` and
-//!   `label_id` are refused: they expand to entities inside Home Assistant,
-//!   where the list cannot see them. Empty list: nothing is allowed.
+//!   patterns (`light.*`, `switch.kitchen_*`); a service call is checked on
+//!   both what it calls and what it targets. Every entity it names —
+//!   `entity_id`, `data.entity_id` and `data.target.entity_id` alike — must
+//!   be allowed, and so must the service: `domain.service` listed by name, or
+//!   a service of the entities' own domain (`light.turn_on` on lights). An
+//!   allowed entity is no alibi for another domain's service
+//!   (`script.unlock_front_door` naming `light.kitchen` is refused), and a
+//!   service without an entity (`notify.mobile_app_pixel`) is judged by its
+//!   name. `area_id`, `device_id`, `floor_id` and `label_id` (in `data` or
+//!   its `target`) are refused: they expand to entities inside Home
+//!   Assistant, where the list cannot see them. Empty list: nothing is allowed.
 //! - **Who is asking.** Untrusted turns (MQTT, Home Assistant triggers, see
 //!   [`super::Origin`]) cannot call services: anyone on the broker, or any
 //!   device whose state reaches a trigger's text, would otherwise drive the
@@ -24,7 +29,8 @@
 //!   another sensor's value, and a read changes nothing.
 //! - **The token.** It is sent as `Authorization: Bearer` (marked sensitive
 //!   for reqwest) and never appears in an error: errors name the path and HA's
-//!   answer, not the request.
+//!   answer, not the request, and that answer is scrubbed of the token and of
+//!   any credential it quotes (a proxy's error page may echo the request).
 //! - **Bounded.** A response is read up to [`BODY_CAP`]; the registry cuts
 //!   what the model sees to `max_tool_result_chars`.
 //!
@@ -47,8 +53,8 @@ pub const BODY_CAP: usize = 1024 * 1024;
 const TIMEOUT: Duration = Duration::from_secs(15);
 /// Characters of an error body shown.
 const ERROR_EXCERPT: usize = 300;
-/// Keys of a service call's data that select entities the allow list cannot see.
-const INDIRECT: [&str; 5] = ["target", "area_id", "device_id", "floor_id", "label_id"];
+/// Keys of a service call's data (or of its `target`) that select entities the allow list cannot see.
+const INDIRECT: [&str; 4] = ["area_id", "device_id", "floor_id", "label_id"];
 
 /// Why a REST call failed. Never contains the token.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -110,15 +116,10 @@ impl HaRest {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        crate::install_crypto();
-        let client = reqwest::Client::builder()
-            .tls_backend_preconfigured(crate::util::tls::client_config())
-            .http1_only()
-            .redirect(reqwest::redirect::Policy::none())
+        // The one policy of every client that carries a secret: no redirects.
+        let client = crate::provider::http_client_builder(TIMEOUT)
             .no_proxy()
             .connect_timeout(Duration::from_secs(5))
-            .timeout(TIMEOUT)
-            .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| HaError::Transport { url: self.base.clone(), reason: e.to_string() })?;
         Ok(self.client.get_or_init(|| client))
@@ -137,10 +138,16 @@ impl HaRest {
             Some(b) => client.post(&url).json(b),
             None => client.get(&url),
         };
-        let transport =
-            |e: reqwest::Error| HaError::Transport { url: self.base.clone(), reason: error_chain(&e.without_url()) };
+        let transport = |e: reqwest::Error| HaError::Transport {
+            url: self.base.clone(),
+            reason: self.scrub(&error_chain(&e.without_url())),
+        };
         let resp = req.header(reqwest::header::AUTHORIZATION, auth).send().await.map_err(transport)?;
         let status = resp.status();
+        if let Some(why) = crate::util::secrets::redirect_refusal(&resp) {
+            let message = format!("{why} ([homeassistant] url)");
+            return Err(HaError::Status { status: status.as_u16(), path: path.to_string(), message });
+        }
         let (bytes, _cut) = super::web::read_capped(resp, BODY_CAP).await.map_err(transport)?;
         if status.is_success() {
             return Ok(bytes);
@@ -151,11 +158,18 @@ impl HaRest {
             .ok()
             .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
             .unwrap_or_else(|| text.chars().take(ERROR_EXCERPT).collect());
+        let message = self.scrub(message.trim());
         let message = match status.as_u16() {
-            401 | 403 => format!("the token was refused ({})", message.trim()),
-            _ => message.trim().to_string(),
+            401 | 403 => format!("the token was refused ({message})"),
+            _ => message,
         };
         Err(HaError::Status { status: status.as_u16(), path: path.to_string(), message })
+    }
+
+    /// `text` from Home Assistant (or a proxy before it) without the token or
+    /// any credential it quoted back.
+    pub fn scrub(&self, text: &str) -> String {
+        crate::util::secrets::redact(text, &[self.token.expose()])
     }
 
     /// `POST /api/services/<domain>/<service>` with `data`.
@@ -194,6 +208,11 @@ struct Allow(Arc<[EntityGlob]>);
 
 impl Allow {
     fn check(&self, what: &str) -> Result<(), ToolError> {
+        self.check_or(what, "")
+    }
+
+    /// [`Self::check`], with `why` said when `what` is refused.
+    fn check_or(&self, what: &str, why: &str) -> Result<(), ToolError> {
         if self.0.is_empty() {
             return Err(ToolError::new(
                 "nothing in Home Assistant is allowed: the user has to list entity patterns in [homeassistant] allow",
@@ -204,10 +223,70 @@ impl Allow {
         }
         let list: Vec<&str> = self.0.iter().map(EntityGlob::as_str).collect();
         Err(ToolError::new(format!(
-            "`{what}` is not allowed; allowed patterns ([homeassistant] allow): {}",
+            "`{what}` is not allowed{why}; allowed patterns ([homeassistant] allow): {}",
             list.join(", ")
         )))
     }
+
+    /// Whether the service `domain.service` may be called on `ids` (each of
+    /// them checked on its own): it is listed itself, or it is a service of
+    /// the entities' own domain (`light.turn_on` on lights), which acts on
+    /// nothing but them. A service of another domain (`script.unlock_door`
+    /// naming `light.kitchen`) or without an entity must be listed by name.
+    fn check_service(&self, domain: &str, service: &str, ids: &[String]) -> Result<(), ToolError> {
+        let name = format!("{domain}.{service}");
+        let own_domain = !ids.is_empty() && ids.iter().all(|id| id.split_once('.').is_some_and(|(d, _)| d == domain));
+        if own_domain && !self.0.is_empty() {
+            return Ok(());
+        }
+        let why = match ids.is_empty() {
+            true => String::new(),
+            false => format!(
+                " (it is not a `{domain}` service acting on `{domain}` entities, so the service itself must be                  listed, whatever entities it names)"
+            ),
+        };
+        self.check_or(&name, &why)
+    }
+}
+
+/// The entities a service call targets: `entity_id`, `data.entity_id` and
+/// `data.target.entity_id`, all moved to `data.entity_id`'s place (returned).
+/// Targets the allow list cannot see (areas, devices, floors, labels) are refused.
+fn targets(entity_id: Option<Ids>, data: &mut Map<String, Value>) -> Result<Vec<String>, ToolError> {
+    let indirect = |key: &str| {
+        ToolError::new(format!(
+            "`{key}` is not accepted: name the entities in `entity_id` (only listed entities may be controlled)"
+        ))
+    };
+    let mut ids: Vec<String> = entity_id.map(Ids::into_vec).unwrap_or_default();
+    let mut take = |v: Value, what: &str| -> Result<(), ToolError> {
+        let more: Ids = serde_json::from_value(v)
+            .map_err(|_| ToolError::new(format!("`{what}` must be an entity id or a list of them")))?;
+        ids.extend(more.into_vec());
+        Ok(())
+    };
+    if let Some(target) = data.remove("target") {
+        let Value::Object(mut target) = target else {
+            return Err(ToolError::new("`data.target` must be an object like {\"entity_id\": \"light.kitchen\"}"));
+        };
+        if let Some(v) = target.remove("entity_id") {
+            take(v, "data.target.entity_id")?;
+        }
+        if let Some(key) = target.keys().next() {
+            return Err(indirect(&format!("target.{key}")));
+        }
+    }
+    if let Some(key) = INDIRECT.iter().find(|k| data.contains_key(**k)) {
+        return Err(indirect(key));
+    }
+    if let Some(v) = data.remove("entity_id") {
+        take(v, "data.entity_id")?;
+    }
+    let ids: Vec<String> = ids.iter().map(|s| s.trim().to_string()).collect();
+    if let Some(bad) = ids.iter().find(|id| !is_entity(id)) {
+        return Err(ToolError::new(format!("`{bad}` is not an entity id (like `light.kitchen`)")));
+    }
+    Ok(ids)
 }
 
 /// One entity id or a list, as models write them.
@@ -262,29 +341,15 @@ impl HaCallService {
             )));
         }
         let mut data = args.data.unwrap_or_default();
-        if let Some(key) = INDIRECT.iter().find(|k| data.contains_key(**k)) {
-            return Err(ToolError::new(format!(
-                "`{key}` is not accepted: name the entities in `entity_id` (only listed entities may be controlled)"
-            )));
+        let ids = targets(args.entity_id, &mut data)?;
+        // Both: every entity named, and the service itself.
+        for id in &ids {
+            self.allow.check(id)?;
         }
-        let mut ids: Vec<String> = args.entity_id.map(Ids::into_vec).unwrap_or_default();
-        if let Some(v) = data.remove("entity_id") {
-            let more: Ids = serde_json::from_value(v)
-                .map_err(|_| ToolError::new("`data.entity_id` must be an entity id or a list of them"))?;
-            ids.extend(more.into_vec());
-        }
-        let ids: Vec<String> = ids.iter().map(|s| s.trim().to_string()).collect();
-        if let Some(bad) = ids.iter().find(|id| !is_entity(id)) {
-            return Err(ToolError::new(format!("`{bad}` is not an entity id (like `light.kitchen`)")));
-        }
+        self.allow.check_service(&domain, &service, &ids)?;
         let subject = if ids.is_empty() {
-            let name = format!("{domain}.{service}");
-            self.allow.check(&name)?;
-            name
+            format!("{domain}.{service}")
         } else {
-            for id in &ids {
-                self.allow.check(id)?;
-            }
             data.insert("entity_id".into(), json!(ids));
             ids.join(", ")
         };
@@ -299,8 +364,9 @@ impl Tool for HaCallService {
 
     fn description(&self) -> &'static str {
         "Call a Home Assistant service (turn a light on, set a thermostat, send a phone notification). Only \
-         entities (or, for services without one such as notify, `domain.service`) allowed by the user's \
-         [homeassistant] allow patterns work. Name entities in `entity_id`; put other service fields in `data`."
+         entities allowed by the user's [homeassistant] allow patterns work, with a service of their own domain \
+         (`light.turn_on` on lights) or one the patterns list by name (`notify.mobile_app_pixel`). Name entities \
+         in `entity_id`; put other service fields in `data`."
     }
 
     fn parameters(&self) -> Value {

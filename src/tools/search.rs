@@ -13,7 +13,9 @@
 //! - `brave`, `tavily`: their published JSON APIs, keys from the environment.
 //!
 //! Every request goes through `web_fetch`'s guarded client ([`GuardedHttp`]):
-//! the same SSRF guard, the same pinned resolver. An engine that fails or finds
+//! the same SSRF guard, the same pinned resolver. A request with a key
+//! (Brave, Tavily) follows no redirect and its errors are scrubbed of the key
+//! and of echoed credentials ([`crate::util::secrets`]). An engine that fails or finds
 //! nothing hands over to the next; the result says which engine answered and,
 //! like `web_fetch`, that the text is untrusted data. Pages that do not parse
 //! give no results, never a crash.
@@ -118,10 +120,19 @@ impl WebSearch {
         Err(ToolError::new(format!("web search failed: {}", failures.join("; "))))
     }
 
-    /// One engine's results.
+    /// One engine's results; an error is scrubbed of the engine's key and of
+    /// any credential the server echoed.
     async fn ask(&self, engine: &Engine, query: &str, max: usize) -> Result<Vec<Hit>, String> {
+        let key = engine.key.as_ref().map_or("", |k| k.expose());
+        self.exchange(engine, query, max).await.map_err(|why| crate::util::secrets::redact(&why, &[key]))
+    }
+
+    /// [`Self::ask`] before the scrubbing. A keyed engine is asked through the
+    /// client that follows no redirect: its key goes only to its endpoint.
+    async fn exchange(&self, engine: &Engine, query: &str, max: usize) -> Result<Vec<Hit>, String> {
         let endpoint = engine.endpoint.as_ref().map_err(Clone::clone)?;
-        let client = self.http.client().map_err(|e| e.0)?;
+        let client = if engine.needs_key() { self.http.keyed_client() } else { self.http.client() };
+        let client = client.map_err(|e| e.0)?;
         let key = || engine.key.as_ref().map(|k| k.expose().to_string()).ok_or_else(|| engine.missing_key());
         let mut url = Url::parse(endpoint).map_err(|e| format!("bad endpoint {endpoint}: {e}"))?;
         let request = match engine.kind {
@@ -149,6 +160,9 @@ impl WebSearch {
         };
         self.http.check_url(&url).map_err(|e| e.0)?;
         let resp = request.send().await.map_err(|e| GuardedHttp::describe(&e, &url))?;
+        if let Some(why) = crate::util::secrets::redirect_refusal(&resp).filter(|_| engine.needs_key()) {
+            return Err(format!("{why} ([web] {}_url)", engine.kind.as_str()));
+        }
         let status = resp.status();
         let (body, _) = read_capped(resp, BODY_CAP).await.map_err(|e| GuardedHttp::describe(&e, &url))?;
         let text = String::from_utf8_lossy(&body);

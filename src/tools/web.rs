@@ -145,6 +145,8 @@ pub struct GuardedHttp {
     /// Built on first use: loading the system's CA certificates costs time and
     /// memory that a turn which never fetches should not pay.
     client: std::sync::OnceLock<reqwest::Client>,
+    /// The same client without redirects, for requests that carry a key.
+    keyed: std::sync::OnceLock<reqwest::Client>,
     timeout: std::time::Duration,
     guard: AddressGuard,
 }
@@ -153,6 +155,7 @@ impl GuardedHttp {
     pub fn new(cfg: &WebConfig) -> GuardedHttp {
         GuardedHttp {
             client: std::sync::OnceLock::new(),
+            keyed: std::sync::OnceLock::new(),
             timeout: cfg.timeout.get(),
             guard: AddressGuard { allow_private: cfg.allow_private.clone().into() },
         }
@@ -169,9 +172,26 @@ impl GuardedHttp {
         if let Some(c) = self.client.get() {
             return Ok(c);
         }
-        crate::install_crypto();
+        let client = self.build(self.redirect_policy())?;
+        Ok(self.client.get_or_init(|| client))
+    }
+
+    /// The guarded client for a request that carries a key (a search
+    /// engine's): it follows no redirect, so the key goes nowhere but the
+    /// configured endpoint; a 3xx answer is an error
+    /// ([`crate::util::secrets::redirect_refusal`]).
+    pub fn keyed_client(&self) -> Result<&reqwest::Client, ToolError> {
+        if let Some(c) = self.keyed.get() {
+            return Ok(c);
+        }
+        let client = self.build(Policy::none())?;
+        Ok(self.keyed.get_or_init(|| client))
+    }
+
+    /// Follow at most [`MAX_REDIRECTS`] hops, each re-checked by the guard.
+    fn redirect_policy(&self) -> Policy {
         let redirect_guard = self.guard.clone();
-        let policy = Policy::custom(move |attempt| {
+        Policy::custom(move |attempt| {
             // `previous` holds the original URL plus every hop so far.
             if attempt.previous().len() > MAX_REDIRECTS {
                 return attempt.error(Refused(format!("too many redirects (more than {MAX_REDIRECTS})")));
@@ -183,16 +203,20 @@ impl GuardedHttp {
                     attempt.error(Refused(msg))
                 }
             }
-        });
-        let client = reqwest::Client::builder()
+        })
+    }
+
+    /// A client with our resolver, `policy`, no proxy.
+    fn build(&self, policy: Policy) -> Result<reqwest::Client, ToolError> {
+        crate::install_crypto();
+        reqwest::Client::builder()
             .dns_resolver(Arc::new(GuardedResolver { guard: self.guard.clone() }))
             .redirect(policy)
             .no_proxy()
             .timeout(self.timeout)
             .user_agent(concat!("bramble/", env!("CARGO_PKG_VERSION"), " (web_fetch)"))
             .build()
-            .map_err(|e| ToolError::new(format!("cannot build the HTTP client: {e}")))?;
-        Ok(self.client.get_or_init(|| client))
+            .map_err(|e| ToolError::new(format!("cannot build the HTTP client: {e}")))
     }
 
     /// Why a request failed, for the model: our refusal if the guard said

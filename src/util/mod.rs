@@ -12,12 +12,14 @@
 //! - [`tls`]: the HTTP clients' TLS, CA store loaded at the first https handshake.
 //! - [`multipart`]: `multipart/form-data` bodies (file uploads).
 //! - [`sha1`]: SHA-1, for the WebSocket handshake.
+//! - [`secrets`]: what a server sent a credential may answer, redacted; redirects refused.
 
 pub mod addr;
 pub mod fs;
 pub mod mqtt;
 pub mod multipart;
 pub mod pulse;
+pub mod secrets;
 pub mod sha1;
 pub mod sys;
 pub mod tasks;

@@ -126,6 +126,103 @@ async fn tools_call_allowed_services_and_refuse_the_rest() {
 }
 
 #[tokio::test]
+async fn the_allow_list_judges_the_service_and_every_entity() {
+    let s = Setup::new(r#"allow = ["light.*", "notify.mobile_app_*", "switch.kitchen_*"]"#, "").await;
+    let (agent, _rx) = s.home.agent();
+    let ha_call = |args: serde_json::Value| {
+        let agent = &agent;
+        async move { call(agent, "telegram", "ha_call_service", args).await }
+    };
+    let refused = [
+        // An allowed entity is no alibi for another domain's service.
+        (
+            json!({"domain": "script", "service": "unlock_front_door", "entity_id": "light.kitchen"}),
+            "`script.unlock_front_door` is not allowed (it is not a `script` service acting on `script` entities",
+        ),
+        (
+            json!({"domain": "homeassistant", "service": "turn_off", "data": {"entity_id": "light.kitchen"}}),
+            "`homeassistant.turn_off` is not allowed",
+        ),
+        (
+            json!({"domain": "script", "service": "unlock_front_door", "data": {"target": {"entity_id": ["light.kitchen"]}}}),
+            "`script.unlock_front_door` is not allowed",
+        ),
+        // Every entity: a list mixing allowed and not, in any of the three places.
+        (
+            json!({"domain": "light", "service": "turn_on", "entity_id": ["light.kitchen", "lock.front_door"]}),
+            "`lock.front_door` is not allowed",
+        ),
+        (
+            json!({"domain": "light", "service": "turn_on", "entity_id": "light.kitchen", "data": {"target": {"entity_id": "lock.front_door"}}}),
+            "`lock.front_door` is not allowed",
+        ),
+        (
+            json!({"domain": "switch", "service": "turn_on", "data": {"entity_id": ["switch.kitchen_1", "switch.garage"]}}),
+            "`switch.garage` is not allowed",
+        ),
+        // Areas and devices expand inside Home Assistant: refused wherever they are.
+        (
+            json!({"domain": "light", "service": "turn_on", "data": {"target": {"area_id": "kitchen"}}}),
+            "`target.area_id` is not accepted",
+        ),
+        (
+            json!({"domain": "light", "service": "turn_on", "entity_id": "light.kitchen", "data": {"target": {"entity_id": "light.kitchen", "device_id": "abc"}}}),
+            "`target.device_id` is not accepted",
+        ),
+        (json!({"domain": "light", "service": "turn_on", "data": {"device_id": "abc"}}), "`device_id` is not accepted"),
+        // No entity: the service's own name decides.
+        (json!({"domain": "script", "service": "unlock_front_door"}), "`script.unlock_front_door` is not allowed"),
+        (
+            json!({"domain": "notify", "service": "persistent_notification", "data": {"message": "x"}}),
+            "`notify.persistent_notification` is not allowed",
+        ),
+    ];
+    for (args, want) in refused {
+        let (text, err) = ha_call(args.clone()).await;
+        assert!(err && text.contains(want), "{args}: {text}");
+    }
+    assert!(s.ha.calls().is_empty(), "refusals send nothing: {:?}", s.ha.calls());
+
+    let allowed = [
+        (
+            json!({"domain": "light", "service": "turn_on", "entity_id": "light.kitchen"}),
+            json!({"entity_id": ["light.kitchen"]}),
+        ),
+        // A service of the entities' own domain, not listed by name: its entities decide.
+        (
+            json!({"domain": "switch", "service": "turn_on", "data": {"target": {"entity_id": "switch.kitchen_kettle"}}}),
+            json!({"entity_id": ["switch.kitchen_kettle"]}),
+        ),
+        (
+            json!({"domain": "notify", "service": "mobile_app_pixel", "data": {"message": "hi"}}),
+            json!({"message": "hi"}),
+        ),
+    ];
+    for (args, body) in allowed {
+        let (text, err) = ha_call(args.clone()).await;
+        assert!(!err, "{args}: {text}");
+        assert_eq!(s.ha.calls().pop().unwrap().json().unwrap(), body, "{args}");
+    }
+}
+
+#[tokio::test]
+async fn an_error_quoting_the_token_back_reaches_the_model_without_it() {
+    use crate::support::fake_ha::Echo;
+    let s = Setup::new(r#"allow = ["light.*"]"#, "").await;
+    let (agent, _rx) = s.home.agent();
+    s.ha.echo_next(&[Echo::Json, Echo::Text, Echo::Json]);
+    let (text, err) = call(&agent, "cli", "ha_get_state", json!({"entity_id": "light.kitchen"})).await;
+    assert!(err && text.contains("answered 400") && text.contains("Invalid request, headers"), "{text}");
+    assert!(!text.contains(TOKEN) && text.contains("'authorization': 'Bearer ***'"), "{text}");
+    let (text, err) = call(&agent, "cli", "ha_get_state", json!({"entity_id": "light.kitchen"})).await;
+    assert!(err && text.contains("answered 502") && text.contains("authorization: Bearer ***"), "{text}");
+    assert!(!text.contains(TOKEN), "{text}");
+    let args = json!({"domain": "light", "service": "turn_on", "entity_id": "light.kitchen"});
+    let (text, err) = call(&agent, "telegram", "ha_call_service", args).await;
+    assert!(err && text.contains("answered 400") && !text.contains(TOKEN), "{text}");
+}
+
+#[tokio::test]
 async fn a_refused_token_is_said_without_the_token() {
     let s = Setup::new(r#"allow = ["light.*"]"#, "").await;
     let text = std::fs::read_to_string(&s.home.config).unwrap().replace(TOKEN, "wrong-token-xyz");

@@ -16,6 +16,7 @@ mod mcp;
 mod memory;
 mod mqtt;
 mod provider;
+mod redirects;
 mod rights;
 mod search;
 mod security;

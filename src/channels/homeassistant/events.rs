@@ -25,7 +25,8 @@
 //!   state and last error when it *changes* (connected, refused, lost), for
 //!   `bramble status` in another process; no write while nothing happens.
 //!
-//! The token is sent in the auth message only; no log line or error has it.
+//! The token is sent in the auth message only; no log line or error has it
+//! (what the server says is scrubbed of it and of echoed credentials).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -106,7 +107,8 @@ pub async fn run(mut c: Connection, stop: CancellationToken) {
         }
         let error = match &result {
             Ok(()) => "the connection ended".to_string(),
-            Err(e) => e.to_string(),
+            // Server text (a close reason, an auth answer) may quote the token back.
+            Err(e) => crate::util::secrets::redact(&e.to_string(), &[c.token.expose()]),
         };
         let (wait, state) = match &result {
             Err(SessionError::AuthInvalid(_)) => (BACKOFF_MAX, WsState::Refused),

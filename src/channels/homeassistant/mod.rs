@@ -73,8 +73,9 @@ pub async fn probe(c: &crate::config::HomeAssistantConfig) -> Result<Option<Stri
     let mut found = format!("{}: the REST API accepts the token", rest.base());
     if !c.trigger.is_empty() {
         let endpoint = ws::Endpoint::under(rest.base(), "/api/websocket")?;
-        let socket =
-            events::login(&endpoint, rest.token()).await.map_err(|e| format!("{}: {e}", endpoint.describe()))?;
+        let socket = events::login(&endpoint, rest.token())
+            .await
+            .map_err(|e| format!("{}: {}", endpoint.describe(), rest.scrub(&e.to_string())))?;
         socket.close().await;
         found.push_str(&format!(", and so does the WebSocket API ({} trigger(s))", c.trigger.len()));
     }

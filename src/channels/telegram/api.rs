@@ -13,7 +13,9 @@
 //! - A 429 is waited out here when `parameters.retry_after` is short, so callers
 //!   see it only when Telegram asks for a long pause.
 //! - The token is part of every URL: errors never carry a URL (`without_url`)
-//!   and every message is scrubbed of the token anyway.
+//!   and every message is scrubbed of the token anyway. No redirect is
+//!   followed (a "moved" answer would carry the path, token included, to
+//!   another host): it is an error naming where it pointed.
 
 use std::time::Duration;
 
@@ -338,6 +340,9 @@ impl Api {
         let exchange = async {
             let mut resp = self.client.get(&url).send().await.map_err(transport)?;
             let status = resp.status().as_u16();
+            if let Some(why) = crate::util::secrets::redirect_refusal(&resp) {
+                return Err(redirected(METHOD, status, why));
+            }
             if status != 200 {
                 return Err(ApiError::Refused {
                     method: METHOD,
@@ -451,6 +456,9 @@ impl Api {
             };
             let resp = request.send().await.map_err(transport)?;
             let status = resp.status().as_u16();
+            if let Some(why) = crate::util::secrets::redirect_refusal(&resp) {
+                return Err(redirected(method, status, why));
+            }
             let bytes = resp.bytes().await.map_err(transport)?;
             Ok::<_, ApiError>((status, bytes))
         };
@@ -506,6 +514,11 @@ fn shared_client() -> Result<reqwest::Client, ApiError> {
         .build()
         .map_err(|e| ApiError::Transport(format!("cannot build the HTTP client: {e}")))?;
     Ok(CLIENT.get_or_init(|| client).clone())
+}
+
+/// A redirect, not followed: the token is in the URL path ([`crate::util::secrets::redirect_refusal`]).
+fn redirected(method: &'static str, code: u16, why: String) -> ApiError {
+    ApiError::Refused { method, code, description: format!("{why} ([telegram] api_base)"), retry_after: None }
 }
 
 fn too_big(cap: u64) -> ApiError {

@@ -68,10 +68,21 @@ struct State {
     calls: Vec<Request>,
     states: std::collections::HashMap<String, Value>,
     fail_next: VecDeque<u16>,
+    /// Answers that quote the request's headers back (a proxy's debug page, a verbose error).
+    echo_next: VecDeque<Echo>,
     sockets: Vec<Socket>,
     ws: WsStats,
     /// Fragment every event into pieces of this many bytes.
     fragment: Option<usize>,
+}
+
+/// How an error quotes the request back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// HA's own shape, `{"message": "…"}`, quoting the headers as a dict.
+    Json,
+    /// A proxy's plain-text page, the request's head line by line.
+    Text,
 }
 
 pub struct FakeHa {
@@ -116,6 +127,11 @@ impl FakeHa {
     /// Answer the next REST requests with these statuses.
     pub fn fail_next(&self, statuses: &[u16]) {
         self.state.lock().unwrap().fail_next.extend(statuses);
+    }
+
+    /// Answer the next REST requests with a 400 (JSON) or a 502 (text) that quotes the request's headers.
+    pub fn echo_next(&self, echoes: &[Echo]) {
+        self.state.lock().unwrap().echo_next.extend(echoes);
     }
 
     /// The REST requests received.
@@ -212,6 +228,19 @@ fn rest(req: &Request, state: &Mutex<State>, token: &str) -> Response {
     let mut st = state.lock().unwrap();
     if let Some(status) = st.fail_next.pop_front() {
         return Response::json(status, &json!({"message": format!("scripted {status}")}));
+    }
+    if let Some(echo) = st.echo_next.pop_front() {
+        let head: Vec<String> = req.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        return match echo {
+            Echo::Json => {
+                let dict: Vec<String> = req.headers.iter().map(|(k, v)| format!("'{k}': '{v}'")).collect();
+                let message = format!("Invalid request, headers: {{{}}}", dict.join(", "));
+                Response::json(400, &json!({ "message": message }))
+            }
+            Echo::Text => {
+                Response::text(502, format!("502 Bad Gateway\n{} {}\n{}\n", req.method, req.path, head.join("\n")))
+            }
+        };
     }
     let path = req.path_only().to_string();
     if path == "/api/" && req.method == "GET" {

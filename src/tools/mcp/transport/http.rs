@@ -16,6 +16,10 @@
 //! A reader task owns that stream; when it ends, the [`Peer`] is closed and
 //! the requests in flight fail.
 //!
+//! No redirect is followed (the client is [`crate::provider::http_client`]'s):
+//! the headers carry secrets, and a 3xx is an error naming where it pointed.
+//! What a server answers is scrubbed of those secrets before anyone sees it.
+//!
 //! Every body is read with a cap ([`MAX_MESSAGE`]): a JSON body by bytes, an
 //! event stream by event ([`super::super::sse::Parser`]); more is an error and
 //! the connection is dropped rather than buffered.
@@ -45,8 +49,10 @@ pub fn build_headers(
     for (name, value) in plain {
         let header = HeaderName::from_bytes(name.trim().as_bytes())
             .map_err(|_| bad(format!("`{name}` is not a valid HTTP header name")))?;
-        let value = HeaderValue::from_str(value.trim())
+        let mut value = HeaderValue::from_str(value.trim())
             .map_err(|_| bad(format!("the value of header `{name}` is not a valid HTTP header value")))?;
+        // An inline token is as secret as one from the environment: scrubbed from errors.
+        value.set_sensitive(true);
         map.insert(header, value);
     }
     for (name, spec) in from_env {
@@ -73,8 +79,18 @@ pub fn build_headers(
     Ok(map)
 }
 
-/// Why a request failed at the HTTP level: the error and its causes.
-fn describe(e: &reqwest::Error) -> String {
+/// Why a request failed at the HTTP level: the error and its causes, scrubbed
+/// of the secrets in `headers` and of echoed credentials.
+fn describe(e: &reqwest::Error, headers: &HeaderMap) -> String {
+    redact(&describe_raw(e), headers)
+}
+
+/// `text` without the secret header values sent ([`crate::util::secrets`]).
+fn redact(text: &str, headers: &HeaderMap) -> String {
+    crate::util::secrets::redact(text, &crate::util::secrets::sensitive_values(headers))
+}
+
+fn describe_raw(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -88,8 +104,12 @@ fn describe(e: &reqwest::Error) -> String {
     text
 }
 
-/// An HTTP status that is not success, with an excerpt of the body.
-async fn status_error(resp: reqwest::Response) -> McpError {
+/// An HTTP status that is not success, with an excerpt of the body (scrubbed
+/// as [`describe`] says). A redirect is refused: the headers carry secrets.
+async fn status_error(resp: reqwest::Response, headers: &HeaderMap) -> McpError {
+    if let Some(why) = crate::util::secrets::redirect_refusal(&resp) {
+        return McpError::Protocol(format!("{why} (the server's `url`)"));
+    }
     let status = resp.status();
     let body = read_capped(resp, 4096).await.map(|(b, _)| b).unwrap_or_default();
     let text = String::from_utf8_lossy(&body);
@@ -98,6 +118,7 @@ async fn status_error(resp: reqwest::Response) -> McpError {
         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => " (check the server's `headers` / `headers_env`)",
         _ => "",
     };
+    let text = redact(&text, headers);
     McpError::Protocol(format!(
         "HTTP {status}{hint}{}",
         if text.is_empty() { String::new() } else { format!(": {text}") }
@@ -171,7 +192,7 @@ impl Streamable {
         if let Some(p) = protocol {
             req = req.header(VERSION, p);
         }
-        let resp = req.send().await.map_err(|e| McpError::Connection(describe(&e)))?;
+        let resp = req.send().await.map_err(|e| McpError::Connection(describe(&e, &self.headers)))?;
         if let Some(s) = resp.headers().get(SESSION) {
             *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
         }
@@ -182,7 +203,7 @@ impl Streamable {
     pub async fn send(&self, msg: &Value) -> Result<(), McpError> {
         let (resp, _) = self.post(msg).await?;
         if !resp.status().is_success() {
-            return Err(status_error(resp).await);
+            return Err(status_error(resp, &self.headers).await);
         }
         Ok(())
     }
@@ -203,7 +224,7 @@ impl Streamable {
         }
         if !status.is_success() {
             self.peer.forget(id);
-            return Err(status_error(resp).await);
+            return Err(status_error(resp, &self.headers).await);
         }
         let ctype = content_type(&resp);
         let replies = if ctype.starts_with("text/event-stream") {
@@ -212,7 +233,7 @@ impl Streamable {
             match read_capped(resp, MAX_MESSAGE).await {
                 Ok((_, true)) => Err(McpError::TooLarge),
                 Ok((bytes, false)) => rpc::parse(&bytes).map(|msg| self.peer.incoming(msg)),
-                Err(e) => Err(McpError::Connection(describe(&e))),
+                Err(e) => Err(McpError::Connection(describe(&e, &self.headers))),
             }
         } else if status == StatusCode::ACCEPTED {
             Err(McpError::Protocol("the server accepted the request (202) but sent no answer".into()))
@@ -243,7 +264,7 @@ impl Streamable {
             let chunk = match resp.chunk().await {
                 Ok(Some(c)) => c,
                 Ok(None) => return Ok(replies),
-                Err(e) => return Err(McpError::Connection(describe(&e))),
+                Err(e) => return Err(McpError::Connection(describe(&e, &self.headers))),
             };
             let events = parser.feed(&chunk).map_err(|_| McpError::TooLarge)?;
             for event in events.into_iter().filter(|e| e.name == "message" && !e.data.trim().is_empty()) {
@@ -290,9 +311,9 @@ impl LegacySse {
             .header(ACCEPT, "text/event-stream")
             .send()
             .await
-            .map_err(|e| McpError::Connection(describe(&e)))?;
+            .map_err(|e| McpError::Connection(describe(&e, &headers)))?;
         if !resp.status().is_success() {
-            return Err(status_error(resp).await);
+            return Err(status_error(resp, &headers).await);
         }
         if !content_type(&resp).starts_with("text/event-stream") {
             return Err(McpError::Protocol(format!(
@@ -308,7 +329,7 @@ impl LegacySse {
                 Ok(None) => {
                     return Err(McpError::Connection("the event stream ended before its `endpoint` event".into()))
                 }
-                Err(e) => return Err(McpError::Connection(describe(&e))),
+                Err(e) => return Err(McpError::Connection(describe(&e, &headers))),
             };
             let mut events = parser.feed(&chunk).map_err(|_| McpError::TooLarge)?;
             if let Some(pos) = events.iter().position(|e| e.name == "endpoint") {
@@ -357,9 +378,9 @@ async fn post_to(client: &reqwest::Client, endpoint: &Url, headers: &HeaderMap, 
         .json(msg)
         .send()
         .await
-        .map_err(|e| McpError::Connection(describe(&e)))?;
+        .map_err(|e| McpError::Connection(describe(&e, headers)))?;
     if !resp.status().is_success() {
-        return Err(status_error(resp).await);
+        return Err(status_error(resp, headers).await);
     }
     Ok(())
 }
@@ -405,7 +426,7 @@ impl Reader {
                     Err(_) => break McpError::TooLarge.to_string(),
                 },
                 Ok(None) => break "the server closed its event stream".to_string(),
-                Err(e) => break describe(&e),
+                Err(e) => break describe(&e, &self.headers),
             }
         };
         self.peer.close(why);
