@@ -139,7 +139,7 @@ pub(super) fn edit(
                 }
             }
             writeln!(out, "  schedule: {}", job.schedule.describe(tz.tz()))?;
-            writeln!(out, "  next run: {}", when(job.state.next_run, &tz))?;
+            writeln!(out, "  next run: {}", in_zone(job.state.next_run, &job.schedule, &tz))?;
             if !matches!(job.schedule, Schedule::Every { .. }) {
                 let jobs = store.list().unwrap_or_default();
                 let wait = loaded.config.daemon.clock_sync_wait.get();
@@ -177,7 +177,7 @@ pub(super) fn edit(
                 } else if !j.enabled {
                     "disabled".to_string()
                 } else {
-                    format!("next {}", when(j.state.next_run, &tz))
+                    format!("next {}", in_zone(j.state.next_run, &j.schedule, &tz))
                 };
                 let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
                 writeln!(
@@ -225,7 +225,7 @@ pub(super) fn edit(
                 writeln!(out, "  attach:    {}", esc(&j.attach.join(", ")))?;
             }
             writeln!(out, "  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" })?;
-            writeln!(out, "  next run:  {}", when(j.state.next_run, &tz))?;
+            writeln!(out, "  next run:  {}", in_zone(j.state.next_run, &j.schedule, &tz))?;
             if let Some(e) = &j.state.last_error {
                 writeln!(out, "  last error: {}", esc(e))?;
             }
@@ -234,7 +234,12 @@ pub(super) fn edit(
                 // One line per run: a report's lines joined.
                 let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
                 let summary = esc(&summary);
-                writeln!(out, "  {}  {:<7}  {summary}{by}", when(Some(r.started), &tz), r.status.to_string())?;
+                writeln!(
+                    out,
+                    "  {}  {:<7}  {summary}{by}",
+                    in_zone(Some(r.started), &j.schedule, &tz),
+                    r.status.to_string()
+                )?;
             }
         }
         CronCommand::Remove { id } => {
@@ -353,6 +358,11 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
     a.push("--".into());
     a.push(id.clone());
     a
+}
+
+/// A job's time as its schedule reads: a cron job's own zone, else the configured one.
+fn in_zone(t: Option<jiff::Timestamp>, schedule: &crate::scheduler::Schedule, tz: &crate::config::TzName) -> String {
+    crate::scheduler::schedule::local_time(t, &schedule.zone(tz.tz()))
 }
 
 /// `cron next`: when `expr` fires after `from` (default now), in `zone` (default the

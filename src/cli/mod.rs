@@ -234,12 +234,20 @@ fn audit(loaded: &crate::config::Loaded, since: &str) -> anyhow::Result<ExitCode
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        String::from_utf8_lossy(&out.stdout).lines().filter_map(audit::from_journal).collect()
+        let mut entries: Vec<audit::Entry> =
+            String::from_utf8_lossy(&out.stdout).lines().filter_map(audit::from_journal).collect();
+        // What commands recorded outside the service (`pair --revoke`) is in the file.
+        entries.extend(audit::read_file(&loaded.paths.state_dir, Some(from)));
+        entries.sort_by_key(|e| e.at);
+        entries
     } else {
         audit::read_file(&loaded.paths.state_dir, Some(from))
     };
     let place = if journal {
-        "the journal (journalctl -u bramble AUDIT=tool)".to_string()
+        format!(
+            "the journal (journalctl -u bramble AUDIT=tool) and {}",
+            loaded.paths.state_dir.join(audit::AUDIT_FILE).display()
+        )
     } else {
         loaded.paths.state_dir.join(audit::AUDIT_FILE).display().to_string()
     };

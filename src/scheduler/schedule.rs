@@ -140,6 +140,14 @@ impl Schedule {
         !matches!(self, Schedule::Every { .. })
     }
 
+    /// The zone its times are shown in: a cron job's own, else `default`.
+    pub fn zone(&self, default: &TimeZone) -> TimeZone {
+        match self {
+            Schedule::Cron { tz: Some(name), .. } => TimeZone::get(name).unwrap_or_else(|_| default.clone()),
+            _ => default.clone(),
+        }
+    }
+
     /// Whether the schedule happens once (`at`).
     pub fn is_one_shot(&self) -> bool {
         matches!(self, Schedule::At { .. })

@@ -130,7 +130,7 @@ impl CronTool {
             job.name,
             job.id,
             job.schedule.describe(self.tz.tz()),
-            when(job.state.next_run, &self.tz),
+            when(job.state.next_run, &job.schedule, &self.tz),
             targets.join(", ")
         ))
     }
@@ -153,7 +153,7 @@ impl CronTool {
                 } else if !j.enabled {
                     "disabled".to_string()
                 } else {
-                    format!("next {}", when(j.state.next_run, &self.tz))
+                    format!("next {}", when(j.state.next_run, &j.schedule, &self.tz))
                 };
                 format!("- {} (id {}): {}; {}; {}", j.name, j.id, j.schedule.describe(self.tz.tz()), state, what)
             })
@@ -173,8 +173,9 @@ fn err(e: impl std::fmt::Display) -> ToolError {
     ToolError::new(e.to_string())
 }
 
-fn when(t: Option<jiff::Timestamp>, tz: &TzName) -> String {
-    sched::schedule::local_time(t, tz.tz())
+/// A job's time as its schedule reads: a cron job's own zone, else the default.
+fn when(t: Option<jiff::Timestamp>, schedule: &Schedule, tz: &TzName) -> String {
+    sched::schedule::local_time(t, &schedule.zone(tz.tz()))
 }
 
 /// A name from the first words of the text plus a few random characters.

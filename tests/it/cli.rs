@@ -1138,3 +1138,55 @@ async fn errors_quote_their_input_with_controls_escaped() {
     assert_eq!(raw_controls(&out.stderr), b"", "{:?}", text(&out.stderr));
     assert!(text(&out.stderr).contains(r"`a\x1b]52;c;eA==\x07b` is not a job name"), "{}", text(&out.stderr));
 }
+
+/// `bramble cron next` prints what the scheduler will do (Debian's cron rules
+/// across DST, the day rule), refuses what cannot work with the fix, and a
+/// job's times are shown in its own zone.
+#[tokio::test]
+async fn cron_next_prints_the_runs_the_scheduler_will_make() {
+    let home = TestHome::new("openai", "http://127.0.0.1:9/v1", "", "", "");
+    let cfg = home.config.to_str().unwrap().to_string();
+    let run = |args: Vec<&str>| {
+        let mut all = vec!["--config", cfg.as_str()];
+        all.extend(args);
+        let all: Vec<String> = all.into_iter().map(str::to_string).collect();
+        let home = home.path().to_path_buf();
+        async move {
+            let args: Vec<&str> = all.iter().map(String::as_str).collect();
+            bramble(&home, &args, None).await
+        }
+    };
+    let out =
+        run(vec!["cron", "next", "30 1-3 * * *", "--tz", "Europe/Berlin", "--from", "2026-10-24T22:00:00Z", "-n", "4"])
+            .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("cron `30 1-3 * * *` (Europe/Berlin): At minute 30"), "{stdout}");
+    assert!(stdout.contains("fixed-time"), "{stdout}");
+    let times: Vec<&str> = stdout.lines().filter(|l| l.starts_with("  ")).collect();
+    assert_eq!(times.len(), 4, "{stdout}");
+    assert!(times[1].contains("2026-10-25 02:30:00 CEST (+02:00)"), "{stdout}");
+    assert!(times[2].contains("2026-10-25 03:30:00 CET (+01:00)"), "the repeated 02:30 runs once: {stdout}");
+    // The "first Sunday" idiom runs on one day a month.
+    let out =
+        run(vec!["cron", "next", "1 1 1-7 * */7", "--tz", "UTC", "--from", "2026-11-01T02:00:00Z", "-n", "2"]).await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("(if it is also Sunday)") && stdout.contains("Sun 2026-12-06 01:01:00"), "{stdout}");
+    for (expr, why) in [
+        ("0 22-2 * * *", "write it as two, like `22-23,0-2`"),
+        ("@reboot", "@reboot is not supported"),
+        ("0 0 30 2 *", "can never fire: day 30 does not occur in February"),
+    ] {
+        let out = run(vec!["cron", "next", expr]).await;
+        assert_eq!(out.status.code(), Some(1), "{expr}");
+        assert!(text(&out.stderr).contains(why), "{expr}: {}", text(&out.stderr));
+    }
+    // A job in its own zone shows its next run there (the config's zone is UTC).
+    let out = run(vec!["cron", "add", "ny", "--cron", "0 9 * * *", "--tz", "America/New_York", "--remind", "hi"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let next = stdout.lines().find(|l| l.contains("next run:")).unwrap_or_default();
+    assert!(next.contains("09:00:00 E"), "{stdout}");
+    let out = run(vec!["cron", "list"]).await;
+    assert!(text(&out.stdout).contains("09:00:00 E"), "{}", text(&out.stdout));
+}
