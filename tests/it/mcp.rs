@@ -24,8 +24,6 @@ use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
 use crate::support::http::{refused_url, Request, Response, TestServer};
 use crate::support::setup::{real_sandbox, TestHome};
 
-const REQUIREMENTS: &str = include_str!("../fixtures/mcp/requirements.txt");
-
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/server.py")
 }
@@ -40,37 +38,9 @@ struct Python {
 fn python() -> &'static Python {
     static PY: OnceLock<Python> = OnceLock::new();
     PY.get_or_init(|| {
-        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        std::fs::create_dir_all(base).expect("target tmp dir");
-        let tag: u32 = REQUIREMENTS.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
-        let venv = base.join(format!("mcp-venv-{tag:08x}"));
-        let lock = std::fs::File::create(base.join("mcp-venv.lock")).expect("lock file");
-        lock.lock().expect("lock the venv");
-        if !venv.join(".ready").exists() {
-            let _ = std::fs::remove_dir_all(&venv);
-            let run = |cmd: &mut std::process::Command, what: &str| {
-                let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot run: {e}"));
-                assert!(
-                    out.status.success(),
-                    "{what} failed ({}). The MCP tests need python3 with venv (Debian: apt-get install \
-                     python3-venv) and PyPI (or PIP_INDEX_URL) to install the MCP SDK ({}):\n{}{}",
-                    out.status,
-                    REQUIREMENTS.trim(),
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            };
-            run(std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv");
-            run(
-                std::process::Command::new(venv.join("bin/pip"))
-                    .args(["install", "--disable-pip-version-check", "--quiet", "--retries", "5", "-r"])
-                    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/requirements.txt")),
-                "pip install (the MCP Python SDK)",
-            );
-            std::fs::write(venv.join(".ready"), "").expect("mark the venv ready");
-        }
-        drop(lock);
-        let bin = venv.join("bin/python");
+        let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/requirements.txt");
+        let bin = crate::support::python::venv("mcp", &requirements);
+        let venv = bin.parent().and_then(Path::parent).expect("the venv").to_path_buf();
         let out = std::process::Command::new(&bin)
             .args(["-c", "import sys; print(sys.base_prefix)"])
             .output()
