@@ -35,13 +35,13 @@ pub enum Target {
 
 impl Target {
     /// The target that means "back to the chat a message came from".
-    pub fn origin(channel: &str, chat_id: &str) -> Target {
+    pub fn origin(channel: &Channel, chat_id: &str) -> Target {
         match channel {
-            "telegram" => Target::Telegram(chat_id.to_string()),
-            "mqtt" if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
-            "mqtt" => Target::Mqtt(None),
-            "cli" => Target::Cli,
-            _ => Target::Log,
+            Channel::Telegram => Target::Telegram(chat_id.to_string()),
+            Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
+            Channel::Mqtt => Target::Mqtt(None),
+            Channel::Cli => Target::Cli,
+            Channel::HomeAssistant | Channel::System | Channel::Other(_) => Target::Log,
         }
     }
 
@@ -147,14 +147,153 @@ impl Serialize for Target {
     }
 }
 
+/// The channel a conversation happens on. Decoded from its name once, here;
+/// everything that decides by channel (trust, tools, reply targets) matches
+/// this enum exhaustively, so a new channel is a compile error until each
+/// decision is made for it. On disk it is its name (`telegram`, `mqtt`, …).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// `bramble agent`: the terminal.
+    Cli,
+    Telegram,
+    Mqtt,
+    /// Home Assistant's triggers.
+    HomeAssistant,
+    /// The scheduler's own sessions: the heartbeat, jobs made outside a chat.
+    System,
+    /// A channel this build does not know (a newer build's, or a future
+    /// channel's files): treated as untrusted everywhere.
+    Other(String),
+}
+
+impl Channel {
+    /// Its name, as stored.
+    pub fn name(&self) -> &str {
+        match self {
+            Channel::Cli => "cli",
+            Channel::Telegram => "telegram",
+            Channel::Mqtt => "mqtt",
+            Channel::HomeAssistant => "homeassistant",
+            Channel::System => "system",
+            Channel::Other(name) => name,
+        }
+    }
+}
+
+impl From<&str> for Channel {
+    fn from(name: &str) -> Channel {
+        match name {
+            "cli" => Channel::Cli,
+            "telegram" => Channel::Telegram,
+            "mqtt" => Channel::Mqtt,
+            "homeassistant" => Channel::HomeAssistant,
+            "system" => Channel::System,
+            other => Channel::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Channel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Channel::from(String::deserialize(d)?.as_str()))
+    }
+}
+
+impl Serialize for Channel {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// What a session is for, read from its key in one place
+/// ([`Conversation::kind`]): a chat, a job's, the heartbeat's, a trigger's
+/// or a sub-agent's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionKind {
+    /// A conversation with someone (`telegram:42`, `cli:direct`, `mqtt:kitchen`).
+    Chat,
+    /// A job made outside a chat (`cron:<name>`).
+    Job(String),
+    /// The heartbeat's session.
+    Heartbeat,
+    /// A trigger's turns (`trigger:<topic or entity>`).
+    Trigger(String),
+    /// A sub-agent's work (`subagent:<chat>`).
+    Sub,
+}
+
+/// Where a turn came from, as `[policy.<name>]` names it: what decides which
+/// tools it is offered (`tools::policy`) and whether it may write memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Source {
+    /// `bramble agent`: the owner at the keyboard.
+    Terminal,
+    /// A chat with an `allow_from` user.
+    Telegram,
+    /// A scheduled job's turn (made by a trusted origin).
+    Job,
+    /// The heartbeat.
+    Heartbeat,
+    /// `<prefix>/in`: whoever can publish to the broker.
+    Mqtt,
+    /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
+    Trigger,
+}
+
+impl Source {
+    /// Every source, in the order `bramble status` lists them.
+    pub const ALL: [Source; 6] =
+        [Source::Terminal, Source::Telegram, Source::Job, Source::Heartbeat, Source::Mqtt, Source::Trigger];
+
+    /// Its name in `[policy.<name>]`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Terminal => "terminal",
+            Source::Telegram => "telegram",
+            Source::Job => "job",
+            Source::Heartbeat => "heartbeat",
+            Source::Mqtt => "mqtt",
+            Source::Trigger => "trigger",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Source> {
+        Source::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The source of a turn in `conversation` (`in_job`: run by the
+    /// scheduler). A scheduled turn of a trusted chat is a job's, whatever
+    /// chat made the job (the terminal's included: a job runs when nobody is
+    /// at it); an untrusted channel stays untrusted, and so does a channel
+    /// this build does not know.
+    pub fn of(conversation: &Conversation, in_job: bool) -> Source {
+        match (&conversation.channel, conversation.kind()) {
+            (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
+            (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
+            (Channel::Cli | Channel::Telegram | Channel::System, _) if in_job => Source::Job,
+            (Channel::Cli, _) => Source::Terminal,
+            (Channel::Telegram, _) => Source::Telegram,
+            (Channel::System, _) => Source::Job,
+            (Channel::Mqtt, _) => Source::Mqtt,
+            (Channel::HomeAssistant | Channel::Other(_), _) => Source::Trigger,
+        }
+    }
+}
+
 /// Where a conversation happens: the channel, the chat in it, and the session
 /// that keeps its history. Every message, turn, job, pending record and tool
 /// call carries one of these, so the three travel together and are never
 /// re-declared (stored as three flat string fields where it is written to disk).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Conversation {
-    /// `telegram`, `mqtt`, `cli`, `system`.
-    pub channel: String,
+    /// `telegram`, `mqtt`, `cli`, `system`, `homeassistant`.
+    pub channel: Channel,
     /// The chat within the channel (Telegram chat id, MQTT reply topic, …).
     pub chat_id: String,
     /// The session the turn belongs to (`telegram:<chat>`, `cli:direct`, `heartbeat`, `cron:<job>`).
@@ -162,13 +301,27 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    pub fn new(channel: impl Into<String>, chat_id: impl Into<String>, session_key: impl Into<String>) -> Self {
-        Conversation { channel: channel.into(), chat_id: chat_id.into(), session_key: session_key.into() }
+    pub fn new(channel: Channel, chat_id: impl Into<String>, session_key: impl Into<String>) -> Self {
+        Conversation { channel, chat_id: chat_id.into(), session_key: session_key.into() }
+    }
+
+    /// What the session is for, from its key (the one place that reads it).
+    pub fn kind(&self) -> SessionKind {
+        let key = self.session_key.as_str();
+        if key == "heartbeat" {
+            return SessionKind::Heartbeat;
+        }
+        match key.split_once(':') {
+            Some(("cron", name)) => SessionKind::Job(name.to_string()),
+            Some(("trigger", label)) => SessionKind::Trigger(label.to_string()),
+            Some(("subagent", _)) => SessionKind::Sub,
+            _ => SessionKind::Chat,
+        }
     }
 
     /// A session of the local terminal.
     pub fn cli(session_key: impl Into<String>) -> Self {
-        Conversation::new("cli", "direct", session_key)
+        Conversation::new(Channel::Cli, "direct", session_key)
     }
 
     /// Where an answer goes: back to the chat.
@@ -396,6 +549,35 @@ mod tests {
         assert_eq!(old, Target::Mqtt(Some("$SYS/x\0".into())));
         assert!(serde_json::from_str::<Target>("\"mqtt:a/#\"").is_err());
         assert_eq!("ha:notify.mobile_app_x".parse::<Target>().unwrap().channel(), "ha");
+    }
+
+    #[test]
+    fn conversations_keep_their_strings_on_disk() {
+        // As jobs.json and pending records have stored them since wave 1.
+        let old = r#"{"channel":"telegram","chat_id":"42","session_key":"telegram:42"}"#;
+        let c: Conversation = serde_json::from_str(old).unwrap();
+        assert_eq!(c.channel, Channel::Telegram);
+        assert_eq!(serde_json::to_string(&c).unwrap(), old);
+        // A channel from a newer build is kept as it is, and trusted with nothing.
+        let new = r#"{"channel":"matrix","chat_id":"!room","session_key":"matrix:!room"}"#;
+        let c: Conversation = serde_json::from_str(new).unwrap();
+        assert_eq!(c.channel, Channel::Other("matrix".into()));
+        assert_eq!(serde_json::to_string(&c).unwrap(), new);
+        assert_eq!(Source::of(&c, false), Source::Trigger);
+        assert_eq!(Source::of(&c, true), Source::Trigger);
+        assert_eq!(c.reply_target(), Target::Log);
+    }
+
+    #[test]
+    fn a_session_key_says_what_the_session_is_for() {
+        let kind = |key: &str| Conversation::new(Channel::System, "x", key).kind();
+        assert_eq!(kind("heartbeat"), SessionKind::Heartbeat);
+        assert_eq!(kind("cron:backup"), SessionKind::Job("backup".into()));
+        assert_eq!(kind("trigger:zigbee2mqtt/door"), SessionKind::Trigger("zigbee2mqtt/door".into()));
+        assert_eq!(kind("subagent:42"), SessionKind::Sub);
+        for chat in ["telegram:42", "cli:direct", "mqtt:kitchen", "heartbeat2"] {
+            assert_eq!(kind(chat), SessionKind::Chat, "{chat}");
+        }
     }
 
     #[test]

@@ -196,6 +196,75 @@ mod tests {
         assert!(wrong.is_empty(), "assembled outside daemon/assemble.rs:\n{}", wrong.join("\n"));
     }
 
+    /// Who is speaking is decided once: a channel's name becomes a `bus::Channel`
+    /// in the vocabulary layer, and everything else matches the enum. A
+    /// `match` or comparison on a channel's name anywhere else is how a job made
+    /// in the terminal once ran under `[policy.terminal]`.
+    #[test]
+    fn identity_is_decoded_only_in_the_vocabulary() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let names = ["cli", "telegram", "mqtt", "system", "homeassistant"];
+        let mut wrong = Vec::new();
+        for file in files.iter().filter(|f| !f.ends_with("bus.rs") && !f.ends_with("layers.rs")) {
+            let text = std::fs::read_to_string(file).unwrap();
+            let text = text.find("#[cfg(test)]\nmod tests").map_or(text.as_str(), |i| &text[..i]);
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                let decodes = names.iter().any(|name| {
+                    let quoted = format!("\"{name}\"");
+                    [format!("{quoted} =>"), format!("{quoted} |"), format!("== {quoted}"), format!("!= {quoted}")]
+                        .iter()
+                        .any(|p| code.contains(p.as_str()))
+                });
+                if decodes {
+                    wrong.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "channel names decoded outside src/bus.rs:\n{}", wrong.join("\n"));
+    }
+
+    /// No process-wide mutable state outside `util/`, but for the listed
+    /// places still waiting for their owner (issue 38 removes them one by one).
+    #[test]
+    fn no_mutable_statics_outside_util() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let mutable = ["Mutex<", "RwLock<", "AtomicU", "AtomicI", "AtomicBool", "OnceLock<", "Cell<"];
+        // Each entry: a file that holds one, and why it may.
+        let waiting: &[&str] = &[
+            // tracing's subscriber is process-wide by nature; this is its reload handle.
+            "logging.rs",
+            // Whether this kernel has openat2: a fact about the machine, probed once.
+            "workspace.rs",
+            // One HTTP client (its connection pool and CA store) for every Telegram call of the process.
+            "channels/telegram/api.rs",
+            // The sandbox's settings and its warm jail, and the pending-turn journals: becoming owned values.
+            "sandbox/mod.rs",
+            "sandbox/warm.rs",
+            "agent/pending.rs",
+        ];
+        let mut wrong = Vec::new();
+        for file in files.iter().filter(|f| !f.starts_with(root.join("util"))) {
+            let rel = file.strip_prefix(&root).unwrap().display().to_string();
+            if waiting.contains(&rel.as_str()) {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            let text = text.find("#[cfg(test)]\nmod tests").map_or(text.as_str(), |i| &text[..i]);
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default().trim_start();
+                if code.starts_with("static ") && mutable.iter().any(|m| code.contains(m)) {
+                    wrong.push(format!("src/{rel}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "process-wide mutable statics outside util/:\n{}", wrong.join("\n"));
+    }
+
     #[test]
     fn paths_are_found_in_uses_groups_and_code() {
         let text = "use crate::bus::Target;\nuse crate::{agent::Agent, config,\n    channels::{a, b}};\n\

@@ -46,7 +46,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, readlinkat, renameat, AtFlags, OFlag};
@@ -508,10 +508,9 @@ pub struct Capped {
 
 /// A fresh temp name next to `name`.
 fn temp_name(name: &OsStr) -> OsString {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut tmp = OsString::from(".");
     tmp.push(name);
-    tmp.push(format!(".{}-{}.tmp", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed)));
+    tmp.push(format!(".{}-{}.tmp", std::process::id(), crate::util::unique::next()));
     tmp
 }
 

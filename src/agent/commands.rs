@@ -376,7 +376,12 @@ mod tests {
     }
 
     async fn say(agent: &Agent, text: &str) -> String {
-        execute(agent, &crate::bus::Conversation::new("telegram", "1", "telegram:1"), &parse(text).unwrap()).await
+        execute(
+            agent,
+            &crate::bus::Conversation::new(crate::bus::Channel::Telegram, "1", "telegram:1"),
+            &parse(text).unwrap(),
+        )
+        .await
     }
 
     #[tokio::test]

@@ -261,7 +261,7 @@ mod tests {
             b.system_prompt(&[]),
             vec![Message::user("old")],
             "hello",
-            &Conversation::new("telegram", "42", "telegram:42"),
+            &Conversation::new(crate::bus::Channel::Telegram, "42", "telegram:42"),
             now,
         );
         assert_eq!(msgs.len(), 4);

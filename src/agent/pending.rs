@@ -464,9 +464,13 @@ mod tests {
     fn records_of_live_processes_are_kept_dead_ones_taken() {
         let dir = tempfile::tempdir().unwrap();
         let store = PendingStore::new(dir.path());
-        let mine = store.begin(&Conversation::new("telegram", "1", "telegram:1"), "turn on the heater").unwrap();
+        let mine = store
+            .begin(&Conversation::new(crate::bus::Channel::Telegram, "1", "telegram:1"), "turn on the heater")
+            .unwrap();
         assert!(store.take_orphans(|_| true).is_empty(), "this turn is running");
-        let cut_off = store.begin(&Conversation::new("telegram", "1", "telegram:1"), "cut off by a reload").unwrap();
+        let cut_off = store
+            .begin(&Conversation::new(crate::bus::Channel::Telegram, "1", "telegram:1"), "cut off by a reload")
+            .unwrap();
         store.release(cut_off);
         let taken = store.take_orphans(|_| true);
         assert_eq!(taken.len(), 1, "a released record of this process is taken");
@@ -482,7 +486,10 @@ mod tests {
             pid: u32::MAX - 1,
             proc_start: 1,
         };
-        let tg = PendingTurn { conversation: Conversation::new("telegram", "7", "telegram:7"), ..dead.clone() };
+        let tg = PendingTurn {
+            conversation: Conversation::new(crate::bus::Channel::Telegram, "7", "telegram:7"),
+            ..dead.clone()
+        };
         let mut journal = Vec::new();
         for (id, t) in [(1, &dead), (2, &tg)] {
             serde_json::to_writer(&mut journal, &Line::Begin { begin: id, turn: t.clone() }).unwrap();
@@ -499,7 +506,7 @@ mod tests {
         };
         std::fs::write(dir.path().join("pending/99-3.json"), serde_json::to_vec(&legacy).unwrap()).unwrap();
 
-        let taken = store.take_orphans(|r| r.conversation.channel == "telegram");
+        let taken = store.take_orphans(|r| r.conversation.channel == crate::bus::Channel::Telegram);
         assert_eq!(taken, vec![tg.clone()], "filtered: only telegram");
         assert!(dead_journal.exists(), "the cli turn is still in it");
         let taken = store.take_orphans(|_| true);
@@ -569,7 +576,7 @@ mod tests {
         // Written by earlier versions: the three conversation fields at the top level.
         let old = r#"{"session_key":"telegram:9","channel":"telegram","chat_id":"9","text":"hi","started":"2026-05-01T10:00:00Z","pid":7,"proc_start":3}"#;
         let record: PendingTurn = serde_json::from_str(old).unwrap();
-        assert_eq!(record.conversation, Conversation::new("telegram", "9", "telegram:9"));
+        assert_eq!(record.conversation, Conversation::new(crate::bus::Channel::Telegram, "9", "telegram:9"));
         let written: serde_json::Value = serde_json::to_value(&record).unwrap();
         assert_eq!(written, serde_json::from_str::<serde_json::Value>(old).unwrap());
     }

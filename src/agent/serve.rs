@@ -127,7 +127,7 @@ impl Agent {
     /// `cli_only`: only those typed in a terminal (`bramble agent` takes these;
     /// the daemon takes all).
     pub fn take_unanswered(&self, cli_only: bool) -> Vec<PendingTurn> {
-        self.pending.take_orphans(|r| !cli_only || r.conversation.channel == "cli")
+        self.pending.take_orphans(|r| !cli_only || r.conversation.channel == crate::bus::Channel::Cli)
     }
 
     /// Handle unanswered messages as `[agent] unanswered` says: `deliver` gets

@@ -105,9 +105,6 @@ pub struct PolicyRule {
     pub memory: Option<bool>,
 }
 
-/// The names `[policy.<name>]` takes.
-pub const POLICY_SOURCES: [&str; 6] = ["terminal", "telegram", "job", "heartbeat", "mqtt", "trigger"];
-
 /// `[transcription]`: turning voice notes into text.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -1109,11 +1106,12 @@ impl Config {
     /// entries that name a provider.
     fn check_models(&self, text: &str) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
         for name in self.policy.keys() {
-            if !POLICY_SOURCES.contains(&name.as_str()) {
+            if crate::bus::Source::from_name(name).is_none() {
                 let at = text.find(&format!("policy.{name}")).map(|i| i..i + name.len() + 7);
+                let names: Vec<&str> = crate::bus::Source::ALL.iter().map(|s| s.name()).collect();
                 return Err((
                     at,
-                    format!("[policy.{name}] is not a source of turns: expected one of {}", POLICY_SOURCES.join(", ")),
+                    format!("[policy.{name}] is not a source of turns: expected one of {}", names.join(", ")),
                 ));
             }
         }

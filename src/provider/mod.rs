@@ -591,8 +591,7 @@ fn redact_sent(text: &str, sent: &[String]) -> String {
 /// A fresh id for a tool call the server sent without one (`call_1`, `call_2`, …),
 /// unique within the process so ids never clash inside a session.
 fn generated_call_id(prefix: &str) -> String {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    format!("{prefix}_{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    format!("{prefix}_{}", crate::util::unique::next())
 }
 
 /// For `#[serde(deserialize_with)]`: a `null` where a value was expected is the default.

@@ -13,7 +13,6 @@ use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
@@ -396,7 +395,7 @@ impl Job {
             return p.clone();
         }
         match &self.origin {
-            Some(o) if o.channel == "telegram" => match o.chat_id.parse::<i64>() {
+            Some(o) if o.channel == crate::bus::Channel::Telegram => match o.chat_id.parse::<i64>() {
                 Ok(id) if id > 0 => Principal::Telegram(id),
                 _ => Principal::Owner,
             },
@@ -521,10 +520,9 @@ pub fn new_id() -> String {
     let mut buf = [0u8; 4];
     let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)).is_ok();
     if !random {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
         let mut x = Timestamp::now().as_nanosecond() as u64
             ^ (u64::from(std::process::id()) << 32)
-            ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            ^ crate::util::unique::next().wrapping_mul(0x9E37_79B9_7F4A_7C15);
         // splitmix64 finaliser
         x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -657,7 +655,7 @@ mod tests {
             &TimeZone::UTC,
         )
         .unwrap();
-        j.origin = Some(Conversation::new("telegram", "42", "telegram:42"));
+        j.origin = Some(Conversation::new(crate::bus::Channel::Telegram, "42", "telegram:42"));
         let json = serde_json::to_string(&j).unwrap();
         assert!(json.contains(r#""deliver":["telegram:42","mqtt"]"#), "{json}");
         assert!(json.contains(r#""kind":{"type":"message","text":"summarise the night"}"#), "{json}");

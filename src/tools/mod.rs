@@ -44,7 +44,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Conversation, Principal};
+use crate::bus::{Channel, Conversation, Principal};
 use crate::provider::{ToolCall, ToolSpec};
 use crate::util::BoxFuture;
 
@@ -67,15 +67,16 @@ pub enum Origin {
 }
 
 impl Origin {
-    /// The origin of a turn that came in on `channel` (`cli`, `telegram`, `system`, `mqtt`).
-    pub fn of_channel(channel: &str) -> Origin {
+    /// The origin of a turn that came in on `channel`: the one place trust
+    /// is decided (exhaustive: a new channel must be placed here).
+    pub fn of(channel: &Channel) -> Origin {
         match channel {
-            "cli" => Origin::Cli,
-            "telegram" => Origin::Telegram,
-            "system" => Origin::System,
-            "mqtt" => Origin::Mqtt,
-            "homeassistant" => Origin::HomeAssistant,
-            _ => Origin::Unknown,
+            Channel::Cli => Origin::Cli,
+            Channel::Telegram => Origin::Telegram,
+            Channel::System => Origin::System,
+            Channel::Mqtt => Origin::Mqtt,
+            Channel::HomeAssistant => Origin::HomeAssistant,
+            Channel::Other(_) => Origin::Unknown,
         }
     }
 
@@ -166,7 +167,7 @@ pub struct ToolContext {
     pub in_job: bool,
     /// Cancelled by `/stop` or shutdown; long-running tools watch it.
     pub cancel: CancellationToken,
-    /// Who started the turn ([`Origin::of_channel`] of its channel).
+    /// Who started the turn ([`Origin::of`] its channel).
     pub origin: Origin,
     /// Where the turn came from, for `[policy.<source>]` (which tools it is offered).
     pub source: policy::Source,
@@ -185,7 +186,7 @@ impl ToolContext {
         let source = policy::Source::of(&conversation, in_job);
         let principal = presumed(&conversation);
         ToolContext {
-            origin: Origin::of_channel(&conversation.channel),
+            origin: Origin::of(&conversation.channel),
             conversation,
             in_job,
             cancel,
@@ -216,9 +217,9 @@ impl ToolContext {
 
     /// The same context as seen from `channel`/`chat_id` (tests).
     pub fn from_chat(mut self, channel: &str, chat_id: &str) -> Self {
-        self.conversation.channel = channel.to_string();
+        self.conversation.channel = Channel::from(channel);
         self.conversation.chat_id = chat_id.to_string();
-        self.origin = Origin::of_channel(channel);
+        self.origin = Origin::of(&self.conversation.channel);
         self.source = policy::Source::of(&self.conversation, self.in_job);
         self.principal = presumed(&self.conversation);
         self
@@ -240,13 +241,13 @@ impl ToolContext {
 /// scheduler's own sessions, the user of a private Telegram chat (whose id is
 /// the chat's), and nobody in particular elsewhere.
 pub fn presumed(conversation: &Conversation) -> Principal {
-    match conversation.channel.as_str() {
-        "cli" | "system" => Principal::Owner,
-        "telegram" => match conversation.chat_id.parse::<i64>() {
+    match conversation.channel {
+        Channel::Cli | Channel::System => Principal::Owner,
+        Channel::Telegram => match conversation.chat_id.parse::<i64>() {
             Ok(id) if id > 0 => Principal::Telegram(id),
             _ => Principal::Anonymous,
         },
-        _ => Principal::Anonymous,
+        Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
     }
 }
 

@@ -20,51 +20,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::bus::{Conversation, Principal};
+use crate::bus::Principal;
 use crate::config::PolicyRule;
 
-/// Where a turn came from, as `[policy.<name>]` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Source {
-    /// `bramble agent`: the owner at the keyboard.
-    Terminal,
-    /// A chat with an `allow_from` user.
-    Telegram,
-    /// A scheduled job's turn (made by a trusted origin).
-    Job,
-    /// The heartbeat.
-    Heartbeat,
-    /// `<prefix>/in`: whoever can publish to the broker.
-    Mqtt,
-    /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
-    Trigger,
-}
+pub use crate::bus::Source;
 
+/// What each source may do when the config says nothing, and how far a
+/// job's maker's rights reach (the source itself is vocabulary: `bus::Source`).
 impl Source {
-    /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 6] =
-        [Source::Terminal, Source::Telegram, Source::Job, Source::Heartbeat, Source::Mqtt, Source::Trigger];
-
-    /// The source of a turn in `conversation` (`in_job`: run by the scheduler).
-    /// A scheduled turn of a trusted chat is a job's, whatever chat made the
-    /// job (the terminal's included: a job runs when nobody is at it); an
-    /// untrusted channel stays untrusted. An unknown channel counts as a
-    /// trigger: untrusted.
-    pub fn of(conversation: &Conversation, in_job: bool) -> Source {
-        let key = conversation.session_key.as_str();
-        match conversation.channel.as_str() {
-            "system" if key == "heartbeat" => Source::Heartbeat,
-            "cli" | "telegram" | "system" if in_job => Source::Job,
-            "cli" => Source::Terminal,
-            "telegram" => Source::Telegram,
-            "system" => Source::Job,
-            "mqtt" if key.starts_with("trigger:") => Source::Trigger,
-            "mqtt" => Source::Mqtt,
-            // Home Assistant's triggers, and any channel this build does not know: untrusted.
-            _ => Source::Trigger,
-        }
-    }
-
     /// The rights a job's creator has as a chat source, which its turns may
     /// never exceed (`None`: the owner's, all of `[policy.job]`). A Telegram
     /// user's jobs get no tool `[policy.telegram]` denies them; anyone else
@@ -75,22 +38,6 @@ impl Source {
             Principal::Telegram(_) => Some(Source::Telegram),
             Principal::Anonymous => Some(Source::Mqtt),
         }
-    }
-
-    /// Its name in `[policy.<name>]`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Source::Terminal => "terminal",
-            Source::Telegram => "telegram",
-            Source::Job => "job",
-            Source::Heartbeat => "heartbeat",
-            Source::Mqtt => "mqtt",
-            Source::Trigger => "trigger",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Source> {
-        Source::ALL.into_iter().find(|s| s.name() == name)
     }
 
     /// What a source may not use when the config says nothing: the tools that
@@ -242,8 +189,8 @@ pub fn glob(pattern: &str, name: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn conv(channel: &str, key: &str) -> Conversation {
-        Conversation::new(channel, "x", key)
+    fn conv(channel: &str, key: &str) -> crate::bus::Conversation {
+        crate::bus::Conversation::new(channel.into(), "x", key)
     }
 
     #[test]

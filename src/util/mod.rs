@@ -28,6 +28,7 @@ pub mod test_env;
 pub mod text;
 pub mod timer;
 pub mod tls;
+pub mod unique;
 
 use std::future::Future;
 use std::pin::Pin;

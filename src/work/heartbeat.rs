@@ -65,7 +65,7 @@ impl Heartbeat {
         }
         let req = TurnRequest {
             model: None,
-            conversation: Conversation::new("system", "heartbeat", "heartbeat"),
+            conversation: Conversation::new(crate::bus::Channel::System, "heartbeat", "heartbeat"),
             text: prompt,
             in_job: true,
             cancel: cancel.child_token(),

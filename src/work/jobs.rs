@@ -92,10 +92,9 @@ impl JobRunner {
                     },
                 };
                 // A job made in a chat answers in that chat's conversation.
-                let conversation = job
-                    .origin
-                    .clone()
-                    .unwrap_or_else(|| Conversation::new("system", job.name.clone(), format!("cron:{}", job.name)));
+                let conversation = job.origin.clone().unwrap_or_else(|| {
+                    Conversation::new(crate::bus::Channel::System, job.name.clone(), format!("cron:{}", job.name))
+                });
                 Work::Turn {
                     conversation,
                     text: format!(

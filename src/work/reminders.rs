@@ -45,7 +45,7 @@ impl Reminders {
         let job = self.store.get(id).ok()?;
         let own = format!("cron:{}", job.name);
         Some(match job.origin {
-            Some(o) if o.channel == "telegram" && o.chat_id == chat => o.session_key,
+            Some(o) if o.channel == crate::bus::Channel::Telegram && o.chat_id == chat => o.session_key,
             _ => own,
         })
     }
@@ -70,7 +70,7 @@ impl Reminders {
             &self.tz,
         )
         .map_err(|e| e.to_string())?;
-        job.origin = Some(Conversation::new("telegram", chat, format!("telegram:{chat}")));
+        job.origin = Some(Conversation::new(crate::bus::Channel::Telegram, chat, format!("telegram:{chat}")));
         self.store.add(job).map_err(|e| format!("cannot save the snooze: {e}"))?;
         let day = if local.date() == now.to_zoned(self.tz.clone()).date() { "" } else { "tomorrow " };
         Ok(format!("Snoozed until {day}{}", local.strftime("%H:%M")))
@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(r.session_of(&job.id, "42").as_deref(), Some("cron:water-plants"));
         r.store
             .update(|jobs| {
-                jobs[0].origin = Some(Conversation::new("telegram", "42", "telegram:42"));
+                jobs[0].origin = Some(Conversation::new(crate::bus::Channel::Telegram, "42", "telegram:42"));
                 Ok(())
             })
             .unwrap();

@@ -253,7 +253,7 @@ async fn the_bus_turns_inbound_messages_into_replies() {
     let serve = tokio::spawn(agent.clone().serve(bus.inbound_rx, bus.outbound_tx.clone(), cancel.clone()));
     bus.inbound_tx
         .send(InboundMessage {
-            conversation: Conversation::new("telegram", "42", "telegram:42"),
+            conversation: Conversation::new(bramble::bus::Channel::Telegram, "42", "telegram:42"),
             sender: "7".into(),
             principal: bramble::bus::Principal::Telegram(7),
             text: "ping".into(),

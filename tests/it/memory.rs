@@ -706,7 +706,7 @@ async fn a_telegram_session_is_consolidated_and_its_memory_carries_the_source() 
     std::fs::create_dir_all(home.workspace.join("memory")).unwrap();
     std::fs::write(home.workspace.join("memory/MEMORY.md"), "# Memory\n\n- Lives in Graz.\n").unwrap();
     let (agent, _out) = home.agent();
-    let chat = Conversation::new("telegram", "42", "telegram:42");
+    let chat = Conversation::new(bramble::bus::Channel::Telegram, "42", "telegram:42");
     fake.push(Reply::text("Nice name"));
     agent.turn(TurnRequest::new(chat.clone(), "My cat is called Miso")).await.unwrap();
     fake.push(save_memory(
@@ -735,7 +735,8 @@ async fn a_long_mqtt_session_is_cut_without_writing_memory() {
     let home = TestHome::new("openai", &fake.base_url(), "history_messages = 4", "", "");
     let before = memory_file(&home);
     let (agent, _out) = home.agent();
-    let conv = bramble::bus::Conversation::new("mqtt", "bramble/testpi/out", "mqtt:bramble/testpi");
+    let conv =
+        bramble::bus::Conversation::new(bramble::bus::Channel::Mqtt, "bramble/testpi/out", "mqtt:bramble/testpi");
     for (q, a) in [("one", "1"), ("two", "2"), ("three", "3")] {
         fake.push(Reply::text(a));
         agent.turn(TurnRequest::new(conv.clone(), q)).await.unwrap();

@@ -255,7 +255,11 @@ pub async fn run(
             let entity = fire.change.entity.clone();
             let firing = Firing {
                 action: &t.action,
-                conversation: Conversation::new("homeassistant", entity.clone(), format!("trigger:{label}")),
+                conversation: Conversation::new(
+                    crate::bus::Channel::HomeAssistant,
+                    entity.clone(),
+                    format!("trigger:{label}"),
+                ),
                 text,
                 stdin: fire.change.data.to_string().into_bytes(),
                 deliver: &t.deliver,

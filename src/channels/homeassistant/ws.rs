@@ -387,12 +387,10 @@ impl Socket {
 /// under std's randomly keyed `RandomState`, over a counter and the time.
 fn random_bytes<const N: usize>() -> [u8; N] {
     use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut out = [0u8; N];
     for chunk in out.chunks_mut(8) {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        h.write_u64(crate::util::unique::next());
         h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
         chunk.copy_from_slice(&h.finish().to_le_bytes()[..chunk.len()]);
     }

@@ -65,7 +65,7 @@ pub fn inbound_message(settings: &Settings, payload: &[u8]) -> Result<InboundMes
         }
     };
     Ok(InboundMessage {
-        conversation: Conversation::new("mqtt", reply_topic.clone(), session_key),
+        conversation: Conversation::new(crate::bus::Channel::Mqtt, reply_topic.clone(), session_key),
         sender: "mqtt".into(),
         principal: crate::bus::Principal::Anonymous,
         text,

@@ -138,7 +138,11 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
     };
     let firing = Firing {
         action: &config.action,
-        conversation: Conversation::new("mqtt", fire.topic.clone(), format!("trigger:{}", config.topic)),
+        conversation: Conversation::new(
+            crate::bus::Channel::Mqtt,
+            fire.topic.clone(),
+            format!("trigger:{}", config.topic),
+        ),
         text,
         stdin: fire.payload,
         deliver: &config.deliver,

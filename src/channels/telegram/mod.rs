@@ -395,7 +395,7 @@ impl Poller {
             None => from.id.to_string(),
         };
         Some(InboundMessage {
-            conversation: Conversation::new("telegram", chat.clone(), format!("telegram:{chat}")),
+            conversation: Conversation::new(crate::bus::Channel::Telegram, chat.clone(), format!("telegram:{chat}")),
             reply_to: Target::Telegram(chat),
             sender,
             principal: crate::bus::Principal::Telegram(from.id),

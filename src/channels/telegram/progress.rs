@@ -121,7 +121,7 @@ impl Progress {
 
 impl crate::agent::ProgressSink for Progress {
     fn step(&self, conversation: &Conversation, what: &str) {
-        if conversation.channel != "telegram" {
+        if conversation.channel != crate::bus::Channel::Telegram {
             return;
         }
         let chat = conversation.chat_id.clone();
