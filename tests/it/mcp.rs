@@ -47,7 +47,11 @@ fn python() -> &'static Python {
             .expect("run the venv's python");
         let prefix = std::fs::canonicalize(String::from_utf8_lossy(&out.stdout).trim()).expect("base prefix");
         let home = std::env::var_os("HOME").map(PathBuf::from).and_then(|h| std::fs::canonicalize(h).ok());
-        let hidden = |p: &Path| home.as_ref().is_some_and(|h| p.starts_with(h));
+        // The jail hides the home directory and gives commands a /tmp of their own.
+        let tmp = std::fs::canonicalize(std::env::temp_dir()).ok();
+        let hidden = |p: &Path| {
+            home.as_ref().is_some_and(|h| p.starts_with(h)) || tmp.as_ref().is_some_and(|t| p.starts_with(t))
+        };
         let venv = std::fs::canonicalize(&venv).expect("venv");
         let expose = [prefix, venv].into_iter().filter(|p| hidden(p)).collect();
         Python { bin, expose }
