@@ -30,13 +30,13 @@ pub use crate::bus::Source;
 impl Source {
     /// The rights a job's creator has as a chat source, which its turns may
     /// never exceed (`None`: the owner's, all of `[policy.job]`). A Telegram
-    /// user's jobs get no tool `[policy.telegram]` denies them; anyone else
-    /// who is not the owner gets the untrusted `[policy.mqtt]`'s.
+    /// user's jobs get no tool `[policy.telegram]` denies them. An anonymous
+    /// turn (a trigger's) is governed by its own untrusted source already,
+    /// and owns no job: `policy::Standing` refuses to run one.
     pub fn ceiling_of(principal: &Principal) -> Option<Source> {
         match principal {
-            Principal::Owner | Principal::Member(_) => None,
+            Principal::Owner | Principal::Member(_) | Principal::Anonymous => None,
             Principal::Telegram(_) => Some(Source::Telegram),
-            Principal::Anonymous => Some(Source::Mqtt),
         }
     }
 
@@ -229,6 +229,11 @@ mod tests {
         assert!(p.grants(owner, "exec"));
         assert!(!p.grants(user, "exec") && p.grants(user, "write_file"));
         assert_eq!(user.tables(), "[policy.job] and its creator's [policy.telegram]");
+        // A trigger's turn (anonymous) is [policy.trigger]'s alone: opening it opens it.
+        cfg.insert("trigger".to_string(), PolicyRule { tools: None, deny: Some(vec![]), memory: None });
+        let p = ToolPolicy::from_config(&cfg);
+        let trigger = Grant { source: Source::Trigger, ceiling: Source::ceiling_of(&Principal::Anonymous) };
+        assert!(p.grants(trigger, "exec"));
         assert_eq!(Grant::from(Source::Mqtt).tables(), "[policy.mqtt]");
     }
 
