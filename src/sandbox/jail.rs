@@ -38,7 +38,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::helper::{cstr, Options};
+use super::options::{cstr, Options};
 
 use libc::{
     mount_attr, AT_RECURSIVE, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
@@ -72,7 +72,7 @@ pub fn build(o: &Options) -> Result<(), String> {
         // Root's workspace, used by an unprivileged user: show root's files as theirs.
         // Here, between the fresh /proc (the helper child's pid is ours) and the read-only remount.
         if let Err(e) = idmap(tree, uid, gid) {
-            eprintln!("{}note: the workspace stays read-only for this command: {e}", super::helper::ERROR_PREFIX);
+            eprintln!("{}note: the workspace stays read-only for this command: {e}", super::options::ERROR_PREFIX);
         }
     }
     if let Some((ws, tree)) = &ws {
