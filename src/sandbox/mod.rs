@@ -2,7 +2,7 @@
 //!
 //! Everything a model asks to run goes through [`process::run`]: its own
 //! process group, a cleared environment, bounded output, a timeout, and no
-//! survivors. [`wrap`] turns a plain [`process::CommandSpec`] into one that
+//! survivors. [`Sandbox::wrap`] turns a plain [`process::CommandSpec`] into one that
 //! starts `bramble sandbox-exec … -- PROGRAM ARGS` ([`helper`]), which sets up
 //! the layers in ordinary code and then execs the program:
 //!
@@ -18,20 +18,27 @@
 //! | inherited file descriptors above 2 closed | worker | — |
 //! | seccomp: no set-id files, no memfd / SysV shm / io_uring, no sockets but `AF_UNIX` (`network = false`), no `AF_UNIX` unless walled in ([`seccomp`]) | worker | x86-64, aarch64, armv7 |
 //!
-//! Which of them this kernel offers is found out once ([`probe`]: one real
-//! helper run) and reported by [`layers_summary`] in the startup log and in
-//! `bramble status`. Commands are wrapped on a cheap guess until then
-//! ([`assumed`]); a wrong guess costs one failed start and a retry ([`recheck`]). With `[exec] isolation = "auto"` missing layers are
+//! Which of them this kernel offers is found out once per [`Sandbox`]
+//! ([`Sandbox::probe`]: one real helper run) and reported by
+//! [`Sandbox::layers_summary`] in the startup log and in `bramble status`.
+//! Commands are wrapped on a cheap guess until then; a wrong guess costs one
+//! failed start and a retry ([`Sandbox::recheck`]). With `[exec] isolation = "auto"` missing layers are
 //! skipped (said once, at start); with `"required"` commands are refused
 //! without the namespace jail; `"off"` runs commands with only the
 //! process-group handling of [`process`].
 //!
+//! A [`Sandbox`] is a value, not process state: the composition root
+//! (`daemon::assemble`) builds one per configuration — what it hides, its
+//! probe, its jail built ahead ([`warm`]) — and hands it to what starts
+//! commands. The helper's command line lives in [`options`], which both sides import.
+//!
 //! [`deny`] is a short list of friendly early refusals, never the boundary.
 //!
 //! How the helper is found: `/proc/self/exe`, resolved at start by `main`
-//! ([`use_current_exe`]). Tests that use the library in-process are not the
-//! bramble binary, so they point at it with [`set_helper`] or the
-//! `BRAMBLE_SANDBOX_HELPER` environment variable.
+//! ([`use_current_exe`]), the one process-wide fact here (set once, before
+//! any sandbox is made). Tests that use the library in-process are not the
+//! bramble binary, so they point at it with [`set_helper`],
+//! [`Sandbox::with_helper`] or the `BRAMBLE_SANDBOX_HELPER` environment variable.
 
 pub mod deny;
 pub mod helper;
@@ -77,6 +84,7 @@ pub fn set_helper(path: impl Into<PathBuf>) {
 /// must not see, what this kernel offers (probed once, kept here) and the jail
 /// built ahead ([`warm`]). Built by `daemon::assemble` and handed to whatever
 /// starts commands (the exec tool, stdio MCP servers, the work runner).
+/// `Sandbox::default()` has no helper at all (commands get the process layer only).
 #[derive(Default)]
 pub struct Sandbox {
     helper: Option<PathBuf>,
