@@ -3,7 +3,7 @@
 //! Spawn-to-exit of `/bin/true` through `sandbox::process::run`, as the exec
 //! tool runs it: plain (`[exec] isolation = "off"`), then through the
 //! `bramble sandbox-exec` helper with more and more layers, ending with what
-//! `sandbox::wrap` builds from the default config (every layer this kernel
+//! `Sandbox::wrap` builds from the default config (every layer this kernel
 //! offers) for each `[exec] network`: "all" (the host's network), "none" (an
 //! empty network namespace), "internet" (a namespace of its own plus the
 //! filtering proxy process: the default where the jail works).
@@ -14,22 +14,22 @@
 use std::time::{Duration, Instant};
 
 use bramble::config::{ExecConfig, Network};
-use bramble::sandbox::helper::Options;
+use bramble::sandbox::options::Options;
 use bramble::sandbox::process::{self, CommandSpec, ExitState};
+use bramble::sandbox::Sandbox;
 use tokio_util::sync::CancellationToken;
 
 const RUNS: usize = 300;
 
 fn main() {
     let helper = env!("CARGO_BIN_EXE_bramble");
-    bramble::sandbox::set_helper(helper);
     let ws = tempfile::tempdir().expect("tempdir");
     let state = tempfile::tempdir().expect("tempdir");
-    bramble::sandbox::protect([state.path().to_path_buf()]);
-    let probe = bramble::sandbox::probe();
+    let sandbox = Sandbox::new().with_helper(helper).protect([state.path().to_path_buf()]);
+    let probe = sandbox.probe();
     println!("kernel: {}", std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim());
     println!("probe:  {:?} (took {:?})", probe.namespaces, probe.took);
-    println!("layers: {}", bramble::sandbox::layers_summary(&ExecConfig::default()));
+    println!("layers: {}", sandbox.layers_summary(&ExecConfig::default()));
 
     let plain = CommandSpec {
         program: "/bin/true".into(),
@@ -45,7 +45,7 @@ fn main() {
         args.extend(Options { command: vec!["/bin/true".into()], ..opts }.to_args());
         CommandSpec { program: helper.into(), args, ..plain.clone() }
     };
-    let wrapped = |cfg: ExecConfig| bramble::sandbox::wrap(plain.clone(), &cfg, ws.path()).expect("wrap");
+    let wrapped = |cfg: ExecConfig| sandbox.wrap(plain.clone(), &cfg, ws.path()).expect("wrap");
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let cases: Vec<(&str, CommandSpec)> = vec![
@@ -65,9 +65,9 @@ fn main() {
     let cases = cases.into_iter().map(|(n, s)| (n, s, false)).chain([(warm_case.0, warm_case.1, true)]);
     for (name, spec, warm) in cases {
         if warm {
-            bramble::sandbox::warm::enable();
+            sandbox.warm_ahead();
         }
-        let times = rt.block_on(measure(&spec, warm));
+        let times = rt.block_on(measure(&sandbox, &spec, warm));
         let p50 = times[RUNS / 2];
         if base.is_zero() {
             base = p50;
@@ -82,13 +82,13 @@ fn main() {
     }
 }
 
-/// `warm`: through `sandbox::warm` (a model's commands in the daemon), with a
+/// `warm`: through `Sandbox::run` (a model's commands in the daemon), with a
 /// 20 ms pause between runs, untimed, standing in for the model's turn: the
 /// next jail is built then. The time includes starting that next helper.
-async fn measure(spec: &CommandSpec, warm: bool) -> Vec<Duration> {
+async fn measure(sandbox: &Sandbox, spec: &CommandSpec, warm: bool) -> Vec<Duration> {
     let cancel = CancellationToken::new();
     for _ in 0..10 {
-        run_once(spec, &cancel, warm).await;
+        run_once(sandbox, spec, &cancel, warm).await;
     }
     let mut times = Vec::with_capacity(RUNS);
     for _ in 0..RUNS {
@@ -96,22 +96,19 @@ async fn measure(spec: &CommandSpec, warm: bool) -> Vec<Duration> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let start = Instant::now();
-        run_once(spec, &cancel, warm).await;
+        run_once(sandbox, spec, &cancel, warm).await;
         times.push(start.elapsed());
     }
     if warm {
-        println!("  ({} of {} runs found their jail ready)", bramble::sandbox::warm::warm_runs(), RUNS + 10);
+        println!("  ({} of {} runs found their jail ready)", sandbox.warm_runs(), RUNS + 10);
     }
     times.sort();
     times
 }
 
-async fn run_once(spec: &CommandSpec, cancel: &CancellationToken, warm: bool) {
-    let out = if warm {
-        bramble::sandbox::warm::run(spec.clone(), cancel, true).await
-    } else {
-        process::run(spec.clone(), cancel).await
-    };
+async fn run_once(sandbox: &Sandbox, spec: &CommandSpec, cancel: &CancellationToken, warm: bool) {
+    let out =
+        if warm { sandbox.run(spec.clone(), cancel, true).await } else { process::run(spec.clone(), cancel).await };
     let out = out.expect("runs");
     assert_eq!(out.state, ExitState::Exited(0), "{out:?}");
 }

@@ -258,8 +258,8 @@ pub struct Agent {
     next_turn: std::sync::atomic::AtomicU64,
     /// The job store and zone, for `/jobs` and `/run`.
     jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
-    /// `[exec]`, for the sandbox line of `/status` (`None`: exec is off).
-    exec: Option<crate::config::ExecConfig>,
+    /// `[exec]` and its sandbox, for the sandbox line of `/status` (`None`: exec is off).
+    exec: Option<(crate::config::ExecConfig, Arc<crate::sandbox::Sandbox>)>,
     /// The daemon's scheduler, for `/run` (`None` outside the daemon).
     scheduler: Option<crate::scheduler::SchedulerHandle>,
     journal: Journal,
@@ -291,8 +291,8 @@ pub struct AgentParts {
     pub settings: AgentSettings,
     /// The job store and the zone times are shown in, for `/jobs` and `/run`.
     pub jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
-    /// `[exec]`, for the sandbox line of `/status` (`None`: exec is off).
-    pub exec: Option<crate::config::ExecConfig>,
+    /// `[exec]` and its sandbox, for the sandbox line of `/status` (`None`: exec is off).
+    pub exec: Option<(crate::config::ExecConfig, Arc<crate::sandbox::Sandbox>)>,
     /// The daemon's scheduler, for `/run` (`None` outside the daemon).
     pub scheduler: Option<crate::scheduler::SchedulerHandle>,
     /// Shared with the sub-agent hub, which stops at its shutdown signal.
@@ -381,7 +381,7 @@ impl Agent {
 
     /// The sandbox layers commands get, for `/status`; `None` when exec is off.
     pub fn sandbox_summary(&self) -> Option<String> {
-        self.exec.as_ref().filter(|c| c.enabled).map(crate::sandbox::layers_summary)
+        self.exec.as_ref().filter(|(c, _)| c.enabled).map(|(c, sandbox)| sandbox.layers_summary(c))
     }
 
     /// The job store and display zone, if set.

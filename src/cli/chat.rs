@@ -12,7 +12,8 @@ use crate::daemon::assemble;
 use crate::delivery::outbox::Outbox;
 
 pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> anyhow::Result<ExitCode> {
-    let assemble::Terminal { agent, outbound_tx, outbound_rx: mut outbound, outbox } = assemble::terminal(loaded);
+    let assemble::Terminal { agent, outbound_tx, outbound_rx: mut outbound, outbox, sandbox } =
+        assemble::terminal(loaded);
     // Messages the agent sends mid-turn (the `message` tool).
     let printer = tokio::spawn(async move {
         while let Some(OutboundMessage { target, text, attach }) = outbound.recv().await {
@@ -32,7 +33,7 @@ pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: Str
     let result = match message {
         Some(text) => one_turn(&agent, &session, text).await,
         None => {
-            crate::sandbox::warm::enable(); // More commands follow in a chat.
+            sandbox.warm_ahead(); // More commands follow in a chat.
             repl(&agent, &session).await
         }
     };

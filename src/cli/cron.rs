@@ -591,7 +591,12 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
     let run = assemble::queued(loaded);
     let abort = run.cancel.clone();
     let runner = crate::work::jobs::JobRunner {
-        runner: crate::work::Runner::new(run.agent.clone(), loaded.config.exec.clone(), loaded.paths.workspace.clone()),
+        runner: crate::work::Runner::new(
+            run.agent.clone(),
+            loaded.config.exec.clone(),
+            loaded.paths.workspace.clone(),
+            run.sandbox.clone(),
+        ),
         reports: run.reports(),
         abort: abort.clone(),
         alerts: crate::work::alerts::Alerts::new(&loaded.paths.state_dir, &loaded.config.alerts, run.reports()),

@@ -88,7 +88,7 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
         );
     }
     if loaded.config.exec.enabled {
-        let layers = crate::sandbox::layers_summary(&loaded.config.exec);
+        let layers = crate::sandbox::Sandbox::for_config(&loaded).layers_summary(&loaded.config.exec);
         let weak = ["NO ", "NONE (", "UNAVAILABLE", "BLOCKED", "MISSING", "off ("].iter().any(|w| layers.contains(w));
         let level = if weak { Level::Warning } else { Level::Ok };
         r.line(level, "sandbox", layers);

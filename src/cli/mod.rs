@@ -68,8 +68,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         service::Acting::Service(_) | service::Acting::Own => {}
     }
-    // Commands started by this process never see the state dir, config or credentials.
-    crate::sandbox::configure(&loaded);
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
     match cli.command {

@@ -147,7 +147,7 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         }
     );
     if c.exec.enabled {
-        println!("sandbox:    {}", crate::sandbox::layers_summary(&c.exec));
+        println!("sandbox:    {}", crate::sandbox::Sandbox::for_config(loaded).layers_summary(&c.exec));
     }
     if c.web.enabled {
         let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));

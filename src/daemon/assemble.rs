@@ -25,6 +25,7 @@ use crate::bus::{Bus, OutboundMessage};
 use crate::config::Loaded;
 use crate::delivery::outbox::Outbox;
 use crate::delivery::{Channels, Publisher, Reports};
+use crate::sandbox::Sandbox;
 use crate::scheduler::{JobStore, Scheduler, SchedulerHandle};
 use crate::tools::ToolRegistry;
 
@@ -50,9 +51,15 @@ impl AgentLinks {
     }
 }
 
+/// The sandbox commands run in for this config ([`Sandbox::for_config`]): one
+/// per root, shared by the exec tool, stdio MCP servers and the work runner.
+pub fn sandbox(loaded: &Loaded) -> Arc<Sandbox> {
+    Arc::new(Sandbox::for_config(loaded))
+}
+
 /// The agent as the configuration describes it: provider, tools (each with
-/// what it needs), skills, context, sub-agents.
-pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
+/// what it needs), skills, context, sub-agents; commands run in `sandbox`.
+pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agent {
     let c = &loaded.config;
     let ws = loaded.paths.workspace.clone();
     let state = &loaded.paths.state_dir;
@@ -70,8 +77,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
         tools.register(tool);
     }
     if c.exec.enabled {
-        crate::sandbox::configure(loaded);
-        tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone())));
+        tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone(), Arc::clone(sandbox))));
     }
     if c.web.enabled {
         // One guarded client for both: the same SSRF guard, one set of CA certificates.
@@ -115,10 +121,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     ));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
-    if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws) {
-        if c.mcp.server.iter().any(|s| matches!(s.transport, crate::config::McpTransport::Stdio(_))) {
-            crate::sandbox::configure(loaded);
-        }
+    if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws, Arc::clone(sandbox)) {
         tools.register_source(hub);
     }
     let (_, skill_errors) = skills::load(&ws);
@@ -165,7 +168,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks) -> Agent {
     });
     let mut parts = AgentParts::new(provider, tools, SessionStore::new(state), context, settings);
     parts.jobs = Some((JobStore::open(state), c.timezone().tz().clone()));
-    parts.exec = Some(c.exec.clone());
+    parts.exec = Some((c.exec.clone(), Arc::clone(sandbox)));
     parts.scheduler = links.scheduler;
     parts.progress = links.progress;
     parts.inflight = inflight;
@@ -229,6 +232,8 @@ pub struct Daemon {
     pub outbox: Outbox,
     /// Wakes the outbox's dispatcher.
     pub wake: Arc<Notify>,
+    /// Where commands run (the agent's exec tool and the work runner share it).
+    pub sandbox: Arc<Sandbox>,
 }
 
 impl Daemon {
@@ -259,7 +264,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         scheduler: Some(scheduler.handle()),
         progress: telegram.as_ref().and_then(|t| t.progress()),
     };
-    let agent = Arc::new(agent(loaded, links));
+    let sandbox = sandbox(loaded);
+    let agent = Arc::new(agent(loaded, links, &sandbox));
     let mut channels = Channels::with_log();
     if let Some(t) = &telegram {
         channels.add(t.channel());
@@ -280,6 +286,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         scheduler,
         outbox: Outbox::new(state).holding_in_memory(),
         wake: Arc::new(Notify::new()),
+        sandbox,
     })
 }
 
@@ -292,17 +299,21 @@ pub struct Terminal {
     pub outbound_rx: mpsc::Receiver<OutboundMessage>,
     /// Where a notice for another channel goes (the daemon delivers it).
     pub outbox: Outbox,
+    /// Where the agent's commands run.
+    pub sandbox: Arc<Sandbox>,
 }
 
 /// The terminal's agent: it sends to a queue the terminal prints.
 pub fn terminal(loaded: &Loaded) -> Terminal {
     let bus = Bus::new();
-    let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone())));
+    let sandbox = sandbox(loaded);
+    let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone()), &sandbox));
     Terminal {
         agent,
         outbound_tx: bus.outbound_tx,
         outbound_rx: bus.outbound_rx,
         outbox: Outbox::new(&loaded.paths.state_dir),
+        sandbox,
     }
 }
 
@@ -314,6 +325,8 @@ pub struct Queued {
     pub wake: Arc<Notify>,
     /// Cancels the work (Ctrl-C) and, at the end, the outbox pump.
     pub cancel: CancellationToken,
+    /// Where commands run (the agent's exec tool and a job's `--exec`).
+    pub sandbox: Arc<Sandbox>,
     pump: tokio::task::JoinHandle<()>,
 }
 
@@ -335,7 +348,8 @@ impl Queued {
 pub fn queued(loaded: &Loaded) -> Queued {
     let outbox = Outbox::new(&loaded.paths.state_dir);
     let bus = Bus::new();
-    let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone())));
+    let sandbox = sandbox(loaded);
+    let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone()), &sandbox));
     let cancel = CancellationToken::new();
     let wake = Arc::new(Notify::new());
     let pump = tokio::spawn(crate::delivery::dispatcher::pump_outbound(
@@ -344,5 +358,5 @@ pub fn queued(loaded: &Loaded) -> Queued {
         wake.clone(),
         cancel.clone(),
     ));
-    Queued { agent, outbox, wake, cancel, pump }
+    Queued { agent, outbox, wake, cancel, sandbox, pump }
 }

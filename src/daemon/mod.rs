@@ -178,7 +178,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
 
-    let assemble::Daemon { agent, bus, channels, telegram, mqtt, ha, mut scheduler, outbox, wake } =
+    let assemble::Daemon { agent, bus, channels, telegram, mqtt, ha, mut scheduler, outbox, wake, sandbox } =
         assemble::daemon(loaded)?;
     // Read once, here: the scheduler starts from these, and the start-up line counts them.
     let jobs = scheduler.preload().unwrap_or_else(|e| {
@@ -214,7 +214,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
 
     let tz = c.timezone();
     let reload = scheduler.reload_handle();
-    let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone());
+    let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone(), sandbox.clone());
     let alerts = Alerts::new(state, &c.alerts, reports.clone());
     let runner = JobRunner {
         runner: work.clone(),
@@ -333,8 +333,8 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     systemd::ready(&summary);
     // After READY: this probes the kernel with one real jail (a few ms).
     if c.exec.enabled {
-        crate::sandbox::log_layers(&c.exec);
-        crate::sandbox::warm::enable();
+        sandbox.log_layers(&c.exec);
+        sandbox.warm_ahead();
     }
     // Once start-up is over, the code it ran need not stay resident (idle RSS).
     let settle = stop.clone();

@@ -38,7 +38,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::helper::{cstr, Options};
+use super::options::{cstr, Options};
 
 use libc::{
     mount_attr, AT_RECURSIVE, MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
@@ -50,47 +50,82 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, pause, pipe2, read, write, ForkResult};
 
-/// Build the view described by `o` in the current (new) mount namespace.
+/// The workspace: where it is, and its clone taken before anything covered it.
+type Attached = (PathBuf, OwnedFd);
+
+/// A path of `[exec] expose`, cloned read-only before anything covered it.
+struct Exposed {
+    path: PathBuf,
+    tree: OwnedFd,
+    is_dir: bool,
+}
+
+/// Build the view described by `o` in the current (new) mount namespace: each
+/// step below is one row of the list at the top of this file, in the order they must happen.
 pub fn build(o: &Options) -> Result<(), String> {
     mount(None, "/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(|e| format!("cannot make the mount tree private: {e}"))?;
     // Clone the workspace before anything can cover it (it may live under /tmp or the state dir).
-    let ws = match &o.workspace {
+    let ws: Option<Attached> = match &o.workspace {
         Some(ws) => Some((ws.clone(), open_tree(ws)?)),
         None => None,
     };
+    fresh_proc()?;
+    if let Some((ws, tree)) = &ws {
+        prepare_workspace(ws, tree, o.run_as)?;
+    }
+    // Exposed paths, cloned (like the workspace) before anything covers them.
+    let exposed = clone_exposed(&o.expose)?;
+    set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE as libc::c_uint)
+        .map_err(|e| format!("cannot make the system read-only: {e}"))?;
+    fresh_devpts()?;
+    fresh_tmp(o.tmp_mb)?;
+    let (covers, files) = hide(o, ws.as_ref())?;
+    attach_exposed(&exposed)?;
+    seal(&covers, &files)
+}
+
+/// A fresh `/proc` for the new pid namespace, or none at all where the kernel refuses one.
+fn fresh_proc() -> Result<(), String> {
     let proc_flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     match mount(Some("proc"), "/proc", Some("proc"), proc_flags, None) {
-        Ok(()) => {}
+        Ok(()) => Ok(()),
         // A /proc with masked parts (systemd's ProtectKernelTunables, a container) cannot be
         // mounted again from a user namespace. Then the command gets no /proc at all rather
         // than the host's, where bramble's own environment is.
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => cover(Path::new("/proc"))?,
-        Err(e) => return Err(format!("cannot mount a fresh /proc: {e}")),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => cover(Path::new("/proc")),
+        Err(e) => Err(format!("cannot mount a fresh /proc: {e}")),
     }
-    if let (Some((_, tree)), Some((uid, gid))) = (&ws, o.run_as) {
+}
+
+/// The workspace's clone: idmapped for a command user (bramble is root), `nosuid,nodev`.
+fn prepare_workspace(ws: &Path, tree: &OwnedFd, run_as: Option<(u32, u32)>) -> Result<(), String> {
+    if let Some((uid, gid)) = run_as {
         // Root's workspace, used by an unprivileged user: show root's files as theirs.
         // Here, between the fresh /proc (the helper child's pid is ours) and the read-only remount.
         if let Err(e) = idmap(tree, uid, gid) {
-            eprintln!("{}note: the workspace stays read-only for this command: {e}", super::helper::ERROR_PREFIX);
+            eprintln!("{}note: the workspace stays read-only for this command: {e}", super::options::ERROR_PREFIX);
         }
     }
-    if let Some((ws, tree)) = &ws {
-        set_attr_fd(tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
-            .map_err(|e| format!("cannot mount the workspace {} nosuid,nodev: {e}", ws.display()))?;
-    }
-    // Exposed paths, cloned (like the workspace) before anything covers them.
-    let mut exposed: Vec<(PathBuf, OwnedFd, bool)> = Vec::new();
-    for path in &o.expose {
+    set_attr_fd(tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+        .map_err(|e| format!("cannot mount the workspace {} nosuid,nodev: {e}", ws.display()))
+}
+
+/// Read-only clones of the exposed paths that exist now.
+fn clone_exposed(paths: &[PathBuf]) -> Result<Vec<Exposed>, String> {
+    let mut exposed = Vec::new();
+    for path in paths {
         let Ok(meta) = std::fs::metadata(path) else { continue }; // Nothing there now.
         let tree = open_tree(path)?;
         set_attr_fd(&tree, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
             .map_err(|e| format!("cannot make {} read-only: {e}", path.display()))?;
-        exposed.push((path.clone(), tree, meta.is_dir()));
+        exposed.push(Exposed { path: path.clone(), tree, is_dir: meta.is_dir() });
     }
-    set_attr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0, AT_RECURSIVE as libc::c_uint)
-        .map_err(|e| format!("cannot make the system read-only: {e}"))?;
-    // A devpts of our own: no terminal of the host can be opened by path.
+    Ok(exposed)
+}
+
+/// A devpts of our own: no terminal of the host can be opened by path.
+fn fresh_devpts() -> Result<(), String> {
     let pts = "newinstance,ptmxmode=0666,mode=0620";
     let pts_flags = libc::MS_NOSUID | libc::MS_NOEXEC;
     if Path::new("/dev/pts").is_dir()
@@ -99,8 +134,12 @@ pub fn build(o: &Options) -> Result<(), String> {
         mount(Some("tmpfs"), "/dev/pts", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("size=4k,mode=755"))
             .map_err(|e| format!("cannot hide /dev/pts: {e}"))?;
     }
+    Ok(())
+}
 
-    let tmp_size = format!("size={}m,mode=1777", o.tmp_mb.max(1));
+/// A fresh, size-limited `/tmp`, also on `/var/tmp` and `/dev/shm`.
+fn fresh_tmp(tmp_mb: u64) -> Result<(), String> {
+    let tmp_size = format!("size={}m,mode=1777", tmp_mb.max(1));
     mount(Some("tmpfs"), "/tmp", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&tmp_size))
         .map_err(|e| format!("cannot mount a fresh /tmp: {e}"))?;
     for shared in ["/var/tmp", "/dev/shm"] {
@@ -108,55 +147,92 @@ pub fn build(o: &Options) -> Result<(), String> {
             bind("/tmp", shared).map_err(|e| format!("cannot mount {shared}: {e}"))?;
         }
     }
+    Ok(())
+}
 
-    // Hide: directories under an empty tmpfs (read-only once the workspace is back), files under /dev/null.
+/// Hide what `o` says (directories under an empty tmpfs, still writable, files
+/// left for [`seal`]) and attach the workspace again in between: the covers
+/// made, and the files still to hide.
+fn hide(o: &Options, ws: Option<&Attached>) -> Result<(Vec<PathBuf>, Vec<PathBuf>), String> {
     // The unreachable ancestor first: what it covers needs no hiding of its own.
     let mut covers: Vec<PathBuf> = Vec::new();
-    if let (Some((ws, _)), Some((uid, gid))) = (&ws, o.run_as) {
+    if let (Some((ws, _)), Some((uid, gid))) = (ws, o.run_as) {
         if let Some(blocked) = first_unreachable_ancestor(ws, uid, gid) {
             cover(&blocked)?;
             covers.push(blocked);
         }
     }
-    // Looked at all at once, before they are covered: a cover over the home
-    // hides the state directory beneath it (the default layout outside
-    // systemd), which then needs no cover of its own — and could not get one.
-    // What lies inside the workspace is covered after the workspace is back.
-    let inside_ws = |p: &Path| ws.as_ref().is_some_and(|(w, _)| p.starts_with(w) && p != w);
-    let (mut outside, mut inside): (Vec<PathBuf>, Vec<PathBuf>) = (Vec::new(), Vec::new());
-    let mut files: Vec<&Path> = Vec::new();
-    for path in &o.hide {
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.is_dir() && inside_ws(path) => inside.push(path.clone()),
-            Ok(m) if m.is_dir() => outside.push(path.clone()),
-            Ok(_) => files.push(path),
-            Err(_) => {} // Nothing there (or already covered), nothing to hide.
-        }
-    }
-    for dir in &o.mask {
-        // Only real directories: `/var/run` is usually a link to `/run`, masked already.
-        if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
-            outside.push(dir.clone());
-        }
-    }
-    for dir in outermost(outside, &covers) {
+    let workspace = ws.map(|(w, _)| w.as_path());
+    let hidden = Hidden::sort(&o.hide, &o.mask, workspace);
+    for dir in outermost(hidden.outside, &covers) {
         cover(&dir)?;
         covers.push(dir);
     }
-    if let Some((ws, tree)) = &ws {
+    if let Some((ws, tree)) = ws {
         std::fs::create_dir_all(ws).map_err(|e| format!("cannot recreate {}: {e}", ws.display()))?;
         move_mount(tree, ws)?;
     }
     let early = covers.len();
-    for dir in outermost(inside, &[]) {
+    for dir in outermost(hidden.inside, &[]) {
         cover(&dir)?;
         covers.push(dir);
     }
-    // A file under a cover is gone already, unless the workspace brought it back.
-    files.retain(|f| !covers[..early].iter().any(|c| f.starts_with(c)) || inside_ws(f));
+    let files = uncovered(hidden.files, &covers, early, workspace);
+    Ok((covers, files))
+}
+
+/// What to hide, sorted, looked at all at once before anything is covered: a
+/// cover over the home hides the state directory beneath it (the default
+/// layout outside systemd), which then needs no cover of its own — and could
+/// not get one. What lies inside the workspace is covered after the workspace is back.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Hidden {
+    /// Directories outside the workspace, and the masked ones.
+    outside: Vec<PathBuf>,
+    /// Directories inside the workspace.
+    inside: Vec<PathBuf>,
+    /// Files (and anything that is not a directory).
+    files: Vec<PathBuf>,
+}
+
+impl Hidden {
+    fn sort(hide: &[PathBuf], mask: &[PathBuf], workspace: Option<&Path>) -> Hidden {
+        let mut h = Hidden::default();
+        for path in hide {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.is_dir() && inside(path, workspace) => h.inside.push(path.clone()),
+                Ok(m) if m.is_dir() => h.outside.push(path.clone()),
+                Ok(_) => h.files.push(path.clone()),
+                Err(_) => {} // Nothing there (or already covered), nothing to hide.
+            }
+        }
+        for dir in mask {
+            // Only real directories: `/var/run` is usually a link to `/run`, masked already.
+            if std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) {
+                h.outside.push(dir.clone());
+            }
+        }
+        h
+    }
+}
+
+/// Whether `p` lies strictly inside the workspace.
+fn inside(p: &Path, workspace: Option<&Path>) -> bool {
+    workspace.is_some_and(|w| p.starts_with(w) && p != w)
+}
+
+/// The files still visible after `covers`: a file under a cover is gone
+/// already, unless the workspace (attached after the first `early` covers) brought it back.
+fn uncovered(mut files: Vec<PathBuf>, covers: &[PathBuf], early: usize, workspace: Option<&Path>) -> Vec<PathBuf> {
+    files.retain(|f| !covers[..early].iter().any(|c| f.starts_with(c)) || inside(f, workspace));
     files.retain(|f| !covers[early..].iter().any(|c| f.starts_with(c)));
-    for (path, tree, is_dir) in &exposed {
-        // The mount point, made in the (still writable) cover if the path is under one.
+    files
+}
+
+/// Attach the exposed paths again, read-only; the mount point is made in the
+/// (still writable) cover if the path is under one.
+fn attach_exposed(exposed: &[Exposed]) -> Result<(), String> {
+    for Exposed { path, tree, is_dir } in exposed {
         if std::fs::symlink_metadata(path).is_err() {
             let made = if *is_dir {
                 std::fs::create_dir_all(path)
@@ -169,7 +245,12 @@ pub fn build(o: &Options) -> Result<(), String> {
         }
         move_mount(tree, path).map_err(|e| format!("[exec] expose: {e}"))?;
     }
-    for c in &covers {
+    Ok(())
+}
+
+/// Make every cover read-only and hide the files under `/dev/null`.
+fn seal(covers: &[PathBuf], files: &[PathBuf]) -> Result<(), String> {
+    for c in covers {
         mount(None, path_str(c)?, None, libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY, None)
             .map_err(|e| format!("cannot make {} read-only: {e}", c.display()))?;
     }
@@ -355,5 +436,33 @@ mod tests {
         let dirs = vec![p("/home/pi/.local/state/bramble"), p("/run"), p("/home/pi"), p("/home/pi2"), p("/run")];
         assert_eq!(outermost(dirs, &[]), [p("/home/pi"), p("/home/pi2"), p("/run")]);
         assert_eq!(outermost(vec![p("/root/x"), p("/srv")], &[p("/root")]), [p("/srv")]);
+    }
+
+    #[test]
+    fn hidden_paths_are_sorted_by_kind_and_place() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (ws, state, inner, file) =
+            (tmp.path().join("ws"), tmp.path().join("state"), tmp.path().join("ws/.secret"), tmp.path().join("cfg"));
+        for d in [&ws, &state, &inner] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(&file, "x").unwrap();
+        let link = tmp.path().join("run-link");
+        std::os::unix::fs::symlink(&state, &link).unwrap();
+        let hide = [state.clone(), inner.clone(), file.clone(), tmp.path().join("gone"), ws.clone()];
+        let h = Hidden::sort(&hide, &[link, state.clone()], Some(&ws));
+        assert_eq!(h.outside, [state.clone(), ws.clone(), state], "the workspace itself is not inside itself");
+        assert_eq!(h.inside, [inner]);
+        assert_eq!(h.files, [file]);
+    }
+
+    #[test]
+    fn files_under_a_cover_need_none_unless_the_workspace_brought_them_back() {
+        let p = |s: &str| PathBuf::from(s);
+        let files =
+            vec![p("/home/pi/.netrc"), p("/home/pi/ws/key"), p("/home/pi/ws/.hidden/key"), p("/etc/bramble.toml")];
+        let covers = [p("/home/pi"), p("/home/pi/ws/.hidden")];
+        let left = uncovered(files, &covers, 1, Some(Path::new("/home/pi/ws")));
+        assert_eq!(left, [p("/home/pi/ws/key"), p("/etc/bramble.toml")]);
     }
 }

@@ -26,7 +26,7 @@ use landlock::{
     RulesetCreatedAttr, Scope, ABI,
 };
 
-use super::helper::Options;
+use super::options::Options;
 
 /// The newest ABI this code knows how to ask for; older kernels get a subset.
 const ABI_WANTED: ABI = ABI::V6;

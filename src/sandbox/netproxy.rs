@@ -53,7 +53,8 @@ use nix::sys::socket::{
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, getpid, getppid, setgroups, setresgid, setresuid, ForkResult, Gid, Pid, Uid};
 
-use super::helper::Options;
+use super::options::Options;
+pub use super::options::Reach;
 use crate::util::addr::{Judge, Place};
 
 /// Connections served at once; more get `503`.
@@ -65,38 +66,7 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a connection to the destination may take, per address.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What the proxy lets commands reach.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reach {
-    /// Public (globally routable) addresses.
-    pub internet: bool,
-    /// The local network: RFC 1918, CGNAT, link-local, unique-local, and
-    /// the prefixes this machine's interfaces are on.
-    pub lan: bool,
-}
-
 impl Reach {
-    /// `--net-proxy`'s value.
-    pub fn as_arg(self) -> &'static str {
-        match (self.internet, self.lan) {
-            (true, true) => "internet,lan",
-            (false, true) => "lan",
-            _ => "internet",
-        }
-    }
-
-    pub fn parse(arg: &str) -> Option<Reach> {
-        let (mut internet, mut lan) = (false, false);
-        for part in arg.split(',') {
-            match part {
-                "internet" => internet = true,
-                "lan" => lan = true,
-                _ => return None,
-            }
-        }
-        (internet || lan).then_some(Reach { internet, lan })
-    }
-
     /// Whether a connection to a place is allowed.
     fn judge(self, place: Place) -> Result<(), &'static str> {
         match place {

@@ -14,6 +14,9 @@
 //! `fork` of the worker and the worker's own layers (user, `no_new_privs`,
 //! Landlock, seccomp) before `execve` — every layer, as before.
 //!
+//! The ready jail belongs to a [`super::Sandbox`] ([`Ready`]): one per
+//! composition root, dropped (and its helper killed) with it.
+//!
 //! Each warm helper is used once. One is kept at most, for [`WARM_IDLE`]
 //! after the command that made it; then it is killed, so an idle daemon has no
 //! extra processes. Only a model's commands make one (they come in bursts
@@ -25,29 +28,19 @@ use std::ffi::OsString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::helper::Options;
+use super::options::Options;
 use super::process::{self, CommandSpec, Outcome};
 
 /// How long a ready jail waits for a command.
 pub const WARM_IDLE: Duration = Duration::from_secs(60);
 /// Orders longer than this start cold (the helper reads at most 1 MiB).
 const MAX_ORDER: usize = 512 * 1024;
-
-/// The one ready jail, if any.
-static SLOT: Mutex<Option<Warm>> = Mutex::new(None);
-/// Commands that ran in a ready jail.
-static WARM_RUNS: AtomicU64 = AtomicU64::new(0);
-/// Whether jails are made ready ahead: in the daemon and the terminal chat, where
-/// more commands follow; not for a one-shot `bramble agent -m`, which would only
-/// build one to throw it away.
-static ENABLED: AtomicBool = AtomicBool::new(false);
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 struct Warm {
     /// What it was built for: the helper, its options without cwd and command, the environment.
@@ -56,40 +49,90 @@ struct Warm {
     id: u64,
 }
 
-/// Make jails ready ahead from now on (the daemon and the terminal chat call this).
-pub fn enable() {
-    ENABLED.store(true, Ordering::Relaxed);
+/// A sandbox's jail built ahead, and what it counts.
+#[derive(Default)]
+pub struct Ready {
+    /// The one ready jail, if any (shared with its idle timer).
+    slot: Arc<Mutex<Option<Warm>>>,
+    /// Commands that ran in a ready jail.
+    runs: AtomicU64,
+    /// Whether jails are made ready ahead: in the daemon and the terminal chat, where
+    /// more commands follow; not for a one-shot `bramble agent -m`, which would only
+    /// build one to throw it away.
+    enabled: AtomicBool,
+    next_id: AtomicU64,
 }
 
-/// Commands that ran in a jail built ahead of them, since start.
-pub fn warm_runs() -> u64 {
-    WARM_RUNS.load(Ordering::Relaxed)
-}
-
-/// Run a spec made by [`super::wrap`]: in the ready jail when one matches,
-/// else as [`process::run`] does; then, with `ahead` (a model's command: more
-/// tend to follow in the turn; not a job's, which comes back minutes later),
-/// make the next one ready.
-pub async fn run(spec: CommandSpec, cancel: &CancellationToken, ahead: bool) -> io::Result<Outcome> {
-    let Some(plan) = Plan::of(&spec) else { return process::run(spec, cancel).await };
-    let ready = take(&plan.key);
-    let outcome = match ready {
-        Some(mut child) => match send_order(&mut child, &plan.order).await {
-            Ok(()) => {
-                WARM_RUNS.fetch_add(1, Ordering::Relaxed);
-                process::run_child(child, spec, cancel).await
-            }
-            // It died between the check and the order: start cold (it is killed and reaped on drop).
-            Err(_) => process::run(spec, cancel).await,
-        },
-        None => process::run(spec, cancel).await,
-    };
-    // Only after a command whose jail worked: a failing layer is for the probe to look at.
-    let worked = outcome.as_ref().is_ok_and(|o| super::setup_error(o).is_none());
-    if worked && ahead && !cancel.is_cancelled() && ENABLED.load(Ordering::Relaxed) {
-        prepare(plan);
+impl Ready {
+    /// Make jails ready ahead from now on (the daemon and the terminal chat call this).
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed);
     }
-    outcome
+
+    /// Commands that ran in a jail built ahead of them.
+    pub fn runs(&self) -> u64 {
+        self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Run a spec made by [`super::Sandbox::wrap`]: in the ready jail when one matches,
+    /// else as [`process::run`] does; then, with `ahead` (a model's command: more
+    /// tend to follow in the turn; not a job's, which comes back minutes later),
+    /// make the next one ready.
+    pub async fn run(&self, spec: CommandSpec, cancel: &CancellationToken, ahead: bool) -> io::Result<Outcome> {
+        let Some(plan) = Plan::of(&spec) else { return process::run(spec, cancel).await };
+        let ready = self.take(&plan.key);
+        let outcome = match ready {
+            Some(mut child) => match send_order(&mut child, &plan.order).await {
+                Ok(()) => {
+                    self.runs.fetch_add(1, Ordering::Relaxed);
+                    process::run_child(child, spec, cancel).await
+                }
+                // It died between the check and the order: start cold (it is killed and reaped on drop).
+                Err(_) => process::run(spec, cancel).await,
+            },
+            None => process::run(spec, cancel).await,
+        };
+        // Only after a command whose jail worked: a failing layer is for the probe to look at.
+        let worked = outcome.as_ref().is_ok_and(|o| super::setup_error(o).is_none());
+        if worked && ahead && !cancel.is_cancelled() && self.enabled.load(Ordering::Relaxed) {
+            self.prepare(plan);
+        }
+        outcome
+    }
+
+    /// The ready jail for `key`, if it is there and alive; a ready jail for
+    /// anything else is dropped (killed) either way: the setup changed.
+    fn take(&self, key: &[OsString]) -> Option<tokio::process::Child> {
+        let mut warm = lock(&self.slot).take()?;
+        if warm.key != key {
+            return None;
+        }
+        match warm.child.try_wait() {
+            Ok(None) => Some(warm.child),
+            _ => None,
+        }
+    }
+
+    /// Start a ready jail for `plan`'s setup and forget it after [`WARM_IDLE`].
+    fn prepare(&self, plan: Plan) {
+        let Ok(child) = process::command(&plan.warm_spec).spawn() else { return };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.slot) = Some(Warm { key: plan.key, child, id });
+        let slot = Arc::downgrade(&self.slot);
+        tokio::spawn(async move {
+            tokio::time::sleep(WARM_IDLE).await;
+            let Some(slot) = slot.upgrade() else { return };
+            let mut s = lock(&slot);
+            if s.as_ref().is_some_and(|w| w.id == id) {
+                *s = None; // Killed on drop, reaped by tokio.
+            }
+        });
+    }
+
+    /// Kill the ready jail (tests; a config reload makes the old one unusable anyway).
+    pub fn discard(&self) {
+        *lock(&self.slot) = None;
+    }
 }
 
 /// What a warmable spec needs: its key, the order, and the spec to start a ready jail with.
@@ -135,44 +178,12 @@ impl Plan {
     }
 }
 
-/// The ready jail for `key`, if it is there and alive; a ready jail for
-/// anything else is dropped (killed) either way: the setup changed.
-fn take(key: &[OsString]) -> Option<tokio::process::Child> {
-    let mut warm = slot().take()?;
-    if warm.key != key {
-        return None;
-    }
-    match warm.child.try_wait() {
-        Ok(None) => Some(warm.child),
-        _ => None,
-    }
-}
-
 async fn send_order(child: &mut tokio::process::Child, order: &[u8]) -> io::Result<()> {
     let mut stdin = child.stdin.take().ok_or_else(|| io::Error::other("no stdin"))?;
     stdin.write_all(order).await?;
     stdin.shutdown().await
 }
 
-/// Start a ready jail for `plan`'s setup and forget it after [`WARM_IDLE`].
-fn prepare(plan: Plan) {
-    let Ok(child) = process::command(&plan.warm_spec).spawn() else { return };
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    *slot() = Some(Warm { key: plan.key, child, id });
-    tokio::spawn(async move {
-        tokio::time::sleep(WARM_IDLE).await;
-        let mut s = slot();
-        if s.as_ref().is_some_and(|w| w.id == id) {
-            *s = None; // Killed on drop, reaped by tokio.
-        }
-    });
-}
-
-fn slot() -> std::sync::MutexGuard<'static, Option<Warm>> {
-    SLOT.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Kill the ready jail (tests; a config reload makes the old one unusable anyway).
-pub fn discard() {
-    *slot() = None;
+fn lock(slot: &Mutex<Option<Warm>>) -> std::sync::MutexGuard<'_, Option<Warm>> {
+    slot.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -2,7 +2,7 @@
 //!
 //! The command runs through [`crate::sandbox::process::run`], so it gets its
 //! own process group, a time limit, capped output, and nothing it starts
-//! survives it; [`crate::sandbox::wrap`] puts it inside the kernel sandbox
+//! survives it; [`Sandbox::wrap`] (the sandbox the composition root built) puts it inside the kernel sandbox
 //! (namespaces, read-only system, hidden state and config, rlimits, an
 //! unprivileged user, Landlock — whatever this kernel offers, see SECURITY.md).
 //! A short deny list ([`crate::sandbox::deny`]) answers the obvious
@@ -18,6 +18,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -27,6 +28,7 @@ use super::fs::Workspace;
 use super::{parse_args, truncate_middle, BoxFuture, Tool, ToolContext, ToolError};
 use crate::config::{ExecConfig, Network};
 use crate::sandbox::process::{self, CommandSpec, ExitState, Outcome};
+use crate::sandbox::Sandbox;
 
 /// Longest time a single command may run, whatever the model asks for.
 const MAX_TIMEOUT: Duration = Duration::from_secs(600);
@@ -39,6 +41,8 @@ const FIXED: [&str; 4] = ["PATH", "HOME", "LANG", "TERM"];
 pub struct ExecTool {
     cfg: ExecConfig,
     workspace: Workspace,
+    /// Where commands run: the kernel sandbox, its probe and its jail built ahead.
+    sandbox: Arc<Sandbox>,
     /// The tool's description: what the network setting lets commands reach.
     description: String,
 }
@@ -51,9 +55,9 @@ struct ExecArgs {
 }
 
 impl ExecTool {
-    pub fn new(cfg: ExecConfig, workspace: PathBuf) -> Self {
+    pub fn new(cfg: ExecConfig, workspace: PathBuf, sandbox: Arc<Sandbox>) -> Self {
         let description = describe(cfg.network);
-        ExecTool { cfg, workspace: Workspace::new(workspace), description }
+        ExecTool { cfg, workspace: Workspace::new(workspace), sandbox, description }
     }
 
     /// Whether `[exec] enabled` is on; a disabled tool is not registered.
@@ -100,21 +104,21 @@ impl ExecTool {
     /// Start the command in the sandbox and wait for it; `Err` is a message for the model.
     ///
     /// If the helper could not start or a layer failed *and* the sandbox probe then finds
-    /// less than was assumed (see [`crate::sandbox::recheck`]), the command is wrapped
+    /// less than was assumed (see [`Sandbox::recheck`]), the command is wrapped
     /// again with what this system really offers and run once more. Setup fails before
     /// the command itself starts, so it never runs twice.
-    /// `ahead`: a model's command, after which the next jail is built ahead ([`crate::sandbox::warm`]).
+    /// `ahead`: a model's command, after which the next jail is built ahead ([`Sandbox::run`]).
     async fn start(
         &self,
         plain: CommandSpec,
         cancel: &tokio_util::sync::CancellationToken,
         ahead: bool,
     ) -> Result<Outcome, String> {
-        let wrapped = crate::sandbox::wrap(plain.clone(), &self.cfg, self.workspace.root())?;
-        let mut outcome = crate::sandbox::warm::run(wrapped, cancel, ahead).await;
+        let wrapped = self.sandbox.wrap(plain.clone(), &self.cfg, self.workspace.root())?;
+        let mut outcome = self.sandbox.run(wrapped, cancel, ahead).await;
         let failed = outcome.as_ref().map_or(true, |o| crate::sandbox::setup_error(o).is_some());
-        if failed && crate::sandbox::recheck() {
-            let wrapped = crate::sandbox::wrap(plain, &self.cfg, self.workspace.root())?;
+        if failed && self.sandbox.recheck() {
+            let wrapped = self.sandbox.wrap(plain, &self.cfg, self.workspace.root())?;
             outcome = process::run(wrapped, cancel).await;
         }
         let outcome = outcome.map_err(|e| format!("could not start the command: {e}"))?;
@@ -145,13 +149,14 @@ impl ExecTool {
 /// environment, `[exec] timeout`, capped output), for exec jobs and triggers.
 /// Returns whether it exited with status 0, and the output as the tool renders it.
 pub async fn run_shell(
+    sandbox: &Arc<Sandbox>,
     cfg: &ExecConfig,
     workspace: &std::path::Path,
     command: &str,
     stdin: Option<Vec<u8>>,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(bool, String)> {
-    let r = run_shell_output(cfg, workspace, command, stdin, cancel).await?;
+    let r = run_shell_output(sandbox, cfg, workspace, command, stdin, cancel).await?;
     Ok((r.ok, r.rendered))
 }
 
@@ -168,13 +173,14 @@ pub struct ShellOutput {
 
 /// [`run_shell`], keeping the standard output apart.
 pub async fn run_shell_output(
+    sandbox: &Arc<Sandbox>,
     cfg: &ExecConfig,
     workspace: &std::path::Path,
     command: &str,
     stdin: Option<Vec<u8>>,
     cancel: &tokio_util::sync::CancellationToken,
 ) -> std::io::Result<ShellOutput> {
-    let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf());
+    let tool = ExecTool::new(cfg.clone(), workspace.to_path_buf(), Arc::clone(sandbox));
     let timeout = cfg.timeout.get().clamp(Duration::from_secs(1), MAX_TIMEOUT);
     let spec = tool.spec(command.to_string(), workspace.to_path_buf(), timeout, stdin);
     let outcome = tool.start(spec, cancel, false).await.map_err(std::io::Error::other)?;
@@ -290,7 +296,7 @@ mod tests {
     /// real binary; these tests cover the process layer and the output.
     fn tool(dir: &std::path::Path, mut cfg: ExecConfig) -> ExecTool {
         cfg.isolation = crate::config::Isolation::Off;
-        ExecTool::new(cfg, dir.to_path_buf())
+        ExecTool::new(cfg, dir.to_path_buf(), Arc::new(Sandbox::new()))
     }
 
     async fn exec(t: &ExecTool, args: Value) -> Result<String, ToolError> {
@@ -403,6 +409,7 @@ mod tests {
         let t = tool(&dir.path().join("missing"), ExecConfig::default());
         let err = exec(&t, json!({"command": "true"})).await.unwrap_err();
         assert!(err.0.starts_with("could not start the command"), "{}", err.0);
-        assert!(!ExecTool::new(ExecConfig { enabled: false, ..ExecConfig::default() }, "/".into()).enabled());
+        assert!(!ExecTool::new(ExecConfig { enabled: false, ..ExecConfig::default() }, "/".into(), Arc::default())
+            .enabled());
     }
 }

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::{Agent, TurnRequest};
 use crate::bus::{Conversation, Principal};
 use crate::config::ExecConfig;
+use crate::sandbox::Sandbox;
 
 /// One piece of work.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,11 +62,13 @@ pub struct Runner {
     agent: Arc<Agent>,
     exec: ExecConfig,
     workspace: PathBuf,
+    /// Where commands run (the composition root's, shared with the exec tool).
+    sandbox: Arc<Sandbox>,
 }
 
 impl Runner {
-    pub fn new(agent: Arc<Agent>, exec: ExecConfig, workspace: PathBuf) -> Runner {
-        Runner { agent, exec, workspace }
+    pub fn new(agent: Arc<Agent>, exec: ExecConfig, workspace: PathBuf, sandbox: Arc<Sandbox>) -> Runner {
+        Runner { agent, exec, workspace, sandbox }
     }
 
     /// Run a watcher's command in the sandbox, counted as work in flight.
@@ -75,7 +78,7 @@ impl Runner {
         cancel: &CancellationToken,
     ) -> Result<crate::tools::exec::ShellOutput, String> {
         let _busy = self.agent.inflight().enter();
-        crate::tools::exec::run_shell_output(&self.exec, &self.workspace, command, None, cancel)
+        crate::tools::exec::run_shell_output(&self.sandbox, &self.exec, &self.workspace, command, None, cancel)
             .await
             .map_err(|e| e.to_string())
     }
@@ -102,7 +105,9 @@ impl Runner {
                 }
             }
             Work::Shell { command, stdin } => {
-                match crate::tools::exec::run_shell(&self.exec, &self.workspace, &command, stdin, cancel).await {
+                match crate::tools::exec::run_shell(&self.sandbox, &self.exec, &self.workspace, &command, stdin, cancel)
+                    .await
+                {
                     Ok((true, text)) => Ok(Done::text(text)),
                     Ok((false, text)) => Err(text),
                     Err(e) => Err(e.to_string()),

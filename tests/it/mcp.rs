@@ -129,7 +129,8 @@ async fn setup(toml: &str) -> Setup {
     bramble::install_crypto();
     let c = config(toml);
     let ws = tempfile::tempdir().expect("workspace");
-    let hub = McpHub::new(&c.mcp, &c.exec, ws.path()).expect("servers configured");
+    let hub = McpHub::new(&c.mcp, &c.exec, ws.path(), Arc::new(bramble::sandbox::Sandbox::new()))
+        .expect("servers configured");
     let mut registry = ToolRegistry::new(16_000);
     registry.register_source(hub.clone());
     registry.prepare().await;
@@ -226,7 +227,7 @@ async fn stdio_server_in_the_sandbox_crashes_restarts_and_times_out() {
     let s = setup(&format!("{}{}", exec_section(), stdio_server("py", "timeout = \"20s\""))).await;
     the_basics(&s, "stdio").await;
     // It runs in the sandbox: where the kernel offers the jail, the user's home is hidden from it.
-    let probe = bramble::sandbox::probe();
+    let probe = bramble::sandbox::Sandbox::new().probe();
     assert!(probe.helper.is_ok(), "the sandbox helper runs the server: {:?}", probe.helper);
     let home = std::env::var_os("HOME").map(PathBuf::from).expect("HOME");
     let secret = tempfile::Builder::new().prefix(".bramble-mcp-test").tempdir_in(&home).expect("a dir in HOME");

@@ -197,7 +197,7 @@ async fn mcp_status(mover: &TestServer, transport: &str) -> String {
     );
     let c = bramble::config::Config::parse(&toml, "/test/config.toml".as_ref()).unwrap();
     let ws = tempfile::tempdir().unwrap();
-    let hub = bramble::tools::mcp::McpHub::new(&c.mcp, &c.exec, ws.path()).expect("a server");
+    let hub = bramble::tools::mcp::McpHub::new(&c.mcp, &c.exec, ws.path(), Default::default()).expect("a server");
     let mut registry = bramble::tools::ToolRegistry::new(16_000);
     registry.register_source(hub.clone());
     registry.prepare().await;

@@ -16,7 +16,7 @@ use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
 use crate::support::setup::TestHome;
 use bramble::config::{Config, ExecConfig, Network, WebConfig};
 use bramble::provider::ToolCall;
-use bramble::sandbox::Probe;
+use bramble::sandbox::{Probe, Sandbox};
 use bramble::tools::exec::ExecTool;
 use bramble::tools::web::WebFetch;
 use bramble::tools::{ToolContext, ToolOutcome, ToolRegistry};
@@ -24,7 +24,7 @@ use bramble::tools::{ToolContext, ToolOutcome, ToolRegistry};
 /// Point the library at the real binary as its helper.
 fn layers() -> Arc<Probe> {
     crate::support::setup::real_sandbox();
-    let p = bramble::sandbox::probe();
+    let p = Sandbox::new().probe();
     assert!(p.helper.is_ok(), "the helper must be found: {:?}", p.helper);
     p
 }
@@ -37,6 +37,7 @@ struct Setup {
     state: PathBuf,
     config: PathBuf,
     registry: ToolRegistry,
+    sandbox: Arc<Sandbox>,
 }
 
 const SECRET_IN_CONFIG: &str = "sk-config-secret-0123456789";
@@ -57,10 +58,10 @@ impl Setup {
         std::fs::write(state.join("session.jsonl"), SECRET_IN_STATE).unwrap();
         let config = tmp.path().join("config.toml");
         std::fs::write(&config, format!("[provider]\napi_key = \"{SECRET_IN_CONFIG}\"\n")).unwrap();
-        bramble::sandbox::protect([state.clone(), config.clone()]);
+        let sandbox = Arc::new(Sandbox::new().protect([state.clone(), config.clone()]));
         let mut registry = ToolRegistry::new(200_000);
-        registry.register(Arc::new(ExecTool::new(cfg, ws.clone())));
-        Setup { _tmp: tmp, ws, outside, state, config, registry }
+        registry.register(Arc::new(ExecTool::new(cfg, ws.clone(), sandbox.clone())));
+        Setup { _tmp: tmp, ws, outside, state, config, registry, sandbox }
     }
 
     async fn exec(&self, command: &str) -> ToolOutcome {
@@ -566,7 +567,7 @@ async fn fuzzed_tool_arguments_never_panic() {
     for t in bramble::tools::fs::fs_tools(&s.ws) {
         registry.register(t);
     }
-    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), s.ws.clone())));
+    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), s.ws.clone(), s.sandbox.clone())));
     let seeds = [
         ("exec", r#"{"command":"echo fuzz","timeout":5,"working_dir":""}"#, 60),
         ("write_file", r#"{"path":"fuzz/a.txt","content":"x\u00e9\n"}"#, 400),
@@ -627,9 +628,9 @@ async fn systemd_layout_workspace_inside_the_hidden_state_dir() {
     let ws = state.join("workspace");
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(state.join("outbox.jsonl"), SECRET_IN_STATE).unwrap();
-    bramble::sandbox::protect([state.clone()]);
+    let sandbox = Arc::new(Sandbox::new().protect([state.clone()]));
     let mut registry = ToolRegistry::new(10_000);
-    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), ws.clone())));
+    registry.register(Arc::new(ExecTool::new(ExecConfig::default(), ws.clone(), sandbox)));
     let cmd = format!("echo kept > note.txt; cat note.txt; cat {s}/outbox.jsonl; ls {s}", s = state.display());
     let args = serde_json::json!({ "command": cmd }).to_string();
     let out = registry.execute(&ToolCall::new("c", "exec", args), &ToolContext::detached("security")).await;
@@ -725,7 +726,7 @@ async fn agent_exec(extra_config: &str, env: &[(&str, &str)], command: &str) -> 
 }
 
 /// A model's next command runs in a jail built while the model thought
-/// (`bramble::sandbox::warm`, in the terminal chat and the daemon): every layer
+/// (`bramble::sandbox::Sandbox::run`, in the terminal chat and the daemon): every layer
 /// is there, the command's own working directory is used, and init — pid 1 of
 /// its pid namespace — is older than the command by the model's pause.
 #[tokio::test]

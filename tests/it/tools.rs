@@ -168,8 +168,8 @@ async fn home_and_absolute_paths_inside_land_in_the_workspace() {
 async fn exec_sees_what_the_file_tools_wrote() {
     let ws = Ws::new();
     ws.run("write_file", json!({"path": "sub/hello.txt", "content": "hi from a file"})).await.unwrap();
-    bramble::sandbox::set_helper(env!("CARGO_BIN_EXE_bramble"));
-    let exec = ExecTool::new(ExecConfig::default(), ws.root.clone());
+    let sandbox = bramble::sandbox::Sandbox::new().with_helper(env!("CARGO_BIN_EXE_bramble"));
+    let exec = ExecTool::new(ExecConfig::default(), ws.root.clone(), std::sync::Arc::new(sandbox));
     let out = call(&exec, json!({"command": "cat hello.txt && cat ~/sub/hello.txt >&2", "working_dir": "sub"})).await;
     assert_eq!(out.unwrap(), "hi from a file\nSTDERR:\nhi from a file\nExit code: 0");
 }

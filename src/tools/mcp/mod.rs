@@ -72,7 +72,13 @@ impl Drop for McpHub {
 
 impl McpHub {
     /// The servers of `[[mcp.server]]`, none started; `None` when there are none.
-    pub fn new(cfg: &McpConfig, exec: &ExecConfig, workspace: &std::path::Path) -> Option<Arc<McpHub>> {
+    /// Stdio servers run in `sandbox`.
+    pub fn new(
+        cfg: &McpConfig,
+        exec: &ExecConfig,
+        workspace: &std::path::Path,
+        sandbox: Arc<crate::sandbox::Sandbox>,
+    ) -> Option<Arc<McpHub>> {
         if cfg.server.is_empty() {
             return None;
         }
@@ -80,6 +86,7 @@ impl McpHub {
         let shared = Arc::new(Shared {
             exec: exec.clone(),
             workspace: workspace.to_path_buf(),
+            sandbox,
             client: std::sync::OnceLock::new(),
         });
         let servers =

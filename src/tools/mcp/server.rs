@@ -72,6 +72,7 @@ pub struct State {
 pub struct Shared {
     pub exec: ExecConfig,
     pub workspace: std::path::PathBuf,
+    pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// The HTTP client, made at the first HTTP connection.
     pub client: std::sync::OnceLock<reqwest::Client>,
 }
@@ -247,7 +248,13 @@ impl Server {
 
     async fn connect(&self) -> Result<(Arc<Connection>, Vec<RemoteTool>, Vec<String>), String> {
         let client = self.shared.client()?;
-        let env = Env { exec: &self.shared.exec, workspace: &self.shared.workspace, client, cancel: &self.cancel };
+        let env = Env {
+            exec: &self.shared.exec,
+            workspace: &self.shared.workspace,
+            sandbox: &self.shared.sandbox,
+            client,
+            cancel: &self.cancel,
+        };
         let conn = Connection::open(&self.cfg, &env).await.map_err(|e| e.to_string())?;
         let deadline = Instant::now() + self.cfg.timeout.get();
         let raw = conn.list_tools(deadline).await.map_err(|e| format!("tools/list: {e}"))?;

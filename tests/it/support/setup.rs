@@ -50,7 +50,9 @@ impl TestHome {
         bramble::install_crypto();
         let (tx, rx) = mpsc::channel(16);
         let links = bramble::daemon::assemble::AgentLinks::outside_daemon(tx);
-        (bramble::daemon::assemble::agent(&self.loaded(), links), rx)
+        let loaded = self.loaded();
+        let sandbox = bramble::daemon::assemble::sandbox(&loaded);
+        (bramble::daemon::assemble::agent(&loaded, links, &sandbox), rx)
     }
 
     pub fn path(&self) -> &Path {
@@ -59,7 +61,7 @@ impl TestHome {
 }
 
 /// In-process agents run commands through the real `bramble sandbox-exec`
-/// helper (the test binary itself cannot be it).
+/// helper (the test binary itself cannot be it): every `Sandbox` made after this uses it.
 pub fn real_sandbox() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| bramble::sandbox::set_helper(env!("CARGO_BIN_EXE_bramble")));

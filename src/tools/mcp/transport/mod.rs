@@ -28,6 +28,8 @@ pub enum Transport {
 pub struct Env<'a> {
     pub exec: &'a ExecConfig,
     pub workspace: &'a std::path::Path,
+    /// Where stdio servers run (the composition root's sandbox).
+    pub sandbox: &'a Arc<crate::sandbox::Sandbox>,
     pub client: &'a reqwest::Client,
     /// Stops the transport's tasks and child (bramble is stopping).
     pub cancel: &'a CancellationToken,
@@ -86,7 +88,9 @@ impl Transport {
                     }
                 }
             }
-            McpTransport::Stdio(s) => Ok(Transport::Stdio(stdio::Stdio::open(s, env.exec, env.workspace, env.cancel)?)),
+            McpTransport::Stdio(s) => {
+                Ok(Transport::Stdio(stdio::Stdio::open(s, env.exec, env.workspace, env.sandbox, env.cancel)?))
+            }
         }
     }
 

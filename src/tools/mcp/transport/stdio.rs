@@ -1,7 +1,7 @@
 //! MCP over stdio: a child process speaking newline-delimited JSON-RPC.
 //!
 //! The server is a program bramble starts, so it is confined like a command
-//! of the `exec` tool: [`crate::sandbox::wrap`] with `[exec]`'s layers and the
+//! of the `exec` tool: [`Sandbox::wrap`] with `[exec]`'s layers and the
 //! server's own limits and network switch ([`StdioServer::exec_config`]), the
 //! same minimal environment (plus the server's `env` / `env_from`), its own
 //! process group. Three tasks serve it:
@@ -32,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::super::rpc::{self, McpError, Peer, MAX_MESSAGE};
 use crate::config::{ExecConfig, StdioServer};
 use crate::sandbox::process::{CommandSpec, GroupGuard};
+use crate::sandbox::Sandbox;
 
 /// `PATH` for the server, as for `exec` commands.
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -84,6 +85,7 @@ impl Stdio {
         server: &StdioServer,
         exec: &ExecConfig,
         workspace: &Path,
+        sandbox: &Arc<Sandbox>,
         cancel: &CancellationToken,
     ) -> Result<Stdio, McpError> {
         if !workspace.is_dir() {
@@ -101,7 +103,7 @@ impl Stdio {
             timeout: Duration::MAX,
             max_output: 0,
         };
-        let spec = crate::sandbox::wrap(spec, &server.exec_config(exec), workspace).map_err(McpError::Connection)?;
+        let spec = sandbox.wrap(spec, &server.exec_config(exec), workspace).map_err(McpError::Connection)?;
         let mut child = tokio::process::Command::new(&spec.program)
             .args(&spec.args)
             .current_dir(&spec.cwd)
@@ -128,7 +130,7 @@ impl Stdio {
         let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
         let reader = tokio::spawn(read_messages(stdout, peer.clone(), stdin.clone()));
         tokio::spawn(read_stderr(stderr, tail.clone()));
-        tokio::spawn(supervise(child, group, stop.clone(), peer.clone(), tail, reader));
+        tokio::spawn(supervise(child, group, stop.clone(), peer.clone(), tail, reader, Arc::clone(sandbox)));
         Ok(Stdio { stdin, peer, stop })
     }
 
@@ -283,6 +285,7 @@ async fn supervise(
     peer: Arc<Peer>,
     tail: Arc<Mutex<VecDeque<u8>>>,
     reader: tokio::task::JoinHandle<()>,
+    sandbox: Arc<Sandbox>,
 ) {
     let exited = tokio::select! {
         status = child.wait() => Some(status),
@@ -295,9 +298,9 @@ async fn supervise(
             let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
             let status = match status {
                 Ok(s) => match (s.code(), s.signal()) {
-                    (Some(crate::sandbox::helper::SETUP_FAILED), _) => {
+                    (Some(crate::sandbox::options::SETUP_FAILED), _) => {
                         // A sandbox layer failed: the next start uses what the kernel really offers.
-                        let _ = tokio::task::spawn_blocking(crate::sandbox::recheck).await;
+                        let _ = tokio::task::spawn_blocking(move || sandbox.recheck()).await;
                         "the sandbox could not be set up".to_string()
                     }
                     (Some(code), _) => format!("exit status {code}"),
