@@ -565,6 +565,35 @@ mod tests {
     }
 
     #[test]
+    fn a_reloads_new_store_shares_the_file_with_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let chat = Conversation::new("telegram", "1", "telegram:1");
+        let old = PendingStore::new(dir.path());
+        let cut_off = old.begin(&chat, "cut off by the reload").unwrap();
+        old.release(cut_off);
+        let new = PendingStore::new(dir.path());
+        assert_eq!(new.own_path(), old.own_path(), "one journal per process");
+        let taken = new.take_orphans(|_| true);
+        assert_eq!(taken.len(), 1, "the new store takes what the old one's stop left");
+        let running = new.begin(&chat, "after the reload").unwrap();
+        assert!(running.id > cut_off.id, "numbered after the old store's turns");
+        drop(old);
+        assert!(new.own_path().exists(), "the old store's clean-up keeps a journal with a running turn");
+        new.finish(running);
+
+        // An old store that goes while the journal has no turn open removes
+        // it; the new one's next turn goes to a fresh file.
+        let older = PendingStore::new(dir.path());
+        let id = older.begin(&chat, "x").unwrap();
+        older.finish(id);
+        drop(older);
+        assert!(!new.own_path().exists());
+        let next = new.begin(&chat, "written after the clean-up").unwrap();
+        new.release(next);
+        assert_eq!(new.take_orphans(|_| true)[0].text, "written after the clean-up");
+    }
+
+    #[test]
     fn a_large_journal_whose_turns_all_ended_is_emptied() {
         let dir = tempfile::tempdir().unwrap();
         let store = PendingStore::new(dir.path());
