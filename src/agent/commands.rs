@@ -11,10 +11,49 @@
 //! `/history`) is one handler function and one row. Telegram's command menu
 //! (`setMyCommands`) is built from the same table.
 
-use super::Agent;
+use super::{Agent, Consolidation};
 use crate::bus::Conversation;
+use crate::config::ExecConfig;
+use crate::scheduler::{JobStore, SchedulerHandle};
 use crate::tools::policy::Source;
 use crate::util::BoxFuture;
+
+/// What `/jobs`, `/run` and `/status` need that a turn does not: the job
+/// store, the daemon's scheduler, `[exec]`. Made with the agent from its
+/// parts; the turn engine never reads it.
+pub struct CommandContext {
+    /// The job store and the zone times are shown in (`None`: no jobs here).
+    jobs: Option<(JobStore, jiff::tz::TimeZone)>,
+    /// The daemon's scheduler, for `/run` (`None` outside the daemon).
+    scheduler: Option<SchedulerHandle>,
+    /// `[exec]` and its sandbox, for the sandbox line of `/status` (`None`: exec is off).
+    exec: Option<(ExecConfig, std::sync::Arc<crate::sandbox::Sandbox>)>,
+}
+
+impl CommandContext {
+    pub fn new(
+        jobs: Option<(JobStore, jiff::tz::TimeZone)>,
+        scheduler: Option<SchedulerHandle>,
+        exec: Option<(ExecConfig, std::sync::Arc<crate::sandbox::Sandbox>)>,
+    ) -> CommandContext {
+        CommandContext { jobs, scheduler, exec }
+    }
+
+    /// The job store and display zone, if set.
+    pub fn jobs(&self) -> Option<&(JobStore, jiff::tz::TimeZone)> {
+        self.jobs.as_ref()
+    }
+
+    /// The daemon's scheduler, if the agent runs in the daemon.
+    pub fn scheduler(&self) -> Option<&SchedulerHandle> {
+        self.scheduler.as_ref()
+    }
+
+    /// The sandbox layers commands get, for `/status`; `None` when exec is off.
+    pub fn sandbox_summary(&self) -> Option<String> {
+        self.exec.as_ref().filter(|(c, _)| c.enabled).map(|(c, sandbox)| sandbox.layers_summary(c))
+    }
+}
 
 /// A command as typed: `/name args`, with any `@botname` suffix removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,7 +171,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 fn new<'a>(agent: &'a Agent, Sent { key, source }: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         match agent.reset_session(key, source).await {
-            Ok(crate::agent::Consolidation::Nothing) => "Started a new conversation.".into(),
+            Ok(Consolidation::Nothing) => "Started a new conversation.".into(),
             Ok(done) => format!("Started a new conversation. {done}"),
             Err(e) => format!("Could not start a new conversation: {e}"),
         }
@@ -167,7 +206,7 @@ fn status<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFu
             Some(why) => format!("not usable: {why}"),
         };
         let messages = agent.sessions().messages(key).map(|m| m.len()).unwrap_or(0);
-        let jobs = match agent.jobs().map(|(store, _)| store.list()) {
+        let jobs = match agent.command_context().jobs().map(|(store, _)| store.list()) {
             Some(Ok(list)) => {
                 let on = list.iter().filter(|j| j.enabled && !j.state.done).count();
                 format!("{} ({on} active)", list.len())
@@ -179,7 +218,7 @@ fn status<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFu
             Ok(s) => s.to_string(),
             Err(e) => format!("session: {e}\n"),
         };
-        let sandbox = agent.sandbox_summary().unwrap_or_else(|| "exec is off".into());
+        let sandbox = agent.command_context().sandbox_summary().unwrap_or_else(|| "exec is off".into());
         format!(
             "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\nVoice notes: {}\nImages: {}\n{}",
             env!("CARGO_PKG_VERSION"),
@@ -194,7 +233,7 @@ fn status<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFu
 
 fn jobs<'a>(agent: &'a Agent, _: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
-        let Some((store, tz)) = agent.jobs() else { return "Jobs are not available here.".into() };
+        let Some((store, tz)) = agent.command_context().jobs() else { return "Jobs are not available here.".into() };
         let list = match store.list() {
             Ok(l) => l,
             Err(e) => return format!("Cannot read the jobs: {e}"),
@@ -226,10 +265,10 @@ fn run<'a>(agent: &'a Agent, _: Sent<'a>, args: &'a str) -> BoxFuture<'a, String
         if name.is_empty() {
             return "Usage: /run <job> — /jobs lists them.".into();
         }
-        let Some(handle) = agent.scheduler() else {
+        let Some(handle) = agent.command_context().scheduler() else {
             return format!("Jobs run in the daemon; here use `bramble cron run {name}`.");
         };
-        let job = match agent.jobs().map(|(store, _)| store.get(name)) {
+        let job = match agent.command_context().jobs().map(|(store, _)| store.get(name)) {
             Some(Ok(job)) => job,
             Some(Err(e)) => return format!("{e}. /jobs lists them."),
             None => return "Jobs are not available here.".into(),
@@ -390,9 +429,9 @@ mod tests {
         let agent = agent(dir.path());
         assert_eq!(say(&agent, "/stop").await, "Nothing is running here.");
         let (a, b, other) = (Default::default(), Default::default(), Default::default());
-        let _t1 = super::super::ActiveTurn::new(&agent, "telegram:1", &a);
-        let _t2 = super::super::ActiveTurn::new(&agent, "telegram:1", &b);
-        let _t3 = super::super::ActiveTurn::new(&agent, "telegram:2", &other);
+        let _t1 = crate::agent::sessions::ActiveTurn::new(&agent.live, "telegram:1", &a);
+        let _t2 = crate::agent::sessions::ActiveTurn::new(&agent.live, "telegram:1", &b);
+        let _t3 = crate::agent::sessions::ActiveTurn::new(&agent.live, "telegram:2", &other);
         assert!(agent.session_busy("telegram:1"));
         assert!(say(&agent, "/status").await.contains("Turns running or queued: 3"));
         assert!(say(&agent, "/stop").await.starts_with("Stopped 2 turns"));
@@ -412,7 +451,7 @@ mod tests {
         let every = Schedule::Every { every: crate::scheduler::parse_every("1h").unwrap(), anchor: now };
         let job =
             Job::new("backup", every, JobKind::Remind { text: "x".into() }, vec![], now, &jiff::tz::TimeZone::UTC);
-        agent.jobs().unwrap().0.add(job.unwrap()).unwrap();
+        agent.command_context().jobs().unwrap().0.add(job.unwrap()).unwrap();
         let listed = say(&agent, "/jobs").await;
         assert!(listed.starts_with("• backup — every 1h") && listed.contains(" — next 20"), "{listed}");
         let scheduler =

@@ -11,7 +11,11 @@
 //! history journal (its entry carries the source too): nothing is lost,
 //! nothing reaches a prompt it did not come from, and no model is asked.
 
-use super::*;
+use super::react::LoopStats;
+use super::sessions::SessionLock;
+use super::{memory, session};
+use super::{Agent, TurnError};
+use crate::provider::{Message, Provider};
 use crate::tools::policy::Source;
 
 /// How much of a session a consolidation keeps.
@@ -236,7 +240,7 @@ impl Agent {
     /// `/compact`: consolidate everything but the last turn now. `source`
     /// is where the session's turns come from (`[policy.<source>] memory`).
     pub async fn consolidate(&self, key: &str, source: Source) -> Result<Consolidation, TurnError> {
-        let lock = SessionLock::new(self, key);
+        let lock = SessionLock::new(&self.live, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
         let provider = self.provider.as_ref().ok().cloned();
@@ -248,7 +252,7 @@ impl Agent {
     /// write it) and start it afresh. Without a provider, or when the source
     /// may not write memory, the messages are archived verbatim.
     pub async fn reset_session(&self, key: &str, source: Source) -> Result<Consolidation, TurnError> {
-        let lock = SessionLock::new(self, key);
+        let lock = SessionLock::new(&self.live, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
         let provider = self.provider.as_ref().ok().cloned();

@@ -27,45 +27,46 @@
 pub mod commands;
 mod consolidate;
 pub mod context;
+mod inflight;
 pub mod input;
-mod locks;
 pub mod memory;
 pub mod pending;
 mod react;
 mod serve;
 pub mod session;
+mod sessions;
 pub mod skills;
 mod status;
 pub mod subagent;
+mod turn;
+mod unanswered;
 pub mod usage;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Conversation, InboundMessage, OutboundMessage, Target};
-use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, Role, ToolSpec, Usage};
+use crate::bus::Conversation;
+use crate::provider::{Provider, Usage};
 use crate::tools::{ToolContext, ToolRegistry};
-use crate::util;
 use context::ContextBuilder;
 use memory::Journal;
-use pending::{PendingStore, PendingTurn};
-use session::{SessionStore, StoredMessage};
-use usage::{DayUsage, UsageLedger};
+use pending::PendingStore;
+use session::SessionStore;
+use sessions::Sessions;
+use usage::UsageLedger;
 
+pub use commands::CommandContext;
 pub use consolidate::Consolidation;
-use locks::{ActiveTurn, PendingGuard, SessionLock};
+pub use inflight::{InFlight, InFlightGuard};
 pub use react::ProgressSink;
 pub(crate) use react::{run_loop, LoopFail, LoopSpec, LoopStats};
+pub use serve::BusServer;
 pub use status::SessionStatus;
 
 /// Turns running at once across all sessions (each holds a prompt in memory).
 pub const MAX_CONCURRENT_TURNS: usize = 4;
-
-/// Extra model calls when it answers with nothing at all.
-const EMPTY_ANSWER_RETRIES: u32 = 2;
 
 /// The loop's knobs, from `[agent]`.
 #[derive(Debug, Clone)]
@@ -173,7 +174,7 @@ pub struct TurnReport {
 #[derive(Debug, thiserror::Error)]
 pub enum TurnError {
     #[error(transparent)]
-    Provider(#[from] ProviderError),
+    Provider(#[from] crate::provider::ProviderError),
     #[error("cannot use the session file of `{key}`: {source}")]
     Session { key: String, source: std::io::Error },
     #[error("the turn was stopped")]
@@ -189,93 +190,29 @@ pub enum TurnError {
     Input(String),
 }
 
-/// Counts work in flight so shutdown can give it a grace period: every turn
-/// enters it, and the daemon's job runner adds reminders and exec jobs.
-///
-/// It also carries the shutdown signal: [`InFlight::begin_shutdown`] (called by
-/// the daemon just before it cancels work in flight) tells turns that their
-/// cancellation is a shutdown, not a `/stop` — they then leave the session as
-/// it was and keep the user's message pending — and stops sub-agents.
-#[derive(Clone, Default)]
-pub struct InFlight(Arc<(std::sync::atomic::AtomicUsize, Notify)>, CancellationToken);
-
-/// Held while one piece of work runs.
-pub struct InFlightGuard(InFlight);
-
-impl InFlight {
-    pub fn enter(&self) -> InFlightGuard {
-        self.0 .0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        InFlightGuard(self.clone())
-    }
-    pub fn count(&self) -> usize {
-        self.0 .0.load(std::sync::atomic::Ordering::SeqCst)
-    }
-    /// Work is about to be cancelled because the process stops or reloads.
-    pub fn begin_shutdown(&self) {
-        self.1.cancel();
-    }
-    pub fn is_shutting_down(&self) -> bool {
-        self.1.is_cancelled()
-    }
-    /// Cancelled by [`begin_shutdown`](Self::begin_shutdown).
-    pub fn shutdown_token(&self) -> &CancellationToken {
-        &self.1
-    }
-    /// Wait until nothing is in flight, or `limit` passes. Returns whether it drained.
-    pub async fn drained(&self, limit: std::time::Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.0 .1.notified();
-            if self.count() == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.count() == 0;
-            }
-        }
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0 .0 .0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        self.0 .0 .1.notify_waiters();
-    }
-}
-
-/// The agent: provider, tools, sessions and the context builder.
+/// The agent: the turn engine. Provider, tools, session files, the context
+/// builder, and the live state of each session ([`sessions`]); what the
+/// slash commands alone need is in its [`CommandContext`].
 pub struct Agent {
     provider: Result<Arc<dyn Provider>, String>,
     tools: ToolRegistry,
     sessions: SessionStore,
     context: ContextBuilder,
     settings: AgentSettings,
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Each session's lock, turns, `/model` and last answerer: one map.
+    live: Sessions,
     turn_slots: Semaphore,
     inflight: InFlight,
-    /// Cancel tokens of turns running or queued, by session (for `/stop`).
-    active: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
-    next_turn: std::sync::atomic::AtomicU64,
-    /// The job store and zone, for `/jobs` and `/run`.
-    jobs: Option<(crate::scheduler::JobStore, jiff::tz::TimeZone)>,
-    /// `[exec]` and its sandbox, for the sandbox line of `/status` (`None`: exec is off).
-    exec: Option<(crate::config::ExecConfig, Arc<crate::sandbox::Sandbox>)>,
-    /// The daemon's scheduler, for `/run` (`None` outside the daemon).
-    scheduler: Option<crate::scheduler::SchedulerHandle>,
     journal: Journal,
     usage: UsageLedger,
     pending: PendingStore,
-    /// Per-session model overrides (`/model`), in memory: a restart goes back to the configured model.
-    models: Mutex<HashMap<String, String>>,
     /// Voice notes to text: `Ok(None)` not configured, `Err` configured but unusable (why).
     transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, String>,
-    /// Sessions already told that their model cannot see images.
-    told_blind: Mutex<std::collections::HashSet<String>>,
     /// Where chat turns say what they are doing (Telegram's status message).
     progress: Option<Arc<dyn ProgressSink>>,
-    /// Who answered each session's last turn (`provider/model`, and why if a fallback), for `/status`.
-    answered: Mutex<HashMap<String, crate::provider::Route>>,
     subagents: Option<Arc<subagent::Hub>>,
+    /// The job store, the scheduler and `[exec]`, for `/jobs`, `/run` and `/status`.
+    commands: CommandContext,
 }
 
 /// Everything an agent is made of, handed over whole by the composition root
@@ -305,6 +242,9 @@ pub struct AgentParts {
     pub transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, String>,
     /// Where chat turns say what they are doing, if a channel shows it.
     pub progress: Option<Arc<dyn ProgressSink>>,
+    /// The journal of unanswered messages (`<state>/pending/` of the session
+    /// store's state directory): its turns' records, and the orphans taken at start.
+    pub pending: PendingStore,
 }
 
 impl AgentParts {
@@ -316,6 +256,7 @@ impl AgentParts {
         context: ContextBuilder,
         settings: AgentSettings,
     ) -> AgentParts {
+        let pending = PendingStore::new(sessions.state_dir());
         AgentParts {
             provider,
             tools,
@@ -330,6 +271,7 @@ impl AgentParts {
             usage: None,
             transcriber: Ok(None),
             progress: None,
+            pending,
         }
     }
 }
@@ -351,6 +293,7 @@ impl Agent {
             usage,
             transcriber,
             progress,
+            pending,
         } = parts;
         let state_dir = sessions.state_dir().to_path_buf();
         Agent {
@@ -358,47 +301,30 @@ impl Agent {
             tools,
             journal: Journal::new(context.workspace(), context.timezone().clone()),
             usage: usage.unwrap_or_else(|| UsageLedger::new(&state_dir, context.timezone().clone())),
-            pending: PendingStore::new(&state_dir),
+            pending,
             sessions,
             context,
             settings,
-            locks: Mutex::new(HashMap::new()),
+            live: Sessions::default(),
             turn_slots: Semaphore::new(MAX_CONCURRENT_TURNS),
             inflight,
-            active: Mutex::new(HashMap::new()),
-            next_turn: std::sync::atomic::AtomicU64::new(0),
-            jobs,
-            exec,
-            scheduler,
-            models: Mutex::new(HashMap::new()),
-            answered: Mutex::new(HashMap::new()),
             transcriber,
-            told_blind: Mutex::new(std::collections::HashSet::new()),
             progress,
             subagents,
+            commands: CommandContext::new(jobs, scheduler, exec),
         }
     }
 
-    /// The sandbox layers commands get, for `/status`; `None` when exec is off.
-    pub fn sandbox_summary(&self) -> Option<String> {
-        self.exec.as_ref().filter(|(c, _)| c.enabled).map(|(c, sandbox)| sandbox.layers_summary(c))
-    }
-
-    /// The job store and display zone, if set.
-    pub fn jobs(&self) -> Option<&(crate::scheduler::JobStore, jiff::tz::TimeZone)> {
-        self.jobs.as_ref()
-    }
-
-    /// The daemon's scheduler, if this agent runs in the daemon.
-    pub fn scheduler(&self) -> Option<&crate::scheduler::SchedulerHandle> {
-        self.scheduler.as_ref()
+    /// What the slash commands need besides the agent.
+    pub fn command_context(&self) -> &CommandContext {
+        &self.commands
     }
 
     /// Cancel every turn of `session_key`, running or queued; returns how many.
     /// A cancelled turn's exec children are killed with their process group.
     pub fn stop_session(&self, session_key: &str) -> usize {
-        let tokens = self.active_lock().remove(session_key).unwrap_or_default();
-        for (_, t) in &tokens {
+        let tokens = self.live.take_active(session_key);
+        for t in &tokens {
             t.cancel();
         }
         if !tokens.is_empty() {
@@ -409,7 +335,7 @@ impl Agent {
 
     /// Whether a turn of `session_key` is running or queued.
     pub fn session_busy(&self, session_key: &str) -> bool {
-        self.active_lock().get(session_key).is_some_and(|v| !v.is_empty())
+        self.live.busy(session_key)
     }
 
     /// This agent as the narrow view channels get of it.
@@ -419,11 +345,7 @@ impl Agent {
 
     /// Turns running or queued, over all sessions.
     pub fn active_turns(&self) -> usize {
-        self.active_lock().values().map(Vec::len).sum()
-    }
-
-    fn active_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(u64, CancellationToken)>>> {
-        self.active.lock().unwrap_or_else(|p| p.into_inner())
+        self.live.active_turns()
     }
 
     pub fn settings(&self) -> &AgentSettings {
@@ -450,318 +372,6 @@ impl Agent {
     /// Why there is no provider, if there is none.
     pub fn provider_problem(&self) -> Option<&str> {
         self.provider.as_ref().err().map(String::as_str)
-    }
-
-    /// Run one turn to the end. Turns of the same session queue up behind each other.
-    pub async fn turn(&self, req: TurnRequest) -> Result<TurnReport, TurnError> {
-        let provider = match &self.provider {
-            Ok(p) => Arc::clone(p),
-            Err(why) => return Err(ProviderError::NotConfigured(why.clone()).into()),
-        };
-        if req.in_job {
-            self.check_budget()?;
-        }
-        let _busy = self.inflight.enter();
-        let _stoppable = ActiveTurn::new(self, &req.conversation.session_key, &req.cancel);
-        // Take this turn's place in its session's queue now, before anything
-        // below waits: turns of one chat run in the order they came (the
-        // pending record's write must not let a later message overtake).
-        let session = SessionLock::new(self, &req.conversation.session_key);
-        let queued = Arc::clone(&session.lock).lock_owned();
-        tokio::pin!(queued);
-        let mut held = None;
-        std::future::poll_fn(|cx| {
-            if let std::task::Poll::Ready(guard) = std::future::Future::poll(queued.as_mut(), cx) {
-                held = Some(guard);
-            }
-            std::task::Poll::Ready(())
-        })
-        .await;
-        // The user's message survives a crash from here on (chat turns only:
-        // jobs have their own run records): its record is written now and
-        // flushed if the turn is still running after `SYNC_AFTER` (a shorter
-        // turn's session commit holds the message). Both wait on the disk:
-        // off the runtime thread.
-        let record = if req.in_job {
-            None
-        } else {
-            let (pending, conversation, text) =
-                (self.pending.clone(), req.conversation.clone(), input::with_references(&req.text, &req.attachments));
-            match util::tasks::blocking(move || pending.begin_unsynced(&conversation, &text)).await {
-                Ok(id) => Some(id),
-                Err(e) => {
-                    tracing::warn!(session = %req.conversation.session_key, "cannot record the turn as pending: {e}");
-                    None
-                }
-            }
-        };
-        // Dropped unfinished (the turn's future abandoned): the record stays for the next start.
-        let record = record.map(|id| PendingGuard { store: &self.pending, id });
-        let turn = self.turn_queued(provider.as_ref(), &req, held, queued.as_mut());
-        tokio::pin!(turn);
-        let result = match &record {
-            None => turn.await,
-            Some(record) => tokio::select! {
-                r = &mut turn => r,
-                () = util::timer::sleep(pending::SYNC_AFTER) => {
-                    let (pending, id) = (self.pending.clone(), record.id);
-                    if let Err(e) = util::tasks::blocking(move || pending.sync(id)).await {
-                        tracing::warn!(session = %req.conversation.session_key, "cannot flush the turn's pending record: {e}");
-                    }
-                    turn.await
-                }
-            },
-        };
-        if let Some(record) = record {
-            // Cut off by shutdown: the session is unchanged and the message stays pending.
-            let keep = matches!(result, Err(TurnError::Cancelled)) && self.inflight.is_shutting_down();
-            if keep {
-                // It must outlive a power cut after the stop, too.
-                let (pending, id) = (self.pending.clone(), record.id);
-                if let Err(e) = util::tasks::blocking(move || pending.sync(id)).await {
-                    tracing::warn!(session = %req.conversation.session_key, "cannot flush the turn's pending record: {e}");
-                }
-            } else {
-                let (pending, id) = (self.pending.clone(), record.id);
-                util::tasks::blocking(move || pending.finish(id)).await;
-            }
-        }
-        result
-    }
-
-    /// The turn once its session is free: `held` if it was free at once, else
-    /// `queued` (its place in the session's queue, taken by [`Agent::turn`]).
-    async fn turn_queued(
-        &self,
-        provider: &dyn Provider,
-        req: &TurnRequest,
-        held: Option<tokio::sync::OwnedMutexGuard<()>>,
-        queued: std::pin::Pin<&mut impl std::future::Future<Output = tokio::sync::OwnedMutexGuard<()>>>,
-    ) -> Result<TurnReport, TurnError> {
-        // The session first, then a slot: turns queued on one busy chat must not
-        // hold slots that other sessions (the heartbeat, jobs) need.
-        let _in_session = match held {
-            Some(guard) => guard,
-            None => tokio::select! {
-                g = queued => g,
-                _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-            },
-        };
-        let _slot = tokio::select! {
-            s = self.turn_slots.acquire() => s.map_err(|_| TurnError::Cancelled)?,
-            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-        };
-        self.turn_locked(provider, req).await
-    }
-
-    async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
-        let session_err = |source| TurnError::Session { key: req.conversation.session_key.clone(), source };
-        let mut model = req.model.clone().unwrap_or_else(|| self.session_model(&req.conversation.session_key));
-        // Voice notes become text, photos image parts (or references for a blind model).
-        let mut input = tokio::select! {
-            r = self.prepare_input(req) => r?,
-            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-        };
-        if !input.images.is_empty() {
-            match (&self.settings.vision_model, self.settings.vision) {
-                (Some(vision), _) => model = vision.clone(),
-                (None, true) => {}
-                (None, false) => input.drop_images(),
-            }
-        }
-        // MCP servers still in their first connection attempt: their tools belong in this turn.
-        tokio::select! {
-            () = self.tools.prepare() => {}
-            _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-        }
-        let mut messages = self.prompt(req, &input.text).await.map_err(session_err)?;
-        if self.needs_consolidation(&req.conversation.session_key, &messages) {
-            // Whether the session may write long-term memory follows from its source (`[policy.*] memory`).
-            let session = (
-                req.conversation.session_key.as_str(),
-                crate::tools::policy::Source::of(&req.conversation, req.in_job),
-            );
-            tokio::select! {
-                () = self.auto_consolidate(provider, &model, session, &messages) => {}
-                // Nothing is written before the summary is back: stopping here changes nothing.
-                _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
-            }
-            messages = self.prompt(req, &input.text).await.map_err(session_err)?;
-        }
-        if let Some(user) = messages.last_mut() {
-            user.images = input.images.clone();
-        }
-        // Everything from the user's message on is this turn's and will be saved.
-        let turn_start = messages.len() - 1;
-        // The turn's origin (and so what its tools may do) follows from its channel.
-        let tool_ctx = req.tool_context();
-        // Built per turn: MCP servers' tools come and go with their connections.
-        let specs = self.tools.specs_for(tool_ctx.grant());
-        let spec = LoopSpec {
-            provider,
-            tools: &self.tools,
-            specs: &specs,
-            model: &model,
-            max_tokens: self.settings.max_tokens,
-            temperature: self.settings.temperature,
-            max_iterations: self.settings.max_iterations,
-            limit_setting: "[agent] max_iterations",
-            tool_ctx: &tool_ctx,
-            label: &req.conversation.session_key,
-            // Chats only: scheduled work reports through the outbox, never a status message.
-            progress: if req.in_job { None } else { self.progress.as_deref() },
-            vision: self.settings.vision || self.settings.vision_model.as_deref() == Some(model.as_str()),
-        };
-        let mut stats = LoopStats::default();
-        let outcome = run_loop(&spec, &mut messages, &mut stats).await;
-        if stats.blind {
-            input.images.clear();
-            input.blind = true;
-        }
-        let today = self.record_usage(&stats);
-        let (text, end) = match outcome {
-            Ok(done) => done,
-            Err(LoopFail::Provider(e)) => return Err(e.into()),
-            Err(LoopFail::Cancelled) => {
-                if !self.inflight.is_shutting_down() {
-                    // Stopped by the user: keep what was done, closed properly.
-                    messages.push(Message::assistant("(stopped before finishing this turn)"));
-                    let saved =
-                        self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage).await;
-                    if let Err(e) = saved {
-                        tracing::error!(session = %req.conversation.session_key, "cannot save the stopped turn: {e}");
-                    }
-                }
-                return Err(TurnError::Cancelled);
-            }
-        };
-
-        messages.push(Message::assistant(text.clone()));
-        self.commit(&req.conversation.session_key, &mut messages, turn_start, stats.usage)
-            .await
-            .map_err(session_err)?;
-        tracing::info!(
-            session = %req.conversation.session_key, channel = %req.conversation.channel, model_calls = stats.model_calls,
-            tool_calls = stats.tool_calls, input_tokens = stats.usage.input_tokens,
-            output_tokens = stats.usage.output_tokens, "turn finished"
-        );
-        let mut text = text;
-        if input.blind && self.told_blind_lock().insert(req.conversation.session_key.clone()) {
-            text.push_str(
-                "\n\n(This model cannot see images: it was given the photo's file name only. \
-                 Set [agent] vision_model to a model that can see to have photos looked at.)",
-            );
-        }
-        let budget = self.settings.daily_token_budget;
-        if budget > 0 && !req.in_job && today.total() >= budget {
-            text.push_str(&format!(
-                "\n\n(Note: today's token budget is used up: {} of {budget} tokens. Scheduled jobs and triggers \
-                 are paused until tomorrow; chats still work.)",
-                today.total()
-            ));
-        }
-        if let Some(route) = &stats.route {
-            self.answered_lock().insert(req.conversation.session_key.clone(), route.clone());
-            if let Some(footer) = footer(self.settings.model_footer, route) {
-                text.push_str(&footer);
-            }
-        }
-        let LoopStats { usage, model_calls, tool_calls, route, .. } = stats;
-        Ok(TurnReport { text, end, usage, model_calls, tool_calls, route })
-    }
-
-    /// Append the turn (messages from `start` on) to its session in one
-    /// durable write, on a blocking thread (it waits on `fsync`).
-    async fn commit(&self, key: &str, messages: &mut Vec<Message>, start: usize, usage: Usage) -> std::io::Result<()> {
-        let now = session::now_rfc3339();
-        let last = messages.len() - 1;
-        let to_save: Vec<StoredMessage> = messages
-            .drain(start..)
-            .enumerate()
-            .map(|(i, mut message)| {
-                // Images are this turn's only: history replays them as their inbox reference.
-                message.images = Vec::new();
-                StoredMessage { message, timestamp: now.clone(), usage: (start + i == last).then_some(usage) }
-            })
-            .collect();
-        let (sessions, key) = (self.sessions.clone(), key.to_string());
-        util::tasks::blocking(move || sessions.append_turn(&key, &to_save)).await
-    }
-
-    /// Add a run's usage to today's ledger (written within a minute); today's totals after it.
-    fn record_usage(&self, stats: &LoopStats) -> DayUsage {
-        if stats.model_calls == 0 {
-            return self.usage.today();
-        }
-        self.usage.add(stats.usage, &stats.providers)
-    }
-
-    fn told_blind_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
-        self.told_blind.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn answered_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, crate::provider::Route>> {
-        self.answered.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// `Err(Budget)` when today's usage has reached `[agent] daily_token_budget`.
-    fn check_budget(&self) -> Result<(), TurnError> {
-        let budget = self.settings.daily_token_budget;
-        if budget == 0 {
-            return Ok(());
-        }
-        let used = self.usage.today().total();
-        if used >= budget {
-            tracing::warn!(used, budget, "daily token budget used up: a scheduled or triggered turn was refused");
-            return Err(TurnError::Budget { used, budget });
-        }
-        Ok(())
-    }
-}
-
-/// The line an answer ends with to say which model gave it, per `[agent] model_footer`.
-fn footer(setting: crate::config::ModelFooter, route: &crate::provider::Route) -> Option<String> {
-    use crate::config::ModelFooter;
-    match (setting, &route.fallback) {
-        (ModelFooter::Never, _) | (ModelFooter::Fallback, None) => None,
-        (_, Some(why)) => {
-            let mut why: String = why.chars().take(200).collect();
-            if why.len() < route.fallback.as_deref().map_or(0, str::len) {
-                why.push('…');
-            }
-            Some(format!("\n\n_— {} answered (fallback: {why})_", route.label()))
-        }
-        (ModelFooter::Always, None) => Some(format!("\n\n_— {}_", route.label())),
-    }
-}
-
-impl Agent {
-    /// The messages of a turn's first model call.
-    async fn prompt(&self, req: &TurnRequest, text: &str) -> std::io::Result<Vec<Message>> {
-        // The system prompt lists the tools this turn is offered (`[policy.*]`).
-        let system = self.system_prompt_with(self.tools.names_for(req.tool_context().grant())).await;
-        let history = self.sessions.history(&req.conversation.session_key, self.settings.history_messages)?;
-        Ok(self.context.build(system, history, text, &req.conversation, jiff::Timestamp::now()))
-    }
-
-    /// The system prompt, read from the workspace off the runtime thread: the
-    /// files there are the agent's, and a slow disk must not stall the daemon.
-    async fn system_prompt(&self) -> String {
-        self.system_prompt_with(self.tools.names()).await
-    }
-
-    /// [`system_prompt`](Agent::system_prompt) naming `names` as the tools.
-    async fn system_prompt_with(&self, names: Vec<String>) -> String {
-        let context = self.context.clone();
-        tokio::task::spawn_blocking(move || {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            context.system_prompt(&names)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            tracing::error!("building the system prompt failed: {e}");
-            String::new()
-        })
     }
 
     /// Whether voice notes can be transcribed, for `/status`.

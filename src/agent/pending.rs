@@ -26,19 +26,28 @@
 //! A journal names its process by pid *and* start time (from `/proc`), so the
 //! turns of another running bramble process (the daemon, while `bramble
 //! agent` starts) are never taken, and pid reuse cannot fool it. Within the
-//! process, turns still running are remembered, so a daemon reload (SIGHUP)
-//! takes the records its stopped turns left behind. Records of earlier
-//! versions (`<pid>-<n>.json`, one per turn) are still taken.
+//! process, a store remembers its turns still running, so a daemon reload
+//! (SIGHUP) takes the records its stopped turns left behind. Records of
+//! earlier versions (`<pid>-<n>.json`, one per turn) are still taken.
+//!
+//! A [`PendingStore`] is a value, made with the agent (its clones share it):
+//! no process-wide table. A reload makes a new one on the same file while the
+//! old one may still be dropping; the two never clash: the new store numbers
+//! its turns after the highest number in the file, and every append and the
+//! old store's last clean-up take the file's `flock`, an append to a file
+//! the clean-up removed going to a fresh one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{BufRead, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
+
+use nix::fcntl::{Flock, FlockArg};
 
 use crate::bus::{Conversation, Target};
 use crate::util;
@@ -97,20 +106,29 @@ enum Line {
     End { end: u64 },
 }
 
+impl Line {
+    /// The turn the line is about.
+    fn id(&self) -> u64 {
+        match self {
+            Line::Begin { begin, .. } => *begin,
+            Line::End { end } => *end,
+        }
+    }
+}
+
 /// A journal this size or larger is emptied once all its turns have ended.
 const COMPACT_AT: u64 = 64 * 1024;
 
-/// The journals under `<state>/pending/`. Clones share this process's journal.
+/// The journals under `<state>/pending/`. Clones share this store's journal.
 #[derive(Debug, Clone)]
 pub struct PendingStore {
     dir: PathBuf,
     journal: Arc<Journal>,
 }
 
-/// This process's journal in one state directory (shared by every store on
-/// that directory: a reload's new agent and the old one write the same file):
-/// the open file and how far it is flushed. When the last store goes, a
-/// journal whose turns all ended is removed.
+/// This process's journal in one state directory, as one store writes it:
+/// the open file, how far it is flushed, the turns still running. When the
+/// store's last clone goes, a journal whose turns all ended is removed.
 #[derive(Debug)]
 struct Journal {
     path: PathBuf,
@@ -123,17 +141,14 @@ struct Journal {
     synced: Mutex<u64>,
     /// Whether the journal's directory entry is on disk: flushed with the
     /// first `sync` (a journal nobody syncs — short turns only — needs none).
-    dir_synced: std::sync::atomic::AtomicBool,
+    dir_synced: AtomicBool,
+    /// Names this store's turns: after every number already in the file.
+    next: AtomicU64,
+    /// This store's turns that are still running.
+    active: Mutex<BTreeSet<u64>>,
+    /// Held while this store appends to or empties the journal.
+    appending: Mutex<()>,
 }
-
-/// The journals of this process, by path.
-static JOURNALS: Mutex<BTreeMap<PathBuf, std::sync::Weak<Journal>>> = Mutex::new(BTreeMap::new());
-/// Names turns within this process.
-static NEXT: AtomicU64 = AtomicU64::new(1);
-/// This process's turns that are still running.
-static ACTIVE: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
-/// Held while this process appends to or empties its journal.
-static APPENDING: Mutex<()> = Mutex::new(());
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -145,23 +160,19 @@ impl PendingStore {
         let pid = std::process::id();
         let proc_start = process_start(pid).unwrap_or(0);
         let path = dir.join(format!("{pid}-{proc_start}.jsonl"));
-        let mut journals = guard(&JOURNALS);
-        journals.retain(|_, j| j.strong_count() > 0);
-        let journal = match journals.get(&path).and_then(std::sync::Weak::upgrade) {
-            Some(j) => j,
-            None => {
-                let j = Arc::new(Journal {
-                    path: path.clone(),
-                    proc_start,
-                    file: Mutex::default(),
-                    written: AtomicU64::default(),
-                    synced: Mutex::default(),
-                    dir_synced: std::sync::atomic::AtomicBool::new(false),
-                });
-                journals.insert(path, Arc::downgrade(&j));
-                j
-            }
-        };
+        // An earlier store of this process (before a reload) numbered turns in it.
+        let first = read_journal(&path).map_or(0, |lines| lines.iter().map(Line::id).max().unwrap_or(0)) + 1;
+        let journal = Arc::new(Journal {
+            path,
+            proc_start,
+            file: Mutex::default(),
+            written: AtomicU64::default(),
+            synced: Mutex::default(),
+            dir_synced: AtomicBool::new(false),
+            next: AtomicU64::new(first),
+            active: Mutex::default(),
+            appending: Mutex::default(),
+        });
         PendingStore { dir, journal }
     }
 
@@ -177,6 +188,11 @@ impl PendingStore {
         if let Some(f) = slot.as_ref() {
             return Ok(Arc::clone(f));
         }
+        self.open_file(&mut slot)
+    }
+
+    /// Open (and create) the journal into `slot`.
+    fn open_file(&self, slot: &mut Option<Arc<File>>) -> std::io::Result<Arc<File>> {
         util::fs::create_private_dir(&self.dir)?;
         let file = Arc::new(
             std::fs::OpenOptions::new()
@@ -186,6 +202,8 @@ impl PendingStore {
                 .mode(util::fs::FILE_MODE)
                 .open(self.own_path())?,
         );
+        // A new file's name is not on disk yet: the next `sync` flushes it.
+        self.journal.dir_synced.store(false, Ordering::SeqCst);
         *slot = Some(Arc::clone(&file));
         Ok(file)
     }
@@ -202,7 +220,7 @@ impl PendingStore {
     /// does), so a short turn costs one flush (its session's), not two.
     pub fn begin_unsynced(&self, conversation: &Conversation, text: &str) -> std::io::Result<PendingId> {
         let pid = std::process::id();
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        let id = self.journal.next.fetch_add(1, Ordering::Relaxed);
         let turn = PendingTurn {
             conversation: conversation.clone(),
             text: text.into(),
@@ -212,13 +230,13 @@ impl PendingStore {
         };
         let mut line = serde_json::to_vec(&Line::Begin { begin: id, turn }).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        let file = self.file()?;
         let seq = {
-            let _appending = guard(&APPENDING);
+            let _appending = guard(&self.journal.appending);
+            let (file, _lock) = self.locked_file()?;
             append_whole(&file, &line)?;
             self.journal.written.fetch_add(1, Ordering::SeqCst) + 1
         };
-        guard(&ACTIVE).insert(id);
+        guard(&self.journal.active).insert(id);
         Ok(PendingId { id, seq })
     }
 
@@ -243,12 +261,12 @@ impl PendingStore {
     /// The turn ended without an answer (cut off by shutdown): the record stays
     /// for the next start. After [`finish`](Self::finish) this does nothing.
     pub fn release(&self, id: PendingId) {
-        guard(&ACTIVE).remove(&id.id);
+        guard(&self.journal.active).remove(&id.id);
     }
 
     /// The turn was committed or answered: forget it (not flushed, see the module docs).
     pub fn finish(&self, id: PendingId) {
-        guard(&ACTIVE).remove(&id.id);
+        guard(&self.journal.active).remove(&id.id);
         if let Err(e) = self.end(&[id.id]) {
             tracing::warn!(dir = %self.dir.display(), "cannot mark a pending turn as answered: {e}");
         }
@@ -257,13 +275,13 @@ impl PendingStore {
     /// Append `end` lines for `ids` to this process's journal; empty it when
     /// it is large and every turn in it has ended.
     fn end(&self, ids: &[u64]) -> std::io::Result<()> {
-        let file = self.file()?;
         let mut lines = Vec::new();
         for &end in ids {
             serde_json::to_writer(&mut lines, &Line::End { end }).map_err(std::io::Error::other)?;
             lines.push(b'\n');
         }
-        let _appending = guard(&APPENDING);
+        let _appending = guard(&self.journal.appending);
+        let (file, _lock) = self.locked_file()?;
         append_whole(&file, &lines)?;
         if file.metadata()?.len() >= COMPACT_AT && open_turns(&read_journal(&self.own_path())?).is_empty() {
             file.set_len(0)?;
@@ -295,9 +313,9 @@ impl PendingStore {
     fn take_own(&self, wanted: &impl Fn(&PendingTurn) -> bool, out: &mut Vec<PendingTurn>) {
         let own = self.own_path();
         let taken: Vec<(u64, PendingTurn)> = {
-            let _appending = guard(&APPENDING);
+            let _appending = guard(&self.journal.appending);
             let Ok(lines) = read_journal(&own) else { return };
-            let active = guard(&ACTIVE);
+            let active = guard(&self.journal.active);
             open_turns(&lines).into_iter().filter(|(id, t)| !active.contains(id) && wanted(t)).collect()
         };
         if taken.is_empty() {
@@ -309,6 +327,31 @@ impl PendingStore {
         }
         out.extend(taken.into_iter().map(|(_, t)| t));
     }
+
+    /// The journal under its `flock`, for an append: if the store of an
+    /// earlier generation removed the file meanwhile (see [`Journal`]'s drop),
+    /// a fresh one. The caller holds `appending`.
+    fn locked_file(&self) -> std::io::Result<(Arc<File>, Flock<File>)> {
+        use std::os::unix::fs::MetadataExt;
+        let mut slot = guard(&self.journal.file);
+        let file = match slot.as_ref() {
+            Some(f) => Arc::clone(f),
+            None => self.open_file(&mut slot)?,
+        };
+        let lock = flock(&file)?;
+        if file.metadata()?.nlink() > 0 {
+            return Ok((file, lock));
+        }
+        drop(lock);
+        let file = self.open_file(&mut slot)?;
+        let lock = flock(&file)?;
+        Ok((file, lock))
+    }
+}
+
+/// An exclusive `flock` on `file`'s open file, held until the value is dropped.
+fn flock(file: &File) -> std::io::Result<Flock<File>> {
+    Flock::lock(file.try_clone()?, FlockArg::LockExclusive).map_err(|(_, e)| std::io::Error::from(e))
 }
 
 impl Drop for Journal {
@@ -316,13 +359,10 @@ impl Drop for Journal {
         if guard(&self.file).is_none() {
             return;
         }
-        let journals = guard(&JOURNALS);
-        if journals.get(&self.path).and_then(std::sync::Weak::upgrade).is_some() {
-            // A new store on the same directory took over meanwhile.
-            return;
-        }
-        let _appending = guard(&APPENDING);
-        // Turns cut off by the stop stay for the next start.
+        // Under the file's lock: a new store (a reload) may be appending to it.
+        let Ok(file) = File::open(&self.path) else { return };
+        let Ok(_lock) = flock(&file) else { return };
+        // Turns cut off by the stop, or begun by a newer store, stay.
         if read_journal(&self.path).is_ok_and(|lines| open_turns(&lines).is_empty()) {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -524,11 +564,40 @@ mod tests {
         assert!(store.take_orphans(|_| true).is_empty());
         let left: Vec<_> = std::fs::read_dir(dir.path().join("pending")).unwrap().map(|e| e.unwrap().path()).collect();
         assert_eq!(left, vec![store.own_path()], "only this process's journal");
-        let (own, again) = (store.own_path(), PendingStore::new(dir.path()));
+        let (own, again) = (store.own_path(), store.clone());
         drop(store);
         assert!(own.exists(), "another store on the directory still uses it");
         drop(again);
         assert!(!own.exists(), "removed with the last store: every turn in it ended");
+    }
+
+    #[test]
+    fn a_reloads_new_store_shares_the_file_with_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let chat = Conversation::new(crate::bus::Channel::Telegram, "1", "telegram:1");
+        let old = PendingStore::new(dir.path());
+        let cut_off = old.begin(&chat, "cut off by the reload").unwrap();
+        old.release(cut_off);
+        let new = PendingStore::new(dir.path());
+        assert_eq!(new.own_path(), old.own_path(), "one journal per process");
+        let taken = new.take_orphans(|_| true);
+        assert_eq!(taken.len(), 1, "the new store takes what the old one's stop left");
+        let running = new.begin(&chat, "after the reload").unwrap();
+        assert!(running.id > cut_off.id, "numbered after the old store's turns");
+        drop(old);
+        assert!(new.own_path().exists(), "the old store's clean-up keeps a journal with a running turn");
+        new.finish(running);
+
+        // An old store that goes while the journal has no turn open removes
+        // it; the new one's next turn goes to a fresh file.
+        let older = PendingStore::new(dir.path());
+        let id = older.begin(&chat, "x").unwrap();
+        older.finish(id);
+        drop(older);
+        assert!(!new.own_path().exists());
+        let next = new.begin(&chat, "written after the clean-up").unwrap();
+        new.release(next);
+        assert_eq!(new.take_orphans(|_| true)[0].text, "written after the clean-up");
     }
 
     #[test]

@@ -2,7 +2,12 @@
 //! the results, until it answers in text or a limit is reached. Shared by
 //! turns and sub-agents.
 
-use super::*;
+use super::TurnEnd;
+use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, ToolSpec, Usage};
+use crate::tools::{ToolContext, ToolRegistry};
+
+/// Extra model calls when it answers with nothing at all.
+const EMPTY_ANSWER_RETRIES: u32 = 2;
 
 /// What one ReAct loop runs with: a turn's or a sub-agent's.
 pub(crate) struct LoopSpec<'a> {
@@ -115,53 +120,7 @@ pub(crate) async fn run_loop(
             let calls = response.tool_calls;
             let content = response.content.filter(|c| !c.trim().is_empty());
             messages.push(Message::assistant_tool_calls(content, calls.clone()));
-            let mut shown: Vec<(String, Vec<crate::provider::Image>)> = Vec::new();
-            for (i, call) in calls.iter().enumerate() {
-                if cancel.is_cancelled() {
-                    // Every call gets a result, so the saved turn has no orphan call.
-                    for c in &calls[i..] {
-                        messages.push(Message::tool_result(
-                            &c.id,
-                            &c.function.name,
-                            "Error: not run: the turn was stopped",
-                        ));
-                    }
-                    return Err(LoopFail::Cancelled);
-                }
-                stats.tool_calls += 1;
-                if let Some(p) = spec.progress {
-                    p.step(&spec.tool_ctx.conversation, &describe_call(call));
-                }
-                // `/stop` ends any tool at once (a dropped exec kills its process group).
-                let outcome = tokio::select! {
-                    o = spec.tools.execute(call, spec.tool_ctx) => o,
-                    _ = cancel.cancelled() => {
-                        messages.push(Message::tool_result(&call.id, &call.function.name, "Error: cancelled: the turn was stopped while this was running"));
-                        for c in &calls[i + 1..] {
-                            messages.push(Message::tool_result(&c.id, &c.function.name, "Error: not run: the turn was stopped"));
-                        }
-                        return Err(LoopFail::Cancelled);
-                    }
-                };
-                tracing::debug!(
-                    session = %spec.label, tool = %call.function.name, error = outcome.is_error,
-                    "tool call finished"
-                );
-                messages.push(Message::tool_result(&call.id, &call.function.name, outcome.text));
-                if spec.vision && !outcome.images.is_empty() {
-                    shown.push((call.function.name.clone(), outcome.images));
-                }
-            }
-            if cancel.is_cancelled() {
-                return Err(LoopFail::Cancelled);
-            }
-            // Tool messages cannot carry images (OpenAI): they follow in a user message.
-            if !shown.is_empty() {
-                let names: Vec<&str> = shown.iter().map(|(n, _)| n.as_str()).collect();
-                let mut note = Message::user(format!("[The images returned by {} follow.]", names.join(", ")));
-                note.images = shown.into_iter().flat_map(|(_, i)| i).collect();
-                messages.push(note);
-            }
+            run_tools(spec, &calls, messages, stats).await?;
             continue;
         }
 
@@ -180,6 +139,61 @@ pub(crate) async fn run_loop(
         }
         return Ok((text.trim().to_string(), TurnEnd::Answered));
     }
+}
+
+/// Run one round of tool calls, appending each result to `messages`; every
+/// call gets a result even when the turn is stopped halfway.
+async fn run_tools(
+    spec: &LoopSpec<'_>,
+    calls: &[crate::provider::ToolCall],
+    messages: &mut Vec<Message>,
+    stats: &mut LoopStats,
+) -> Result<(), LoopFail> {
+    let cancel = &spec.tool_ctx.cancel;
+    let mut shown: Vec<(String, Vec<crate::provider::Image>)> = Vec::new();
+    for (i, call) in calls.iter().enumerate() {
+        if cancel.is_cancelled() {
+            // Every call gets a result, so the saved turn has no orphan call.
+            for c in &calls[i..] {
+                messages.push(Message::tool_result(&c.id, &c.function.name, "Error: not run: the turn was stopped"));
+            }
+            return Err(LoopFail::Cancelled);
+        }
+        stats.tool_calls += 1;
+        if let Some(p) = spec.progress {
+            p.step(&spec.tool_ctx.conversation, &describe_call(call));
+        }
+        // `/stop` ends any tool at once (a dropped exec kills its process group).
+        let outcome = tokio::select! {
+            o = spec.tools.execute(call, spec.tool_ctx) => o,
+            _ = cancel.cancelled() => {
+                messages.push(Message::tool_result(&call.id, &call.function.name, "Error: cancelled: the turn was stopped while this was running"));
+                for c in &calls[i + 1..] {
+                    messages.push(Message::tool_result(&c.id, &c.function.name, "Error: not run: the turn was stopped"));
+                }
+                return Err(LoopFail::Cancelled);
+            }
+        };
+        tracing::debug!(
+            session = %spec.label, tool = %call.function.name, error = outcome.is_error,
+            "tool call finished"
+        );
+        messages.push(Message::tool_result(&call.id, &call.function.name, outcome.text));
+        if spec.vision && !outcome.images.is_empty() {
+            shown.push((call.function.name.clone(), outcome.images));
+        }
+    }
+    if cancel.is_cancelled() {
+        return Err(LoopFail::Cancelled);
+    }
+    // Tool messages cannot carry images (OpenAI): they follow in a user message.
+    if !shown.is_empty() {
+        let names: Vec<&str> = shown.iter().map(|(n, _)| n.as_str()).collect();
+        let mut note = Message::user(format!("[The images returned by {} follow.]", names.join(", ")));
+        note.images = shown.into_iter().flat_map(|(_, i)| i).collect();
+        messages.push(note);
+    }
+    Ok(())
 }
 
 /// Where a chat turn says what it is doing while it runs tools (Telegram's

@@ -1,27 +1,67 @@
 //! Serving the bus: every inbound message becomes a turn and its answer a
-//! message on the outbound queue; at start, the messages a crash or power loss
-//! left unanswered are reported or answered again; sub-agents' announcements
-//! are turned into messages.
+//! message on the outbound queue; sub-agents' announcements are turned into
+//! turns of the sessions that spawned them.
+//!
+//! [`BusServer`] is one task over an [`Agent`] (mini-redis's handler shape):
+//! it owns the queues' ends while it runs, and hands what no turn took back
+//! to the pending journal when it stops, so the next start reports it.
 
-use super::*;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{commands, input, Agent, TurnError, TurnRequest};
+use crate::bus::{InboundMessage, OutboundMessage};
+
+/// The agent serving the bus.
+pub struct BusServer {
+    agent: Arc<Agent>,
+}
 
 impl Agent {
-    /// Serve the bus: every inbound message becomes a turn; its answer (or the
-    /// reason there is none) goes to the message's reply target. Returns when
-    /// `cancel` fires or the inbound queue closes, after running turns end.
+    /// Serve the bus until `cancel` fires or the inbound queue closes (see [`BusServer::run`]).
     pub async fn serve(
         self: Arc<Self>,
         inbound: mpsc::Receiver<InboundMessage>,
         outbound: mpsc::Sender<OutboundMessage>,
         cancel: CancellationToken,
     ) {
-        self.serve_until(inbound, outbound, cancel.clone(), cancel).await
+        BusServer::new(self).run(inbound, outbound, cancel.clone(), cancel).await
     }
 
-    /// Like [`serve`](Agent::serve), with a grace period: `stop` ends taking
-    /// messages, running turns go on until they finish or `abort` fires.
+    /// Serve the bus with a grace period (see [`BusServer::run`]).
     pub async fn serve_until(
         self: Arc<Self>,
+        inbound: mpsc::Receiver<InboundMessage>,
+        outbound: mpsc::Sender<OutboundMessage>,
+        stop: CancellationToken,
+        abort: CancellationToken,
+    ) {
+        BusServer::new(self).run(inbound, outbound, stop, abort).await
+    }
+
+    /// Turn sub-agent reports into turns (see [`BusServer::run_announcements`]).
+    pub async fn run_announcements(
+        self: Arc<Self>,
+        outbound: mpsc::Sender<OutboundMessage>,
+        cancel: CancellationToken,
+    ) {
+        BusServer::new(self).run_announcements(outbound, cancel).await
+    }
+}
+
+impl BusServer {
+    pub fn new(agent: Arc<Agent>) -> BusServer {
+        BusServer { agent }
+    }
+
+    /// Serve the bus: every inbound message becomes a turn; its answer (or the
+    /// reason there is none) goes to the message's reply target. `stop` ends
+    /// taking messages; running turns go on until they finish or `abort` fires.
+    /// Returns when the inbound queue closes or `stop` fires, after running turns end.
+    pub async fn run(
+        self,
         mut inbound: mpsc::Receiver<InboundMessage>,
         outbound: mpsc::Sender<OutboundMessage>,
         stop: CancellationToken,
@@ -30,10 +70,10 @@ impl Agent {
         // Turns started but not finished, bounded like the bus itself: when all
         // are taken, messages wait in the bounded queue instead of in memory here.
         let mut running = crate::util::tasks::run_bounded(&mut inbound, crate::bus::BUS_CAPACITY, &stop, |msg| {
-            let agent = Arc::clone(&self);
+            let agent = Arc::clone(&self.agent);
             let outbound = outbound.clone();
             let cancel = abort.child_token();
-            async move { agent.answer(msg, cancel, outbound).await }
+            async move { answer(&agent, msg, cancel, outbound).await }
         })
         .await;
         // Messages a channel handed over (and may have confirmed to its server)
@@ -44,8 +84,8 @@ impl Agent {
             if commands::parse(&msg.text).is_some() {
                 continue;
             }
-            match self.pending.begin(&msg.conversation, &input::with_references(&msg.text, &msg.attachments)) {
-                Ok(id) => self.pending.release(id),
+            match self.agent.pending.begin(&msg.conversation, &input::with_references(&msg.text, &msg.attachments)) {
+                Ok(id) => self.agent.pending.release(id),
                 Err(e) => {
                     tracing::error!(session = %msg.conversation.session_key, "a message not answered before the stop is lost: {e}")
                 }
@@ -54,43 +94,11 @@ impl Agent {
         while running.join_next().await.is_some() {}
     }
 
-    /// One inbound message: a slash command is answered at once — ahead of
-    /// the session's queue, as `/stop` must not wait behind the turn it stops —
-    /// anything else is a turn. The answer goes to the message's reply target.
-    async fn answer(&self, msg: InboundMessage, cancel: CancellationToken, outbound: mpsc::Sender<OutboundMessage>) {
-        let target = msg.reply_to;
-        let text = if let Some(inv) = commands::parse(&msg.text) {
-            commands::execute(self, &msg.conversation, &inv).await
-        } else {
-            let req = TurnRequest {
-                conversation: msg.conversation,
-                text: msg.text,
-                in_job: false,
-                model: None,
-                cancel,
-                attachments: msg.attachments,
-                principal: msg.principal,
-            };
-            match self.turn(req).await {
-                Ok(report) => report.text,
-                Err(TurnError::Cancelled) => return,
-                Err(TurnError::Input(why)) => why,
-                Err(e) => format!("Sorry, I could not answer: {e}"),
-            }
-        };
-        if outbound.send(OutboundMessage::text(target, text)).await.is_err() {
-            tracing::warn!("outbound queue closed; an answer was dropped");
-        }
-    }
-
     /// Turn sub-agent reports into turns of the sessions that spawned them;
     /// answers go to `outbound`. Run once per agent (the daemon, the CLI).
-    pub async fn run_announcements(
-        self: Arc<Self>,
-        outbound: mpsc::Sender<OutboundMessage>,
-        cancel: CancellationToken,
-    ) {
-        let Some(hub) = self.subagents.clone() else { return };
+    pub async fn run_announcements(self, outbound: mpsc::Sender<OutboundMessage>, cancel: CancellationToken) {
+        let agent = self.agent;
+        let Some(hub) = agent.subagents.clone() else { return };
         let Some(mut rx) = hub.take_announcements() else { return };
         loop {
             let a = tokio::select! {
@@ -106,7 +114,7 @@ impl Agent {
                 attachments: Vec::new(),
                 principal: a.principal.clone(),
             };
-            let text = match self.turn(req).await {
+            let text = match agent.turn(req).await {
                 Ok(r) => Some(r.text),
                 Err(TurnError::Cancelled) => None,
                 // No turn (budget, provider down): the report itself goes out.
@@ -121,45 +129,38 @@ impl Agent {
             hub.announced();
         }
     }
+}
 
-    /// Messages left unanswered by a process that died mid-turn (see
-    /// [`pending`]): taken from the state directory, so each is handled once.
-    /// `cli_only`: only those typed in a terminal (`bramble agent` takes these;
-    /// the daemon takes all).
-    pub fn take_unanswered(&self, cli_only: bool) -> Vec<PendingTurn> {
-        self.pending.take_orphans(|r| !cli_only || r.conversation.channel == crate::bus::Channel::Cli)
-    }
-
-    /// Handle unanswered messages as `[agent] unanswered` says: `deliver` gets
-    /// the notice for each (report), or the answer of running it again (rerun).
-    pub async fn resolve_unanswered(
-        &self,
-        cli_only: bool,
-        cancel: &CancellationToken,
-        mut deliver: impl FnMut(Target, String),
-    ) {
-        for p in self.take_unanswered(cli_only) {
-            tracing::warn!(session = %p.conversation.session_key, started = %p.started, "a message was left unanswered by an earlier stop");
-            let text = match self.settings.unanswered {
-                crate::config::Unanswered::Report => p.notice(self.context.timezone()),
-                crate::config::Unanswered::Rerun => {
-                    let req = TurnRequest {
-                        principal: crate::tools::presumed(&p.conversation),
-                        model: None,
-                        conversation: p.conversation.clone(),
-                        text: p.text.clone(),
-                        in_job: false,
-                        cancel: cancel.child_token(),
-                        attachments: Vec::new(),
-                    };
-                    match self.turn(req).await {
-                        Ok(r) => r.text,
-                        Err(TurnError::Cancelled) => continue,
-                        Err(e) => format!("{}\n(Running it again failed: {e})", p.notice(self.context.timezone())),
-                    }
-                }
-            };
-            deliver(p.target(), text);
+/// One inbound message: a slash command is answered at once — ahead of
+/// the session's queue, as `/stop` must not wait behind the turn it stops —
+/// anything else is a turn. The answer goes to the message's reply target.
+async fn answer(
+    agent: &Agent,
+    msg: InboundMessage,
+    cancel: CancellationToken,
+    outbound: mpsc::Sender<OutboundMessage>,
+) {
+    let target = msg.reply_to;
+    let text = if let Some(inv) = commands::parse(&msg.text) {
+        commands::execute(agent, &msg.conversation, &inv).await
+    } else {
+        let req = TurnRequest {
+            conversation: msg.conversation,
+            text: msg.text,
+            in_job: false,
+            model: None,
+            cancel,
+            attachments: msg.attachments,
+            principal: msg.principal,
+        };
+        match agent.turn(req).await {
+            Ok(report) => report.text,
+            Err(TurnError::Cancelled) => return,
+            Err(TurnError::Input(why)) => why,
+            Err(e) => format!("Sorry, I could not answer: {e}"),
         }
+    };
+    if outbound.send(OutboundMessage::text(target, text)).await.is_err() {
+        tracing::warn!("outbound queue closed; an answer was dropped");
     }
 }

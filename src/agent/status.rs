@@ -1,6 +1,10 @@
 //! What `/status`, `/history`, `/model` and the usage figures show of a session.
 
-use super::*;
+use super::memory;
+use super::session::StoredMessage;
+use super::usage::DayUsage;
+use super::{Agent, TurnError};
+use crate::provider::Role;
 
 /// A session's figures for `/status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,8 +73,7 @@ impl std::fmt::Display for SessionStatus {
 impl Agent {
     /// The model a session's turns use.
     pub fn session_model(&self, key: &str) -> String {
-        let models = self.models.lock().unwrap_or_else(|p| p.into_inner());
-        models.get(key).cloned().unwrap_or_else(|| self.settings.model.clone())
+        self.live.model(key).unwrap_or_else(|| self.settings.model.clone())
     }
 
     /// `provider/model` for a model name, when there are several providers.
@@ -89,16 +92,9 @@ impl Agent {
     /// `/model [name]`: use `model` for this session's turns (until restart);
     /// `None` goes back to the configured one. Returns the model now in use.
     pub fn set_session_model(&self, key: &str, model: Option<&str>) -> String {
-        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
-        match model.map(str::trim).filter(|m| !m.is_empty()) {
-            Some(m) if m != self.settings.model => {
-                models.insert(key.to_string(), m.to_string());
-            }
-            _ => {
-                models.remove(key);
-            }
-        }
-        models.get(key).cloned().unwrap_or_else(|| self.settings.model.clone())
+        let model = model.map(str::trim).filter(|m| !m.is_empty() && *m != self.settings.model);
+        self.live.set_model(key, model.map(str::to_string));
+        self.session_model(key)
     }
 
     /// `/history [n]`: the last `n` (at most 50) user and assistant messages, as text.
@@ -141,7 +137,7 @@ impl Agent {
         let session_err = |source| TurnError::Session { key: key.to_string(), source };
         let session = self.sessions.load(key).map_err(session_err)?;
         let history = self.sessions.history(key, self.settings.history_messages).map_err(session_err)?;
-        let answered = self.answered_lock().get(key).cloned();
+        let answered = self.live.answered(key);
         Ok(SessionStatus {
             model: self.model_label(&self.session_model(key)),
             answered,
