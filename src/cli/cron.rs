@@ -42,206 +42,18 @@ pub(super) fn edit(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<()> {
-    use crate::scheduler::{self as sched, CatchUp, Job, JobKind, JobStore, Schedule};
-    let store = JobStore::open(&loaded.paths.state_dir);
-    let tz = loaded.config.timezone();
+    let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
     let now = jiff::Timestamp::now();
     match cmd {
-        CronCommand::Add {
-            name,
-            every,
-            cron,
-            tz: job_tz,
-            at,
-            message,
-            remind,
-            exec,
-            deliver,
-            catch_up,
-            ha_button,
-            attach,
-            model,
-            watch,
-            watch_mode,
-            jitter,
-            max_runs,
-            until,
-        } => {
-            let schedule = if let Some(every) = every {
-                Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
-            } else if let Some(expr) = cron {
-                sched::parse_cron(&expr, job_tz.as_deref())?
-            } else if let Some(at) = at {
-                Schedule::At { at: sched::parse_at(&at, tz.tz())? }
-            } else {
-                unreachable!("clap requires one schedule")
-            };
-            // Checked here: clap's `requires` does not hold against the `action` group.
-            if message.is_none() && (model.is_some() || watch.is_some()) {
-                anyhow::bail!("--model and --watch are for --message jobs (a reminder or a command calls no model)");
-            }
-            let kind = match (message, remind, exec) {
-                (Some(text), _, _) => JobKind::Message { text },
-                (_, Some(text), _) => JobKind::Remind { text },
-                (_, _, Some(command)) => JobKind::Exec { command },
-                _ => unreachable!("clap requires one action"),
-            };
-            let deliver = deliver
-                .iter()
-                .map(|t| t.parse::<Target>().map_err(anyhow::Error::msg))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            crate::channels::mqtt::refuse_targets(&loaded.config.mqtt, &deliver).map_err(anyhow::Error::msg)?;
-            let mut job = Job::new(&name, schedule, kind, deliver, now, tz.tz())?;
-            if let Some(policy) = catch_up {
-                job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
-            }
-            job.ha_button = ha_button;
-            job.creator = Some(creator);
-            sched::job::check_attach(&attach).map_err(|e| anyhow::anyhow!("--attach {e}"))?;
-            job.attach = attach;
-            job.model = model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
-            if let Some(command) = watch {
-                anyhow::ensure!(!command.trim().is_empty(), "--watch needs a command");
-                let mode = watch_mode.parse::<sched::WatchMode>().map_err(anyhow::Error::msg)?;
-                job.watch = Some(sched::Watch { command, mode });
-            }
-            if let Some(j) = jitter {
-                job.jitter = Some(j.parse::<crate::config::Dur>().map_err(|e| anyhow::anyhow!("--jitter: {e}"))?);
-            }
-            anyhow::ensure!(max_runs != Some(0), "--max-runs must be at least 1");
-            job.max_runs = max_runs;
-            if let Some(u) = until {
-                let u = sched::parse_at(&u, tz.tz())?;
-                anyhow::ensure!(u > now, "--until {u} is already past");
-                job.until = Some(u);
-            }
-            let job = store.add(job)?;
-            if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
-                writeln!(
-                    err,
-                    "warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set"
-                )?;
-            }
-            writeln!(out, "added job {} ({})", job.name, job.id)?;
-            for t in &job.deliver {
-                let configured = match t {
-                    Target::Telegram(_) => loaded.config.telegram.token().is_some(),
-                    Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
-                    Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
-                    Target::Log | Target::Cli => true,
-                };
-                if !configured {
-                    writeln!(
-                        err,
-                        "warning: {} is not configured: reports for {t} wait in the outbox until it is",
-                        t.channel()
-                    )?;
-                }
-            }
-            writeln!(out, "  schedule: {}", job.schedule.describe(tz.tz()))?;
-            writeln!(out, "  next run: {}", in_zone(job.state.next_run, &job.schedule, &tz))?;
-            if !matches!(job.schedule, Schedule::Every { .. }) {
-                let jobs = store.list().unwrap_or_default();
-                let wait = loaded.config.daemon.clock_sync_wait.get();
-                if let Some(note) = crate::scheduler::engine::clock_hold_note(&jobs, wait, tz.tz()) {
-                    writeln!(err, "note: {note}")?;
-                }
-            }
-            if let Some(m) = &job.model {
-                writeln!(out, "  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
-            }
-            if let Some(w) = &job.watch {
-                writeln!(out, "  watch:    {} (the turn runs when: {})", w.command, w.mode.as_str())?;
-            }
-            for line in limits(&job, &tz) {
-                writeln!(out, "  {line}")?;
-            }
+        CronCommand::Add { .. } => {
+            let job = store.add(new_job(loaded, cmd, creator, now)?)?;
+            added(loaded, &store, &job, out, err)?;
         }
         CronCommand::Next { expr, tz: job_tz, from, count } => {
-            next(&expr, job_tz.as_deref(), from.as_deref(), count, &tz, now, out)?;
+            next(&expr, job_tz.as_deref(), from.as_deref(), count, &loaded.config.timezone(), now, out)?;
         }
-        CronCommand::List => {
-            let jobs = store.list()?;
-            // One buffered writer: thousands of jobs are thousands of lines.
-            let mut out = std::io::BufWriter::new(out);
-            let corrupt = store.corrupt_notice();
-            if let Some(notice) = &corrupt {
-                writeln!(out, "job store: {notice}")?;
-            }
-            if jobs.is_empty() && corrupt.is_none() {
-                writeln!(out, "no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"")?;
-            }
-            for j in jobs {
-                let state = if j.state.done {
-                    "done".to_string()
-                } else if !j.enabled {
-                    "disabled".to_string()
-                } else {
-                    format!("next {}", in_zone(j.state.next_run, &j.schedule, &tz))
-                };
-                let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
-                writeln!(
-                    out,
-                    "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
-                    j.id,
-                    esc(&j.name),
-                    kind_name_of(&j),
-                    j.schedule.summary(tz.tz())
-                )?;
-            }
-            out.flush()?;
-        }
-        CronCommand::Show { id } => {
-            let j = store.get(&id)?;
-            // Every text a job holds may have come from outside (a chat, a
-            // command's output, a server's error): shown with its controls escaped.
-            writeln!(out, "{} ({})", esc(&j.name), j.id)?;
-            writeln!(out, "  kind:      {}", kind_name_of(&j))?;
-            match &j.kind {
-                JobKind::Message { text } | JobKind::Remind { text } => writeln!(out, "  text:      {}", esc(text))?,
-                JobKind::Exec { command } => writeln!(out, "  command:   {}", esc(command))?,
-            }
-            writeln!(out, "  schedule:  {}", j.schedule.describe(tz.tz()))?;
-            writeln!(out, "  catch-up:  {}", j.catch_up)?;
-            if let Some(m) = &j.model {
-                writeln!(out, "  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
-            }
-            if let Some(w) = &j.watch {
-                writeln!(out, "  watch:     {} (the turn runs when: {})", esc(&w.command), w.mode.as_str())?;
-                if let Some(seen) = &j.state.watch {
-                    let first = seen.output.lines().next().unwrap_or("");
-                    writeln!(out, "  last seen: {}", esc(&crate::scheduler::job::truncate(first, 80)))?;
-                }
-            }
-            for line in limits(&j, &tz) {
-                writeln!(out, "  {}", line.replacen(": ", ":  ", 1))?;
-            }
-            if j.ha_button {
-                writeln!(out, "  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name))?;
-            }
-            let targets: Vec<String> = j.report_target_names();
-            writeln!(out, "  deliver:   {}", esc(&targets.join(", ")))?;
-            if !j.attach.is_empty() {
-                writeln!(out, "  attach:    {}", esc(&j.attach.join(", ")))?;
-            }
-            writeln!(out, "  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" })?;
-            writeln!(out, "  next run:  {}", in_zone(j.state.next_run, &j.schedule, &tz))?;
-            if let Some(e) = &j.state.last_error {
-                writeln!(out, "  last error: {}", esc(e))?;
-            }
-            for r in &j.state.history {
-                let by = r.model.as_deref().map(|m| format!("  [{}]", esc(m))).unwrap_or_default();
-                // One line per run: a report's lines joined.
-                let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
-                let summary = esc(&summary);
-                writeln!(
-                    out,
-                    "  {}  {:<7}  {summary}{by}",
-                    in_zone(Some(r.started), &j.schedule, &tz),
-                    r.status.to_string()
-                )?;
-            }
-        }
+        CronCommand::List => list(loaded, &store, out)?,
+        CronCommand::Show { id } => show(loaded, &store.get(&id)?, out)?,
         CronCommand::Remove { id } => {
             let j = store.remove(&id)?;
             writeln!(out, "removed job {} ({})", j.name, j.id)?;
@@ -255,6 +67,235 @@ pub(super) fn edit(
             writeln!(out, "disabled job {} ({})", j.name, j.id)?;
         }
         CronCommand::Run { .. } => anyhow::bail!("`cron run` runs a job in the process that asks (see `cron`)"),
+    }
+    Ok(())
+}
+
+/// The job `cron add` describes, `creator`'s, checked but not stored.
+fn new_job(
+    loaded: &Loaded,
+    cmd: CronCommand,
+    creator: crate::bus::Principal,
+    now: jiff::Timestamp,
+) -> anyhow::Result<crate::scheduler::Job> {
+    use crate::scheduler::{self as sched, CatchUp, Job, JobKind};
+    let CronCommand::Add {
+        name,
+        every,
+        cron,
+        tz: job_tz,
+        at,
+        message,
+        remind,
+        exec,
+        deliver,
+        catch_up,
+        ha_button,
+        attach,
+        model,
+        watch,
+        watch_mode,
+        jitter,
+        max_runs,
+        until,
+    } = cmd
+    else {
+        anyhow::bail!("not a `cron add`");
+    };
+    let tz = loaded.config.timezone();
+    let schedule = schedule_of(every, cron, job_tz, at, &tz, now)?;
+    // Checked here: clap's `requires` does not hold against the `action` group.
+    if message.is_none() && (model.is_some() || watch.is_some()) {
+        anyhow::bail!("--model and --watch are for --message jobs (a reminder or a command calls no model)");
+    }
+    let kind = match (message, remind, exec) {
+        (Some(text), _, _) => JobKind::Message { text },
+        (_, Some(text), _) => JobKind::Remind { text },
+        (_, _, Some(command)) => JobKind::Exec { command },
+        _ => anyhow::bail!("one of --message, --remind or --exec is needed"),
+    };
+    let deliver =
+        deliver.iter().map(|t| t.parse::<Target>().map_err(anyhow::Error::msg)).collect::<anyhow::Result<Vec<_>>>()?;
+    crate::channels::mqtt::refuse_targets(&loaded.config.mqtt, &deliver).map_err(anyhow::Error::msg)?;
+    let mut job = Job::new(&name, schedule, kind, deliver, now, tz.tz())?;
+    if let Some(policy) = catch_up {
+        job.catch_up = policy.parse::<CatchUp>().map_err(anyhow::Error::msg)?;
+    }
+    job.ha_button = ha_button;
+    job.creator = Some(creator);
+    sched::job::check_attach(&attach).map_err(|e| anyhow::anyhow!("--attach {e}"))?;
+    job.attach = attach;
+    job.model = model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
+    if let Some(command) = watch {
+        anyhow::ensure!(!command.trim().is_empty(), "--watch needs a command");
+        let mode = watch_mode.parse::<sched::WatchMode>().map_err(anyhow::Error::msg)?;
+        job.watch = Some(sched::Watch { command, mode });
+    }
+    if let Some(j) = jitter {
+        job.jitter = Some(j.parse::<crate::config::Dur>().map_err(|e| anyhow::anyhow!("--jitter: {e}"))?);
+    }
+    anyhow::ensure!(max_runs != Some(0), "--max-runs must be at least 1");
+    job.max_runs = max_runs;
+    if let Some(u) = until {
+        let u = sched::parse_at(&u, tz.tz())?;
+        anyhow::ensure!(u > now, "--until {u} is already past");
+        job.until = Some(u);
+    }
+    Ok(job)
+}
+
+/// The schedule of `cron add`'s `--every`, `--cron` (in `--tz`) or `--at` (clap asks for one).
+fn schedule_of(
+    every: Option<String>,
+    cron: Option<String>,
+    job_tz: Option<String>,
+    at: Option<String>,
+    tz: &crate::config::TzName,
+    now: jiff::Timestamp,
+) -> anyhow::Result<crate::scheduler::Schedule> {
+    use crate::scheduler::{self as sched, Schedule};
+    Ok(if let Some(every) = every {
+        Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
+    } else if let Some(expr) = cron {
+        sched::parse_cron(&expr, job_tz.as_deref())?
+    } else if let Some(at) = at {
+        Schedule::At { at: sched::parse_at(&at, tz.tz())? }
+    } else {
+        anyhow::bail!("one of --every, --cron or --at is needed")
+    })
+}
+
+/// What `cron add` says of the job it stored, and its warnings: a part it
+/// needs that is not configured, a clock that holds it.
+fn added(
+    loaded: &Loaded,
+    store: &crate::scheduler::JobStore,
+    job: &crate::scheduler::Job,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let tz = loaded.config.timezone();
+    if job.ha_button && !(loaded.config.mqtt.url.is_some() && loaded.config.mqtt.discovery) {
+        writeln!(err, "warning: --ha-button needs [mqtt] with discovery = true; the button appears once it is set")?;
+    }
+    writeln!(out, "added job {} ({})", job.name, job.id)?;
+    for t in &job.deliver {
+        let configured = match t {
+            Target::Telegram(_) => loaded.config.telegram.token().is_some(),
+            Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
+            Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
+            Target::Log | Target::Cli => true,
+        };
+        if !configured {
+            writeln!(
+                err,
+                "warning: {} is not configured: reports for {t} wait in the outbox until it is",
+                t.channel()
+            )?;
+        }
+    }
+    writeln!(out, "  schedule: {}", job.schedule.describe(tz.tz()))?;
+    writeln!(out, "  next run: {}", in_zone(job.state.next_run, &job.schedule, &tz))?;
+    if !matches!(job.schedule, crate::scheduler::Schedule::Every { .. }) {
+        let jobs = store.list().unwrap_or_default();
+        let wait = loaded.config.daemon.clock_sync_wait.get();
+        if let Some(note) = crate::scheduler::engine::clock_hold_note(&jobs, wait, tz.tz()) {
+            writeln!(err, "note: {note}")?;
+        }
+    }
+    if let Some(m) = &job.model {
+        writeln!(out, "  model:    {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
+    }
+    if let Some(w) = &job.watch {
+        writeln!(out, "  watch:    {} (the turn runs when: {})", w.command, w.mode.as_str())?;
+    }
+    for line in limits(job, &tz) {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
+}
+
+/// `cron list`: one line per job.
+fn list(loaded: &Loaded, store: &crate::scheduler::JobStore, out: &mut dyn Write) -> anyhow::Result<()> {
+    let tz = loaded.config.timezone();
+    let jobs = store.list()?;
+    // One buffered writer: thousands of jobs are thousands of lines.
+    let mut out = std::io::BufWriter::new(out);
+    let corrupt = store.corrupt_notice();
+    if let Some(notice) = &corrupt {
+        writeln!(out, "job store: {notice}")?;
+    }
+    if jobs.is_empty() && corrupt.is_none() {
+        writeln!(out, "no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"")?;
+    }
+    for j in jobs {
+        let state = if j.state.done {
+            "done".to_string()
+        } else if !j.enabled {
+            "disabled".to_string()
+        } else {
+            format!("next {}", in_zone(j.state.next_run, &j.schedule, &tz))
+        };
+        let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
+        writeln!(
+            out,
+            "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
+            j.id,
+            esc(&j.name),
+            kind_name_of(&j),
+            j.schedule.summary(tz.tz())
+        )?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// `cron show`: one job, its settings and its recent runs.
+fn show(loaded: &Loaded, j: &crate::scheduler::Job, out: &mut dyn Write) -> anyhow::Result<()> {
+    use crate::scheduler::JobKind;
+    let tz = loaded.config.timezone();
+    // Every text a job holds may have come from outside (a chat, a
+    // command's output, a server's error): shown with its controls escaped.
+    writeln!(out, "{} ({})", esc(&j.name), j.id)?;
+    writeln!(out, "  kind:      {}", kind_name_of(j))?;
+    match &j.kind {
+        JobKind::Message { text } | JobKind::Remind { text } => writeln!(out, "  text:      {}", esc(text))?,
+        JobKind::Exec { command } => writeln!(out, "  command:   {}", esc(command))?,
+    }
+    writeln!(out, "  schedule:  {}", j.schedule.describe(tz.tz()))?;
+    writeln!(out, "  catch-up:  {}", j.catch_up)?;
+    if let Some(m) = &j.model {
+        writeln!(out, "  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
+    }
+    if let Some(w) = &j.watch {
+        writeln!(out, "  watch:     {} (the turn runs when: {})", esc(&w.command), w.mode.as_str())?;
+        if let Some(seen) = &j.state.watch {
+            let first = seen.output.lines().next().unwrap_or("");
+            writeln!(out, "  last seen: {}", esc(&crate::scheduler::job::truncate(first, 80)))?;
+        }
+    }
+    for line in limits(j, &tz) {
+        writeln!(out, "  {}", line.replacen(": ", ":  ", 1))?;
+    }
+    if j.ha_button {
+        writeln!(out, "  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name))?;
+    }
+    let targets: Vec<String> = j.report_target_names();
+    writeln!(out, "  deliver:   {}", esc(&targets.join(", ")))?;
+    if !j.attach.is_empty() {
+        writeln!(out, "  attach:    {}", esc(&j.attach.join(", ")))?;
+    }
+    writeln!(out, "  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" })?;
+    writeln!(out, "  next run:  {}", in_zone(j.state.next_run, &j.schedule, &tz))?;
+    if let Some(e) = &j.state.last_error {
+        writeln!(out, "  last error: {}", esc(e))?;
+    }
+    for r in &j.state.history {
+        let by = r.model.as_deref().map(|m| format!("  [{}]", esc(m))).unwrap_or_default();
+        // One line per run: a report's lines joined.
+        let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
+        let summary = esc(&summary);
+        writeln!(out, "  {}  {:<7}  {summary}{by}", in_zone(Some(r.started), &j.schedule, &tz), r.status.to_string())?;
     }
     Ok(())
 }
@@ -755,5 +796,55 @@ mod tests {
             let e = Remote::try_parse_from(["bramble cron"].iter().chain(argv)).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{argv:?}");
         }
+    }
+
+    fn loaded(dir: &std::path::Path) -> Loaded {
+        let config = crate::config::Config::parse("[agent]\ntimezone = \"UTC\"\n", "t.toml".as_ref()).unwrap();
+        let paths = crate::config::Paths { workspace: dir.join("ws"), state_dir: dir.join("state") };
+        Loaded { config, path: None, paths }
+    }
+
+    #[test]
+    fn new_job_checks_what_clap_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loaded(dir.path());
+        let now = jiff::Timestamp::now();
+        let new = |args: &[&str]| new_job(&l, parsed(args), crate::bus::Principal::Owner, now);
+        let job = new(&["add", "tea", "--every", "1h", "--remind", "tea", "--max-runs", "2"]).unwrap();
+        assert_eq!((job.name.as_str(), job.max_runs), ("tea", Some(2)));
+        assert_eq!(job.creator, Some(crate::bus::Principal::Owner));
+        for (args, says) in [
+            (&["add", "t", "--every", "1h", "--remind", "r", "--model", "m"][..], "--model and --watch"),
+            (&["add", "t", "--every", "1h", "--remind", "r", "--max-runs", "0"], "--max-runs"),
+            (&["add", "t", "--every", "1h", "--remind", "r", "--until", "2001-01-01 08:00"], "already past"),
+            (&["add", "t", "--every", "1h", "--message", "m", "--watch", " "], "--watch needs"),
+        ] {
+            let e = new(args).unwrap_err().to_string();
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        assert!(new_job(&l, parsed(&["list"]), crate::bus::Principal::Owner, now).is_err());
+    }
+
+    #[test]
+    fn show_and_list_write_what_the_store_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loaded(dir.path());
+        let store = crate::scheduler::JobStore::open(&l.paths.state_dir);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        list(&l, &store, &mut out).unwrap();
+        assert!(String::from_utf8_lossy(&out).starts_with("no jobs."));
+        let cmd = parsed(&["add", "tea", "--every", "1h", "--remind", "tea\u{1b}[2J"]);
+        let job = store.add(new_job(&l, cmd, crate::bus::Principal::Owner, jiff::Timestamp::now()).unwrap()).unwrap();
+        out.clear();
+        added(&l, &store, &job, &mut out, &mut err).unwrap();
+        assert!(String::from_utf8_lossy(&out).starts_with(&format!("added job tea ({})", job.id)));
+        out.clear();
+        show(&l, &job, &mut out).unwrap();
+        let shown = String::from_utf8_lossy(&out);
+        assert!(shown.contains("  kind:      remind"), "{shown}");
+        assert!(!shown.contains('\u{1b}'), "a control character reached the terminal: {shown}");
+        out.clear();
+        list(&l, &store, &mut out).unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("tea"));
     }
 }

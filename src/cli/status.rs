@@ -49,14 +49,11 @@ pub(super) fn service_line() -> Option<String> {
     })
 }
 
+/// The word for a line of the service's state when that state is not readable here.
+const PRIVATE: &str = "private to the service (`sudo bramble status`)";
+
 pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow::Result<ExitCode> {
     use super::service::Acting;
-    let c = &loaded.config;
-    let whose = match acting {
-        Acting::Own => String::new(),
-        Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
-        Acting::ServiceConfigOnly => " (the installed service's; its state with `sudo bramble status`)".to_string(),
-    };
     // The service's state is its user's alone: what the config says is shown, the state's parts are not.
     let private = *acting == Acting::ServiceConfigOnly
         && nix::unistd::access(
@@ -64,53 +61,11 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
             nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::X_OK,
         )
         .is_err();
-    const PRIVATE: &str = "private to the service (`sudo bramble status`)";
-    println!(
-        "config:     {}{whose}",
-        loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into())
-    );
-    let key = |p: &crate::config::ProviderConfig| match p.api_key() {
-        Some(_) => "set".to_string(),
-        None if !p.key_required() => "not needed (custom base_url)".to_string(),
-        None => format!("MISSING: set {}", p.key_env()),
-    };
-    if let [p] = c.providers.as_slice() {
-        println!("provider:   {} at {}", p.kind.as_str(), p.base_url());
-        println!("model:      {}", c.model());
-        println!("api key:    {}", key(p));
-    } else {
-        let usage = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone());
-        for (i, p) in c.providers.iter().enumerate() {
-            let used = usage.today_of(p.name()).total();
-            let budget = match p.daily_token_budget {
-                0 => String::new(),
-                b => format!(" of {b}"),
-            };
-            println!(
-                "{:<12}{} ({} at {}): model {}, api key {}, {used}{budget} tokens today",
-                if i == 0 { "providers:" } else { "" },
-                p.name(),
-                p.kind.as_str(),
-                p.base_url(),
-                p.default_model(),
-                key(p),
-            );
-        }
-        println!("model:      {}", crate::provider::chain::Chain::label_in(c, c.model()));
-        let fallback: Vec<&str> = c.agent.fallback.iter().map(|f| f.get_ref().as_str()).collect();
-        println!(
-            "fallback:   {} (cooldown {})",
-            if fallback.is_empty() { "none".to_string() } else { fallback.join(" → ") },
-            c.agent.fallback_cooldown
-        );
-    }
-    println!("time zone:  {}", c.timezone().name());
-    println!(
-        "workspace:  {}{}",
-        loaded.paths.workspace.display(),
-        if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" }
-    );
-    println!("state:      {}", loaded.paths.state_dir.display());
+    // Printed section by section: connecting MCP servers (the parts' section) may take a moment.
+    let show = |lines: Vec<String>| lines.iter().for_each(|line| println!("{line}"));
+    show(config_lines(loaded, acting));
+    show(provider_lines(loaded));
+    show(path_lines(loaded));
     if *acting == Acting::ServiceConfigOnly {
         // The state is private; the running service says whether it answers (and what members may).
         println!("daemon:     {}", esc(&super::service::control_line().await));
@@ -120,79 +75,162 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
     if let Some(service) = service_line() {
         println!("service:    {service}");
     }
-    // The parts `bramble run` would start for this config, built and not started.
+    show(parts_lines(loaded).await);
+    show(exec_lines(loaded));
+    show(channel_lines(loaded));
+    show(usage_lines(loaded, private));
+    show(schedule_lines(loaded, private));
+    show(outbox_lines(loaded, private));
+    show(alert_lines(loaded, private));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Which config file, and whose.
+fn config_lines(loaded: &Loaded, acting: &super::service::Acting) -> Vec<String> {
+    use super::service::Acting;
+    let whose = match acting {
+        Acting::Own => String::new(),
+        Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
+        Acting::ServiceConfigOnly => " (the installed service's; its state with `sudo bramble status`)".to_string(),
+    };
+    let path = loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into());
+    vec![format!("config:     {path}{whose}")]
+}
+
+/// The provider (or each of the chain, with today's tokens), the model, the keys.
+fn provider_lines(loaded: &Loaded) -> Vec<String> {
+    let c = &loaded.config;
+    let key = |p: &crate::config::ProviderConfig| match p.api_key() {
+        Some(_) => "set".to_string(),
+        None if !p.key_required() => "not needed (custom base_url)".to_string(),
+        None => format!("MISSING: set {}", p.key_env()),
+    };
+    if let [p] = c.providers.as_slice() {
+        return vec![
+            format!("provider:   {} at {}", p.kind.as_str(), p.base_url()),
+            format!("model:      {}", c.model()),
+            format!("api key:    {}", key(p)),
+        ];
+    }
+    let mut lines = Vec::new();
+    let usage = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone());
+    for (i, p) in c.providers.iter().enumerate() {
+        let used = usage.today_of(p.name()).total();
+        let budget = match p.daily_token_budget {
+            0 => String::new(),
+            b => format!(" of {b}"),
+        };
+        lines.push(format!(
+            "{:<12}{} ({} at {}): model {}, api key {}, {used}{budget} tokens today",
+            if i == 0 { "providers:" } else { "" },
+            p.name(),
+            p.kind.as_str(),
+            p.base_url(),
+            p.default_model(),
+            key(p),
+        ));
+    }
+    lines.push(format!("model:      {}", crate::provider::chain::Chain::label_in(c, c.model())));
+    let fallback: Vec<&str> = c.agent.fallback.iter().map(|f| f.get_ref().as_str()).collect();
+    lines.push(format!(
+        "fallback:   {} (cooldown {})",
+        if fallback.is_empty() { "none".to_string() } else { fallback.join(" → ") },
+        c.agent.fallback_cooldown
+    ));
+    lines
+}
+
+/// The time zone, the workspace and the state directory.
+fn path_lines(loaded: &Loaded) -> Vec<String> {
+    let missing = if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" };
+    vec![
+        format!("time zone:  {}", loaded.config.timezone().name()),
+        format!("workspace:  {}{missing}", loaded.paths.workspace.display()),
+        format!("state:      {}", loaded.paths.state_dir.display()),
+    ]
+}
+
+/// The tools and channels `bramble run` would start for this config, built and not started.
+async fn parts_lines(loaded: &Loaded) -> Vec<String> {
     // Quietly: what it would warn about (no key, a bad MQTT url) has its own line.
     let parts =
         tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || assemble::daemon(loaded));
-    match &parts {
-        Ok(parts) => {
-            // MCP servers are connected from here (as the daemon would; stdio ones started and
-            // stopped again), so the line says what this machine can reach now.
-            let tools = parts.agent.tools();
-            tools.prepare().await;
-            println!("tools:      {}", esc(&tools.names().join(", ")));
-            println!("channels:   {}", parts.channels.names().join(", "));
-            for (i, line) in tools.sources_status().iter().enumerate() {
-                println!("{:<12}{}", if i == 0 { "mcp:" } else { "" }, esc(line));
-            }
-        }
-        Err(e) => println!("channels:   error: {}", esc(&e.to_string())),
+    let parts = match parts {
+        Ok(parts) => parts,
+        Err(e) => return vec![format!("channels:   error: {}", esc(&e.to_string()))],
+    };
+    // MCP servers are connected from here (as the daemon would; stdio ones started and
+    // stopped again), so the line says what this machine can reach now.
+    let tools = parts.agent.tools();
+    tools.prepare().await;
+    let mut lines = vec![
+        format!("tools:      {}", esc(&tools.names().join(", "))),
+        format!("channels:   {}", parts.channels.names().join(", ")),
+    ];
+    for (i, line) in tools.sources_status().iter().enumerate() {
+        lines.push(format!("{:<12}{}", if i == 0 { "mcp:" } else { "" }, esc(line)));
     }
-    println!(
-        "exec:       {}",
-        if c.exec.enabled {
-            format!("timeout {}, network {}", c.exec.timeout, c.exec.network.as_str())
-        } else {
-            "off".into()
-        }
-    );
+    lines
+}
+
+/// The exec tool, its sandbox, and web search.
+fn exec_lines(loaded: &Loaded) -> Vec<String> {
+    let c = &loaded.config;
+    let mut lines = Vec::new();
     if c.exec.enabled {
-        println!("sandbox:    {}", crate::sandbox::Sandbox::for_config(loaded).layers_summary(&c.exec));
+        lines.push(format!("exec:       timeout {}, network {}", c.exec.timeout, c.exec.network.as_str()));
+        lines.push(format!("sandbox:    {}", crate::sandbox::Sandbox::for_config(loaded).layers_summary(&c.exec)));
+    } else {
+        lines.push("exec:       off".into());
     }
     if c.web.enabled {
         let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
         let engines = crate::tools::search::WebSearch::new(&c.web, http).map(|s| s.engines().join(" → "));
-        println!("web search: {}", engines.unwrap_or_else(|| "off ([web] search = [])".into()));
+        lines.push(format!("web search: {}", engines.unwrap_or_else(|| "off ([web] search = [])".into())));
     }
-    println!("telegram:   {}", esc(&telegram_summary(&c.telegram, &loaded.paths.state_dir)));
-    println!("mqtt:       {}", esc(&crate::channels::mqtt::status_line(&c.mqtt)));
-    println!("policy:     {}", policy_summary(&c.policy));
-    println!("ha:         {}", esc(&crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir)));
+    lines
+}
+
+/// Telegram, MQTT, the tool policy and Home Assistant.
+fn channel_lines(loaded: &Loaded) -> Vec<String> {
+    let c = &loaded.config;
+    vec![
+        format!("telegram:   {}", esc(&telegram_summary(&c.telegram, &loaded.paths.state_dir))),
+        format!("mqtt:       {}", esc(&crate::channels::mqtt::status_line(&c.mqtt))),
+        format!("policy:     {}", policy_summary(&c.policy)),
+        format!("ha:         {}", esc(&crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir))),
+    ]
+}
+
+/// Sessions, today's tokens and the skills.
+fn usage_lines(loaded: &Loaded, private: bool) -> Vec<String> {
     if private {
-        println!("sessions:   {PRIVATE}");
-    } else {
-        let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
-        println!("sessions:   {}", sessions.len());
+        return ["sessions:", "tokens:", "skills:"].iter().map(|k| format!("{k:<12}{PRIVATE}")).collect();
     }
+    let c = &loaded.config;
+    let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
     let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();
-    if private {
-        println!("tokens:     {PRIVATE}");
+    let budget = match c.agent.daily_token_budget {
+        0 => String::new(),
+        b => format!(" (budget {b})"),
+    };
+    let (skills, skill_errors) = crate::agent::skills::load(&loaded.paths.workspace);
+    let errors = if skill_errors.is_empty() {
+        String::new()
     } else {
-        println!(
-            "tokens:     {} today{}",
-            today.total(),
-            match c.agent.daily_token_budget {
-                0 => String::new(),
-                b => format!(" (budget {b})"),
-            }
-        );
-    }
-    let (skills, skill_errors) =
-        if private { (Vec::new(), Vec::new()) } else { crate::agent::skills::load(&loaded.paths.workspace) };
-    if private {
-        println!("skills:     {PRIVATE}");
-    } else {
-        println!(
-            "skills:     {} ({} available{})",
-            skills.len(),
-            skills.iter().filter(|s| s.available()).count(),
-            if skill_errors.is_empty() {
-                String::new()
-            } else {
-                format!(", {} with errors: run `bramble check`", skill_errors.len())
-            }
-        );
-    }
+        format!(", {} with errors: run `bramble check`", skill_errors.len())
+    };
+    vec![
+        format!("sessions:   {}", sessions.len()),
+        format!("tokens:     {} today{budget}", today.total()),
+        format!("skills:     {} ({} available{errors})", skills.len(), skills.iter().filter(|s| s.available()).count()),
+    ]
+}
+
+/// The clock, the heartbeat and the jobs with their next runs.
+fn schedule_lines(loaded: &Loaded, private: bool) -> Vec<String> {
+    let c = &loaded.config;
+    let tz = c.timezone();
     // Read once: the clock note and the job list below both need it.
     let jobs_store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
     let listed = (!private).then(|| jobs_store.list());
@@ -201,58 +239,65 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         _ => &[],
     };
     let wait = c.daemon.clock_sync_wait.get();
-    let clock = match crate::scheduler::engine::clock_hold_note(all_jobs, wait, c.timezone().tz()) {
+    let clock = match crate::scheduler::engine::clock_hold_note(all_jobs, wait, tz.tz()) {
         None if crate::scheduler::clock_synchronized() => "synchronised".to_string(),
         None => "not reported as synchronised, but trusted: the machine is not freshly booted and the clock is \
                  past every time bramble recorded"
             .to_string(),
         Some(note) => note,
     };
-    println!("clock:      {clock}");
+    let mut lines = vec![format!("clock:      {clock}")];
     let hb_tasks = if private { None } else { crate::scheduler::heartbeat::read_file(&loaded.paths.workspace) }
         .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len().to_string())
         .unwrap_or_else(|| if private { "?".into() } else { "0".into() });
     let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
-    let tz = c.timezone();
-    println!(
-        "heartbeat:  {}",
-        if c.heartbeat.enabled {
-            format!("every {}, {hb_tasks} active tasks, last run {}", c.heartbeat.every, when(hb_last, &tz))
-        } else {
-            "off".into()
-        }
-    );
+    lines.push(if c.heartbeat.enabled {
+        let every = &c.heartbeat.every;
+        format!("heartbeat:  every {every}, {hb_tasks} active tasks, last run {}", when(hb_last, &tz))
+    } else {
+        "heartbeat:  off".into()
+    });
     match listed {
-        None => println!("jobs:       {PRIVATE}"),
+        None => lines.push(format!("jobs:       {PRIVATE}")),
         Some(Ok(jobs)) => {
-            println!("jobs:       {}", jobs.len());
+            lines.push(format!("jobs:       {}", jobs.len()));
             if let Some(notice) = jobs_store.corrupt_notice() {
-                println!("  job store: {}", esc(&notice));
+                lines.push(format!("  job store: {}", esc(&notice)));
             }
             for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
-                println!("  {:<20} next {}", esc(&j.name), when(j.state.next_run, &tz));
+                lines.push(format!("  {:<20} next {}", esc(&j.name), when(j.state.next_run, &tz)));
             }
         }
-        Some(Err(e)) => println!("jobs:       error: {}", esc(&e.to_string())),
+        Some(Err(e)) => lines.push(format!("jobs:       error: {}", esc(&e.to_string()))),
     }
+    lines
+}
+
+/// What the outbox holds undelivered (the first five).
+fn outbox_lines(loaded: &Loaded, private: bool) -> Vec<String> {
     let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
     match (!private).then(|| outbox.pending()) {
-        None => println!("outbox:     {PRIVATE}"),
-        Some(Ok(p)) if p.is_empty() => println!("outbox:     nothing undelivered"),
+        None => vec![format!("outbox:     {PRIVATE}")],
+        Some(Ok(p)) if p.is_empty() => vec!["outbox:     nothing undelivered".into()],
         Some(Ok(p)) => {
-            println!("outbox:     {} undelivered", p.len());
+            let mut lines = vec![format!("outbox:     {} undelivered", p.len())];
             for e in p.iter().take(5) {
                 let err = e.last_error.as_deref().map(|e| format!(" ({})", esc(e))).unwrap_or_default();
                 let (target, source) = (e.target.to_string(), e.source.to_string());
-                println!("  {} from {}, {} attempts{err}", esc(&target), esc(&source), e.attempts);
+                lines.push(format!("  {} from {}, {} attempts{err}", esc(&target), esc(&source), e.attempts));
             }
+            lines
         }
-        Some(Err(e)) => println!("outbox:     error: {}", esc(&e.to_string())),
+        Some(Err(e)) => vec![format!("outbox:     error: {}", esc(&e.to_string()))],
     }
+}
+
+/// The open alerts, and where alerts go.
+fn alert_lines(loaded: &Loaded, private: bool) -> Vec<String> {
     if private {
-        println!("alerts:     {PRIVATE}");
-        return Ok(ExitCode::SUCCESS);
+        return vec![format!("alerts:     {PRIVATE}")];
     }
+    let c = &loaded.config;
     let open = crate::work::alerts::open_in(&loaded.paths.state_dir);
     let to = if c.alerts.deliver.is_empty() {
         "sent nowhere: set [alerts] deliver".to_string()
@@ -260,16 +305,16 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         format!("to {}", c.alerts.deliver.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "))
     };
     if open.is_empty() {
-        println!("alerts:     none open ({to})");
-    } else {
-        println!("alerts:     {} open ({to})", open.len());
-        for (key, o) in &open {
-            let first = o.text.lines().next().unwrap_or_default();
-            let text = crate::scheduler::job::truncate(first, 160);
-            println!("  {} since {}: {}", esc(key), when(Some(o.since), &tz), esc(&text));
-        }
+        return vec![format!("alerts:     none open ({to})")];
     }
-    Ok(ExitCode::SUCCESS)
+    let mut lines = vec![format!("alerts:     {} open ({to})", open.len())];
+    let tz = c.timezone();
+    for (key, o) in &open {
+        let first = o.text.lines().next().unwrap_or_default();
+        let text = crate::scheduler::job::truncate(first, 160);
+        lines.push(format!("  {} since {}: {}", esc(key), when(Some(o.since), &tz), esc(&text)));
+    }
+    lines
 }
 
 /// Which sources of turns get which tools (`[policy.*]`), one line: the
@@ -285,4 +330,58 @@ fn policy_summary(cfg: &std::collections::BTreeMap<String, crate::config::Policy
     }
     parts.extend(limited.iter().map(|s| format!("{}: {}", s.name(), policy.describe(*s))));
     parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Paths};
+
+    fn loaded(dir: &std::path::Path, config: &str) -> Loaded {
+        let config = Config::parse(config, std::path::Path::new("bramble.toml")).unwrap();
+        let paths = Paths { workspace: dir.join("workspace"), state_dir: dir.join("state") };
+        std::fs::create_dir_all(&paths.state_dir).unwrap();
+        Loaded { config, path: None, paths }
+    }
+
+    #[test]
+    fn config_and_paths_say_where_things_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loaded(dir.path(), "[agent]\ntimezone = \"Europe/Berlin\"\n");
+        assert_eq!(config_lines(&l, &super::super::service::Acting::Own), ["config:     (none: defaults)"]);
+        let paths = path_lines(&l);
+        assert_eq!(paths[0], "time zone:  Europe/Berlin");
+        assert!(paths[1].ends_with("workspace (missing: run `bramble init`)"), "{paths:?}");
+        assert!(paths[2].starts_with("state:      "), "{paths:?}");
+    }
+
+    #[test]
+    fn private_state_is_said_private_section_by_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loaded(dir.path(), "");
+        for lines in [usage_lines(&l, true), outbox_lines(&l, true), alert_lines(&l, true)] {
+            assert!(lines.iter().all(|line| line.ends_with(PRIVATE)), "{lines:?}");
+        }
+        assert_eq!(usage_lines(&l, true)[0], format!("sessions:   {PRIVATE}"));
+        assert!(schedule_lines(&l, true).contains(&format!("jobs:       {PRIVATE}")));
+    }
+
+    #[test]
+    fn an_empty_state_has_nothing_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loaded(dir.path(), "");
+        assert_eq!(outbox_lines(&l, false), ["outbox:     nothing undelivered"]);
+        assert_eq!(alert_lines(&l, false), ["alerts:     none open (sent nowhere: set [alerts] deliver)"]);
+        let schedule = schedule_lines(&l, false);
+        assert!(schedule.contains(&"jobs:       0".to_string()), "{schedule:?}");
+        assert!(schedule[0].starts_with("clock:      "), "{schedule:?}");
+        assert_eq!(usage_lines(&l, false)[0], "sessions:   0");
+    }
+
+    #[test]
+    fn exec_off_has_no_sandbox_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let l = loaded(dir.path(), "[exec]\nenabled = false\n[web]\nenabled = false\n");
+        assert_eq!(exec_lines(&l), ["exec:       off"]);
+    }
 }

@@ -163,17 +163,9 @@ impl Running {
 
 /// Start every component for this config.
 fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> anyhow::Result<Running> {
-    use anyhow::Context as _;
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
-    crate::util::fs::create_private_dir(state)
-        .with_context(|| format!("cannot create the state directory {}", state.display()))?;
-    // Commands run in the workspace; an empty one is better than failing every exec job.
-    let ws = &loaded.paths.workspace;
-    if !ws.is_dir() {
-        std::fs::create_dir_all(ws).with_context(|| format!("cannot create the workspace {}", ws.display()))?;
-        tracing::warn!(workspace = %ws.display(), "created an empty workspace: run `bramble init` for the templates");
-    }
+    make_dirs(loaded)?;
     let stop = CancellationToken::new();
     let abort = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -198,21 +190,8 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     tasks.spawn(agent.clone().serve_until(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone(), abort.clone()));
     // Sub-agent reports become turns of the sessions that spawned them.
     tasks.spawn(agent.clone().run_announcements(bus.outbound_tx.clone(), abort.clone()));
-    // Messages a crash or power cut left unanswered: told to the user (or run again).
-    let (unanswered_agent, unanswered_outbox, unanswered_wake) = (agent.clone(), outbox.clone(), wake.clone());
-    let unanswered_cancel = abort.clone();
-    tasks.spawn(async move {
-        unanswered_agent
-            .resolve_unanswered(false, &unanswered_cancel, |target, text| {
-                match unanswered_outbox.enqueue(target, &text, "agent") {
-                    Ok(_) => unanswered_wake.notify_one(),
-                    Err(e) => tracing::error!("a notice about an unanswered message could not be queued: {e}"),
-                }
-            })
-            .await
-    });
+    tasks.spawn(resolve_unanswered(agent.clone(), outbox.clone(), wake.clone(), abort.clone()));
 
-    let tz = c.timezone();
     let reload = scheduler.reload_handle();
     let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone(), sandbox.clone());
     let alerts = Alerts::new(state, &c.alerts, reports.clone());
@@ -223,6 +202,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
         alerts: alerts.clone(),
         standing: assemble::standing(loaded),
     };
+    let deps = || crate::work::triggers::TriggerDeps { runner: work.clone(), reports: reports.clone() };
     let mqtt_jobs = Arc::new(Notify::new());
     let mqtt_heartbeat = Arc::new(Notify::new());
     let mqtt_alerts = Arc::new(Notify::new());
@@ -236,36 +216,125 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
             jobs_changed: mqtt_jobs.clone(),
             heartbeat_changed: mqtt_heartbeat.clone(),
             alerts_changed: mqtt_alerts.clone(),
-            triggers: Some(crate::channels::mqtt::triggers::TriggerDeps {
-                runner: work.clone(),
-                reports: reports.clone(),
-            }),
+            triggers: Some(deps()),
             outbox: outbox.clone(),
             wake: wake.clone(),
         };
-        match crate::channels::mqtt::spawn(link.clone(), &c.mqtt, wiring, &mut tasks, stop.clone(), abort.clone()) {
-            Ok(()) => observers.push(Arc::new(move |job: &Job, record: &serde_json::Value| {
-                crate::channels::mqtt::publish_run_record(&link, record, &job.name)
-            })),
-            Err(e) => tracing::error!("MQTT is off: {e}"),
-        }
+        observers.extend(spawn_mqtt(link, &c.mqtt, wiring, &mut tasks, &stop, &abort));
     }
     if let Some(ha) = ha {
-        let deps = crate::work::triggers::TriggerDeps { runner: work.clone(), reports: reports.clone() };
-        crate::channels::homeassistant::events::spawn(
-            &ha,
-            &c.homeassistant,
-            state,
-            deps,
-            &mut tasks,
-            stop.clone(),
-            abort.clone(),
-        );
+        use crate::channels::homeassistant::events as ha_events;
+        ha_events::spawn(&ha, &c.homeassistant, state, deps(), &mut tasks, stop.clone(), abort.clone());
     }
     // The dead-man watches the scheduler's and the heartbeat's loops.
-    let mut watched = vec![Watched {
+    let mut watched = vec![scheduler_watched(scheduler.pulse())];
+    if let Some(handler) = control {
+        spawn_control(loaded, handler, scheduler.handle(), &mut tasks, stop.clone());
+    }
+    tasks.spawn(scheduler.run(ObservedRunner { runner, observers }, stop.clone()));
+
+    let heartbeat = heartbeat_of(loaded, reports);
+    if c.heartbeat.enabled {
+        watched.push(heartbeat_watched(heartbeat.pulse.clone(), c.heartbeat.every.get()));
+    }
+    tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone()));
+    tasks.spawn(alerts::dead_man(alerts, watched, outbox.clone(), stop.clone()));
+
+    let watched = vec![
+        ("jobs.json", reload),
+        ("outbox.jsonl", wake),
+        ("jobs.json", mqtt_jobs),
+        ("heartbeat.json", mqtt_heartbeat),
+        (alerts::ALERTS_FILE, mqtt_alerts),
+    ];
+    tasks.spawn(watch_state(state.clone(), watched, poll.clone(), stop.clone()));
+
+    tasks.spawn(systemd::watchdog(abort.clone()));
+    // MCP servers connect now; they stop (stdio children killed) when work in flight is cancelled.
+    tasks.spawn(run_mcp(agent.clone(), abort.clone()));
+    let summary = log_startup(loaded, &agent, &channels, jobs);
+    systemd::ready(&summary);
+    // After READY: this probes the kernel with one real jail (a few ms).
+    if c.exec.enabled {
+        sandbox.log_layers(&c.exec);
+        sandbox.warm_ahead();
+    }
+    tasks.spawn(release_startup_pages(stop.clone()));
+    Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
+}
+
+/// The heartbeat's loop for this config, reporting to `reports`.
+fn heartbeat_of(loaded: &crate::config::Loaded, reports: Reports) -> Heartbeat {
+    Heartbeat {
+        config: loaded.config.heartbeat.clone(),
+        workspace: loaded.paths.workspace.clone(),
+        tz: loaded.config.timezone(),
+        state: StateFile::new(&loaded.paths.state_dir),
+        reports,
+        pulse: crate::util::pulse::Pulse::new(),
+    }
+}
+
+/// Connect the MCP servers; they stop (stdio children killed) when `stop` (work in flight) is cancelled.
+async fn run_mcp(agent: Arc<Agent>, stop: CancellationToken) {
+    agent.tools().run_sources(stop).await
+}
+
+/// The state directory (private) and the workspace (made empty if missing).
+fn make_dirs(loaded: &crate::config::Loaded) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let state = &loaded.paths.state_dir;
+    crate::util::fs::create_private_dir(state)
+        .with_context(|| format!("cannot create the state directory {}", state.display()))?;
+    // Commands run in the workspace; an empty one is better than failing every exec job.
+    let ws = &loaded.paths.workspace;
+    if !ws.is_dir() {
+        std::fs::create_dir_all(ws).with_context(|| format!("cannot create the workspace {}", ws.display()))?;
+        tracing::warn!(workspace = %ws.display(), "created an empty workspace: run `bramble init` for the templates");
+    }
+    Ok(())
+}
+
+/// Messages a crash or power cut left unanswered: told to the user (or run again).
+async fn resolve_unanswered(
+    agent: Arc<Agent>,
+    outbox: crate::delivery::outbox::Outbox,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    agent
+        .resolve_unanswered(false, &cancel, |target, text| match outbox.enqueue(target, &text, "agent") {
+            Ok(_) => wake.notify_one(),
+            Err(e) => tracing::error!("a notice about an unanswered message could not be queued: {e}"),
+        })
+        .await
+}
+
+/// Start MQTT on `link`; its observer publishes each job's run record (`None`: MQTT is off).
+fn spawn_mqtt(
+    link: Arc<crate::channels::mqtt::Link>,
+    cfg: &crate::config::MqttConfig,
+    wiring: crate::channels::mqtt::Wiring,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: &CancellationToken,
+    abort: &CancellationToken,
+) -> Option<RunObserver> {
+    match crate::channels::mqtt::spawn(link.clone(), cfg, wiring, tasks, stop.clone(), abort.clone()) {
+        Ok(()) => Some(Arc::new(move |job: &Job, record: &serde_json::Value| {
+            crate::channels::mqtt::publish_run_record(&link, record, &job.name)
+        })),
+        Err(e) => {
+            tracing::error!("MQTT is off: {e}");
+            None
+        }
+    }
+}
+
+/// The dead-man's watch on the scheduler's loop.
+fn scheduler_watched(pulse: crate::util::pulse::Pulse) -> Watched {
+    Watched {
         key: alerts::SCHEDULER_KEY,
-        pulse: scheduler.pulse(),
+        pulse,
         limit: alerts::SCHEDULER_STALL,
         alert: |silent| {
             format!(
@@ -275,85 +344,54 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
             )
         },
         recovered: "Recovered: the scheduler runs again.",
-    }];
-    if let Some(handler) = control {
-        spawn_control(loaded, handler, scheduler.handle(), &mut tasks, stop.clone());
     }
-    tasks.spawn(scheduler.run(ObservedRunner { runner, observers }, stop.clone()));
+}
 
-    let heartbeat = Heartbeat {
-        config: c.heartbeat.clone(),
-        workspace: loaded.paths.workspace.clone(),
-        tz: tz.clone(),
-        state: StateFile::new(state),
-        reports,
-        pulse: crate::util::pulse::Pulse::new(),
-    };
-    if c.heartbeat.enabled {
-        watched.push(Watched {
-            key: alerts::HEARTBEAT_KEY,
-            pulse: heartbeat.pulse.clone(),
-            limit: c.heartbeat.every.get().max(Duration::from_secs(10)) * 2,
-            alert: |silent| {
-                format!(
-                    "Alert: the heartbeat has not ticked for {} (twice its interval): HEARTBEAT.md is not being looked at.",
-                    crate::config::Dur(silent)
-                )
-            },
-            recovered: "Recovered: the heartbeat ticks again.",
-        });
+/// The dead-man's watch on the heartbeat's loop, which ticks `every`.
+fn heartbeat_watched(pulse: crate::util::pulse::Pulse, every: Duration) -> Watched {
+    Watched {
+        key: alerts::HEARTBEAT_KEY,
+        pulse,
+        limit: every.max(Duration::from_secs(10)) * 2,
+        alert: |silent| {
+            format!(
+                "Alert: the heartbeat has not ticked for {} (twice its interval): HEARTBEAT.md is not being looked at.",
+                crate::config::Dur(silent)
+            )
+        },
+        recovered: "Recovered: the heartbeat ticks again.",
     }
-    tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone()));
-    tasks.spawn(alerts::dead_man(alerts, watched, outbox.clone(), stop.clone()));
+}
 
-    let watch_dir = state.clone();
-    let watch_stop = stop.clone();
-    let poll_outbox = poll.clone();
-    tasks.spawn(async move {
-        let poll = poll_outbox;
-        let watched = vec![
-            ("jobs.json", reload),
-            ("outbox.jsonl", wake),
-            ("jobs.json", mqtt_jobs),
-            ("heartbeat.json", mqtt_heartbeat),
-            (alerts::ALERTS_FILE, mqtt_alerts),
-        ];
-        if let Err(e) = watch::watch_state_dir(watch_dir, watched, watch_stop).await {
-            tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
-            poll.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-    });
-
-    tasks.spawn(systemd::watchdog(abort.clone()));
-    // MCP servers connect now; they stop (stdio children killed) when work in flight is cancelled.
-    let mcp_agent = agent.clone();
-    let mcp_stop = abort.clone();
-    tasks.spawn(async move { mcp_agent.tools().run_sources(mcp_stop).await });
-    let summary = log_startup(loaded, &agent, &channels, jobs);
-    systemd::ready(&summary);
-    // After READY: this probes the kernel with one real jail (a few ms).
-    if c.exec.enabled {
-        sandbox.log_layers(&c.exec);
-        sandbox.warm_ahead();
+/// Wake each of `watched`'s parts when its file in `dir` changes; without a
+/// watch, the outbox falls back to polling (`poll`).
+async fn watch_state(
+    dir: std::path::PathBuf,
+    watched: Vec<(&'static str, Arc<Notify>)>,
+    poll: Arc<std::sync::atomic::AtomicBool>,
+    stop: CancellationToken,
+) {
+    if let Err(e) = watch::watch_state_dir(dir, watched, stop).await {
+        tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
+        poll.store(true, std::sync::atomic::Ordering::Relaxed);
     }
-    // Once start-up is over, the code it ran need not stay resident (idle RSS).
-    let settle = stop.clone();
-    tasks.spawn(async move {
-        tokio::select! {
-            () = crate::util::timer::sleep(RELEASE_AFTER) => {}
-            _ = settle.cancelled() => return,
-        }
-        // Here, not on the blocking pool: one read of our own smaps (procfs: the
-        // kernel walks our page tables, nothing waits on a disk) and a dozen
-        // madvise calls, 1.4 ms under strace, once. The task then waits for the
-        // stop: what runs after the release is what the idle loops run anyway,
-        // not a hand-over and a task's completion, whose pages would be faulted
-        // straight back in.
-        let kib = crate::util::sys::release_code_pages();
-        tracing::debug!(kib, "released the start-up pages of the binary and its libraries");
-        settle.cancelled().await;
-    });
-    Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
+}
+
+/// Once start-up is over, the code it ran need not stay resident (idle RSS).
+async fn release_startup_pages(settle: CancellationToken) {
+    tokio::select! {
+        () = crate::util::timer::sleep(RELEASE_AFTER) => {}
+        _ = settle.cancelled() => return,
+    }
+    // Here, not on the blocking pool: one read of our own smaps (procfs: the
+    // kernel walks our page tables, nothing waits on a disk) and a dozen
+    // madvise calls, 1.4 ms under strace, once. The task then waits for the
+    // stop: what runs after the release is what the idle loops run anyway,
+    // not a hand-over and a task's completion, whose pages would be faulted
+    // straight back in.
+    let kib = crate::util::sys::release_code_pages();
+    tracing::debug!(kib, "released the start-up pages of the binary and its libraries");
+    settle.cancelled().await;
 }
 
 /// Open the control socket ([`control`]) for this generation; without it the daemon runs on.

@@ -22,19 +22,19 @@
 //! - [`job`]: a job, its delivery, its catch-up policy and its run state.
 //! - [`store`]: `jobs.json` with atomic writes and a lock shared with the CLI.
 //! - [`engine`]: the firing rules as pure functions; the wall-clock probe.
-//! - [`runner`]: the loop that sleeps, wakes, plans and hands due jobs to an executor.
+//! - [`actor`]: the loop that sleeps, wakes, plans and hands due jobs to an executor.
 
+pub mod actor;
 pub mod cron;
 pub mod engine;
 pub mod heartbeat;
 pub mod job;
-pub mod runner;
 pub mod schedule;
 pub mod store;
 mod timeser;
 
+pub use actor::{BoxFuture, Incident, JobExecutor, RunOutcome, Scheduler, SchedulerHandle};
 pub use engine::{clock_synchronized, plan, Clock, Decision, Missed, SystemClock, GRACE};
 pub use job::{CatchUp, Job, JobError, JobKind, JobState, RunRecord, RunStatus, Watch, WatchMode, WatchSeen};
-pub use runner::{BoxFuture, Incident, JobExecutor, RunOutcome, Scheduler, SchedulerHandle};
 pub use schedule::{parse_at, parse_cron, parse_every, parse_tz, Schedule, ScheduleError};
 pub use store::{JobStore, Stamp, StoreError};

@@ -146,29 +146,10 @@ impl Telegram {
         stop: CancellationToken,
     ) {
         let mut backoff = Backoff::new(MAX_BACKOFF);
-        let me = loop {
-            let r = tokio::select! { r = self.api.get_me() => r, _ = stop.cancelled() => return };
-            match r {
-                Ok(me) => break me,
-                Err(e) if e.is_unauthorized() => {
-                    tracing::error!("{}; Telegram polling stopped", TelegramError::InvalidToken(e.to_string()));
-                    return;
-                }
-                Err(e) => {
-                    let wait = backoff.next_wait();
-                    tracing::warn!(error = %e, retry_in = ?wait, "Telegram is not reachable yet");
-                    if sleep_or_stop(wait, &stop).await {
-                        return;
-                    }
-                }
-            }
-        };
+        let Some(me) = self.hello(&mut backoff, &stop).await else { return };
         backoff.reset();
-        if let Err(e) = self.api.set_my_commands(&crate::agent::commands::menu()).await {
-            tracing::warn!(error = %e, "cannot register the bot's commands with Telegram");
-        }
         let offset_file = OffsetFile::new(&self.state_dir, me.id);
-        let mut offset = offset_file.load();
+        let offset = offset_file.load();
         tracing::info!(bot = %me.username.as_deref().unwrap_or("?"), offset, "Telegram polling");
         let (allow, dir) = (self.allow.clone(), self.state_dir.clone());
         let allow = match tokio::task::spawn_blocking(move || allow.with_pins(&dir).with_paired(&dir)).await {
@@ -180,113 +161,34 @@ impl Telegram {
         };
         let mut poller = Poller::new(me, allow);
         poller.paired_stamp = crate::policy::pairing::stamp(&self.state_dir);
-        loop {
-            let r = tokio::select! { r = self.api.get_updates(offset) => r, _ = stop.cancelled() => return };
-            let updates = match r {
-                Ok(u) => {
-                    backoff.reset();
-                    u
-                }
+        let polling = Polling { tg: self, poller, inbound, agent, stop };
+        polling.run(offset_file, offset, backoff).await;
+    }
+
+    /// Who the bot is (`getMe`, retried with `backoff` while Telegram is not
+    /// reachable), with its command menu registered; `None`: stopped, or the token is refused.
+    async fn hello(&self, backoff: &mut Backoff, stop: &CancellationToken) -> Option<User> {
+        let me = loop {
+            let r = tokio::select! { r = self.api.get_me() => r, _ = stop.cancelled() => return None };
+            match r {
+                Ok(me) => break me,
                 Err(e) if e.is_unauthorized() => {
                     tracing::error!("{}; Telegram polling stopped", TelegramError::InvalidToken(e.to_string()));
-                    return;
+                    return None;
                 }
                 Err(e) => {
                     let wait = backoff.next_wait();
-                    if e.code() == Some(409) {
-                        tracing::warn!(error = %e, "another poller or a webhook holds this bot; deleting the webhook");
-                        if let Err(e) = self.api.delete_webhook().await {
-                            tracing::warn!(error = %e, "deleteWebhook failed");
-                        }
-                    } else {
-                        tracing::warn!(error = %e, retry_in = ?wait, "Telegram poll failed; reconnecting");
-                    }
-                    if sleep_or_stop(wait, &stop).await {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            let before = offset;
-            let mut stopped = false;
-            let mut later = false;
-            if !updates.is_empty() {
-                poller.refresh_paired(&self.state_dir).await;
-            }
-            for update in updates {
-                if update.update_id < offset {
-                    continue; // already handled (a server that repeats itself)
-                }
-                if let Some(q) = update.callback_query {
-                    poller.on_button(&self.api, self.reminders.as_ref(), q).await;
-                }
-                if let Some(m) = update.message {
-                    if let Some(code) = pair::request(&m) {
-                        poller.pair(&self.api, &self.state_dir, &m, code).await;
-                        offset = update.update_id + 1;
-                        continue;
-                    }
-                    if let Some(mut msg) = poller.accept(&m) {
-                        if Inbox::has_file(&m) {
-                            match self.fetch(&mut poller, update.update_id, &m).await {
-                                Ok(Some(a)) => msg.attachments.push(a),
-                                Ok(None) => {
-                                    offset = update.update_id + 1;
-                                    continue;
-                                }
-                                Err(()) => {
-                                    later = true;
-                                    break;
-                                }
-                            }
-                        }
-                        let is_command = crate::agent::commands::parse(&msg.text).is_some();
-                        if !is_command {
-                            if let Some(key) = self.report_session(&m).await {
-                                // The job's session, and the report itself: a reminder's text is in no session.
-                                msg.conversation.session_key = key;
-                                let quoted = m.reply_to_message.as_ref().and_then(|r| r.text.as_deref()).unwrap_or("");
-                                msg.text = format!("[In reply to the report: \"{}\"]\n{}", quote(quoted), msg.text);
-                            }
-                        }
-                        let chat = msg.conversation.chat_id.clone();
-                        let key = msg.conversation.session_key.clone();
-                        // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
-                        let sent = tokio::select! { biased; _ = stop.cancelled() => false, r = inbound.send(msg) => r.is_ok() };
-                        if !sent {
-                            // Not handed over: not confirmed either, Telegram sends it again after a restart.
-                            stopped = true;
-                            break;
-                        }
-                        if !is_command {
-                            poller.start_typing(&self.api, &agent, chat, key, &stop);
-                        }
+                    tracing::warn!(error = %e, retry_in = ?wait, "Telegram is not reachable yet");
+                    if sleep_or_stop(wait, stop).await {
+                        return None;
                     }
                 }
-                offset = update.update_id + 1;
             }
-            if std::mem::take(&mut poller.pinned) {
-                let (pins, dir) = (poller.allow.pins().clone(), self.state_dir.clone());
-                match tokio::task::spawn_blocking(move || pins::save_pins(&dir, &pins)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        tracing::error!(error = %e, "cannot save the Telegram username pins; they hold until a restart")
-                    }
-                    Err(e) => tracing::error!(error = %e, "cannot save the Telegram username pins"),
-                }
-            }
-            if offset != before {
-                if let Err(e) = offset_file.save(offset) {
-                    tracing::error!(error = %e, "cannot save the Telegram offset; updates may be handled again after a restart");
-                }
-            }
-            if stopped {
-                return;
-            }
-            if later && sleep_or_stop(backoff.next_wait(), &stop).await {
-                return;
-            }
+        };
+        if let Err(e) = self.api.set_my_commands(&crate::agent::commands::menu()).await {
+            tracing::warn!(error = %e, "cannot register the bot's commands with Telegram");
         }
+        Some(me)
     }
 
     /// Save `m`'s file for update `update_id`. `Ok(Some)`: saved; `Ok(None)`:
@@ -341,6 +243,157 @@ impl Telegram {
         let job = buttons::job_of(replied.reply_markup.as_ref()?)?;
         let chat = m.chat.id.to_string();
         tokio::task::spawn_blocking(move || reminders.session_of(&job, &chat)).await.ok().flatten()
+    }
+}
+
+/// What handling one update leaves the batch to do.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The update is done (handed over, answered or dropped): confirm it.
+    Next,
+    /// Its file could not be fetched yet: confirm nothing from here, poll again after a backoff.
+    Later,
+    /// Stopping (or the bus is gone) before it was handed over: confirm nothing from here, return.
+    Stop,
+}
+
+/// The polling task: the channel, the poller's state, and where messages go.
+struct Polling {
+    tg: Telegram,
+    poller: Poller,
+    inbound: mpsc::Sender<InboundMessage>,
+    agent: Arc<dyn SessionActivity>,
+    stop: CancellationToken,
+}
+
+impl Polling {
+    /// Poll, handle each batch, confirm what was handled (see the header) until stopped.
+    async fn run(mut self, offset_file: OffsetFile, mut offset: i64, mut backoff: Backoff) {
+        loop {
+            let Some(updates) = self.updates(offset, &mut backoff).await else { return };
+            let before = offset;
+            let mut step = Step::Next;
+            if !updates.is_empty() {
+                self.poller.refresh_paired(&self.tg.state_dir).await;
+            }
+            for update in updates {
+                if update.update_id < offset {
+                    continue; // already handled (a server that repeats itself)
+                }
+                let id = update.update_id;
+                step = self.handle(update).await;
+                if step != Step::Next {
+                    break;
+                }
+                offset = id + 1;
+            }
+            self.save_pins().await;
+            if offset != before {
+                if let Err(e) = offset_file.save(offset) {
+                    tracing::error!(error = %e, "cannot save the Telegram offset; updates may be handled again after a restart");
+                }
+            }
+            match step {
+                Step::Stop => return,
+                Step::Later if sleep_or_stop(backoff.next_wait(), &self.stop).await => return,
+                Step::Later | Step::Next => {}
+            }
+        }
+    }
+
+    /// The next batch of updates from `offset` (failures retried with
+    /// `backoff`); `None`: stopped, or the token is refused.
+    async fn updates(&self, offset: i64, backoff: &mut Backoff) -> Option<Vec<api::Update>> {
+        let api = &self.tg.api;
+        loop {
+            let r = tokio::select! { r = api.get_updates(offset) => r, _ = self.stop.cancelled() => return None };
+            let e = match r {
+                Ok(updates) => {
+                    backoff.reset();
+                    return Some(updates);
+                }
+                Err(e) => e,
+            };
+            if e.is_unauthorized() {
+                tracing::error!("{}; Telegram polling stopped", TelegramError::InvalidToken(e.to_string()));
+                return None;
+            }
+            let wait = backoff.next_wait();
+            if e.code() == Some(409) {
+                tracing::warn!(error = %e, "another poller or a webhook holds this bot; deleting the webhook");
+                if let Err(e) = api.delete_webhook().await {
+                    tracing::warn!(error = %e, "deleteWebhook failed");
+                }
+            } else {
+                tracing::warn!(error = %e, retry_in = ?wait, "Telegram poll failed; reconnecting");
+            }
+            if sleep_or_stop(wait, &self.stop).await {
+                return None;
+            }
+        }
+    }
+
+    /// Handle one update: a button press, a `/pair`, or a message for the agent.
+    async fn handle(&mut self, update: api::Update) -> Step {
+        if let Some(q) = update.callback_query {
+            self.poller.on_button(&self.tg.api, self.tg.reminders.as_ref(), q).await;
+        }
+        let Some(m) = update.message else { return Step::Next };
+        if let Some(code) = pair::request(&m) {
+            self.poller.pair(&self.tg.api, &self.tg.state_dir, &m, code).await;
+            return Step::Next;
+        }
+        let Some(mut msg) = self.poller.accept(&m) else { return Step::Next };
+        if Inbox::has_file(&m) {
+            match self.tg.fetch(&mut self.poller, update.update_id, &m).await {
+                Ok(Some(a)) => msg.attachments.push(a),
+                Ok(None) => return Step::Next,
+                Err(()) => return Step::Later,
+            }
+        }
+        self.hand_over(&m, msg).await
+    }
+
+    /// Hand `msg` (from `m`) to the agent: a reply to a job's report goes to
+    /// the job's session; the chat shows "typing…" while its turn runs.
+    async fn hand_over(&mut self, m: &Message, mut msg: InboundMessage) -> Step {
+        let is_command = crate::agent::commands::parse(&msg.text).is_some();
+        if !is_command {
+            if let Some(key) = self.tg.report_session(m).await {
+                // The job's session, and the report itself: a reminder's text is in no session.
+                msg.conversation.session_key = key;
+                let quoted = m.reply_to_message.as_ref().and_then(|r| r.text.as_deref()).unwrap_or("");
+                msg.text = format!("[In reply to the report: \"{}\"]\n{}", quote(quoted), msg.text);
+            }
+        }
+        let chat = msg.conversation.chat_id.clone();
+        let key = msg.conversation.session_key.clone();
+        // Biased: once stopping, nothing more is handed over (and so nothing confirmed).
+        let sent =
+            tokio::select! { biased; _ = self.stop.cancelled() => false, r = self.inbound.send(msg) => r.is_ok() };
+        if !sent {
+            // Not handed over: not confirmed either, Telegram sends it again after a restart.
+            return Step::Stop;
+        }
+        if !is_command {
+            self.poller.start_typing(&self.tg.api, &self.agent, chat, key, &self.stop);
+        }
+        Step::Next
+    }
+
+    /// Save the username pins if one was pinned in this batch.
+    async fn save_pins(&mut self) {
+        if !std::mem::take(&mut self.poller.pinned) {
+            return;
+        }
+        let (pins, dir) = (self.poller.allow.pins().clone(), self.tg.state_dir.clone());
+        match tokio::task::spawn_blocking(move || pins::save_pins(&dir, &pins)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot save the Telegram username pins; they hold until a restart")
+            }
+            Err(e) => tracing::error!(error = %e, "cannot save the Telegram username pins"),
+        }
     }
 }
 
@@ -739,6 +792,59 @@ mod tests {
         m.text = None;
         m.caption = Some("look at this".into());
         assert_eq!(p.accept(&m).unwrap().text, "look at this");
+    }
+
+    struct Idle;
+    impl SessionActivity for Idle {
+        fn session_busy(&self, _: &str) -> bool {
+            false
+        }
+    }
+
+    /// A poller for allowed user 7 with its inbound queue; its API is nowhere (nothing here calls it).
+    fn polling(dir: &Path) -> (Polling, mpsc::Receiver<InboundMessage>) {
+        let api = Arc::new(Api::new("http://127.0.0.1:9", crate::config::Secret::new("1:x")).unwrap());
+        let tg = Telegram {
+            api,
+            allow: Allow::new(&["7".into()]),
+            state_dir: dir.to_path_buf(),
+            inbox: Inbox::new(dir, 20, 1280),
+            workspace: dir.to_path_buf(),
+            reminders: None,
+            buttons: crate::config::ReportButtons::None,
+            progress: None,
+        };
+        let (inbound, rx) = mpsc::channel(4);
+        let poller = Poller::new(user(99, Some("bramble_bot")), Allow::new(&["7".into()]));
+        (Polling { tg, poller, inbound, agent: Arc::new(Idle), stop: CancellationToken::new() }, rx)
+    }
+
+    fn update(m: Message) -> api::Update {
+        api::Update { update_id: 5, message: Some(m), callback_query: None }
+    }
+
+    #[tokio::test]
+    async fn one_update_is_handed_over_dropped_or_kept_for_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut p, mut rx) = polling(dir.path());
+        // A command: handed over, and no typing task (it calls no model).
+        assert_eq!(p.handle(update(message("private", 7, "/status"))).await, Step::Next);
+        assert_eq!(rx.try_recv().unwrap().text, "/status");
+        assert_eq!(p.handle(update(message("private", 8, "hi"))).await, Step::Next, "a stranger: dropped");
+        assert!(rx.try_recv().is_err());
+        let empty = api::Update { update_id: 6, message: None, callback_query: None };
+        assert_eq!(p.handle(empty).await, Step::Next);
+        p.stop.cancel();
+        assert_eq!(p.handle(update(message("private", 7, "/help"))).await, Step::Stop, "stopping: not confirmed");
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_gone_bus_stops_the_poller_unconfirmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut p, rx) = polling(dir.path());
+        drop(rx);
+        assert_eq!(p.handle(update(message("private", 7, "/status"))).await, Step::Stop);
     }
 
     #[test]

@@ -284,33 +284,7 @@ impl Scheduler {
             pulse,
         } = self;
         drop(run_now_tx);
-        let now = clock.now();
-        let mut lp = Loop {
-            store,
-            default_tz,
-            clock,
-            sync_wait,
-            exec: Arc::new(executor),
-            jobs: Vec::new(),
-            stamp: None,
-            inflight: HashMap::new(),
-            tasks: JoinSet::new(),
-            task_jobs: HashMap::new(),
-            manual: Vec::new(),
-            started: Instant::now(),
-            wall_ref: now,
-            mono_ref: Instant::now(),
-            holding: false,
-            trusting_unsynced: false,
-            latest_record: None,
-            went_back: None,
-        };
-        match preloaded {
-            // Changed since (a `cron add` in between) is caught by the first pass's stamp check.
-            Some((jobs, stamp)) => (lp.jobs, lp.stamp) = (jobs, stamp),
-            None => lp.reload(),
-        }
-        lp.latest_record = engine::latest_record(&lp.jobs);
+        let mut lp = Loop::new(store, default_tz, clock, sync_wait, executor, preloaded);
         lp.exec.jobs_loaded(&lp.jobs);
         if let Some(notice) = lp.store.corrupt_notice() {
             error!("{notice}");
@@ -341,13 +315,7 @@ impl Scheduler {
                 biased;
                 _ = cancel.cancelled() => break,
                 Some(done) = lp.tasks.join_next_with_id(), if !lp.tasks.is_empty() => {
-                    let (task, outcome) = match done {
-                        Ok((task, outcome)) => (task, outcome),
-                        Err(e) => (e.id(), RunOutcome::error(format!("the run panicked or was aborted: {e}"))),
-                    };
-                    if let Some(id) = lp.task_jobs.remove(&task) {
-                        lp.finished(&id, outcome);
-                    }
+                    lp.joined(done, |e| RunOutcome::error(format!("the run panicked or was aborted: {e}")));
                 }
                 _ = reload.notified() => force_reload = true,
                 Some(key) = run_now_rx.recv() => lp.manual.push(key),
@@ -356,32 +324,12 @@ impl Scheduler {
                 _ = crate::util::timer::clock_set() => debug!("the wall clock was set"),
             }
         }
-        // Record the runs still going as they end (the daemon bounds how long
-        // they may take and cancels them after its grace period), so a run that
-        // finished during shutdown is not run again after the restart.
-        let left = lp.inflight.len();
-        let drain = async {
-            while let Some(done) = lp.tasks.join_next_with_id().await {
-                let (task, outcome) = match done {
-                    Ok((task, outcome)) => (task, outcome),
-                    Err(e) => (e.id(), RunOutcome::cancelled()),
-                };
-                if let Some(id) = lp.task_jobs.remove(&task) {
-                    lp.finished(&id, outcome);
-                }
-            }
-        };
-        // Bounded: an executor that ignores cancellation cannot hold shutdown forever.
-        if tokio::time::timeout(SHUTDOWN_DRAIN, drain).await.is_err() {
-            warn!(runs = lp.inflight.len(), "runs still going at shutdown; leaving them unrecorded");
-            lp.tasks.detach_all();
-        }
-        info!(runs_in_flight_at_stop = left, "scheduler stopped");
+        lp.drain().await;
     }
 }
 
 /// A run in progress.
-struct InFlight {
+struct Run {
     scheduled: Timestamp,
     started: Timestamp,
     missed: Option<Missed>,
@@ -406,7 +354,7 @@ enum Change {
     Interrupted { id: String, scheduled: Timestamp },
     Reanchor { id: String, by: SignedDuration },
     Start { id: String, scheduled: Timestamp, manual: bool },
-    Finish { id: String, flight: InFlight, outcome: RunOutcome },
+    Finish { id: String, flight: Run, outcome: RunOutcome },
 }
 
 impl Change {
@@ -468,6 +416,74 @@ struct Pass {
     acted: bool,
 }
 
+/// What a pass decided before writing anything: the changes, the runs to
+/// start, the incidents to tell, how long to sleep, how many jobs are held.
+struct Plans {
+    changes: Vec<Change>,
+    starts: Vec<Start>,
+    incidents: Vec<Incident>,
+    wake: Duration,
+    held: usize,
+}
+
+impl Default for Plans {
+    fn default() -> Plans {
+        Plans { changes: Vec::new(), starts: Vec::new(), incidents: Vec::new(), wake: MAX_SLEEP, held: 0 }
+    }
+}
+
+impl Plans {
+    /// Take in what [`plan`] decided for one job (not running) at `now`.
+    fn decided(&mut self, job: &Job, decision: Decision, now: Timestamp) {
+        let name = &job.name;
+        match decision {
+            Decision::Idle => {}
+            Decision::Hold => self.held += 1,
+            Decision::Wait(next) => {
+                if job.state.next_run != Some(next) {
+                    self.changes.push(Change::Plan { id: job.id.clone(), next });
+                }
+                let start = next.checked_add(job.jitter_offset()).unwrap_or(next);
+                self.wake = self.wake.min(dur_since(start, now));
+            }
+            Decision::Expire => {
+                info!(job = %name, runs = job.state.runs, "job finished: its run limit or end time is reached");
+                self.changes.push(Change::Expire { id: job.id.clone() });
+            }
+            Decision::Run { scheduled, missed, retry } => {
+                if retry {
+                    warn!(job = %name, "one-shot was interrupted during its run; running it again (once)");
+                } else if let Some(m) = &missed {
+                    warn!(job = %name, "{m}; running once now");
+                }
+                self.starts.push(Start { id: job.id.clone(), scheduled, missed, manual: false });
+            }
+            Decision::Skip { missed, next } => {
+                warn!(job = %name, policy = %job.catch_up, "{missed}; skipped");
+                if let Some(n) = next {
+                    self.wake = self.wake.min(dur_since(n, now));
+                }
+                self.incidents.push(Incident::Missed { id: job.id.clone(), name: name.clone(), missed });
+                self.changes.push(Change::Skip { id: job.id.clone(), missed, next });
+            }
+            Decision::Interrupted { scheduled } => {
+                error!(
+                    job = %name,
+                    scheduled = %scheduled,
+                    "run was interrupted (the daemon died during it: crash, kill or watchdog); not run again"
+                );
+                self.changes.push(Change::Interrupted { id: job.id.clone(), scheduled });
+                self.incidents.push(Incident::Interrupted { id: job.id.clone(), name: name.clone(), scheduled });
+            }
+            Decision::GiveUp => {
+                error!(job = %name, "one-shot was interrupted during its run twice; giving up");
+                self.changes.push(Change::GiveUp { id: job.id.clone() });
+                self.incidents.push(Incident::GaveUp { id: job.id.clone(), name: name.clone() });
+            }
+        }
+    }
+}
+
 struct Loop<E> {
     store: JobStore,
     default_tz: TimeZone,
@@ -476,7 +492,7 @@ struct Loop<E> {
     exec: Arc<E>,
     jobs: Vec<Job>,
     stamp: Option<Stamp>,
-    inflight: HashMap<String, InFlight>,
+    inflight: HashMap<String, Run>,
     tasks: JoinSet<RunOutcome>,
     task_jobs: HashMap<tokio::task::Id, String>,
     manual: Vec<String>,
@@ -493,6 +509,78 @@ struct Loop<E> {
 }
 
 impl<E: JobExecutor> Loop<E> {
+    /// The loop's state at start: the jobs read now, or as preloaded by the daemon.
+    fn new(
+        store: JobStore,
+        default_tz: TimeZone,
+        clock: Arc<dyn Clock>,
+        sync_wait: Option<Duration>,
+        executor: E,
+        preloaded: Option<(Vec<Job>, Option<Stamp>)>,
+    ) -> Loop<E> {
+        let now = clock.now();
+        let mut lp = Loop {
+            store,
+            default_tz,
+            clock,
+            sync_wait,
+            exec: Arc::new(executor),
+            jobs: Vec::new(),
+            stamp: None,
+            inflight: HashMap::new(),
+            tasks: JoinSet::new(),
+            task_jobs: HashMap::new(),
+            manual: Vec::new(),
+            started: Instant::now(),
+            wall_ref: now,
+            mono_ref: Instant::now(),
+            holding: false,
+            trusting_unsynced: false,
+            latest_record: None,
+            went_back: None,
+        };
+        match preloaded {
+            // Changed since (a `cron add` in between) is caught by the first pass's stamp check.
+            Some((jobs, stamp)) => (lp.jobs, lp.stamp) = (jobs, stamp),
+            None => lp.reload(),
+        }
+        lp.latest_record = engine::latest_record(&lp.jobs);
+        lp
+    }
+
+    /// Record a run task that ended; `failed` words the outcome of one that panicked or was aborted.
+    fn joined(
+        &mut self,
+        done: Result<(tokio::task::Id, RunOutcome), tokio::task::JoinError>,
+        failed: impl FnOnce(&tokio::task::JoinError) -> RunOutcome,
+    ) {
+        let (task, outcome) = match done {
+            Ok((task, outcome)) => (task, outcome),
+            Err(e) => (e.id(), failed(&e)),
+        };
+        if let Some(id) = self.task_jobs.remove(&task) {
+            self.finished(&id, outcome);
+        }
+    }
+
+    /// Record the runs still going as they end (the daemon bounds how long
+    /// they may take and cancels them after its grace period), so a run that
+    /// finished during shutdown is not run again after the restart.
+    async fn drain(&mut self) {
+        let left = self.inflight.len();
+        let drain = async {
+            while let Some(done) = self.tasks.join_next_with_id().await {
+                self.joined(done, |_| RunOutcome::cancelled());
+            }
+        };
+        // Bounded: an executor that ignores cancellation cannot hold shutdown forever.
+        if tokio::time::timeout(SHUTDOWN_DRAIN, drain).await.is_err() {
+            warn!(runs = self.inflight.len(), "runs still going at shutdown; leaving them unrecorded");
+            self.tasks.detach_all();
+        }
+        info!(runs_in_flight_at_stop = left, "scheduler stopped");
+    }
+
     /// Re-read the store. A corrupt file has been kept aside by the store:
     /// say so loudly and go on with what the store now holds (nothing).
     fn reload(&mut self) {
@@ -577,15 +665,22 @@ impl<E: JobExecutor> Loop<E> {
     fn pass(&mut self) -> Pass {
         let now = self.clock.now();
         let trusted = self.trusted(now);
-        let tz = self.default_tz.clone();
+        let mut plans = Plans { changes: self.reanchor(now), ..Plans::default() };
+        for job in &self.jobs {
+            if !self.inflight.contains_key(&job.id) {
+                plans.decided(job, plan(job, now, &self.default_tz, trusted), now);
+            }
+        }
+        self.take_manual(&mut plans, now);
+        self.note_held(&mut plans);
+        self.write_and_start(plans, now)
+    }
+
+    /// `every` jobs keep their interval across a backward jump: move their
+    /// grid by the measured jump (or onto now if the clock is behind their
+    /// last run for another reason, e.g. it went back while we were down).
+    fn reanchor(&mut self, now: Timestamp) -> Vec<Change> {
         let mut changes = Vec::new();
-        let mut starts = Vec::new();
-        let mut incidents = Vec::new();
-        let mut wake = MAX_SLEEP;
-        let mut held = 0usize;
-        // `every` jobs keep their interval across a backward jump: move their
-        // grid by the measured jump (or onto now if the clock is behind their
-        // last run for another reason, e.g. it went back while we were down).
         let went_back = self.went_back.take();
         for job in &mut self.jobs {
             let by = match went_back {
@@ -596,85 +691,48 @@ impl<E: JobExecutor> Loop<E> {
             if let Some(by) = by {
                 info!(job = %job.name, "clock went back; every job re-anchored to keep its interval");
                 engine::reanchor(job, by);
-                if let Some(f) = self.inflight.get_mut(&job.id) {
-                    f.scheduled = f.scheduled.checked_add(by).unwrap_or(f.scheduled);
+                if let Some(run) = self.inflight.get_mut(&job.id) {
+                    run.scheduled = run.scheduled.checked_add(by).unwrap_or(run.scheduled);
                 }
                 changes.push(Change::Reanchor { id: job.id.clone(), by });
             }
         }
-        for job in &self.jobs {
-            if self.inflight.contains_key(&job.id) {
-                continue;
-            }
-            let name = &job.name;
-            match plan(job, now, &tz, trusted) {
-                Decision::Idle => {}
-                Decision::Hold => held += 1,
-                Decision::Wait(next) => {
-                    if job.state.next_run != Some(next) {
-                        changes.push(Change::Plan { id: job.id.clone(), next });
-                    }
-                    let start = next.checked_add(job.jitter_offset()).unwrap_or(next);
-                    wake = wake.min(dur_since(start, now));
-                }
-                Decision::Expire => {
-                    info!(job = %name, runs = job.state.runs, "job finished: its run limit or end time is reached");
-                    changes.push(Change::Expire { id: job.id.clone() });
-                }
-                Decision::Run { scheduled, missed, retry } => {
-                    if retry {
-                        warn!(job = %name, "one-shot was interrupted during its run; running it again (once)");
-                    } else if let Some(m) = &missed {
-                        warn!(job = %name, "{m}; running once now");
-                    }
-                    starts.push(Start { id: job.id.clone(), scheduled, missed, manual: false });
-                }
-                Decision::Skip { missed, next } => {
-                    warn!(job = %name, policy = %job.catch_up, "{missed}; skipped");
-                    if let Some(n) = next {
-                        wake = wake.min(dur_since(n, now));
-                    }
-                    incidents.push(Incident::Missed { id: job.id.clone(), name: name.clone(), missed });
-                    changes.push(Change::Skip { id: job.id.clone(), missed, next });
-                }
-                Decision::Interrupted { scheduled } => {
-                    error!(
-                        job = %name,
-                        scheduled = %scheduled,
-                        "run was interrupted (the daemon died during it: crash, kill or watchdog); not run again"
-                    );
-                    changes.push(Change::Interrupted { id: job.id.clone(), scheduled });
-                    incidents.push(Incident::Interrupted { id: job.id.clone(), name: name.clone(), scheduled });
-                }
-                Decision::GiveUp => {
-                    error!(job = %name, "one-shot was interrupted during its run twice; giving up");
-                    changes.push(Change::GiveUp { id: job.id.clone() });
-                    incidents.push(Incident::GaveUp { id: job.id.clone(), name: name.clone() });
-                }
-            }
-        }
+        changes
+    }
+
+    /// The runs asked for by hand ("run now"), unless already running.
+    fn take_manual(&mut self, plans: &mut Plans, now: Timestamp) {
         for key in std::mem::take(&mut self.manual) {
             let Some(i) = find(&self.jobs, &key) else {
                 warn!(job = %key, "run now: no such job");
                 continue;
             };
             let id = self.jobs[i].id.clone();
-            if self.inflight.contains_key(&id) || starts.iter().any(|s| s.id == id) {
+            if self.inflight.contains_key(&id) || plans.starts.iter().any(|s| s.id == id) {
                 warn!(job = %key, "run now: it is already running");
                 continue;
             }
-            starts.push(Start { id, scheduled: now, missed: None, manual: true });
+            plans.starts.push(Start { id, scheduled: now, missed: None, manual: true });
         }
-        if held > 0 {
+    }
+
+    /// Say when holding for an unsynchronised clock begins and ends; recheck soon while holding.
+    fn note_held(&mut self, plans: &mut Plans) {
+        if plans.held > 0 {
             if !self.holding {
-                info!(jobs = held, "holding cron and at jobs until the clock is synchronised");
+                info!(jobs = plans.held, "holding cron and at jobs until the clock is synchronised");
             }
-            wake = wake.min(HOLD_RECHECK);
+            plans.wake = plans.wake.min(HOLD_RECHECK);
         } else if self.holding {
             info!("clock trusted; releasing held jobs");
         }
-        self.holding = held > 0;
+        self.holding = plans.held > 0;
+    }
 
+    /// Write the pass's changes (with the write-ahead of its starts) in one
+    /// store update, tell the incidents, then start the runs written ahead.
+    fn write_and_start(&mut self, plans: Plans, now: Timestamp) -> Pass {
+        let Plans { mut changes, starts, incidents, mut wake, .. } = plans;
         // The write-ahead: every scheduled run, and one-shots run by hand.
         for s in &starts {
             if !s.manual || self.jobs.iter().any(|j| j.id == s.id && j.schedule.is_one_shot()) {
@@ -745,7 +803,7 @@ impl<E: JobExecutor> Loop<E> {
         let scheduled = s.scheduled;
         let handle = self.tasks.spawn(async move { exec.execute(&job, scheduled).await });
         self.task_jobs.insert(handle.id(), s.id.clone());
-        self.inflight.insert(s.id, InFlight { scheduled, started: now, missed: s.missed, manual: s.manual });
+        self.inflight.insert(s.id, Run { scheduled, started: now, missed: s.missed, manual: s.manual });
     }
 
     fn finished(&mut self, id: &str, outcome: RunOutcome) {
