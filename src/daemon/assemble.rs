@@ -69,61 +69,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     // the daemon's start-up line as "no LLM: <reason>".
     let provider: Result<Arc<dyn crate::provider::Provider>, String> = crate::provider::chain::Chain::from_config(c)
         .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>);
-    let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars)
-        .with_policy(crate::tools::policy::ToolPolicy::from_config(&c.policy))
-        // Under systemd the journal keeps the audit trail; elsewhere `<state>/audit.jsonl` does.
-        .with_audit(crate::tools::audit::Audit::new(state, crate::logging::stderr_is_journal()));
-    for tool in crate::tools::fs::fs_tools(&ws) {
-        tools.register(tool);
-    }
-    if c.exec.enabled {
-        tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone(), Arc::clone(sandbox))));
-    }
-    if c.web.enabled {
-        // One guarded client for both: the same SSRF guard, one set of CA certificates.
-        let http = Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
-        tools.register(Arc::new(crate::tools::web::WebFetch::new(&c.web, Arc::clone(&http))));
-        if let Some(search) = crate::tools::search::WebSearch::new(&c.web, http) {
-            tools.register(Arc::new(search));
-        }
-    }
-    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
-    // The topics bramble listens to: no tool delivers or publishes there.
-    let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
-    tools.register(Arc::new(
-        crate::tools::message::MessageTool::new(
-            links.outbound.clone(),
-            c.mqtt.publish_allow.clone(),
-            telegram_chats.clone(),
-        )
-        .with_mqtt_inputs(mqtt_inputs.clone())
-        .with_workspace(crate::workspace::Workspace::new(ws.clone())),
-    ));
-    if c.mqtt.url.is_some() {
-        tools.register(Arc::new(
-            crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), links.mqtt)
-                .refusing(mqtt_inputs.clone()),
-        ));
-    }
-    if let Some(ha) = links.ha.or_else(|| ha_rest(c)) {
-        let allow = &c.homeassistant.allow;
-        tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
-        tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
-    }
-    tools.register(Arc::new(
-        crate::tools::cron::CronTool::new(
-            JobStore::open(state),
-            c.timezone(),
-            telegram_chats,
-            c.mqtt.publish_allow.clone(),
-        )
-        .with_mqtt_inputs(mqtt_inputs),
-    ));
-    tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
-    // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
-    if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws, Arc::clone(sandbox)) {
-        tools.register_source(hub);
-    }
+    let mut tools = tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox);
     let (_, skill_errors) = skills::load(&ws);
     for e in &skill_errors {
         tracing::warn!("skill left out: {e}");
@@ -131,19 +77,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     let limits =
         ContextLimits { per_file_chars: c.agent.bootstrap_max_chars, total_chars: c.agent.bootstrap_total_chars };
     let context = ContextBuilder::new(ws, c.timezone(), limits);
-    let settings = AgentSettings {
-        model: c.model().to_string(),
-        max_iterations: c.agent.max_iterations,
-        max_tokens: c.agent.max_tokens,
-        temperature: c.agent.temperature,
-        history_messages: c.agent.history_messages,
-        context_tokens: c.agent.context_tokens,
-        daily_token_budget: c.agent.daily_token_budget,
-        unanswered: c.agent.unanswered,
-        model_footer: c.agent.model_footer,
-        vision: c.agent.vision,
-        vision_model: c.agent.vision_model.clone(),
-    };
+    let settings = settings(c);
     let inflight = InFlight::default();
     // Sub-agents get the tools registered so far (not `spawn` itself).
     let subagents = provider.as_ref().ok().map(|p| {
@@ -179,7 +113,89 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     Agent::new(parts)
 }
 
-/// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
+/// The tools an agent built from `loaded` is offered, before `spawn` (which
+/// needs the provider): files, exec, web, message, MQTT, Home Assistant, cron,
+/// memory search and the MCP servers' tools, under `[policy.*]` and audited.
+fn tools(
+    loaded: &Loaded,
+    outbound: &mpsc::Sender<OutboundMessage>,
+    mqtt: Option<Arc<dyn Publisher>>,
+    ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
+    sandbox: &Arc<Sandbox>,
+) -> ToolRegistry {
+    let c = &loaded.config;
+    let ws = loaded.paths.workspace.clone();
+    let state = &loaded.paths.state_dir;
+    let mut tools = ToolRegistry::new(c.agent.max_tool_result_chars)
+        .with_policy(crate::tools::policy::ToolPolicy::from_config(&c.policy))
+        // Under systemd the journal keeps the audit trail; elsewhere `<state>/audit.jsonl` does.
+        .with_audit(crate::tools::audit::Audit::new(state, crate::logging::stderr_is_journal()));
+    for tool in crate::tools::fs::fs_tools(&ws) {
+        tools.register(tool);
+    }
+    if c.exec.enabled {
+        tools.register(Arc::new(crate::tools::exec::ExecTool::new(c.exec.clone(), ws.clone(), Arc::clone(sandbox))));
+    }
+    if c.web.enabled {
+        // One guarded client for both: the same SSRF guard, one set of CA certificates.
+        let http = Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
+        tools.register(Arc::new(crate::tools::web::WebFetch::new(&c.web, Arc::clone(&http))));
+        if let Some(search) = crate::tools::search::WebSearch::new(&c.web, http) {
+            tools.register(Arc::new(search));
+        }
+    }
+    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
+    // The topics bramble listens to: no tool delivers or publishes there.
+    let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
+    tools.register(Arc::new(
+        crate::tools::message::MessageTool::new(outbound.clone(), c.mqtt.publish_allow.clone(), telegram_chats.clone())
+            .with_mqtt_inputs(mqtt_inputs.clone())
+            .with_workspace(crate::workspace::Workspace::new(ws.clone())),
+    ));
+    if c.mqtt.url.is_some() {
+        tools.register(Arc::new(
+            crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), mqtt).refusing(mqtt_inputs.clone()),
+        ));
+    }
+    if let Some(ha) = ha.or_else(|| ha_rest(c)) {
+        let allow = &c.homeassistant.allow;
+        tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
+        tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
+    }
+    tools.register(Arc::new(
+        crate::tools::cron::CronTool::new(
+            JobStore::open(state),
+            c.timezone(),
+            telegram_chats,
+            c.mqtt.publish_allow.clone(),
+        )
+        .with_mqtt_inputs(mqtt_inputs),
+    ));
+    tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
+    // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
+    if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws, Arc::clone(sandbox)) {
+        tools.register_source(hub);
+    }
+    tools
+}
+
+/// The agent's settings from `[agent]`.
+fn settings(c: &crate::config::Config) -> AgentSettings {
+    AgentSettings {
+        model: c.model().to_string(),
+        max_iterations: c.agent.max_iterations,
+        max_tokens: c.agent.max_tokens,
+        temperature: c.agent.temperature,
+        history_messages: c.agent.history_messages,
+        context_tokens: c.agent.context_tokens,
+        daily_token_budget: c.agent.daily_token_budget,
+        unanswered: c.agent.unanswered,
+        model_footer: c.agent.model_footer,
+        vision: c.agent.vision,
+        vision_model: c.agent.vision_model.clone(),
+    }
+}
+
 /// Who may still have their jobs run: Telegram's users now, and what
 /// `[service] members` lets members do.
 pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
@@ -192,6 +208,7 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
     )
 }
 
+/// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
 fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::tools::homeassistant::HaRest>> {
     match crate::tools::homeassistant::HaRest::from_config(&c.homeassistant) {
         Ok(rest) => rest.map(Arc::new),
