@@ -263,6 +263,58 @@ mod tests {
         assert!(wrong.is_empty(), "process-wide mutable statics outside util/:\n{}", wrong.join("\n"));
     }
 
+    /// Rooms a reader can walk through: no file over 900 lines of non-test
+    /// code, no function over 100 lines (from `fn` to its closing brace).
+    #[test]
+    fn files_and_functions_stay_readable() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let mut wrong = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).unwrap();
+            let code = text.find("#[cfg(test)]\nmod tests").map_or(text.as_str(), |i| &text[..i]);
+            let lines: Vec<&str> = code.lines().collect();
+            if lines.len() > 900 {
+                wrong.push(format!("{}: {} lines of non-test code", file.display(), lines.len()));
+            }
+            for (start, line) in lines.iter().enumerate() {
+                let Some(name) = fn_name(line) else { continue };
+                let (mut depth, mut opened) = (0i64, false);
+                for (end, body) in lines.iter().enumerate().skip(start) {
+                    let code = body.split("//").next().unwrap_or_default();
+                    depth += code.matches('{').count() as i64 - code.matches('}').count() as i64;
+                    opened |= code.contains('{');
+                    if opened && depth <= 0 {
+                        if end - start + 1 > 100 {
+                            wrong.push(format!(
+                                "{}:{}: fn {name} is {} lines",
+                                file.display(),
+                                start + 1,
+                                end - start + 1
+                            ));
+                        }
+                        break;
+                    }
+                    if !opened && code.trim_end().ends_with(';') {
+                        break; // a declaration without a body
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "too long to read in one go:\n{}", wrong.join("\n"));
+    }
+
+    /// The name of the function a line starts, if it starts one.
+    fn fn_name(line: &str) -> Option<&str> {
+        let mut rest = line.trim_start();
+        for prefix in ["pub(crate) ", "pub(super) ", "pub ", "const ", "async ", "unsafe ", "extern \"C\" "] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        let rest = rest.strip_prefix("fn ")?;
+        Some(rest.split(|c: char| !c.is_alphanumeric() && c != '_').next().unwrap_or(rest))
+    }
+
     #[test]
     fn paths_are_found_in_uses_groups_and_code() {
         let text = "use crate::bus::Target;\nuse crate::{agent::Agent, config,\n    channels::{a, b}};\n\
