@@ -242,7 +242,7 @@ impl Allow {
         let why = match ids.is_empty() {
             true => String::new(),
             false => format!(
-                " (it is not a `{domain}` service acting on `{domain}` entities, so the service itself must be                  listed, whatever entities it names)"
+                " (it is not a `{domain}` service acting on `{domain}` entities, so the service itself must be listed, whatever entities it names)"
             ),
         };
         self.check_or(&name, &why)
