@@ -17,7 +17,7 @@ mod common;
 
 use bramble::bus::Target;
 use bramble::scheduler::{Job, JobKind, JobStore, Schedule};
-use common::{proc_stats, start_daemon, stop_daemon, ProcStats};
+use common::{proc_stats, start_daemon, stop_daemon, switches_between, thread_switches, ProcStats};
 
 fn main() {
     let idle_secs: u64 = std::env::var("BENCH_IDLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
@@ -44,11 +44,11 @@ fn main() {
         .expect("store");
     let mut daemon = start_daemon(&dir.path().join("config.toml"));
     std::thread::sleep(Duration::from_secs(3));
-    let ProcStats { rss: rss0, switches: switches0, .. } = proc_stats(daemon.id());
+    let (ProcStats { rss: rss0, .. }, threads0) = (proc_stats(daemon.id()), thread_switches(daemon.id()));
     std::thread::sleep(Duration::from_secs(idle_secs));
-    let ProcStats { rss: rss1, switches: switches1, .. } = proc_stats(daemon.id());
+    let (ProcStats { rss: rss1, .. }, threads1) = (proc_stats(daemon.id()), thread_switches(daemon.id()));
     stop_daemon(&mut daemon);
-    let per_min = (switches1 - switches0) as f64 * 60.0 / idle_secs as f64;
+    let per_min = switches_between(&threads0, &threads1) as f64 * 60.0 / idle_secs as f64;
     println!("idle daemon, 100 jobs, {idle_secs} s:");
     println!("  RSS {} KiB after start, {} KiB after idling", rss0, rss1);
     println!("  wake-ups (context switches, all threads) {per_min:.1} per minute");

@@ -95,6 +95,32 @@ pub struct ProcStats {
     pub major_faults: u64,
 }
 
+/// Context switches (voluntary + not) of each thread of `pid`, by thread id.
+pub fn thread_switches(pid: u32) -> std::collections::BTreeMap<u32, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|n| n.parse().ok()) else { continue };
+            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            let n = field(&s, "voluntary_ctxt_switches:").unwrap_or(0)
+                + field(&s, "nonvoluntary_ctxt_switches:").unwrap_or(0);
+            out.insert(tid, n);
+        }
+    }
+    out
+}
+
+/// The switches between two [`thread_switches`] readings: per thread alive at
+/// the second, less what it had at the first. A thread that ended in between
+/// (tokio's idle blocking threads end after 10 s) is not counted: summing all
+/// threads at both ends would go below zero when one ends.
+pub fn switches_between(
+    before: &std::collections::BTreeMap<u32, u64>,
+    after: &std::collections::BTreeMap<u32, u64>,
+) -> u64 {
+    after.iter().map(|(tid, n)| n.saturating_sub(before.get(tid).copied().unwrap_or(0))).sum()
+}
+
 pub fn proc_stats(pid: u32) -> ProcStats {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let (mut switches, mut voluntary) = (0, 0);
