@@ -18,21 +18,11 @@ const TOKEN: &str = "123456:rights-test-token";
 const ALICE: i64 = 1111;
 const BOB: i64 = 3333;
 
-/// The real binary, awaited (the fakes answer on this test's runtime).
+/// The real binary with this home's config (success, stdout, stderr).
 async fn bramble(home: &TestHome, args: &[&str]) -> (bool, String, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
-        .arg("--config")
-        .arg(&home.config)
-        .args(args)
-        .env_clear()
-        .env("HOME", home.path())
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .unwrap();
+    let config = home.config.to_string_lossy().into_owned();
+    let all: Vec<&str> = ["--config", config.as_str()].into_iter().chain(args.iter().copied()).collect();
+    let out = crate::support::setup::bramble(home.path(), &all, None).await;
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -66,3 +66,30 @@ pub fn real_sandbox() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| bramble::sandbox::set_helper(env!("CARGO_BIN_EXE_bramble")));
 }
+
+/// Run the binary with a clean environment rooted at `home`.
+pub async fn bramble(home: &Path, args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+    cmd.args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LANG", "C.UTF-8")
+        // Hermetic: the installed service's /etc/bramble of this machine (if any) is not looked at.
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn bramble");
+    let mut pipe = child.stdin.take().expect("stdin");
+    if let Some(input) = stdin {
+        pipe.write_all(input.as_bytes()).await.expect("write stdin");
+    }
+    drop(pipe);
+    tokio::time::timeout(std::time::Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("bramble finished in time")
+        .expect("bramble output")
+}
