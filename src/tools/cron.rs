@@ -27,22 +27,21 @@ pub struct CronTool {
     tz: TzName,
     /// The chats of `[telegram] allow_from`: the only Telegram chats a job may deliver to.
     telegram: AllowedChats,
-    /// `[mqtt] publish_allow`: the only topics a job may deliver to, as for
-    /// the `message` tool and `mqtt_publish` (a report is a publish too).
+    /// `[mqtt] publish_allow`, never a topic bramble listens to: the only
+    /// topics a job may deliver to, as for the `message` tool and
+    /// `mqtt_publish` (a report is a publish too).
     mqtt_allow: super::mqtt::MqttPublish,
-    /// The topics bramble listens to: never a job's `mqtt:` target.
-    mqtt_inputs: Option<crate::util::mqtt::InputTopics>,
 }
 
 impl CronTool {
     pub fn new(store: JobStore, tz: TzName, telegram: AllowedChats, publish_allow: Vec<String>) -> Self {
         let mqtt_allow = super::mqtt::MqttPublish::new(publish_allow, None);
-        CronTool { store, tz, telegram, mqtt_allow, mqtt_inputs: None }
+        CronTool { store, tz, telegram, mqtt_allow }
     }
 
-    /// Refuse `mqtt:<topic>` targets bramble listens to ([`super::message::check_mqtt_targets`]).
+    /// Refuse `mqtt:<topic>` targets bramble listens to.
     pub fn with_mqtt_inputs(mut self, inputs: Option<crate::util::mqtt::InputTopics>) -> Self {
-        self.mqtt_inputs = inputs;
+        self.mqtt_allow = self.mqtt_allow.refusing(inputs);
         self
     }
 
@@ -72,7 +71,6 @@ impl CronTool {
             };
         let deliver =
             a.deliver.iter().map(|t| t.parse::<Target>().map_err(ToolError)).collect::<Result<Vec<_>, _>>()?;
-        super::message::check_mqtt_targets(&deliver, self.mqtt_inputs.as_ref())?;
         for target in &deliver {
             if let Target::Mqtt(Some(topic)) = target {
                 self.mqtt_allow.check(topic)?;

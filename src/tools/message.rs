@@ -47,7 +47,7 @@ impl MessageTool {
         MessageTool { outbound, mqtt_allow: super::mqtt::MqttPublish::new(mqtt_allow, None), telegram, workspace: None }
     }
 
-    /// Refuse `mqtt:<topic>` targets bramble listens to ([`check_mqtt_targets`]).
+    /// Refuse `mqtt:<topic>` targets bramble listens to.
     pub fn with_mqtt_inputs(mut self, inputs: Option<crate::util::mqtt::InputTopics>) -> Self {
         self.mqtt_allow = self.mqtt_allow.refusing(inputs);
         self
@@ -151,28 +151,6 @@ impl Tool for MessageTool {
             }
         })
     }
-}
-
-/// MQTT targets against MQTT's topic rules or among bramble's own input
-/// topics (`<prefix>/in`, `<prefix>/run/+`, triggers, discovery: `inputs`)
-/// are refused, for every origin: a report there would come back as a new
-/// message — a loop of model turns, or a job run.
-pub(crate) fn check_mqtt_targets(
-    targets: &[Target],
-    inputs: Option<&crate::util::mqtt::InputTopics>,
-) -> Result<(), ToolError> {
-    for t in targets {
-        if let Target::Mqtt(Some(topic)) = t {
-            let valid = match inputs {
-                Some(inputs) => inputs.refuse(topic),
-                None => crate::util::mqtt::check_topic(topic),
-            };
-            valid.map_err(|e| {
-                ToolError::new(format!("`{}` cannot be a delivery target: {e}", t.to_string().escape_debug()))
-            })?;
-        }
-    }
-    Ok(())
 }
 
 /// [`super::Origin::check_delivery`] for each target, off the runtime thread (it reads the pins file).
