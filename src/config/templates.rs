@@ -17,3 +17,23 @@ pub const WORKSPACE: &[(&str, &str)] = &[
     ("skills/home-assistant/SKILL.md", include_str!("../../config/workspace/skills/home-assistant/SKILL.md")),
     ("skills/system-health/SKILL.md", include_str!("../../config/workspace/skills/system-health/SKILL.md")),
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::WORKSPACE;
+
+    /// Shipped skills teach bramble's own tools: a token never travels
+    /// through the model, a command line or `[exec] env_allow`.
+    #[test]
+    fn shipped_skills_never_route_a_secret_through_the_model() {
+        for (rel, text) in WORKSPACE.iter().filter(|(rel, _)| rel.starts_with("skills/")) {
+            for needle in ["env_allow", "Bearer", "_TOKEN\"", "$HA_TOKEN", "HA_URL"] {
+                assert!(!text.contains(needle), "{rel} teaches `{needle}`");
+            }
+        }
+        let ha = WORKSPACE.iter().find(|(rel, _)| rel.contains("home-assistant")).map(|(_, t)| *t).unwrap_or("");
+        for tool in ["ha_get_state", "ha_call_service", "[homeassistant]"] {
+            assert!(ha.contains(tool), "the home-assistant skill does not teach `{tool}`");
+        }
+    }
+}
