@@ -17,6 +17,8 @@ pub const LAYERS: &[(&str, &[&str])] = &[
     ("services", &["provider", "sandbox", "scheduler"]),
     // How reports reach channels (outbox, dispatcher, the Channel trait); who may do what.
     ("delivery", &["delivery", "policy"]),
+    // Protocol clients (Home Assistant, Telegram, the MQTT link): tools and channels both hold them.
+    ("clients", &["clients"]),
     ("tools", &["tools"]),
     ("agent", &["agent"]),
     // What runs without a chat waiting: jobs, the heartbeat, triggers.
@@ -241,7 +243,7 @@ mod tests {
             // Whether this kernel has openat2: a fact about the machine, probed once.
             "workspace.rs",
             // One HTTP client (its connection pool and CA store) for every Telegram call of the process.
-            "channels/telegram/api.rs",
+            "clients/telegram.rs",
             // The helper binary's path (`/proc/self/exe`), written once at start before anything runs.
             "sandbox/mod.rs",
         ];

@@ -17,6 +17,7 @@
 //! - [`scheduler`]: jobs, schedules, the job store and the loop that runs them; the heartbeat file.
 //! - [`delivery`]: the outbox, its dispatcher, the `Channel` and `Publisher` traits.
 //! - [`policy`]: who may do what (`allow_from` pins).
+//! - [`clients`]: protocol clients — Home Assistant REST and WebSocket, the Telegram Bot API.
 //! - [`tools`]: what the model may call — files, exec, web, message, cron, memory, MQTT.
 //! - [`agent`]: the ReAct loop, the context builder, sessions, memory, sub-agents.
 //! - [`work`]: jobs, the heartbeat and triggers run and reported one way.
@@ -31,6 +32,7 @@ pub mod agent;
 pub mod bus;
 pub mod channels;
 pub mod cli;
+pub mod clients;
 pub mod config;
 pub mod daemon;
 pub mod delivery;

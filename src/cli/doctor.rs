@@ -156,7 +156,7 @@ async fn telegram(loaded: &Loaded, r: &mut Report) {
         return;
     };
     crate::install_crypto();
-    let api = match crate::channels::telegram::api::Api::new(c.api_base.as_str(), token) {
+    let api = match crate::clients::telegram::Api::new(c.api_base.as_str(), token) {
         Ok(a) => a,
         Err(e) => return r.line(Level::Error, "telegram", e.to_string()),
     };

@@ -41,7 +41,7 @@ pub struct AgentLinks {
     pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
     /// The daemon's Home Assistant client, shared with the `ha` channel
     /// (`None`: the agent makes its own from the config, if there is one).
-    pub ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
+    pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
 }
 
 impl AgentLinks {
@@ -120,7 +120,7 @@ fn tools(
     loaded: &Loaded,
     outbound: &mpsc::Sender<OutboundMessage>,
     mqtt: Option<Arc<dyn Publisher>>,
-    ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
+    ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
     sandbox: &Arc<Sandbox>,
 ) -> ToolRegistry {
     let c = &loaded.config;
@@ -209,8 +209,8 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
-fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::tools::homeassistant::HaRest>> {
-    match crate::tools::homeassistant::HaRest::from_config(&c.homeassistant) {
+fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::clients::ha_rest::HaRest>> {
+    match crate::clients::ha_rest::HaRest::from_config(&c.homeassistant) {
         Ok(rest) => rest.map(Arc::new),
         Err(e) => {
             tracing::error!("Home Assistant is off: {e}");
@@ -243,7 +243,7 @@ pub struct Daemon {
     /// The broker connection (its delivery side is in `channels`).
     pub mqtt: Option<Arc<crate::channels::mqtt::Link>>,
     /// Home Assistant's REST client (the tools, the `ha` channel, the triggers' WebSocket).
-    pub ha: Option<Arc<crate::tools::homeassistant::HaRest>>,
+    pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
     pub scheduler: Scheduler,
     /// The durable outbox; reports it cannot write (disk full) wait in memory.
     pub outbox: Outbox,

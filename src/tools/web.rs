@@ -33,6 +33,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{parse_args, BoxFuture, Tool, ToolContext, ToolError};
+pub use crate::clients::read_capped;
 use crate::config::{Cidr, WebConfig};
 use crate::util::addr::{embedded_v4, is_public, Judge, Place};
 
@@ -224,21 +225,6 @@ impl GuardedHttp {
     pub fn describe(err: &reqwest::Error, url: &Url) -> String {
         describe(err, url)
     }
-}
-
-/// The body of `resp`, at most `cap` bytes; `true` when there was more.
-pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), reqwest::Error> {
-    let mut body: Vec<u8> = Vec::new();
-    while let Some(chunk) = resp.chunk().await? {
-        let room = cap - body.len();
-        if chunk.len() >= room {
-            body.extend_from_slice(&chunk[..room]);
-            let more = chunk.len() > room || resp.chunk().await.ok().flatten().is_some_and(|c| !c.is_empty());
-            return Ok((body, more));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok((body, false))
 }
 
 /// The `web_fetch` tool.

@@ -133,7 +133,7 @@ async fn transcription_key_does_not_follow_a_redirect() {
 async fn telegram_token_in_the_path_does_not_follow_a_redirect() {
     let (mover, trap, seen) = moved().await;
     let token = "123456:TEST-redirect-token";
-    let api = bramble::channels::telegram::api::Api::new(&mover.url(), Secret::new(token)).unwrap();
+    let api = bramble::clients::telegram::Api::new(&mover.url(), Secret::new(token)).unwrap();
     let err = api.get_me().await.unwrap_err().to_string();
     assert_refused(&seen, token, &trap, &err);
     let err = api.download("photos/a.jpg", 1024).await.unwrap_err().to_string();
@@ -143,7 +143,7 @@ async fn telegram_token_in_the_path_does_not_follow_a_redirect() {
 #[tokio::test]
 async fn home_assistant_token_does_not_follow_a_redirect() {
     let (mover, trap, seen) = moved().await;
-    let rest = bramble::tools::homeassistant::HaRest::new(&mover.url(), Secret::new("ha-redirect-token-9"));
+    let rest = bramble::clients::ha_rest::HaRest::new(&mover.url(), Secret::new("ha-redirect-token-9"));
     let err = rest.request("/api/", None).await.unwrap_err().to_string();
     assert_refused(&seen, "ha-redirect-token-9", &trap, &err);
 }

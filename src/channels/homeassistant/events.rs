@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::triggers::{Fire, Matcher, StateChange};
-use super::ws::{Endpoint, Message, Socket, WsError};
+use crate::clients::ha_ws::{Endpoint, Message, Socket, WsError};
 use crate::config::Secret;
 
 /// Longest reconnect wait (from 1 s, doubling); also the wait after a refused token.
@@ -320,7 +320,7 @@ impl StateFile {
 
 /// Start the connection and the trigger runner on `tasks` (nothing without triggers).
 pub fn spawn(
-    rest: &crate::tools::homeassistant::HaRest,
+    rest: &crate::clients::ha_rest::HaRest,
     config: &crate::config::HomeAssistantConfig,
     state_dir: &Path,
     deps: crate::work::triggers::TriggerDeps,

@@ -5,28 +5,27 @@
 //!
 //! - this file: [`NotifyChannel`], the `ha` delivery channel, and what
 //!   `bramble status` / `bramble check` say about `[homeassistant]`.
-//! - [`ws`]: a minimal RFC 6455 WebSocket client (ws:// over tokio's
-//!   `TcpStream`, wss:// through tokio-rustls, already in the tree for reqwest).
-//! - [`events`]: Home Assistant's WebSocket API on it — auth, `subscribe_events`,
+//! - [`events`]: Home Assistant's WebSocket API on [`crate::clients::ha_ws`] — auth, `subscribe_events`,
 //!   the connection task with its backoff and its state file.
 //! - [`triggers`]: which events fire which trigger (globs, `from`/`to`, `for`,
 //!   `min_interval`), and their runs through [`crate::work::triggers`].
 //!
-//! The REST side (the client and the tools) is `tools::homeassistant`, a
-//! layer below: this channel posts notifications through that same client.
+//! The protocol clients are in `clients/` (`ha_rest`, `ha_ws`), a layer
+//! below; the REST tools (`tools::homeassistant`) and this channel's
+//! notifications share one [`HaRest`].
 
 pub mod events;
 pub mod triggers;
-pub mod ws;
 
 use std::sync::Arc;
 
 use serde_json::json;
 
 use crate::bus::Target;
+use crate::clients::ha_rest::HaRest;
+use crate::clients::ha_ws as ws;
 use crate::config::Config;
 use crate::delivery::{Channel, DeliveryError, Report};
-use crate::tools::homeassistant::HaRest;
 use crate::util::BoxFuture;
 
 /// The `ha` delivery channel: `ha:notify.<service>` posts the report to

@@ -13,8 +13,8 @@
 
 use serde_json::{json, Value};
 
-use super::api::{Api, CallbackQuery};
 use super::Poller;
+use crate::clients::telegram::{Api, CallbackQuery};
 use crate::config::ReportButtons;
 use crate::delivery::JobRef;
 use crate::work::reminders::{Reminders, Snooze};

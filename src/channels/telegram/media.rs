@@ -18,7 +18,7 @@
 use crate::bus::{Attachment, AttachmentKind};
 use crate::workspace::Workspace;
 
-use super::api::{Api, ApiError, FileRef, Message, MAX_DOWNLOAD};
+use crate::clients::telegram::{Api, ApiError, FileRef, Message, MAX_DOWNLOAD};
 
 /// Downloads of one update tried this often before the user is told.
 pub const MAX_TRIES: u32 = 3;

@@ -1,6 +1,6 @@
 //! The Telegram channel: long polling for messages, delivery to `telegram:<chat_id>`.
 //!
-//! - [`api`]: the Bot API client (ours; see its header for why).
+//! - [`crate::clients::telegram`]: the Bot API client (ours; see its header for why).
 //! - [`format`]: Markdown → Telegram HTML, split under 4096 characters.
 //! - [`media`]: voice notes, photos and documents saved to the workspace inbox.
 //! - [`buttons`]: Done / Snooze under job reports, and what a press does.
@@ -40,7 +40,6 @@
 //! acted on only for `allow_from` users. A Telegram reply to a job's report
 //! (one with our buttons) continues that job's session.
 
-pub mod api;
 pub mod buttons;
 pub mod format;
 pub mod media;
@@ -59,12 +58,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::SessionActivity;
 use crate::bus::{Conversation, InboundMessage, Target};
+use crate::clients::telegram::{self as api, Api, ApiError, Message, User};
 use crate::config::TelegramConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::policy::pins::{self, Allow, Verdict};
 use crate::util::BoxFuture;
 use crate::work::reminders::Reminders;
-use api::{Api, ApiError, Message, User};
 use media::{Fetched, Inbox};
 
 /// The typing indicator lasts ~5 s; it is refreshed this often while a turn runs.

@@ -9,8 +9,8 @@
 
 use std::time::Instant;
 
-use super::api::{Api, Message};
 use super::Poller;
+use crate::clients::telegram::{Api, Message};
 use crate::policy::pairing::{self, Redeemed};
 
 /// The code of a `/pair <code>` (or `/pair@thisbot <code>`) message in a private chat.
@@ -108,7 +108,7 @@ mod tests {
 
     fn msg(kind: &str, text: &str) -> Message {
         Message {
-            chat: super::super::api::Chat { id: 5, kind: kind.into(), ..Default::default() },
+            chat: crate::clients::telegram::Chat { id: 5, kind: kind.into(), ..Default::default() },
             text: Some(text.into()),
             ..Default::default()
         }

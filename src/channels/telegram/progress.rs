@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::api::Api;
 use crate::bus::Conversation;
+use crate::clients::telegram::Api;
 
 /// At most one edit per chat this often.
 pub const MIN_EDIT_GAP: Duration = Duration::from_secs(2);

@@ -1,0 +1,26 @@
+//! Protocol clients: Home Assistant's REST ([`ha_rest`]) and WebSocket
+//! ([`ha_ws`]) APIs and the Telegram Bot API ([`telegram`]).
+//!
+//! They speak a wire protocol and nothing more: no tool, channel or policy
+//! decision lives here. Tools and channels both sit above this layer, so
+//! either may hold a client (the `ha_*` tools and the `ha:notify` channel
+//! share one [`ha_rest::HaRest`]); a client never knows who holds it.
+
+pub mod ha_rest;
+pub mod ha_ws;
+pub mod telegram;
+
+/// The body of `resp`, at most `cap` bytes; `true` when there was more.
+pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body: Vec<u8> = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        let room = cap - body.len();
+        if chunk.len() >= room {
+            body.extend_from_slice(&chunk[..room]);
+            let more = chunk.len() > room || resp.chunk().await.ok().flatten().is_some_and(|c| !c.is_empty());
+            return Ok((body, more));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
