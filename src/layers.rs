@@ -14,7 +14,7 @@ pub const LAYERS: &[(&str, &[&str])] = &[
     ("vocabulary", &["bus"]),
     ("configuration", &["config"]),
     // Independent services: the LLM backends, the command sandbox, the scheduler's core.
-    ("services", &["provider", "sandbox", "scheduler"]),
+    ("services", &["provider", "sandbox", "scheduler", "clients"]),
     // How reports reach channels (outbox, dispatcher, the Channel trait); who may do what.
     ("delivery", &["delivery", "policy"]),
     ("tools", &["tools"]),

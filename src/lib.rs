@@ -31,6 +31,7 @@ pub mod agent;
 pub mod bus;
 pub mod channels;
 pub mod cli;
+pub mod clients;
 pub mod config;
 pub mod daemon;
 pub mod delivery;
