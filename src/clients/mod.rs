@@ -1,5 +1,6 @@
 //! Protocol clients: Home Assistant's REST ([`ha_rest`]) and WebSocket
-//! ([`ha_ws`]) APIs and the Telegram Bot API ([`telegram`]).
+//! ([`ha_ws`]) APIs, the Telegram Bot API ([`telegram`]) and the MQTT
+//! connection ([`mqtt`]).
 //!
 //! They speak a wire protocol and nothing more: no tool, channel or policy
 //! decision lives here. Tools and channels both sit above this layer, so
@@ -8,6 +9,7 @@
 
 pub mod ha_rest;
 pub mod ha_ws;
+pub mod mqtt;
 pub mod telegram;
 
 /// The body of `resp`, at most `cap` bytes; `true` when there was more.

@@ -30,8 +30,7 @@ use serde_json::{json, Value};
 use super::{Link, Settings};
 use crate::scheduler::Job;
 
-/// Home Assistant's default discovery prefix.
-pub const DISCOVERY_PREFIX: &str = "homeassistant";
+pub use crate::clients::mqtt::DISCOVERY_PREFIX;
 
 /// At most this many job buttons are published (the first marked jobs in the
 /// store's order); more marked jobs are logged once.
@@ -50,16 +49,14 @@ pub fn button_jobs(jobs: &[Job]) -> (Vec<&Job>, usize) {
     (marked.into_iter().take(MAX_BUTTONS).collect(), over)
 }
 
-/// The device name as a discovery node id: `[a-zA-Z0-9_-]` only.
+/// The device's discovery node id ([`Settings::node_id`]).
 pub fn node_id(s: &Settings) -> String {
-    let clean: String =
-        s.device.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' }).collect();
-    format!("bramble_{clean}")
+    s.node_id()
 }
 
 /// The filter matching every discovery document of this device.
 pub fn cleanup_filter(s: &Settings) -> String {
-    format!("{DISCOVERY_PREFIX}/+/{}/+/config", node_id(s))
+    s.discovery_filter()
 }
 
 /// Whether `topic` is one of this device's discovery documents.

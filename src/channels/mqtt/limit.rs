@@ -16,12 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// `[mqtt] turns_per_minute` and `turn_burst`; `per_minute = 0`: no limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TurnRate {
-    pub per_minute: u32,
-    pub burst: u32,
-}
+pub use crate::clients::mqtt::TurnRate;
 
 /// One source's bucket. Never waits: it runs in the MQTT polling task.
 pub struct TurnLimit {

@@ -11,7 +11,6 @@ use rumqttc::v5::AsyncClient;
 use tokio::sync::oneshot;
 
 use super::{Settings, MAX_PACKET};
-use crate::util::BoxFuture;
 
 /// Why one publish did not reach the broker.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,16 +60,6 @@ struct LinkState {
     broker_max: Option<u32>,
 }
 
-impl crate::delivery::Publisher for Link {
-    /// `mqtt_publish`: never to a topic we listen to, nor one against MQTT's rules.
-    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.settings.inputs.refuse(topic).map_err(|e| e.to_string())?;
-            self.publish_acked(topic, payload, retain, super::ACK_TIMEOUT).await.map_err(|e| e.to_string())
-        })
-    }
-}
-
 impl Link {
     pub fn new(settings: Settings) -> Arc<Link> {
         Arc::new(Link { settings, state: Mutex::new(LinkState::default()) })
@@ -81,13 +70,13 @@ impl Link {
     }
 
     /// The current connection's client, if connected.
-    pub(super) fn client(&self) -> Option<AsyncClient> {
+    pub fn client(&self) -> Option<AsyncClient> {
         self.lock().client.clone()
     }
 
     /// Every publish handed to rumqttc has been written to the socket: the
     /// connection task may drop a `poll()` future to queue a ping.
-    pub(super) fn idle(&self) -> bool {
+    pub fn idle(&self) -> bool {
         self.lock().queued.is_empty()
     }
 
@@ -136,19 +125,19 @@ impl Link {
         flush_retained(&mut st);
     }
 
-    #[cfg(test)]
-    pub(super) fn unsent_count(&self) -> usize {
+    #[doc(hidden)]
+    pub fn unsent_count(&self) -> usize {
         self.lock().unsent.len()
     }
 
     /// The retained topics we currently hold (for discovery clean-up).
-    pub(super) fn retained_value(&self, topic: &str) -> Option<Vec<u8>> {
+    pub fn retained_value(&self, topic: &str) -> Option<Vec<u8>> {
         self.lock().retained.get(topic).cloned()
     }
 
     /// A new connection: take its client, subscribe, publish the retained state.
     /// `broker_max`: the broker's Maximum Packet Size, if it told one.
-    pub(super) fn on_connack(&self, client: AsyncClient, subscriptions: &[String], broker_max: Option<u32>) {
+    pub fn on_connack(&self, client: AsyncClient, subscriptions: &[String], broker_max: Option<u32>) {
         let mut st = self.lock();
         st.broker_max = broker_max;
         for filter in subscriptions {
@@ -169,7 +158,7 @@ impl Link {
     }
 
     /// rumqttc wrote a publish: the oldest waiter belongs to it.
-    pub(super) fn on_outgoing_publish(&self, pkid: u16) {
+    pub fn on_outgoing_publish(&self, pkid: u16) {
         let mut st = self.lock();
         if let Some(waiter) = st.queued.pop_front() {
             if pkid == 0 {
@@ -184,7 +173,7 @@ impl Link {
 
     /// The broker's PubAck. MQTT 5 gives a reason: a refusal (not authorized,
     /// quota exceeded, …) fails the waiter with it; the outbox counts it.
-    pub(super) fn on_puback(&self, ack: &PubAck) {
+    pub fn on_puback(&self, ack: &PubAck) {
         let Some(waiter) = self.lock().unacked.remove(&ack.pkid) else { return };
         let outcome = match ack.reason {
             PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Ok(()),
@@ -198,7 +187,7 @@ impl Link {
 
     /// The connection is gone: every waiter fails (the outbox retries), new
     /// publishes are refused until the next ConnAck.
-    pub(super) fn on_disconnect(&self) {
+    pub fn on_disconnect(&self) {
         let mut st = self.lock();
         st.client = None;
         st.queued.clear();
