@@ -11,6 +11,42 @@
 //! Without a config file the daemon still runs with defaults and says what is
 //! not configured: no provider means LLM jobs fail with that reason, while
 //! reminders and exec jobs still run.
+//!
+//! ## Services and supervision
+//!
+//! [`assemble::daemon`] builds every part once; [`start`] hands each
+//! long-running loop to a [`Supervisor`] as a named [`Service`] (a struct with
+//! `async fn run(self, Shutdown)`). Only this module and `util::tasks` spawn
+//! long-running tasks (`src/layers.rs` checks it). [`Shutdown`] has two
+//! phases: *stop* (take no new work) and, after [`SHUTDOWN_GRACE`] for turns
+//! in flight, *abort* (cancel what still runs).
+//!
+//! A task that ends while the daemon is not stopping is logged at error with
+//! its name, then, by its policy ([`crate::util::tasks::Policy`]):
+//! **restart** (made again after a backoff of 1 s doubling to 5 min), or
+//! **exit** (the daemon stops, exit status 1, and systemd's `Restart=` starts
+//! it afresh), or **ends** (ending is what it does; a panic still exits).
+//!
+//! | task | policy | why |
+//! |---|---|---|
+//! | telegram poller | ends | it ends by itself only when Telegram refuses the token, and says so; a restart cannot help until the config changes, and an exit would keep the whole daemon down (a refused token is fatal at start) |
+//! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
+//! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
+//! | bus server | exit | owns the bus's inbound end |
+//! | announcements | exit | owns the sub-agents' announcement queue (taken once) |
+//! | unanswered messages | ends | one pass at start |
+//! | mqtt triggers, ha triggers | exit | each owns its fire queue |
+//! | mqtt connection | exit | owns the router (inbound queue, trigger queue) |
+//! | mqtt state | restart | recomputes the retained state from the state files |
+//! | ha events | exit | owns the trigger queue's sending end |
+//! | control socket | exit | owns the bound socket |
+//! | scheduler | exit | owns the run-now queue and the runs in flight; a fresh start re-reads `jobs.json` |
+//! | heartbeat | restart | anchored on `heartbeat.json`, so a new loop keeps the interval |
+//! | dead-man | restart | the open alerts are in `alerts.json` |
+//! | state watcher | restart | a new inotify watch; without one it sets polling and waits |
+//! | systemd watchdog | restart | stateless (only spawned when systemd asks for pings) |
+//! | mcp servers | exit | starting the servers' supervisors twice would double their connections |
+//! | start-up pages | restart | releasing the pages again is harmless |
 
 pub mod assemble;
 pub mod control;
