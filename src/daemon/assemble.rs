@@ -8,9 +8,12 @@
 //! Below this module nothing constructs a sibling: the agent is handed its
 //! tools, the tools their publisher and job store, the channels a
 //! [`SessionActivity`](crate::agent::SessionActivity) view of the agent. Each
-//! part is complete when it is made; nothing is set on it afterwards. Building
-//! is pure: no task is spawned and no connection opened until the caller
-//! starts the parts (`daemon::start`).
+//! part is complete when it is made; nothing is set on it afterwards. For the
+//! daemon every part is made here once (one job store, one [`Reports`]), the
+//! long-running loops included, as values with `run(self, Shutdown)`.
+//! Building is pure: no task is spawned and no connection opened until the
+//! caller starts the parts (`daemon::start`), but for [`queued`]'s outbox
+//! pump, a one-off command's only task.
 
 use std::sync::Arc;
 

@@ -208,8 +208,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
         tasks.spawn(Service::ends("telegram poller", |sd| poller.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
-    let outbox = d.outbox;
-    tasks.spawn(Service::restarting("outbox sender", move |sd| outbox.clone().run(sd)));
+    tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));
     tasks.spawn(Service::new("bus server", |sd| d.bus.run(sd)));
     if let Some(announcements) = d.announcements {
         tasks.spawn(Service::new("announcements", |sd| announcements.run(sd)));
@@ -220,8 +219,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
             tasks.spawn(Service::new("mqtt triggers", |sd| triggers.run(sd)));
         }
         tasks.spawn(Service::new("mqtt connection", |sd| mqtt.connection.run(sd)));
-        let state = mqtt.state;
-        tasks.spawn(Service::restarting("mqtt state", move |sd| state.clone().run(sd)));
+        tasks.spawn(Service::restarting("mqtt state", move |sd| mqtt.state.clone().run(sd)));
     }
     if let Some(ha) = d.ha {
         tasks.spawn(Service::new("ha triggers", |sd| ha.triggers.run(sd)));
@@ -235,10 +233,8 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
         Some(heartbeat) => tasks.spawn(Service::restarting("heartbeat", move |sd| heartbeat.clone().run(sd))),
         None => tracing::info!("heartbeat disabled"),
     }
-    let dead_man = d.dead_man;
-    tasks.spawn(Service::restarting("dead-man", move |sd| dead_man.clone().run(sd)));
-    let watcher = d.watcher;
-    tasks.spawn(Service::restarting("state watcher", move |sd| watcher.clone().run(sd)));
+    tasks.spawn(Service::restarting("dead-man", move |sd| d.dead_man.clone().run(sd)));
+    tasks.spawn(Service::restarting("state watcher", move |sd| d.watcher.clone().run(sd)));
     if let Some(watchdog) = systemd::Watchdog::enabled() {
         tasks.spawn(Service::restarting("systemd watchdog", move |sd| watchdog.run(sd)));
     }
