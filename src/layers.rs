@@ -265,6 +265,96 @@ mod tests {
         assert!(wrong.is_empty(), "process-wide mutable statics outside util/:\n{}", wrong.join("\n"));
     }
 
+    /// Only the composition root (`src/daemon/`) and `util/tasks.rs` start
+    /// tasks: a long-running loop elsewhere is a struct with `run(self,
+    /// Shutdown)` that the daemon spawns as a named, supervised service. The
+    /// listed files start short-lived tasks bounded by what they serve, or are
+    /// waiting for their owner (issue 38), or are a command's own root.
+    #[test]
+    fn only_the_composition_root_spawns() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        // Each entry: a file that spawns, and why it may.
+        let allowed: &[&str] = &[
+            // Job runs, in the scheduler's own JoinSet: at most one per job, reaped and cancelled by the loop.
+            "scheduler/actor.rs",
+            // Sub-agent runs: at most `[agent] max_subagents` (permits), cancelled with their session.
+            "agent/subagent.rs",
+            // The usage ledger's delayed flush: one at a time, holding only a weak reference.
+            "agent/usage.rs",
+            // The typing indicator: at most one per chat, ending with the chat's turn or the stop.
+            "channels/telegram/mod.rs",
+            // A chat's status message: one worker per chat while its turn runs.
+            "channels/telegram/progress.rs",
+            // One alert write per scheduler pass (missed runs, removed jobs).
+            "work/jobs.rs",
+            // Forgetting the one warm jail after it idled: one at a time (the slot).
+            "sandbox/warm.rs",
+            // Waiting for their owner: each MCP server's supervisor, and its
+            // transport's reader tasks, for the life of one connection; started
+            // by the daemon's `mcp servers` service and stopped at its abort.
+            "tools/mcp/server.rs",
+            "tools/mcp/transport/stdio.rs",
+            "tools/mcp/transport/http.rs",
+            // `bramble agent` and `bramble cron run` are their own roots: their
+            // tasks (printer, announcements, Ctrl-C watch) live as long as the command.
+            "cli/chat.rs",
+            "cli/cron.rs",
+        ];
+        let mut wrong = Vec::new();
+        let mut spawning = std::collections::BTreeSet::new();
+        for file in &files {
+            let rel = file.strip_prefix(&root).unwrap().display().to_string();
+            let text = std::fs::read_to_string(file).unwrap();
+            let text = text.find("#[cfg(test)]\nmod ").map_or(text.as_str(), |i| &text[..i]);
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                if !starts_a_task(code) {
+                    continue;
+                }
+                spawning.insert(rel.clone());
+                if !(rel.starts_with("daemon/") || rel == "util/tasks.rs" || allowed.contains(&rel.as_str())) {
+                    wrong.push(format!("src/{rel}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(files.len() > 50, "the sources were found");
+        assert!(spawning.contains("daemon/mod.rs"), "the daemon's own spawns are seen");
+        assert!(
+            wrong.is_empty(),
+            "tasks started outside the composition root (make the loop a service the daemon spawns):\n{}",
+            wrong.join("\n")
+        );
+        let stale: Vec<_> = allowed.iter().filter(|f| !spawning.contains(**f)).collect();
+        assert!(stale.is_empty(), "allowed to spawn but no longer does (take it off the list): {stale:?}");
+    }
+
+    /// Whether a line of code starts an async task: `tokio::spawn(…)` or
+    /// `<set>.spawn(<future>)`, not a process (`.spawn()`) nor a thread (`spawn(move || …)`).
+    fn starts_a_task(code: &str) -> bool {
+        code.match_indices("spawn(").any(|(i, _)| {
+            let before = &code[..i];
+            let arg = code[i + "spawn(".len()..].trim_start();
+            let method = before.ends_with('.') || before.ends_with("::");
+            let thread = arg.starts_with("move |") || arg.starts_with('|') || before.ends_with("thread::");
+            method && !arg.starts_with(')') && !thread
+        })
+    }
+
+    #[test]
+    fn task_starts_are_told_from_processes_and_threads() {
+        assert!(starts_a_task("    tokio::spawn(async move {"));
+        assert!(starts_a_task("let h = set.spawn(run(x));"));
+        assert!(starts_a_task("tokio::task::spawn(f)"));
+        assert!(!starts_a_task("let child = command(&spec).spawn()?;"));
+        assert!(!starts_a_task("std::thread::spawn(move || {"));
+        assert!(!starts_a_task("Builder::new().stack_size(64).spawn(move || {"));
+        assert!(!starts_a_task("s.spawn(|| work())"));
+        assert!(!starts_a_task("tokio::task::spawn_blocking(f)"));
+        assert!(!starts_a_task("pub fn spawn(x: u8) {"));
+    }
+
     /// Rooms a reader can walk through: no file over 900 lines of non-test
     /// code, no function over 100 lines (from `fn` to its closing brace).
     #[test]

@@ -62,7 +62,7 @@ pub use consolidate::Consolidation;
 pub use inflight::{InFlight, InFlightGuard};
 pub use react::ProgressSink;
 pub(crate) use react::{run_loop, LoopFail, LoopSpec, LoopStats};
-pub use serve::BusServer;
+pub use serve::{Announcements, BusServer, ServeBus};
 pub use status::SessionStatus;
 
 /// Turns running at once across all sessions (each holds a prompt in memory).

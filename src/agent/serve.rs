@@ -51,6 +51,39 @@ impl Agent {
     }
 }
 
+/// The daemon's bus server as a service: [`BusServer::run`] over the bus's
+/// two ends; the stop ends taking messages, the abort cancels running turns.
+pub struct ServeBus {
+    pub agent: Arc<Agent>,
+    pub inbound: mpsc::Receiver<InboundMessage>,
+    pub outbound: mpsc::Sender<OutboundMessage>,
+}
+
+impl ServeBus {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let (stop, abort) = (shutdown.stop_token().clone(), shutdown.abort_token().clone());
+        BusServer::new(self.agent).run(self.inbound, self.outbound, stop, abort).await
+    }
+}
+
+/// Sub-agents' reports turned into turns ([`BusServer::run_announcements`])
+/// until the abort; answers go to `outbound`.
+pub struct Announcements {
+    agent: Arc<Agent>,
+    outbound: mpsc::Sender<OutboundMessage>,
+}
+
+impl Announcements {
+    /// `None` when the agent has no sub-agents (nothing would ever be announced).
+    pub fn new(agent: Arc<Agent>, outbound: mpsc::Sender<OutboundMessage>) -> Option<Announcements> {
+        agent.subagents.is_some().then_some(Announcements { agent, outbound })
+    }
+
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        BusServer::new(self.agent).run_announcements(self.outbound, shutdown.abort_token().clone()).await
+    }
+}
+
 impl BusServer {
     pub fn new(agent: Arc<Agent>) -> BusServer {
         BusServer { agent }

@@ -8,9 +8,12 @@
 //! Below this module nothing constructs a sibling: the agent is handed its
 //! tools, the tools their publisher and job store, the channels a
 //! [`SessionActivity`](crate::agent::SessionActivity) view of the agent. Each
-//! part is complete when it is made; nothing is set on it afterwards. Building
-//! is pure: no task is spawned and no connection opened until the caller
-//! starts the parts (`daemon::start`).
+//! part is complete when it is made; nothing is set on it afterwards. For the
+//! daemon every part is made here once (one job store, one [`Reports`]), the
+//! long-running loops included, as values with `run(self, Shutdown)`.
+//! Building is pure: no task is spawned and no connection opened until the
+//! caller starts the parts (`daemon::start`), but for [`queued`]'s outbox
+//! pump, a one-off command's only task.
 
 use std::sync::Arc;
 
@@ -20,14 +23,26 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::context::{ContextBuilder, ContextLimits};
 use crate::agent::session::SessionStore;
 use crate::agent::usage::UsageLedger;
-use crate::agent::{memory, skills, subagent, Agent, AgentParts, AgentSettings, InFlight};
-use crate::bus::{Bus, OutboundMessage};
+use crate::agent::{memory, skills, subagent, Agent, AgentParts, AgentSettings, Announcements, InFlight, ServeBus};
+use crate::bus::{Bus, InboundMessage, OutboundMessage};
+use crate::channels::homeassistant::events::{self, HaEvents};
+use crate::channels::mqtt::MqttServices;
+use crate::channels::telegram::TelegramPoller;
 use crate::config::Loaded;
+use crate::delivery::dispatcher::{OutboundPump, OutboxSender};
 use crate::delivery::outbox::Outbox;
 use crate::delivery::{Channels, Publisher, Reports};
 use crate::sandbox::Sandbox;
-use crate::scheduler::{JobStore, Scheduler, SchedulerHandle};
+use crate::scheduler::heartbeat::StateFile;
+use crate::scheduler::{JobStore, Scheduler, SchedulerHandle, SchedulerLoop};
 use crate::tools::ToolRegistry;
+use crate::util::shutdown::Shutdown;
+use crate::work::alerts::{self, Alerts, DeadMan, Watched};
+use crate::work::heartbeat::{Heartbeat, HeartbeatLoop};
+use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
+use crate::work::Runner;
+
+use super::watch::StateWatcher;
 
 /// What the agent is connected to besides its config.
 pub struct AgentLinks {
@@ -42,12 +57,14 @@ pub struct AgentLinks {
     /// The daemon's Home Assistant client, shared with the `ha` channel
     /// (`None`: the agent makes its own from the config, if there is one).
     pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
+    /// The daemon's job store (`None`: the agent opens the config's).
+    pub jobs: Option<JobStore>,
 }
 
 impl AgentLinks {
     /// Links for an agent outside the daemon: it sends to `outbound` only.
     pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
-        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None, ha: None }
+        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None, ha: None, jobs: None }
     }
 }
 
@@ -69,7 +86,8 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     // the daemon's start-up line as "no LLM: <reason>".
     let provider: Result<Arc<dyn crate::provider::Provider>, String> = crate::provider::chain::Chain::from_config(c)
         .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>);
-    let mut tools = tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox);
+    let jobs = links.jobs.unwrap_or_else(|| JobStore::open(state));
+    let mut tools = tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox, jobs.clone());
     let (_, skill_errors) = skills::load(&ws);
     for e in &skill_errors {
         tracing::warn!("skill left out: {e}");
@@ -101,7 +119,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
         hub
     });
     let mut parts = AgentParts::new(provider, tools, SessionStore::new(state), context, settings);
-    parts.jobs = Some((JobStore::open(state), c.timezone().tz().clone()));
+    parts.jobs = Some((jobs, c.timezone().tz().clone()));
     parts.exec = Some((c.exec.clone(), Arc::clone(sandbox)));
     parts.scheduler = links.scheduler;
     parts.progress = links.progress;
@@ -122,6 +140,7 @@ fn tools(
     mqtt: Option<Arc<dyn Publisher>>,
     ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
     sandbox: &Arc<Sandbox>,
+    jobs: JobStore,
 ) -> ToolRegistry {
     let c = &loaded.config;
     let ws = loaded.paths.workspace.clone();
@@ -163,13 +182,8 @@ fn tools(
         tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
     }
     tools.register(Arc::new(
-        crate::tools::cron::CronTool::new(
-            JobStore::open(state),
-            c.timezone(),
-            telegram_chats,
-            c.mqtt.publish_allow.clone(),
-        )
-        .with_mqtt_inputs(mqtt_inputs),
+        crate::tools::cron::CronTool::new(jobs, c.timezone(), telegram_chats, c.mqtt.publish_allow.clone())
+            .with_mqtt_inputs(mqtt_inputs),
     ));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
@@ -231,46 +245,48 @@ fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Lin
     }
 }
 
-/// The daemon's parts for one config, built and not yet started.
+/// The daemon's parts for one config, built and not yet started: every
+/// long-running loop as a value with `run(self, Shutdown)`, for
+/// `daemon::start` to hand to its supervisor (see the table in [`super`]).
 pub struct Daemon {
+    /// This generation's two-phase shutdown; the job runner cancels with its abort.
+    pub shutdown: Shutdown,
     pub agent: Arc<Agent>,
-    /// The bus between the channels and the agent.
-    pub bus: Bus,
     /// Where reports go: `log`, and `telegram`/`mqtt`/`ha` when configured.
     pub channels: Channels,
-    /// Telegram's poller (its delivery side is in `channels`).
-    pub telegram: Option<crate::channels::telegram::Telegram>,
-    /// The broker connection (its delivery side is in `channels`).
-    pub mqtt: Option<Arc<crate::channels::mqtt::Link>>,
-    /// Home Assistant's REST client (the tools, the `ha` channel, the triggers' WebSocket).
-    pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
-    pub scheduler: Scheduler,
-    /// The durable outbox; reports it cannot write (disk full) wait in memory.
-    pub outbox: Outbox,
-    /// Wakes the outbox's dispatcher.
-    pub wake: Arc<Notify>,
     /// Where commands run (the agent's exec tool and the work runner share it).
     pub sandbox: Arc<Sandbox>,
-}
-
-impl Daemon {
-    /// How work reports: into the outbox, waking its dispatcher.
-    pub fn reports(&self) -> Reports {
-        Reports::new(self.outbox.clone(), self.wake.clone())
-    }
+    /// Where channels put inbound messages; held so the agent's queue stays open.
+    pub inbound: mpsc::Sender<InboundMessage>,
+    /// The scheduler, handing due jobs to the job runner (and its observers).
+    pub scheduler: SchedulerLoop<ObservedRunner>,
+    pub telegram: Option<TelegramPoller>,
+    pub pump: OutboundPump,
+    pub outbox: OutboxSender,
+    pub bus: ServeBus,
+    pub announcements: Option<Announcements>,
+    pub unanswered: super::Unanswered,
+    pub mqtt: Option<MqttServices>,
+    pub ha: Option<HaEvents>,
+    /// `None`: `[heartbeat] enabled = false`.
+    pub heartbeat: Option<HeartbeatLoop>,
+    pub dead_man: DeadMan,
+    pub watcher: StateWatcher,
+    pub mcp: super::McpSources,
 }
 
 /// Everything `bramble run` runs for this config.
 pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::TelegramError> {
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
+    let shutdown = Shutdown::new();
+    let jobs = JobStore::open(state);
     let bus = Bus::new();
     let mqtt = mqtt_link(c);
-    let scheduler = Scheduler::new(JobStore::open(state), c.timezone().tz().clone())
-        .with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
+    let scheduler =
+        Scheduler::new(jobs.clone(), c.timezone().tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
     let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
-    let reminders =
-        crate::work::reminders::Reminders::new(JobStore::open(state), c.timezone().tz().clone(), tomorrow_at);
+    let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
     let telegram =
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
     let ha = ha_rest(c);
@@ -280,31 +296,187 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
         progress: telegram.as_ref().and_then(|t| t.progress()),
+        jobs: Some(jobs.clone()),
     };
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, links, &sandbox));
-    let mut channels = Channels::with_log();
-    if let Some(t) = &telegram {
-        channels.add(t.channel());
-    }
-    if let Some(link) = &mqtt {
-        channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
-    }
-    if let Some(ha) = &ha {
-        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
-    }
+    let channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
+    let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
+    let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let telegram = telegram.map(|telegram| TelegramPoller {
+        telegram,
+        inbound: bus.inbound_tx.clone(),
+        activity: agent.activity(),
+    });
+    let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
+    let mqtt = mqtt.and_then(|link| {
+        let wiring = crate::channels::mqtt::Wiring {
+            inbound: bus.inbound_tx.clone(),
+            scheduler: scheduler.handle(),
+            jobs,
+            state_dir: state.clone(),
+            triggers: Some(work.triggers()),
+            reports: reports.clone(),
+        };
+        mqtt_services(link, &c.mqtt, wiring)
+    });
+    let ha = ha.and_then(|ha| events::services(&ha, &c.homeassistant, state, work.triggers()));
+    let (scheduler, heartbeat, dead_man) = work.into_loops(scheduler, mqtt.as_ref().map(|(_, o)| o.clone()), &agent);
+    let mut watched =
+        vec![("jobs.json", scheduler.scheduler.reload_handle()), ("outbox.jsonl", reports.wake().clone())];
+    let mqtt = mqtt.map(|(services, _)| {
+        watched.extend(services.state.files());
+        services
+    });
     Ok(Daemon {
+        shutdown,
+        unanswered: super::Unanswered { agent: agent.clone(), reports: reports.clone() },
+        mcp: super::McpSources { agent: agent.clone() },
+        announcements: Announcements::new(agent.clone(), bus.outbound_tx.clone()),
+        bus: ServeBus { agent: agent.clone(), inbound: bus.inbound_rx, outbound: bus.outbound_tx },
+        pump: OutboundPump { outbound: bus.outbound_rx, reports: reports.clone() },
+        outbox: OutboxSender { reports, channels: channels.clone(), poll: poll.clone() },
+        watcher: StateWatcher { dir: state.clone(), watched, poll },
+        inbound: bus.inbound_tx,
         agent,
-        bus,
         channels,
+        sandbox,
+        scheduler,
         telegram,
         mqtt,
         ha,
-        scheduler,
-        outbox: Outbox::new(state).holding_in_memory(),
-        wake: Arc::new(Notify::new()),
-        sandbox,
+        heartbeat,
+        dead_man,
     })
+}
+
+/// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.
+fn channels(
+    telegram: Option<&crate::channels::telegram::Telegram>,
+    mqtt: Option<&Arc<crate::channels::mqtt::Link>>,
+    ha: Option<&Arc<crate::clients::ha_rest::HaRest>>,
+) -> Channels {
+    let mut channels = Channels::with_log();
+    if let Some(t) = telegram {
+        channels.add(t.channel());
+    }
+    if let Some(link) = mqtt {
+        channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
+    }
+    if let Some(ha) = ha {
+        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
+    }
+    channels
+}
+
+/// MQTT's tasks on `link`, and the observer that publishes each job's run record (`None`: MQTT is off).
+fn mqtt_services(
+    link: Arc<crate::channels::mqtt::Link>,
+    config: &crate::config::MqttConfig,
+    wiring: crate::channels::mqtt::Wiring,
+) -> Option<(MqttServices, RunObserver)> {
+    match crate::channels::mqtt::services(link.clone(), config, wiring) {
+        Ok(services) => {
+            let observer: RunObserver = Arc::new(move |job: &crate::scheduler::Job, record: &serde_json::Value| {
+                crate::channels::mqtt::publish_run_record(&link, record, &job.name)
+            });
+            Some((services, observer))
+        }
+        Err(e) => {
+            tracing::error!("MQTT is off: {e}");
+            None
+        }
+    }
+}
+
+/// What runs without a chat waiting: the work runner (jobs, triggers), the
+/// heartbeat and the alerts, reporting to one outbox.
+struct Work {
+    runner: Runner,
+    reports: Reports,
+    alerts: Alerts,
+    job_runner: JobRunner,
+    heartbeat: Option<Heartbeat>,
+}
+
+fn work(loaded: &Loaded, agent: &Arc<Agent>, sandbox: &Arc<Sandbox>, reports: &Reports, shutdown: &Shutdown) -> Work {
+    let c = &loaded.config;
+    let runner = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone(), sandbox.clone());
+    let alerts = Alerts::new(&loaded.paths.state_dir, &c.alerts, reports.clone());
+    let job_runner = JobRunner {
+        runner: runner.clone(),
+        reports: reports.clone(),
+        abort: shutdown.abort_token().clone(),
+        alerts: alerts.clone(),
+        standing: standing(loaded),
+    };
+    let heartbeat = c.heartbeat.enabled.then(|| Heartbeat {
+        config: c.heartbeat.clone(),
+        workspace: loaded.paths.workspace.clone(),
+        tz: c.timezone(),
+        state: StateFile::new(&loaded.paths.state_dir),
+        reports: reports.clone(),
+        pulse: crate::util::pulse::Pulse::new(),
+    });
+    Work { runner, reports: reports.clone(), alerts, job_runner, heartbeat }
+}
+
+impl Work {
+    /// What a trigger runner needs (MQTT's, Home Assistant's).
+    fn triggers(&self) -> crate::work::triggers::TriggerDeps {
+        crate::work::triggers::TriggerDeps { runner: self.runner.clone(), reports: self.reports.clone() }
+    }
+
+    /// The scheduler over the job runner (its runs also told to `observer`),
+    /// the heartbeat's loop, and the dead-man watching both.
+    fn into_loops(
+        self,
+        scheduler: Scheduler,
+        observer: Option<RunObserver>,
+        agent: &Arc<Agent>,
+    ) -> (SchedulerLoop<ObservedRunner>, Option<HeartbeatLoop>, DeadMan) {
+        let mut watched = vec![scheduler_watched(scheduler.pulse())];
+        if let Some(hb) = &self.heartbeat {
+            watched.push(heartbeat_watched(hb.pulse.clone(), hb.config.every.get()));
+        }
+        let executor = ObservedRunner { runner: self.job_runner, observers: observer.into_iter().collect() };
+        let heartbeat = self.heartbeat.map(|heartbeat| HeartbeatLoop { heartbeat, agent: agent.clone() });
+        let dead_man = DeadMan { alerts: self.alerts, watched, outbox: self.reports.outbox().clone() };
+        (SchedulerLoop { scheduler, executor }, heartbeat, dead_man)
+    }
+}
+
+/// The dead-man's watch on the scheduler's loop.
+fn scheduler_watched(pulse: crate::util::pulse::Pulse) -> Watched {
+    Watched {
+        key: alerts::SCHEDULER_KEY,
+        pulse,
+        limit: alerts::SCHEDULER_STALL,
+        alert: |silent| {
+            format!(
+                "Alert: the scheduler has not completed a pass for {}: jobs may not run. (The systemd watchdog \
+                 restarts a daemon that hangs as a whole; this one still runs.) Try `sudo systemctl restart bramble`.",
+                crate::config::Dur(silent)
+            )
+        },
+        recovered: "Recovered: the scheduler runs again.",
+    }
+}
+
+/// The dead-man's watch on the heartbeat's loop, which ticks `every`.
+fn heartbeat_watched(pulse: crate::util::pulse::Pulse, every: std::time::Duration) -> Watched {
+    Watched {
+        key: alerts::HEARTBEAT_KEY,
+        pulse,
+        limit: every.max(std::time::Duration::from_secs(10)) * 2,
+        alert: |silent| {
+            format!(
+                "Alert: the heartbeat has not ticked for {} (twice its interval): HEARTBEAT.md is not being looked at.",
+                crate::config::Dur(silent)
+            )
+        },
+        recovered: "Recovered: the heartbeat ticks again.",
+    }
 }
 
 /// The agent of a chat in the terminal (`bramble agent`).
@@ -338,8 +510,7 @@ pub fn terminal(loaded: &Loaded) -> Terminal {
 /// (the `message` tool) goes into the outbox, for the daemon to deliver.
 pub struct Queued {
     pub agent: Arc<Agent>,
-    pub outbox: Outbox,
-    pub wake: Arc<Notify>,
+    reports: Reports,
     /// Cancels the work (Ctrl-C) and, at the end, the outbox pump.
     pub cancel: CancellationToken,
     /// Where commands run (the agent's exec tool and a job's `--exec`).
@@ -350,7 +521,7 @@ pub struct Queued {
 impl Queued {
     /// How work reports: into the outbox.
     pub fn reports(&self) -> Reports {
-        Reports::new(self.outbox.clone(), self.wake.clone())
+        self.reports.clone()
     }
 
     /// Stop the pump once everything queued so far is in the outbox.
@@ -361,19 +532,15 @@ impl Queued {
     }
 }
 
-/// The agent of a one-off command, with its outbox pump running.
+/// The agent of a one-off command, with its outbox pump running (the
+/// command's one task: it ends with [`Queued::finish`]).
 pub fn queued(loaded: &Loaded) -> Queued {
-    let outbox = Outbox::new(&loaded.paths.state_dir);
+    let reports = Reports::new(Outbox::new(&loaded.paths.state_dir), Arc::new(Notify::new()));
     let bus = Bus::new();
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, AgentLinks::outside_daemon(bus.outbound_tx.clone()), &sandbox));
-    let cancel = CancellationToken::new();
-    let wake = Arc::new(Notify::new());
-    let pump = tokio::spawn(crate::delivery::dispatcher::pump_outbound(
-        bus.outbound_rx,
-        outbox.clone(),
-        wake.clone(),
-        cancel.clone(),
-    ));
-    Queued { agent, outbox, wake, cancel, sandbox, pump }
+    let shutdown = Shutdown::new();
+    let pump = OutboundPump { outbound: bus.outbound_rx, reports: reports.clone() };
+    let pump = tokio::spawn(pump.run(shutdown.clone()));
+    Queued { agent, reports, cancel: shutdown.abort_token().clone(), sandbox, pump }
 }

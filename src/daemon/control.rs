@@ -169,6 +169,18 @@ pub struct Shared {
     pub audit: Audit,
 }
 
+/// The control socket's server ([`serve`]) for one daemon generation, until the stop.
+pub struct ControlServer {
+    pub listener: UnixListener,
+    pub shared: Shared,
+}
+
+impl ControlServer {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        serve(self.listener, self.shared, shutdown.stop_token().clone()).await
+    }
+}
+
 /// Serve `listener` until `stop`.
 pub async fn serve(listener: UnixListener, shared: Shared, stop: CancellationToken) {
     let shared = Arc::new(shared);

@@ -11,6 +11,42 @@
 //! Without a config file the daemon still runs with defaults and says what is
 //! not configured: no provider means LLM jobs fail with that reason, while
 //! reminders and exec jobs still run.
+//!
+//! ## Services and supervision
+//!
+//! [`assemble::daemon`] builds every part once; [`start`] hands each
+//! long-running loop to a [`Supervisor`] as a named [`Service`] (a struct with
+//! `async fn run(self, Shutdown)`). Only this module and `util::tasks` spawn
+//! long-running tasks (`src/layers.rs` checks it). [`Shutdown`] has two
+//! phases: *stop* (take no new work) and, after [`SHUTDOWN_GRACE`] for turns
+//! in flight, *abort* (cancel what still runs).
+//!
+//! A task that ends while the daemon is not stopping is logged at error with
+//! its name, then, by its policy ([`crate::util::tasks::Policy`]):
+//! **restart** (made again after a backoff of 1 s doubling to 5 min), or
+//! **exit** (the daemon stops, exit status 1, and systemd's `Restart=` starts
+//! it afresh), or **ends** (ending is what it does; a panic still exits).
+//!
+//! | task | policy | why |
+//! |---|---|---|
+//! | telegram poller | ends | it ends by itself only when Telegram refuses the token, and says so; a restart cannot help until the config changes, and an exit would keep the whole daemon down (a refused token is fatal at start) |
+//! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
+//! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
+//! | bus server | exit | owns the bus's inbound end |
+//! | announcements | exit | owns the sub-agents' announcement queue (taken once) |
+//! | unanswered messages | ends | one pass at start |
+//! | mqtt triggers, ha triggers | exit | each owns its fire queue |
+//! | mqtt connection | exit | owns the router (inbound queue, trigger queue) |
+//! | mqtt state | restart | recomputes the retained state from the state files |
+//! | ha events | exit | owns the trigger queue's sending end |
+//! | control socket | exit | owns the bound socket |
+//! | scheduler | exit | owns the run-now queue and the runs in flight; a fresh start re-reads `jobs.json` |
+//! | heartbeat | restart | anchored on `heartbeat.json`, so a new loop keeps the interval |
+//! | dead-man | restart | the open alerts are in `alerts.json` |
+//! | state watcher | restart | a new inotify watch; without one it sets polling and waits |
+//! | systemd watchdog | restart | stateless (only spawned when systemd asks for pings) |
+//! | mcp servers | exit | starting the servers' supervisors twice would double their connections |
+//! | start-up pages | restart | releasing the pages again is harmless |
 
 pub mod assemble;
 pub mod control;
@@ -20,27 +56,24 @@ pub mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Notify};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
 
 use crate::agent::{Agent, InFlight};
-use crate::delivery::dispatcher::{pump_outbound, run_outbox};
 use crate::delivery::{Channels, Reports};
-use crate::scheduler::heartbeat::{self, StateFile};
-use crate::scheduler::{Job, JobStore};
-use crate::work::alerts::{self, Alerts, Watched};
-use crate::work::heartbeat::Heartbeat;
-use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
-use crate::work::Runner;
+use crate::scheduler::heartbeat;
+use crate::util::shutdown::Shutdown;
+use crate::util::tasks::{Service, Supervisor};
 
 /// How long running turns may take to finish on shutdown or reload.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Why the daemon stopped one generation of its components.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Stop {
     Exit,
     Reload,
+    /// A task whose end stops the daemon ended (an error exit: systemd restarts it).
+    Failed(crate::util::tasks::ServiceFailed),
 }
 
 /// `bramble run`: run until SIGINT/SIGTERM; reload on SIGHUP. `control`
@@ -69,13 +102,15 @@ pub async fn run(
             }
             (Err(e), None) => return Err(e),
         };
+        let mut running = running;
         let stop = tokio::select! {
             _ = term.recv() => Stop::Exit,
             _ = int.recv() => Stop::Exit,
             _ = hup.recv() => Stop::Reload,
+            failed = running.tasks.watch() => Stop::Failed(failed),
         };
-        match stop {
-            Stop::Exit => {
+        match &stop {
+            Stop::Exit | Stop::Failed(_) => {
                 tracing::info!("stopping");
                 systemd::stopping();
             }
@@ -85,8 +120,10 @@ pub async fn run(
             }
         }
         running.stop().await;
-        if stop == Stop::Exit {
-            return Ok(());
+        match stop {
+            Stop::Exit => return Ok(()),
+            Stop::Failed(failed) => return Err(failed.into()),
+            Stop::Reload => {}
         }
         match crate::config::load(explicit_config) {
             Ok(new) if new.paths.state_dir != loaded.paths.state_dir => tracing::error!(
@@ -133,19 +170,16 @@ pub fn daemon_running(state: &std::path::Path) -> bool {
 
 /// One generation of running components.
 struct Running {
-    /// Stops components from starting new work.
-    stop: CancellationToken,
-    /// Cancels work in flight (after the grace period).
-    abort: CancellationToken,
+    shutdown: Shutdown,
     inflight: InFlight,
-    tasks: tokio::task::JoinSet<()>,
+    tasks: Supervisor,
     /// Where channels put inbound messages; held so the agent's queue stays open.
     _inbound: mpsc::Sender<crate::bus::InboundMessage>,
 }
 
 impl Running {
-    async fn stop(mut self) {
-        self.stop.cancel();
+    async fn stop(self) {
+        self.shutdown.stop();
         if !self.inflight.drained(SHUTDOWN_GRACE).await {
             tracing::warn!(
                 running = self.inflight.count(),
@@ -154,130 +188,98 @@ impl Running {
         }
         // Turns cut off now keep their user's message pending (see agent::pending).
         self.inflight.begin_shutdown();
-        self.abort.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), async { while self.tasks.join_next().await.is_some() {} })
-            .await;
-        self.tasks.abort_all();
+        self.shutdown.abort();
+        self.tasks.join(Duration::from_secs(5)).await;
     }
 }
 
-/// Start every component for this config.
+/// Start every component for this config: each long-running loop a named
+/// service under the supervisor, with its policy (the table above).
 fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> anyhow::Result<Running> {
-    let c = &loaded.config;
-    let state = &loaded.paths.state_dir;
     make_dirs(loaded)?;
-    let stop = CancellationToken::new();
-    let abort = CancellationToken::new();
-    let mut tasks = tokio::task::JoinSet::new();
-
-    let assemble::Daemon { agent, bus, channels, telegram, mqtt, ha, mut scheduler, outbox, wake, sandbox } =
-        assemble::daemon(loaded)?;
+    let mut d = assemble::daemon(loaded)?;
     // Read once, here: the scheduler starts from these, and the start-up line counts them.
-    let jobs = scheduler.preload().unwrap_or_else(|e| {
+    let jobs = d.scheduler.scheduler.preload().unwrap_or_else(|e| {
         tracing::error!("{e}");
         0
     });
-    let reports = Reports::new(outbox.clone(), wake.clone());
-    // Turns (chat, jobs, heartbeat), reminders and exec jobs: what shutdown waits for.
-    let inflight = agent.inflight().clone();
-    if let Some(telegram) = telegram {
-        tasks.spawn(telegram.poll(bus.inbound_tx.clone(), agent.activity(), stop.clone()));
+    let mut tasks = Supervisor::new(d.shutdown.clone());
+    if let Some(poller) = d.telegram {
+        tasks.spawn(Service::ends("telegram poller", |sd| poller.run(sd)));
     }
-
-    let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    tasks.spawn(pump_outbound(bus.outbound_rx, outbox.clone(), wake.clone(), abort.clone()));
-    tasks.spawn(run_outbox(outbox.clone(), channels.clone(), wake.clone(), poll.clone(), abort.clone()));
-    tasks.spawn(agent.clone().serve_until(bus.inbound_rx, bus.outbound_tx.clone(), stop.clone(), abort.clone()));
-    // Sub-agent reports become turns of the sessions that spawned them.
-    tasks.spawn(agent.clone().run_announcements(bus.outbound_tx.clone(), abort.clone()));
-    tasks.spawn(resolve_unanswered(agent.clone(), outbox.clone(), wake.clone(), abort.clone()));
-
-    let reload = scheduler.reload_handle();
-    let work = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone(), sandbox.clone());
-    let alerts = Alerts::new(state, &c.alerts, reports.clone());
-    let runner = JobRunner {
-        runner: work.clone(),
-        reports: reports.clone(),
-        abort: abort.clone(),
-        alerts: alerts.clone(),
-        standing: assemble::standing(loaded),
-    };
-    let deps = || crate::work::triggers::TriggerDeps { runner: work.clone(), reports: reports.clone() };
-    let mqtt_jobs = Arc::new(Notify::new());
-    let mqtt_heartbeat = Arc::new(Notify::new());
-    let mqtt_alerts = Arc::new(Notify::new());
-    let mut observers: Vec<RunObserver> = Vec::new();
-    if let Some(link) = mqtt.clone() {
-        let wiring = crate::channels::mqtt::Wiring {
-            inbound: bus.inbound_tx.clone(),
-            scheduler: scheduler.handle(),
-            jobs: JobStore::open(state),
-            state_dir: state.clone(),
-            jobs_changed: mqtt_jobs.clone(),
-            heartbeat_changed: mqtt_heartbeat.clone(),
-            alerts_changed: mqtt_alerts.clone(),
-            triggers: Some(deps()),
-            outbox: outbox.clone(),
-            wake: wake.clone(),
-        };
-        observers.extend(spawn_mqtt(link, &c.mqtt, wiring, &mut tasks, &stop, &abort));
+    tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
+    tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));
+    tasks.spawn(Service::new("bus server", |sd| d.bus.run(sd)));
+    if let Some(announcements) = d.announcements {
+        tasks.spawn(Service::new("announcements", |sd| announcements.run(sd)));
     }
-    if let Some(ha) = ha {
-        use crate::channels::homeassistant::events as ha_events;
-        ha_events::spawn(&ha, &c.homeassistant, state, deps(), &mut tasks, stop.clone(), abort.clone());
+    tasks.spawn(Service::ends("unanswered messages", |sd| d.unanswered.run(sd)));
+    if let Some(mqtt) = d.mqtt {
+        if let Some(triggers) = mqtt.triggers {
+            tasks.spawn(Service::new("mqtt triggers", |sd| triggers.run(sd)));
+        }
+        tasks.spawn(Service::new("mqtt connection", |sd| mqtt.connection.run(sd)));
+        tasks.spawn(Service::restarting("mqtt state", move |sd| mqtt.state.clone().run(sd)));
     }
-    // The dead-man watches the scheduler's and the heartbeat's loops.
-    let mut watched = vec![scheduler_watched(scheduler.pulse())];
-    if let Some(handler) = control {
-        spawn_control(loaded, handler, scheduler.handle(), &mut tasks, stop.clone());
+    if let Some(ha) = d.ha {
+        tasks.spawn(Service::new("ha triggers", |sd| ha.triggers.run(sd)));
+        tasks.spawn(Service::new("ha events", |sd| ha.connection.run(sd)));
     }
-    tasks.spawn(scheduler.run(ObservedRunner { runner, observers }, stop.clone()));
-
-    let heartbeat = heartbeat_of(loaded, reports);
-    if c.heartbeat.enabled {
-        watched.push(heartbeat_watched(heartbeat.pulse.clone(), c.heartbeat.every.get()));
+    if let Some(server) = control.and_then(|handler| control_server(loaded, handler, d.scheduler.scheduler.handle())) {
+        tasks.spawn(Service::new("control socket", |sd| server.run(sd)));
     }
-    tasks.spawn(heartbeat.run(agent.clone(), stop.clone(), abort.clone()));
-    tasks.spawn(alerts::dead_man(alerts, watched, outbox.clone(), stop.clone()));
-
-    let watched = vec![
-        ("jobs.json", reload),
-        ("outbox.jsonl", wake),
-        ("jobs.json", mqtt_jobs),
-        ("heartbeat.json", mqtt_heartbeat),
-        (alerts::ALERTS_FILE, mqtt_alerts),
-    ];
-    tasks.spawn(watch_state(state.clone(), watched, poll.clone(), stop.clone()));
-
-    tasks.spawn(systemd::watchdog(abort.clone()));
+    tasks.spawn(Service::new("scheduler", |sd| d.scheduler.run(sd)));
+    match d.heartbeat {
+        Some(heartbeat) => tasks.spawn(Service::restarting("heartbeat", move |sd| heartbeat.clone().run(sd))),
+        None => tracing::info!("heartbeat disabled"),
+    }
+    tasks.spawn(Service::restarting("dead-man", move |sd| d.dead_man.clone().run(sd)));
+    tasks.spawn(Service::restarting("state watcher", move |sd| d.watcher.clone().run(sd)));
+    if let Some(watchdog) = systemd::Watchdog::enabled() {
+        tasks.spawn(Service::restarting("systemd watchdog", move |sd| watchdog.run(sd)));
+    }
     // MCP servers connect now; they stop (stdio children killed) when work in flight is cancelled.
-    tasks.spawn(run_mcp(agent.clone(), abort.clone()));
-    let summary = log_startup(loaded, &agent, &channels, jobs);
+    tasks.spawn(Service::new("mcp servers", |sd| d.mcp.run(sd)));
+    let summary = log_startup(loaded, &d.agent, &d.channels, jobs);
     systemd::ready(&summary);
     // After READY: this probes the kernel with one real jail (a few ms).
-    if c.exec.enabled {
-        sandbox.log_layers(&c.exec);
-        sandbox.warm_ahead();
+    if loaded.config.exec.enabled {
+        d.sandbox.log_layers(&loaded.config.exec);
+        d.sandbox.warm_ahead();
     }
-    tasks.spawn(release_startup_pages(stop.clone()));
-    Ok(Running { stop, abort, inflight, tasks, _inbound: bus.inbound_tx })
+    tasks.spawn(Service::restarting("start-up pages", |sd| ReleaseStartupPages.run(sd)));
+    let inflight = d.agent.inflight().clone();
+    Ok(Running { shutdown: d.shutdown, inflight, tasks, _inbound: d.inbound })
 }
 
-/// The heartbeat's loop for this config, reporting to `reports`.
-fn heartbeat_of(loaded: &crate::config::Loaded, reports: Reports) -> Heartbeat {
-    Heartbeat {
-        config: loaded.config.heartbeat.clone(),
-        workspace: loaded.paths.workspace.clone(),
-        tz: loaded.config.timezone(),
-        state: StateFile::new(&loaded.paths.state_dir),
-        reports,
-        pulse: crate::util::pulse::Pulse::new(),
+/// Messages a crash or power cut left unanswered: told to the user (or run
+/// again, as `[agent] unanswered` says), once at start, until the abort.
+pub struct Unanswered {
+    pub agent: Arc<Agent>,
+    pub reports: Reports,
+}
+
+impl Unanswered {
+    pub async fn run(self, shutdown: Shutdown) {
+        let (outbox, wake) = (self.reports.outbox(), self.reports.wake());
+        let notify = |target, text: String| match outbox.enqueue(target, &text, "agent") {
+            Ok(_) => wake.notify_one(),
+            Err(e) => tracing::error!("a notice about an unanswered message could not be queued: {e}"),
+        };
+        self.agent.resolve_unanswered(false, shutdown.abort_token(), notify).await
     }
 }
 
-/// Connect the MCP servers; they stop (stdio children killed) when `stop` (work in flight) is cancelled.
-async fn run_mcp(agent: Arc<Agent>, stop: CancellationToken) {
-    agent.tools().run_sources(stop).await
+/// The MCP servers' connections: made at start, closed (stdio children
+/// killed) when work in flight is cancelled, at the abort.
+pub struct McpSources {
+    pub agent: Arc<Agent>,
+}
+
+impl McpSources {
+    pub async fn run(self, shutdown: Shutdown) {
+        self.agent.tools().run_sources(shutdown.abort_token().clone()).await
+    }
 }
 
 /// The state directory (private) and the workspace (made empty if missing).
@@ -295,113 +297,34 @@ fn make_dirs(loaded: &crate::config::Loaded) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Messages a crash or power cut left unanswered: told to the user (or run again).
-async fn resolve_unanswered(
-    agent: Arc<Agent>,
-    outbox: crate::delivery::outbox::Outbox,
-    wake: Arc<Notify>,
-    cancel: CancellationToken,
-) {
-    agent
-        .resolve_unanswered(false, &cancel, |target, text| match outbox.enqueue(target, &text, "agent") {
-            Ok(_) => wake.notify_one(),
-            Err(e) => tracing::error!("a notice about an unanswered message could not be queued: {e}"),
-        })
-        .await
-}
+/// Once start-up is over, the code it ran need not stay resident (idle RSS):
+/// after [`RELEASE_AFTER`], release it once, then wait for the stop.
+pub struct ReleaseStartupPages;
 
-/// Start MQTT on `link`; its observer publishes each job's run record (`None`: MQTT is off).
-fn spawn_mqtt(
-    link: Arc<crate::channels::mqtt::Link>,
-    cfg: &crate::config::MqttConfig,
-    wiring: crate::channels::mqtt::Wiring,
-    tasks: &mut tokio::task::JoinSet<()>,
-    stop: &CancellationToken,
-    abort: &CancellationToken,
-) -> Option<RunObserver> {
-    match crate::channels::mqtt::spawn(link.clone(), cfg, wiring, tasks, stop.clone(), abort.clone()) {
-        Ok(()) => Some(Arc::new(move |job: &Job, record: &serde_json::Value| {
-            crate::channels::mqtt::publish_run_record(&link, record, &job.name)
-        })),
-        Err(e) => {
-            tracing::error!("MQTT is off: {e}");
-            None
+impl ReleaseStartupPages {
+    pub async fn run(self, shutdown: Shutdown) {
+        tokio::select! {
+            () = crate::util::timer::sleep(RELEASE_AFTER) => {}
+            () = shutdown.stopped() => return,
         }
+        // Here, not on the blocking pool: one read of our own smaps (procfs: the
+        // kernel walks our page tables, nothing waits on a disk) and a dozen
+        // madvise calls, 1.4 ms under strace, once. The task then waits for the
+        // stop: what runs after the release is what the idle loops run anyway,
+        // not a hand-over and a task's completion, whose pages would be faulted
+        // straight back in.
+        let kib = crate::util::sys::release_code_pages();
+        tracing::debug!(kib, "released the start-up pages of the binary and its libraries");
+        shutdown.stopped().await;
     }
 }
 
-/// The dead-man's watch on the scheduler's loop.
-fn scheduler_watched(pulse: crate::util::pulse::Pulse) -> Watched {
-    Watched {
-        key: alerts::SCHEDULER_KEY,
-        pulse,
-        limit: alerts::SCHEDULER_STALL,
-        alert: |silent| {
-            format!(
-                "Alert: the scheduler has not completed a pass for {}: jobs may not run. (The systemd watchdog \
-                 restarts a daemon that hangs as a whole; this one still runs.) Try `sudo systemctl restart bramble`.",
-                crate::config::Dur(silent)
-            )
-        },
-        recovered: "Recovered: the scheduler runs again.",
-    }
-}
-
-/// The dead-man's watch on the heartbeat's loop, which ticks `every`.
-fn heartbeat_watched(pulse: crate::util::pulse::Pulse, every: Duration) -> Watched {
-    Watched {
-        key: alerts::HEARTBEAT_KEY,
-        pulse,
-        limit: every.max(Duration::from_secs(10)) * 2,
-        alert: |silent| {
-            format!(
-                "Alert: the heartbeat has not ticked for {} (twice its interval): HEARTBEAT.md is not being looked at.",
-                crate::config::Dur(silent)
-            )
-        },
-        recovered: "Recovered: the heartbeat ticks again.",
-    }
-}
-
-/// Wake each of `watched`'s parts when its file in `dir` changes; without a
-/// watch, the outbox falls back to polling (`poll`).
-async fn watch_state(
-    dir: std::path::PathBuf,
-    watched: Vec<(&'static str, Arc<Notify>)>,
-    poll: Arc<std::sync::atomic::AtomicBool>,
-    stop: CancellationToken,
-) {
-    if let Err(e) = watch::watch_state_dir(dir, watched, stop).await {
-        tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
-        poll.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
-/// Once start-up is over, the code it ran need not stay resident (idle RSS).
-async fn release_startup_pages(settle: CancellationToken) {
-    tokio::select! {
-        () = crate::util::timer::sleep(RELEASE_AFTER) => {}
-        _ = settle.cancelled() => return,
-    }
-    // Here, not on the blocking pool: one read of our own smaps (procfs: the
-    // kernel walks our page tables, nothing waits on a disk) and a dozen
-    // madvise calls, 1.4 ms under strace, once. The task then waits for the
-    // stop: what runs after the release is what the idle loops run anyway,
-    // not a hand-over and a task's completion, whose pages would be faulted
-    // straight back in.
-    let kib = crate::util::sys::release_code_pages();
-    tracing::debug!(kib, "released the start-up pages of the binary and its libraries");
-    settle.cancelled().await;
-}
-
-/// Open the control socket ([`control`]) for this generation; without it the daemon runs on.
-fn spawn_control(
+/// The control socket ([`control`]) for this generation, bound; without it the daemon runs on.
+fn control_server(
     loaded: &crate::config::Loaded,
     handler: control::Handler,
     scheduler: crate::scheduler::SchedulerHandle,
-    tasks: &mut tokio::task::JoinSet<()>,
-    stop: CancellationToken,
-) {
+) -> Option<control::ControlServer> {
     let (path, shared) = control::socket_path(loaded);
     match control::bind(&path, shared) {
         Ok(listener) => {
@@ -413,12 +336,16 @@ fn spawn_control(
             }
             let audit = crate::tools::audit::Audit::new(&loaded.paths.state_dir, crate::logging::stderr_is_journal());
             let shared = control::Shared { loaded: Arc::new(loaded.clone()), scheduler, handler, audit };
-            tasks.spawn(control::serve(listener, shared, stop));
+            Some(control::ControlServer { listener, shared })
         }
         Err(e) if shared => {
-            tracing::warn!("no control socket ({e}): members of the service's group cannot use `bramble cron`")
+            tracing::warn!("no control socket ({e}): members of the service's group cannot use `bramble cron`");
+            None
         }
-        Err(e) => tracing::debug!("no control socket: {e}"),
+        Err(e) => {
+            tracing::debug!("no control socket: {e}");
+            None
+        }
     }
 }
 

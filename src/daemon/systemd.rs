@@ -40,6 +40,22 @@ pub fn stopping() {
     send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
 }
 
+/// The watchdog's pinger ([`watchdog`]) as a service, until the abort (it
+/// pings through the grace period too: a stop that hangs is a hang).
+#[derive(Clone, Copy)]
+pub struct Watchdog;
+
+impl Watchdog {
+    /// `None` when systemd enabled no watchdog for this process.
+    pub fn enabled() -> Option<Watchdog> {
+        sd_notify::watchdog_enabled().map(|_| Watchdog)
+    }
+
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        watchdog(shutdown.abort_token().clone()).await
+    }
+}
+
 /// Ping the watchdog at half its interval until cancelled. Returns at once when
 /// systemd did not enable a watchdog for this process.
 pub async fn watchdog(cancel: CancellationToken) {

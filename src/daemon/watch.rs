@@ -14,6 +14,29 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// The daemon's watch on its state directory, until the stop. Cheap to
+/// clone: the daemon makes it again if it ever ends.
+#[derive(Clone)]
+pub struct StateWatcher {
+    pub dir: std::path::PathBuf,
+    /// Which part to wake when which file changes.
+    pub watched: Vec<(&'static str, Arc<Notify>)>,
+    /// Set when there is no watch: the outbox then polls (at least every minute).
+    pub poll: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl StateWatcher {
+    /// Wake each watched part when its file changes; without a watch, set
+    /// `poll` and wait for the stop (polling is then how changes are seen).
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        if let Err(e) = watch_state_dir(self.dir, self.watched, shutdown.stop_token().clone()).await {
+            tracing::warn!("cannot watch the state directory ({e}); CLI edits are picked up within a minute");
+            self.poll.store(true, std::sync::atomic::Ordering::Relaxed);
+            shutdown.stopped().await;
+        }
+    }
+}
+
 /// Watch `dir`; notify `on_change[name]` when the file `name` in it is replaced or written.
 pub async fn watch_state_dir(
     dir: std::path::PathBuf,

@@ -1,6 +1,6 @@
-//! The two tasks between producers and channels: [`pump_outbound`] moves the
-//! agent's messages from the bus into the outbox, [`run_outbox`] delivers what
-//! is due and records the attempts, one write per pass.
+//! The two tasks between producers and channels: [`OutboundPump`] moves the
+//! agent's messages from the bus into the outbox, [`OutboxSender`] delivers
+//! what is due and records the attempts, one write per pass.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +17,38 @@ use crate::util::tasks::blocking;
 
 /// At most this many messages go into one outbox write.
 const MAX_BATCH: usize = 64;
+
+/// The outbox's delivery loop ([`run_outbox`]); it runs until the abort, so
+/// reports still go out during the shutdown's grace period. Cheap to clone:
+/// the daemon makes it again if it ever ends.
+#[derive(Clone)]
+pub struct OutboxSender {
+    pub reports: super::Reports,
+    pub channels: Channels,
+    /// Set when the state-dir watcher is unavailable: poll at least every minute.
+    pub poll: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl OutboxSender {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let (outbox, wake) = (self.reports.outbox().clone(), self.reports.wake().clone());
+        run_outbox(outbox, self.channels, wake, self.poll, shutdown.abort_token().clone()).await
+    }
+}
+
+/// Moves the agent's messages from the bus into the outbox ([`pump_outbound`])
+/// until the abort; what is queued then is still written.
+pub struct OutboundPump {
+    pub outbound: mpsc::Receiver<OutboundMessage>,
+    pub reports: super::Reports,
+}
+
+impl OutboundPump {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let (outbox, wake) = (self.reports.outbox().clone(), self.reports.wake().clone());
+        pump_outbound(self.outbound, outbox, wake, shutdown.abort_token().clone()).await
+    }
+}
 
 /// Deliver due outbox entries until cancelled. Wakes when `wake` is notified
 /// (a new entry) or when the earliest backoff ends — not on a fixed tick.

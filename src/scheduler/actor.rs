@@ -189,6 +189,19 @@ impl SchedulerHandle {
     }
 }
 
+/// The daemon's scheduler as a service: [`Scheduler::run`] handing due jobs
+/// to `executor`, until the stop (runs in flight end on their own cancel).
+pub struct SchedulerLoop<E> {
+    pub scheduler: Scheduler,
+    pub executor: E,
+}
+
+impl<E: JobExecutor> SchedulerLoop<E> {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        self.scheduler.run(self.executor, shutdown.stop_token().clone()).await
+    }
+}
+
 /// The scheduler. Build it, take handles, then [`run`](Scheduler::run) it.
 pub struct Scheduler {
     store: JobStore,

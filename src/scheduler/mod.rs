@@ -33,7 +33,7 @@ pub mod schedule;
 pub mod store;
 mod timeser;
 
-pub use actor::{BoxFuture, Incident, JobExecutor, RunOutcome, Scheduler, SchedulerHandle};
+pub use actor::{BoxFuture, Incident, JobExecutor, RunOutcome, Scheduler, SchedulerHandle, SchedulerLoop};
 pub use engine::{clock_synchronized, plan, Clock, Decision, Missed, SystemClock, GRACE};
 pub use job::{CatchUp, Job, JobError, JobKind, JobState, RunRecord, RunStatus, Watch, WatchMode, WatchSeen};
 pub use schedule::{parse_at, parse_cron, parse_every, parse_tz, Schedule, ScheduleError};

@@ -7,7 +7,8 @@
 //! - [`text`]: small text transformations.
 //! - [`sys`]: facts about the machine (host name).
 //! - [`mqtt`]: MQTT topic filters.
-//! - [`tasks`]: a bounded number of tasks over a bounded queue.
+//! - [`tasks`]: the daemon's supervised services; a bounded number of tasks over a bounded queue.
+//! - [`shutdown`]: the two-phase shutdown (stop taking work, then abort it) every loop is handed.
 //! - [`pulse`]: a loop's sign of life, for the dead-man.
 //! - [`tls`]: the HTTP clients' TLS, CA store loaded at the first https handshake.
 //! - [`multipart`]: `multipart/form-data` bodies (file uploads).
@@ -21,6 +22,7 @@ pub mod multipart;
 pub mod pulse;
 pub mod secrets;
 pub mod sha1;
+pub mod shutdown;
 pub mod sys;
 pub mod tasks;
 #[cfg(test)]

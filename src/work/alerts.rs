@@ -347,6 +347,7 @@ pub fn incidents_text(incidents: &[crate::scheduler::Incident]) -> Option<String
 }
 
 /// A loop the dead-man watches.
+#[derive(Clone)]
 pub struct Watched {
     /// Its condition's key ([`SCHEDULER_KEY`], [`HEARTBEAT_KEY`]).
     pub key: &'static str,
@@ -357,6 +358,22 @@ pub struct Watched {
     pub alert: fn(Duration) -> String,
     /// The recovery note.
     pub recovered: &'static str,
+}
+
+/// The daemon's dead-man ([`dead_man`]) as a service, until the stop. Cheap
+/// to clone: the daemon makes it again if it ever ends.
+#[derive(Clone)]
+pub struct DeadMan {
+    pub alerts: Alerts,
+    pub watched: Vec<Watched>,
+    /// Where reports wait: the age of the oldest undelivered one is watched too.
+    pub outbox: Outbox,
+}
+
+impl DeadMan {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        dead_man(self.alerts, self.watched, self.outbox, shutdown.stop_token().clone()).await
+    }
 }
 
 /// The dead-man: every half of the shortest limit (within

@@ -48,6 +48,22 @@ pub struct Heartbeat {
     pub pulse: Pulse,
 }
 
+/// The daemon's heartbeat loop ([`Heartbeat::run`]) for `agent`: the stop
+/// ends it between ticks, the abort interrupts a tick. Cheap to clone: the
+/// daemon makes it again if it ever ends (it anchors on the persisted last run).
+#[derive(Clone)]
+pub struct HeartbeatLoop {
+    pub heartbeat: Heartbeat,
+    pub agent: Arc<Agent>,
+}
+
+impl HeartbeatLoop {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let (stop, abort) = (shutdown.stop_token().clone(), shutdown.abort_token().clone());
+        self.heartbeat.run(self.agent, stop, abort).await
+    }
+}
+
 impl Heartbeat {
     /// Run one tick now. `cancel` interrupts the turn.
     pub async fn tick(&self, agent: &Agent, dry_run: bool, cancel: &CancellationToken) -> HeartbeatOutcome {

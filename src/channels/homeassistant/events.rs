@@ -76,6 +76,13 @@ pub struct Connection {
     pub state: StateFile,
 }
 
+impl Connection {
+    /// The daemon's service: [`run`] until the stop.
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        run(self, shutdown.stop_token().clone()).await
+    }
+}
+
 /// Connect, subscribe and dispatch until `stop`, reconnecting with backoff.
 pub async fn run(mut c: Connection, stop: CancellationToken) {
     let mut backoff = crate::util::timer::Backoff::new(BACKOFF_MAX);
@@ -318,29 +325,46 @@ impl StateFile {
     }
 }
 
-/// Start the connection and the trigger runner on `tasks` (nothing without triggers).
-pub fn spawn(
+/// Home Assistant's event tasks, built and not started.
+pub struct HaEvents {
+    pub connection: Connection,
+    pub triggers: TriggerRunner,
+}
+
+/// The trigger runner ([`super::triggers::run`]): the stop ends taking fires, the abort cancels runs.
+pub struct TriggerRunner {
+    triggers: Arc<[crate::config::HaTrigger]>,
+    fires: mpsc::Receiver<Fire>,
+    deps: crate::work::triggers::TriggerDeps,
+}
+
+impl TriggerRunner {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let (stop, abort) = (shutdown.stop_token().clone(), shutdown.abort_token().clone());
+        super::triggers::run(self.triggers, self.fires, self.deps, stop, abort).await
+    }
+}
+
+/// The connection and the trigger runner, built and not started (`None` without triggers).
+pub fn services(
     rest: &crate::clients::ha_rest::HaRest,
     config: &crate::config::HomeAssistantConfig,
     state_dir: &Path,
     deps: crate::work::triggers::TriggerDeps,
-    tasks: &mut tokio::task::JoinSet<()>,
-    stop: CancellationToken,
-    abort: CancellationToken,
-) {
+) -> Option<HaEvents> {
     if config.trigger.is_empty() {
-        return;
+        return None;
     }
     let endpoint = match Endpoint::under(rest.base(), "/api/websocket") {
         Ok(e) => e,
         Err(e) => {
             tracing::error!("Home Assistant triggers are off: {e}");
-            return;
+            return None;
         }
     };
     let (tx, rx) = mpsc::channel(super::triggers::QUEUE);
     let triggers: Arc<[crate::config::HaTrigger]> = config.trigger.clone().into();
-    tasks.spawn(super::triggers::run(triggers, rx, deps, stop.clone(), abort));
+    let runner = TriggerRunner { triggers, fires: rx, deps };
     let connection = Connection {
         endpoint,
         token: rest.token().clone(),
@@ -348,5 +372,5 @@ pub fn spawn(
         fires: tx,
         state: StateFile::new(state_dir),
     };
-    tasks.spawn(run(connection, stop));
+    Some(HaEvents { connection, triggers: runner })
 }

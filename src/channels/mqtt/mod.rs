@@ -268,41 +268,91 @@ impl Channel for MqttChannel {
     }
 }
 
-/// What the MQTT task needs from the rest of the daemon.
+/// What the MQTT tasks need from the rest of the daemon.
 pub struct Wiring {
     pub inbound: mpsc::Sender<InboundMessage>,
     pub scheduler: SchedulerHandle,
     pub jobs: JobStore,
     pub state_dir: PathBuf,
-    /// Notified when `jobs.json` changes (discovery, removed job records).
-    pub jobs_changed: Arc<Notify>,
-    /// Notified when `heartbeat.json` changes (the last-heartbeat sensor).
-    pub heartbeat_changed: Arc<Notify>,
-    /// Notified when `alerts.json` changes (the problem sensor).
-    pub alerts_changed: Arc<Notify>,
     pub triggers: Option<triggers::TriggerDeps>,
-    /// The outbox and its wake-up: reports waiting out a backoff are retried
-    /// at once when the broker is back.
-    pub outbox: crate::delivery::outbox::Outbox,
-    pub wake: Arc<Notify>,
+    /// Reports waiting out a backoff are retried at once when the broker is back.
+    pub reports: crate::delivery::Reports,
 }
 
-/// Start the connection task and its helpers on `tasks`. `stop` ends them
-/// (publishing `offline` first); trigger runs in flight stop on `abort`.
-pub fn spawn(
+/// MQTT's long-running tasks, built and not started.
+pub struct MqttServices {
+    pub connection: MqttConnection,
+    pub state: RetainedState,
+    /// Runs `[[mqtt.trigger]]` turns (`None`: no triggers, or no work to run them).
+    pub triggers: Option<TriggerRunner>,
+}
+
+/// The broker connection ([`connection`]): polls the event loop until the
+/// stop (publishing `offline` first), reconnecting with backoff.
+pub struct MqttConnection {
     link: Arc<Link>,
-    config: &MqttConfig,
-    w: Wiring,
-    tasks: &mut tokio::task::JoinSet<()>,
-    stop: CancellationToken,
-    abort: CancellationToken,
-) -> Result<(), MqttError> {
+    options: MqttOptions,
+    subscriptions: Vec<String>,
+    router: Router,
+    reports: crate::delivery::Reports,
+}
+
+impl MqttConnection {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let outbox = (self.reports.outbox().clone(), self.reports.wake().clone());
+        let stop = shutdown.stop_token().clone();
+        connection(self.link, self.options, self.subscriptions, self.router, outbox, stop).await
+    }
+}
+
+/// The retained state that follows files in the state directory ([`state_watch`]),
+/// until the stop. Cheap to clone: the daemon makes it again if it ever ends.
+#[derive(Clone)]
+pub struct RetainedState {
+    link: Arc<Link>,
+    jobs: JobStore,
+    state_dir: PathBuf,
+    changed: Changed,
+}
+
+impl RetainedState {
+    /// The state files it follows, and what to notify when one changes.
+    pub fn files(&self) -> [(&'static str, Arc<Notify>); 3] {
+        [
+            ("jobs.json", self.changed.jobs.clone()),
+            ("heartbeat.json", self.changed.heartbeat.clone()),
+            (crate::work::alerts::ALERTS_FILE, self.changed.alerts.clone()),
+        ]
+    }
+
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        state_watch(self.link, self.jobs, self.state_dir, self.changed, shutdown.stop_token().clone()).await
+    }
+}
+
+/// The trigger runner ([`triggers::run`]): the stop ends taking fires, the abort cancels runs.
+pub struct TriggerRunner {
+    triggers: Arc<triggers::Triggers>,
+    fires: mpsc::Receiver<triggers::Fire>,
+    deps: triggers::TriggerDeps,
+}
+
+impl TriggerRunner {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        let (stop, abort) = (shutdown.stop_token().clone(), shutdown.abort_token().clone());
+        triggers::run(self.triggers, self.fires, self.deps, stop, abort).await
+    }
+}
+
+/// The connection task and its helpers for `link`, built and not started.
+pub fn services(link: Arc<Link>, config: &MqttConfig, w: Wiring) -> Result<MqttServices, MqttError> {
     let options = link.settings.options()?;
     let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger, link.settings.turn_rate);
     let trigger_set = Arc::new(trigger_set);
-    if let (Some(rx), Some(deps)) = (trigger_rx, w.triggers) {
-        tasks.spawn(triggers::run(trigger_set.clone(), rx, deps, stop.clone(), abort));
-    }
+    let triggers = match (trigger_rx, w.triggers) {
+        (Some(fires), Some(deps)) => Some(TriggerRunner { triggers: trigger_set.clone(), fires, deps }),
+        _ => None,
+    };
     if !link.settings.inbound {
         tracing::info!("MQTT inbound is off: {} and run/<job> are not listened to", link.settings.topic("in"));
     }
@@ -316,11 +366,9 @@ pub fn spawn(
         triggers: trigger_set,
         turns: TurnLimit::new(link.settings.turn_rate, link.settings.topic("in")),
     };
-    let outbox = (w.outbox, w.wake);
-    tasks.spawn(connection(link.clone(), options, subscriptions, router, outbox, stop.clone()));
-    let changed = Changed { jobs: w.jobs_changed, heartbeat: w.heartbeat_changed, alerts: w.alerts_changed };
-    tasks.spawn(state_watch(link, w.jobs, w.state_dir, changed, stop));
-    Ok(())
+    let connection = MqttConnection { link: link.clone(), options, subscriptions, router, reports: w.reports };
+    let state = RetainedState { link, jobs: w.jobs, state_dir: w.state_dir, changed: Changed::default() };
+    Ok(MqttServices { connection, state, triggers })
 }
 
 /// Poll the event loop until `stop`, reconnecting with backoff.
@@ -439,6 +487,7 @@ async fn goodbye(link: &Link, events: &mut rumqttc::v5::EventLoop) {
 }
 
 /// The notifications of changed state files.
+#[derive(Clone, Default)]
 struct Changed {
     jobs: Arc<Notify>,
     heartbeat: Arc<Notify>,

@@ -97,6 +97,21 @@ pub struct Telegram {
     progress: Option<progress::Progress>,
 }
 
+/// The daemon's Telegram poller ([`Telegram::poll`]): until the stop, accepted
+/// messages go to `inbound`; `activity` tells whether a chat's turn still runs.
+/// It ends by itself only when Telegram refuses the token (it logs why).
+pub struct TelegramPoller {
+    pub telegram: Telegram,
+    pub inbound: mpsc::Sender<InboundMessage>,
+    pub activity: Arc<dyn SessionActivity>,
+}
+
+impl TelegramPoller {
+    pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
+        self.telegram.poll(self.inbound, self.activity, shutdown.stop_token().clone()).await
+    }
+}
+
 impl Telegram {
     /// `None` when `[telegram]` has no token. `reminders` makes report
     /// buttons work; files are saved under `workspace`'s `inbox/`.
