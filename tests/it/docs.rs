@@ -314,3 +314,105 @@ fn readme_names_the_test_command_and_what_ci_installs_for_it() {
         assert!(install.split_whitespace().any(|w| w == package), "README's apt-get line lacks {package}: {install}");
     }
 }
+
+/// The tables that say which test proves what (SECURITY.md, docs/sandbox.md,
+/// ARCHITECTURE.md's invariants) name tests that exist: a renamed or removed
+/// test leaves no claim behind that nothing checks.
+#[test]
+fn the_tests_the_documents_cite_exist() {
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut sources = Vec::new();
+    rust_files(&root().join("src"), &mut sources);
+    rust_files(&root().join("tests"), &mut sources);
+    let functions: BTreeSet<String> = sources
+        .iter()
+        .flat_map(|f| {
+            read(f)
+                .split("fn ")
+                .skip(1)
+                .map(|rest| rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect::<String>())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let is_test_name = |name: &str| {
+        name.split('_').count() >= 4 && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    let mut cited = 0;
+    let mut missing = Vec::new();
+    for doc in ["SECURITY.md", "ARCHITECTURE.md", "docs/sandbox.md"] {
+        for line in read(&root().join(doc)).lines().filter(|l| l.starts_with('|') && l.ends_with('|')) {
+            let cells: Vec<&str> = line.split('|').collect();
+            let last = cells[cells.len() - 2];
+            for (i, span) in last.split('`').enumerate() {
+                let name = span.rsplit("::").next().unwrap_or(span);
+                if i % 2 == 1 && is_test_name(name) {
+                    cited += 1;
+                    if !functions.contains(name) {
+                        missing.push(format!("{doc}: {span}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(cited > 50, "only {cited} tests cited: did the tables move?");
+    assert!(missing.is_empty(), "documents cite tests that do not exist:\n{}", missing.join("\n"));
+}
+
+/// docs/cli.md names every command and every option the real binary's
+/// `--help` lists, at every level.
+#[test]
+fn the_command_line_reference_names_every_command_and_option() {
+    fn help(path: &[String]) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .args(path)
+            .arg("--help")
+            .env_remove("BRAMBLE_CONFIG")
+            .output()
+            .expect("run bramble --help");
+        assert!(out.status.success(), "bramble {path:?} --help: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    let doc = read(&root().join("docs/cli.md"));
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    let mut todo = vec![Vec::<String>::new()];
+    while let Some(path) = todo.pop() {
+        let text = help(&path);
+        let mut section = "";
+        for line in text.lines() {
+            if !line.starts_with(' ') {
+                section = line.trim_end_matches(':');
+                continue;
+            }
+            let first = line.split_whitespace().next().unwrap_or("");
+            if section == "Commands" && first != "help" {
+                let sub = [path.clone(), vec![first.to_string()]].concat();
+                seen += 1;
+                if !doc.contains(&format!("bramble {}", sub.join(" "))) && !(path.len() == 1 && doc.contains(first)) {
+                    missing.push(format!("bramble {}", sub.join(" ")));
+                }
+                todo.push(sub);
+            }
+            if section == "Options" && line.trim_start().starts_with('-') {
+                let spec = line.trim_start().split("  ").next().unwrap_or("");
+                for word in spec.split([' ', ',']).filter(|w| w.starts_with("--")) {
+                    seen += 1;
+                    if !["--help", "--version", "--config"].contains(&word) && !doc.contains(word) {
+                        missing.push(format!("bramble {} {word}", path.join(" ")));
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen > 30, "only {seen} commands and options found in --help");
+    assert!(missing.is_empty(), "docs/cli.md does not mention: {missing:?}");
+}
