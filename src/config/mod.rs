@@ -12,6 +12,7 @@
 
 pub mod channels;
 pub mod homeassistant;
+pub mod keys;
 pub mod mcp;
 pub mod templates;
 pub mod tools;
