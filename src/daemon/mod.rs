@@ -29,7 +29,7 @@ use crate::delivery::{Channels, Reports};
 use crate::scheduler::heartbeat::{self, StateFile};
 use crate::scheduler::{Job, JobStore};
 use crate::work::alerts::{self, Alerts, Watched};
-use crate::work::heartbeat::Heartbeat;
+use crate::work::heartbeat_loop::Heartbeat;
 use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
 use crate::work::Runner;
 
@@ -202,7 +202,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
         alerts: alerts.clone(),
         standing: assemble::standing(loaded),
     };
-    let deps = || crate::work::triggers::TriggerDeps { runner: work.clone(), reports: reports.clone() };
+    let deps = || crate::work::firing::TriggerDeps { runner: work.clone(), reports: reports.clone() };
     let mqtt_jobs = Arc::new(Notify::new());
     let mqtt_heartbeat = Arc::new(Notify::new());
     let mqtt_alerts = Arc::new(Notify::new());

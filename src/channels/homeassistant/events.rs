@@ -17,7 +17,7 @@
 //! - **Every connection subscribes anew** — HA keeps no subscription across
 //!   connections. Nothing is replayed: events during an outage are gone, and
 //!   `for` matches waiting when the connection dropped are cancelled (see
-//!   [`super::triggers`]).
+//!   [`super::state_triggers`]).
 //! - **Liveness.** HA's server pings every ~55 s (control frames, answered
 //!   here). After [`IDLE`] with nothing from the server we send HA's own
 //!   `ping` command; no answer within [`DEAD`] more ends the connection.
@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::triggers::{Fire, Matcher, StateChange};
+use super::state_triggers::{Fire, Matcher, StateChange};
 use crate::clients::ha_ws::{Endpoint, Message, Socket, WsError};
 use crate::config::Secret;
 
@@ -71,7 +71,7 @@ pub struct Connection {
     pub endpoint: Endpoint,
     pub token: Secret,
     pub matcher: Matcher,
-    /// Where fired triggers go (bounded: [`super::triggers::QUEUE`]).
+    /// Where fired triggers go (bounded: [`super::state_triggers::QUEUE`]).
     pub fires: mpsc::Sender<Fire>,
     pub state: StateFile,
 }
@@ -323,7 +323,7 @@ pub fn spawn(
     rest: &crate::clients::ha_rest::HaRest,
     config: &crate::config::HomeAssistantConfig,
     state_dir: &Path,
-    deps: crate::work::triggers::TriggerDeps,
+    deps: crate::work::firing::TriggerDeps,
     tasks: &mut tokio::task::JoinSet<()>,
     stop: CancellationToken,
     abort: CancellationToken,
@@ -338,9 +338,9 @@ pub fn spawn(
             return;
         }
     };
-    let (tx, rx) = mpsc::channel(super::triggers::QUEUE);
+    let (tx, rx) = mpsc::channel(super::state_triggers::QUEUE);
     let triggers: Arc<[crate::config::HaTrigger]> = config.trigger.clone().into();
-    tasks.spawn(super::triggers::run(triggers, rx, deps, stop.clone(), abort));
+    tasks.spawn(super::state_triggers::run(triggers, rx, deps, stop.clone(), abort));
     let connection = Connection {
         endpoint,
         token: rest.token().clone(),
