@@ -7,7 +7,7 @@ use crate::config::Loaded;
 use crate::daemon::assemble;
 
 pub(super) async fn heartbeat(loaded: &Loaded, dry_run: bool) -> anyhow::Result<ExitCode> {
-    use crate::work::heartbeat::{Heartbeat, HeartbeatOutcome};
+    use crate::work::heartbeat_loop::{Heartbeat, HeartbeatOutcome};
     let c = &loaded.config;
     let run = assemble::queued(loaded);
     let hb = Heartbeat {

@@ -76,6 +76,8 @@ impl Isolation {
 /// `"internet"` and `"lan"` put the command in a network namespace of its own
 /// whose only way out is bramble's filtering proxy (`crate::sandbox::netproxy`),
 /// so the kernel, not a reading of the command, decides what it reaches.
+/// What each setting comes to on this system is the sandbox's judgement
+/// (`crate::sandbox::reach`); this is only the setting as written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Network {
     /// `"internet"` where the namespace jail can enforce it, else `"all"` (said at start).
@@ -89,29 +91,9 @@ pub enum Network {
     All,
 }
 
-/// What a [`Network`] setting comes to on a system with or without the namespace jail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NetworkReach {
-    None,
-    Filtered { internet: bool, lan: bool },
-    All,
-}
-
 impl Network {
     /// The default for commands: public addresses only.
     pub const INTERNET: Network = Network::Filtered { internet: true, lan: false };
-
-    /// What commands get: `Auto` is "internet" with the jail and "all" without it; a
-    /// filtered setting without the jail cannot be enforced, so it becomes "none".
-    pub fn reach(self, jail: bool) -> NetworkReach {
-        match (self, jail) {
-            (Network::None, _) => NetworkReach::None,
-            (Network::All, _) | (Network::Auto, false) => NetworkReach::All,
-            (Network::Auto, true) => NetworkReach::Filtered { internet: true, lan: false },
-            (Network::Filtered { internet, lan }, true) => NetworkReach::Filtered { internet, lan },
-            (Network::Filtered { .. }, false) => NetworkReach::None,
-        }
-    }
 
     /// As written in the config.
     pub fn as_str(self) -> &'static str {
@@ -122,23 +104,6 @@ impl Network {
             Network::Filtered { internet: true, lan: false } => "internet",
             Network::Filtered { internet: false, lan: true } => "lan",
             Network::Filtered { .. } => "[\"internet\", \"lan\"]",
-        }
-    }
-}
-
-impl NetworkReach {
-    /// For `bramble status` and the startup line.
-    pub fn describe(self) -> &'static str {
-        match self {
-            NetworkReach::None => "no network",
-            NetworkReach::All => "the host's whole network (LAN and this machine's own services included)",
-            NetworkReach::Filtered { internet: true, lan: false } => {
-                "public internet only, through bramble's proxy (no LAN, not this machine)"
-            }
-            NetworkReach::Filtered { internet: false, lan: true } => {
-                "the local network only, through bramble's proxy (not the internet, not this machine)"
-            }
-            NetworkReach::Filtered { .. } => "internet and local network through bramble's proxy (not this machine)",
         }
     }
 }

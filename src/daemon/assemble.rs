@@ -38,7 +38,7 @@ use crate::scheduler::{JobStore, Scheduler, SchedulerHandle, SchedulerLoop};
 use crate::tools::ToolRegistry;
 use crate::util::shutdown::Shutdown;
 use crate::work::alerts::{self, Alerts, DeadMan, Watched};
-use crate::work::heartbeat::{Heartbeat, HeartbeatLoop};
+use crate::work::heartbeat_loop::{Heartbeat, HeartbeatLoop};
 use crate::work::jobs::{JobRunner, ObservedRunner, RunObserver};
 use crate::work::Runner;
 
@@ -423,8 +423,8 @@ fn work(loaded: &Loaded, agent: &Arc<Agent>, sandbox: &Arc<Sandbox>, reports: &R
 
 impl Work {
     /// What a trigger runner needs (MQTT's, Home Assistant's).
-    fn triggers(&self) -> crate::work::triggers::TriggerDeps {
-        crate::work::triggers::TriggerDeps { runner: self.runner.clone(), reports: self.reports.clone() }
+    fn triggers(&self) -> crate::work::firing::TriggerDeps {
+        crate::work::firing::TriggerDeps { runner: self.runner.clone(), reports: self.reports.clone() }
     }
 
     /// The scheduler over the job runner (its runs also told to `observer`),

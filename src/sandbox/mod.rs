@@ -47,6 +47,7 @@ pub mod landlock;
 pub mod netproxy;
 pub mod options;
 pub mod process;
+pub mod reach;
 pub mod seccomp;
 pub mod warm;
 
@@ -55,8 +56,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::config::{ExecConfig, Isolation, NetworkReach};
+use crate::config::{ExecConfig, Isolation};
 use process::CommandSpec;
+pub use reach::NetworkReach;
 
 /// Environment variable naming the helper binary (tests, unusual installs).
 pub const HELPER_ENV: &str = "BRAMBLE_SANDBOX_HELPER";
@@ -452,10 +454,10 @@ impl Probe {
     }
 }
 
-/// What commands reach with `cfg` on this system: see [`crate::config::Network::reach`].
+/// What commands reach with `cfg` on this system: see [`NetworkReach::of`].
 /// The proxy needs the jail's network namespace and its own setup to work.
 pub fn network_reach(cfg: &ExecConfig, p: &Probe) -> NetworkReach {
-    cfg.network.reach(p.jail_available() && p.proxy.is_ok())
+    NetworkReach::of(cfg.network, p.jail_available() && p.proxy.is_ok())
 }
 
 /// `network: …` for the layers line: the setting, what it comes to, and why when that differs.

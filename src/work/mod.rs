@@ -6,17 +6,17 @@
 //! fixed text (a reminder). [`Runner::run`] does it, counted as work in flight
 //! (shutdown waits for it) and interruptible; the caller hands the result to
 //! [`crate::delivery::Reports`]. The scheduler's executor ([`jobs`]), the
-//! heartbeat ([`heartbeat`]) and the MQTT and Home Assistant triggers
-//! ([`triggers`]: what a firing does, shared) are thin adapters over this, so
+//! heartbeat ([`heartbeat_loop`]) and the MQTT and Home Assistant triggers
+//! ([`firing`]: what a firing does, shared) are thin adapters over this, so
 //! a new kind of work (a watcher, an alert) plugs in here.
 //!
 //! Above the agent, below the channels (see `ARCHITECTURE.md`, "Layers").
 
 pub mod alerts;
-pub mod heartbeat;
+pub mod firing;
+pub mod heartbeat_loop;
 pub mod jobs;
 pub mod reminders;
-pub mod triggers;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -17,7 +17,7 @@
 //! - **Every connection subscribes anew** — HA keeps no subscription across
 //!   connections. Nothing is replayed: events during an outage are gone, and
 //!   `for` matches waiting when the connection dropped are cancelled (see
-//!   [`super::triggers`]).
+//!   [`super::state_triggers`]).
 //! - **Liveness.** HA's server pings every ~55 s (control frames, answered
 //!   here). After [`IDLE`] with nothing from the server we send HA's own
 //!   `ping` command; no answer within [`DEAD`] more ends the connection.
@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::triggers::{Fire, Matcher, StateChange};
+use super::state_triggers::{Fire, Matcher, StateChange};
 use crate::clients::ha_ws::{Endpoint, Message, Socket, WsError};
 use crate::config::Secret;
 
@@ -71,7 +71,7 @@ pub struct Connection {
     pub endpoint: Endpoint,
     pub token: Secret,
     pub matcher: Matcher,
-    /// Where fired triggers go (bounded: [`super::triggers::QUEUE`]).
+    /// Where fired triggers go (bounded: [`super::state_triggers::QUEUE`]).
     pub fires: mpsc::Sender<Fire>,
     pub state: StateFile,
 }
@@ -331,17 +331,17 @@ pub struct HaEvents {
     pub triggers: TriggerRunner,
 }
 
-/// The trigger runner ([`super::triggers::run`]): the stop ends taking fires, the abort cancels runs.
+/// The trigger runner ([`super::state_triggers::run`]): the stop ends taking fires, the abort cancels runs.
 pub struct TriggerRunner {
     triggers: Arc<[crate::config::HaTrigger]>,
     fires: mpsc::Receiver<Fire>,
-    deps: crate::work::triggers::TriggerDeps,
+    deps: crate::work::firing::TriggerDeps,
 }
 
 impl TriggerRunner {
     pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
         let (stop, abort) = (shutdown.stop_token().clone(), shutdown.abort_token().clone());
-        super::triggers::run(self.triggers, self.fires, self.deps, stop, abort).await
+        super::state_triggers::run(self.triggers, self.fires, self.deps, stop, abort).await
     }
 }
 
@@ -350,7 +350,7 @@ pub fn services(
     rest: &crate::clients::ha_rest::HaRest,
     config: &crate::config::HomeAssistantConfig,
     state_dir: &Path,
-    deps: crate::work::triggers::TriggerDeps,
+    deps: crate::work::firing::TriggerDeps,
 ) -> Option<HaEvents> {
     if config.trigger.is_empty() {
         return None;
@@ -362,7 +362,7 @@ pub fn services(
             return None;
         }
     };
-    let (tx, rx) = mpsc::channel(super::triggers::QUEUE);
+    let (tx, rx) = mpsc::channel(super::state_triggers::QUEUE);
     let triggers: Arc<[crate::config::HaTrigger]> = config.trigger.clone().into();
     let runner = TriggerRunner { triggers, fires: rx, deps };
     let connection = Connection {

@@ -7,15 +7,15 @@
 //!   `bramble status` / `bramble check` say about `[homeassistant]`.
 //! - [`events`]: Home Assistant's WebSocket API on [`crate::clients::ha_ws`] — auth, `subscribe_events`,
 //!   the connection task with its backoff and its state file.
-//! - [`triggers`]: which events fire which trigger (globs, `from`/`to`, `for`,
-//!   `min_interval`), and their runs through [`crate::work::triggers`].
+//! - [`state_triggers`]: which events fire which trigger (globs, `from`/`to`, `for`,
+//!   `min_interval`), and their runs through [`crate::work::firing`].
 //!
 //! The protocol clients are in `clients/` (`ha_rest`, `ha_ws`), a layer
 //! below; the REST tools (`tools::homeassistant`) and this channel's
 //! notifications share one [`HaRest`].
 
 pub mod events;
-pub mod triggers;
+pub mod state_triggers;
 
 use std::sync::Arc;
 
@@ -134,7 +134,7 @@ pub fn check_warnings(c: &Config) -> Vec<String> {
     }
     for t in &ha.trigger {
         if let crate::config::TriggerAction::Message(template) = &t.action {
-            let unknown = triggers::unknown_fields(template);
+            let unknown = state_triggers::unknown_fields(template);
             if !unknown.is_empty() {
                 out.push(format!(
                     "trigger `{}`: {} stay as written; a Home Assistant template knows {{entity}}, {{name}}, \

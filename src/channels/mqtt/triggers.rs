@@ -12,7 +12,7 @@
 //! the MQTT polling task without waiting; runs happen in [`run`], at most
 //! [`MAX_CONCURRENT`] at a time, fed through a bounded queue. What a run does
 //! (the turn or command, the report) and the template renderer are shared with
-//! Home Assistant's triggers in [`crate::work::triggers`].
+//! Home Assistant's triggers in [`crate::work::firing`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 use super::{TurnLimit, TurnRate};
 use crate::bus::Conversation;
 use crate::config::MqttTrigger;
-pub use crate::work::triggers::TriggerDeps;
-use crate::work::triggers::{lookup, text_of, Firing};
+pub use crate::work::firing::TriggerDeps;
+use crate::work::firing::{lookup, text_of, Firing};
 
 /// Trigger runs at once (each may hold an LLM turn or a process).
 pub const MAX_CONCURRENT: usize = 2;
@@ -149,7 +149,7 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
         label: &config.topic,
         source: format!("trigger:{}", fire.topic),
     };
-    crate::work::triggers::fire(firing, deps, abort).await;
+    crate::work::firing::fire(firing, deps, abort).await;
 }
 
 /// Render a trigger template: `{topic}`, `{payload}`, and `{payload.a.b}` /
@@ -158,7 +158,7 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
 pub fn render(template: &str, topic: &str, payload: &[u8]) -> String {
     let text = String::from_utf8_lossy(payload);
     let mut json: Option<Result<Value, ()>> = None;
-    crate::work::triggers::render(template, |name| match name {
+    crate::work::firing::render(template, |name| match name {
         "topic" => Some(topic.to_string()),
         "payload" => Some(text.to_string()),
         _ => {

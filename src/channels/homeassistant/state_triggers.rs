@@ -18,7 +18,7 @@
 //!   between are dropped, counted, and the count logged with the next run.
 //!
 //! Runs go through a bounded queue to [`run`], at most [`MAX_CONCURRENT`]
-//! at once, and do what every trigger does ([`crate::work::triggers`]): the
+//! at once, and do what every trigger does ([`crate::work::firing`]): the
 //! `message` template as an agent turn on the `homeassistant` channel (an
 //! untrusted origin: entity states and attributes are anyone's text), or the
 //! `exec` command with the event's JSON on stdin. Templates know `{entity}`,
@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::Conversation;
 use crate::config::{HaTrigger, TriggerAction};
-use crate::work::triggers::{lookup, text_of, Firing, TriggerDeps};
+use crate::work::firing::{lookup, text_of, Firing, TriggerDeps};
 
 /// Trigger runs at once (each may hold an LLM turn or a process).
 pub const MAX_CONCURRENT: usize = 2;
@@ -190,7 +190,7 @@ impl Matcher {
 /// Render a trigger's `message` for a change.
 pub fn render(template: &str, change: &StateChange) -> String {
     let attrs = |key: &str| change.data.get(key).and_then(|s| s.get("attributes"));
-    crate::work::triggers::render(template, |name| match name {
+    crate::work::firing::render(template, |name| match name {
         "entity" => Some(change.entity.clone()),
         "from" => Some(change.from.clone().unwrap_or_else(|| "(none)".into())),
         "to" => Some(change.to.clone().unwrap_or_else(|| "(removed)".into())),
@@ -219,7 +219,7 @@ pub fn render(template: &str, change: &StateChange) -> String {
 /// `{payload}` copied from an MQTT trigger would stay as written).
 pub fn unknown_fields(template: &str) -> Vec<String> {
     let mut unknown = Vec::new();
-    crate::work::triggers::render(template, |name| {
+    crate::work::firing::render(template, |name| {
         let known = matches!(name, "entity" | "from" | "to" | "name")
             || name
                 .strip_prefix("attributes.")
@@ -266,7 +266,7 @@ pub async fn run(
                 label: &label,
                 source: format!("trigger:{entity}"),
             };
-            crate::work::triggers::fire(firing, &deps, &abort).await;
+            crate::work::firing::fire(firing, &deps, &abort).await;
         }
     })
     .await;
