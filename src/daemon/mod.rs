@@ -1,12 +1,13 @@
 //! The daemon (`bramble run`): wires the scheduler, the heartbeat, the agent,
 //! the channels and the outbox together, and owns their lifecycle.
 //!
-//! Lifecycle: load config → start every component with a child of one
-//! cancellation token → run until SIGINT/SIGTERM (stop) or SIGHUP (reload:
-//! stop gracefully, load the config again, start again; a config with errors
-//! is reported and the running one kept). Turns in flight get
-//! [`SHUTDOWN_GRACE`] to finish; state is written as it changes, so there is
-//! nothing left to flush.
+//! Lifecycle: load config → build every part ([`assemble::daemon`]) and start
+//! each loop as a supervised service sharing one [`Shutdown`] → run until
+//! SIGINT/SIGTERM (stop), SIGHUP (reload: stop gracefully, load the config
+//! again, start again; a config with errors is reported and the running one
+//! kept) or a service whose end stops the daemon (an error exit, below).
+//! Turns in flight get [`SHUTDOWN_GRACE`] to finish; state is written as it
+//! changes, so there is nothing left to flush.
 //!
 //! Without a config file the daemon still runs with defaults and says what is
 //! not configured: no provider means LLM jobs fail with that reason, while
