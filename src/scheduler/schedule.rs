@@ -55,7 +55,7 @@ pub enum ScheduleError {
 pub enum Schedule {
     /// Every `every`, at `anchor + k·every` (k ≥ 0).
     Every {
-        #[serde(serialize_with = "ser_dur")]
+        #[serde(serialize_with = "ser_dur", deserialize_with = "de_dur")]
         every: Dur,
         #[serde(with = "super::timeser::ts")]
         anchor: Timestamp,
@@ -74,7 +74,27 @@ pub enum Schedule {
     },
 }
 
-/// `Dur` reads itself (`"10m"` or seconds) but has no `Serialize`; write it
+/// A stored interval: what [`ser_dur`] writes (`"10m"`, `"1500ms"`), and, as
+/// earlier versions read a hand-edited file, a bare number of seconds: a
+/// typed duration needs its unit ([`Dur`]), a stored one is not refused (a
+/// refusal here would set the whole job list aside as corrupt).
+fn de_dur<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Secs(n) => Ok(Dur::secs(n)),
+        Raw::Text(t) => match t.trim().parse::<u64>() {
+            Ok(n) => Ok(Dur::secs(n)),
+            Err(_) => t.parse().map_err(serde::de::Error::custom),
+        },
+    }
+}
+
+/// `Dur` reads itself (`"10m"`) but has no `Serialize`; write it
 /// the way a person would, without losing sub-second parts.
 fn ser_dur<S: serde::Serializer>(d: &Dur, s: S) -> Result<S::Ok, S::Error> {
     if d.0.subsec_nanos() == 0 {
@@ -308,6 +328,96 @@ pub fn parse_at(text: &str, default_tz: &TimeZone) -> Result<Timestamp, Schedule
         ))),
         _ => ambiguous.earlier().map_err(|e| bad(e.to_string())),
     }
+}
+
+/// Read a time as people type it, for `--at` and `--until`: what
+/// [`parse_at`] reads, and times relative to `now` in `zone`:
+///
+/// - `+2m`, `+1h30m`: this long from now;
+/// - `16:30`, `16:30:15`: the next time the clocks in `zone` show it (today
+///   if it is still ahead, else tomorrow);
+/// - `today 16:30`, `tomorrow 07:00`.
+///
+/// A clock time that does not exist that day (a spring-forward gap) is an
+/// error, as in [`parse_at`].
+pub fn parse_when(text: &str, zone: &TimeZone, now: Timestamp) -> Result<Timestamp, ScheduleError> {
+    let t = text.trim();
+    let bad = |reason: String| ScheduleError::At { text: text.to_string(), reason };
+    if let Some(after) = t.strip_prefix('+') {
+        let d: Dur = after.trim().parse().map_err(|e: String| bad(e))?;
+        if d.0 < Duration::from_secs(1) {
+            return Err(bad("a time from now must be at least 1s ahead, like `+2m`".into()));
+        }
+        let d = SignedDuration::try_from(d.0).map_err(|e| bad(e.to_string()))?;
+        return now.checked_add(d).map_err(|e| bad(e.to_string()));
+    }
+    let lower = t.to_ascii_lowercase();
+    let (day, clock) = match lower.split_once(char::is_whitespace) {
+        Some((word @ ("today" | "tomorrow"), rest)) => (Some(word), rest.trim()),
+        _ => (None, lower.as_str()),
+    };
+    let Some(time) = clock_time(clock) else {
+        return parse_at(text, zone).map_err(|e| match e {
+            ScheduleError::At { text, reason } => ScheduleError::At {
+                text,
+                reason: format!("{reason}, `16:30` (the next 16:30), `tomorrow 07:00` or `+2m`"),
+            },
+            other => other,
+        });
+    };
+    let today = now.to_zoned(zone.clone()).date();
+    let on = |date: jiff::civil::Date| -> Result<Timestamp, ScheduleError> {
+        let civil = date.to_datetime(time);
+        let ambiguous = zone.to_ambiguous_timestamp(civil);
+        if let AmbiguousOffset::Gap { .. } = ambiguous.offset() {
+            let zone_name = zone.iana_name().unwrap_or("the time zone");
+            return Err(bad(format!(
+                "{civil} does not exist in {zone_name} (the clocks skip it for daylight saving time); pick a time after the change"
+            )));
+        }
+        ambiguous.earlier().map_err(|e| bad(e.to_string()))
+    };
+    let tomorrow = || today.tomorrow().map_err(|e| bad(e.to_string()));
+    match day {
+        Some("today") => {
+            let at = on(today)?;
+            if at <= now {
+                return Err(bad(format!(
+                    "{clock} today has passed; `tomorrow {clock}` or just `{clock}` is the next one"
+                )));
+            }
+            Ok(at)
+        }
+        Some(_) => on(tomorrow()?),
+        None => match on(today) {
+            Ok(at) if at > now => Ok(at),
+            _ => on(tomorrow()?),
+        },
+    }
+}
+
+/// `HH:MM` or `HH:MM:SS` (one-digit hours too), a time of day.
+fn clock_time(text: &str) -> Option<jiff::civil::Time> {
+    let mut parts = text.split(':');
+    let mut num = |max: i8| -> Option<i8> {
+        let p = parts.next()?;
+        if p.is_empty() || p.len() > 2 || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        p.parse::<i8>().ok().filter(|n| *n <= max)
+    };
+    let (h, m) = (num(23)?, num(59)?);
+    let s = match parts.next() {
+        None => 0,
+        Some(p) if p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()) => {
+            p.parse::<i8>().ok().filter(|n| *n <= 59)?
+        }
+        Some(_) => return None,
+    };
+    if parts.next().is_some() {
+        return None;
+    }
+    jiff::civil::Time::new(h, m, s, 0).ok()
 }
 
 /// `a - b`, as a std duration, zero if negative.
