@@ -175,6 +175,18 @@ mod tests {
     }
 
     #[test]
+    fn a_file_of_mistakes_stops_at_the_limit() {
+        let text: String = (0..50).map(|i| format!("[nosuch{i}]\nx = 1\n")).collect();
+        assert_eq!(errors(&text).len(), MAX_ERRORS);
+        // Errors inside arrays of tables and deep tables are found and taken out one by one.
+        let text = "[[provider]]\nname = \"a\"\nkindd = \"openai\"\n[[provider]]\nname = \"b\"\ntimeout = 5\n";
+        let found = errors(text);
+        assert_eq!(found.len(), 2, "{found:#?}");
+        assert_eq!(found[0], "unknown key `kindd` in [provider]: did you mean `kind`?");
+        assert!(found[1].starts_with("`5` has no unit"), "{}", found[1]);
+    }
+
+    #[test]
     fn a_good_file_reads() {
         assert!(read("[agent]\nmodel = \"m\"\n").is_ok());
         assert_eq!(distance("hearbeat", "heartbeat"), 1);

@@ -398,25 +398,16 @@ pub fn parse_when(text: &str, zone: &TimeZone, now: Timestamp) -> Result<Timesta
 
 /// `HH:MM` or `HH:MM:SS` (one-digit hours too), a time of day.
 fn clock_time(text: &str) -> Option<jiff::civil::Time> {
-    let mut parts = text.split(':');
-    let mut num = |max: i8| -> Option<i8> {
-        let p = parts.next()?;
-        if p.is_empty() || p.len() > 2 || !p.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        p.parse::<i8>().ok().filter(|n| *n <= max)
+    let parts: Vec<&str> = text.split(':').collect();
+    let num = |p: &str, widths: std::ops::RangeInclusive<usize>, max: i8| -> Option<i8> {
+        let ok = widths.contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+        ok.then(|| p.parse::<i8>().ok()).flatten().filter(|n| *n <= max)
     };
-    let (h, m) = (num(23)?, num(59)?);
-    let s = match parts.next() {
-        None => 0,
-        Some(p) if p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()) => {
-            p.parse::<i8>().ok().filter(|n| *n <= 59)?
-        }
-        Some(_) => return None,
+    let (h, m, s) = match parts[..] {
+        [h, m] => (num(h, 1..=2, 23)?, num(m, 2..=2, 59)?, 0),
+        [h, m, s] => (num(h, 1..=2, 23)?, num(m, 2..=2, 59)?, num(s, 2..=2, 59)?),
+        _ => return None,
     };
-    if parts.next().is_some() {
-        return None;
-    }
     jiff::civil::Time::new(h, m, s, 0).ok()
 }
 
@@ -577,6 +568,57 @@ mod tests {
             let err = parse_at(bad, &berlin).unwrap_err().to_string();
             assert!(err.contains("is not a time"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn times_as_people_type_them() {
+        let berlin = tz("Europe/Berlin");
+        let now = ts("2026-11-26T15:00:00Z"); // 16:00 in Berlin
+        let when = |t: &str| parse_when(t, &berlin, now);
+        assert_eq!(when("+2m").unwrap(), ts("2026-11-26T15:02:00Z"));
+        assert_eq!(when(" +1h30m ").unwrap(), ts("2026-11-26T16:30:00Z"));
+        assert_eq!(when("16:30").unwrap(), ts("2026-11-26T15:30:00Z"), "still ahead today");
+        assert_eq!(when("15:59").unwrap(), ts("2026-11-27T14:59:00Z"), "passed: tomorrow");
+        assert_eq!(when("16:00").unwrap(), ts("2026-11-27T15:00:00Z"), "now is not ahead");
+        assert_eq!(when("7:05:30").unwrap(), ts("2026-11-27T06:05:30Z"));
+        assert_eq!(when("Tomorrow 07:00").unwrap(), ts("2026-11-27T06:00:00Z"));
+        assert_eq!(when("today 18:00").unwrap(), ts("2026-11-26T17:00:00Z"));
+        assert_eq!(when("2026-12-01 09:00").unwrap(), ts("2026-12-01T08:00:00Z"));
+        let passed = when("today 09:00").unwrap_err().to_string();
+        assert!(passed.contains("has passed"), "{passed}");
+        // The night the clocks skip 02:00-03:00: tomorrow's 02:30 does not exist.
+        let gap = parse_when("tomorrow 02:30", &berlin, ts("2026-03-28T12:00:00Z")).unwrap_err().to_string();
+        assert!(gap.contains("does not exist"), "{gap}");
+        for bad in [
+            "+0s",
+            "+10",
+            "+",
+            "+-5m",
+            "+99999999999999d",
+            "24:00",
+            "12:60",
+            "12:5",
+            "1:2:3:4",
+            "noon",
+            "tomorrow",
+            "today 7",
+            "",
+        ] {
+            let err = when(bad).unwrap_err().to_string();
+            assert!(err.contains("is not a time"), "{bad}: {err}");
+        }
+        assert!(when("+10").unwrap_err().to_string().contains("has no unit"));
+    }
+
+    #[test]
+    fn a_stored_interval_without_a_unit_still_reads() {
+        let s: Schedule =
+            serde_json::from_str(r#"{"kind":"every","every":"60","anchor":"2026-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(s, every("1m", "2026-01-01T00:00:00Z"));
+        let s: Schedule =
+            serde_json::from_str(r#"{"kind":"every","every":90,"anchor":"2026-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(s, every("90s", "2026-01-01T00:00:00Z"));
+        assert!(parse_every("60").unwrap_err().to_string().contains("`60` has no unit: did you mean `60m`?"));
     }
 
     #[test]
