@@ -109,7 +109,8 @@ pub enum Command {
 pub enum OutboxCommand {
     /// The reports waiting, oldest first: id, target, attempts, last error
     List {
-        /// One JSON object per report, in an array
+        /// A JSON array, one object per report: id, target, source, job, created, attempts,
+        /// next_attempt, last_error, deliverable, text (stable names)
         #[arg(long)]
         json: bool,
     },
@@ -211,7 +212,8 @@ pub enum CronCommand {
         /// Also the one-shots that are done (kept 30 days)
         #[arg(long)]
         all: bool,
-        /// One JSON object per job, in an array (stable field names: see `bramble cron list --help`)
+        /// A JSON array, one object per job: id, name, kind, text, schedule, zone, enabled, done,
+        /// next_run, last_run (RFC 3339, UTC), last_status, last_error, deliver (stable names)
         #[arg(long)]
         json: bool,
     },
@@ -219,7 +221,8 @@ pub enum CronCommand {
     Show {
         /// Job id or name
         id: String,
-        /// The job as a JSON object (the fields of `cron list --json`, and `runs`)
+        /// The job as a JSON object: the fields of `cron list --json`, and `runs` (started,
+        /// finished, status, summary, model)
         #[arg(long)]
         json: bool,
     },

@@ -47,6 +47,8 @@ pub(super) fn edit(
     let now = jiff::Timestamp::now();
     match cmd {
         CronCommand::Add(_) => {
+            // A done job past its keeping frees its name.
+            store.prune_done(now - super::cron_view::KEEP_DONE)?;
             let job = store.add(new_job(loaded, cmd, creator, now)?)?;
             added(loaded, &store, &job, out, err)?;
         }

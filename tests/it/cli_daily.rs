@@ -240,6 +240,14 @@ async fn done_one_shots_are_hidden_then_pruned() {
     assert!(!all.contains("old"), "a job done 40 days ago is pruned: {all}");
     let names: Vec<String> = home.store().list().unwrap().into_iter().map(|j| j.name).collect();
     assert_eq!(names, ["single", "live"]);
+    // A done job's name is free again once it is pruned: `cron add` prunes too.
+    home.store()
+        .update(|jobs| {
+            jobs[0].state.last_run = Some(now - jiff::SignedDuration::from_hours(31 * 24));
+            Ok(())
+        })
+        .unwrap();
+    home.ok(&["cron", "add", "single", "--in", "1h", "--remind", "again"]).await;
 }
 
 fn outbox(state: &Path) -> bramble::delivery::outbox::Outbox {
