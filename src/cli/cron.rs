@@ -46,11 +46,13 @@ pub(super) fn edit(
     let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
     let now = jiff::Timestamp::now();
     match cmd {
-        CronCommand::Add(_) => {
+        CronCommand::Add(add) => {
             // A done job past its keeping frees its name.
             store.prune_done(now - super::cron_view::KEEP_DONE)?;
-            let job = store.add(new_job(loaded, cmd, creator, now)?)?;
-            added(loaded, &store, &job, out, err)?;
+            // `--at … --tz ZONE`: said back in that zone (a cron job keeps its own).
+            let zone = add.tz.as_deref().and_then(|z| crate::scheduler::parse_tz(z).ok());
+            let job = store.add(new_job(loaded, CronCommand::Add(add), creator, now)?)?;
+            added(loaded, &store, &job, zone, out, err)?;
         }
         CronCommand::Next { expr, tz: job_tz, from, count } => {
             next(&expr, job_tz.as_deref(), from.as_deref(), count, &loaded.config.timezone(), now, out)?;
@@ -211,6 +213,7 @@ fn added(
     loaded: &Loaded,
     store: &crate::scheduler::JobStore,
     job: &crate::scheduler::Job,
+    zone: Option<jiff::tz::TimeZone>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<()> {
@@ -235,7 +238,11 @@ fn added(
         }
     }
     writeln!(out, "  schedule: {}", job.schedule.describe(tz.tz()))?;
-    writeln!(out, "  next run: {}", in_zone(job.state.next_run, &job.schedule, &tz))?;
+    let next = match zone {
+        Some(zone) if job.schedule.is_one_shot() => crate::scheduler::schedule::local_time(job.state.next_run, &zone),
+        _ => in_zone(job.state.next_run, &job.schedule, &tz),
+    };
+    writeln!(out, "  next run: {next}")?;
     if !matches!(job.schedule, crate::scheduler::Schedule::Every { .. }) {
         let jobs = store.list().unwrap_or_default();
         let wait = loaded.config.daemon.clock_sync_wait.get();
@@ -744,7 +751,7 @@ mod tests {
         let cmd = parsed(&["add", "tea", "--every", "1h", "--remind", "tea\u{1b}[2J"]);
         let job = store.add(new_job(&l, cmd, crate::bus::Principal::Owner, jiff::Timestamp::now()).unwrap()).unwrap();
         out.clear();
-        added(&l, &store, &job, &mut out, &mut err).unwrap();
+        added(&l, &store, &job, None, &mut out, &mut err).unwrap();
         assert!(String::from_utf8_lossy(&out).starts_with(&format!("added job tea ({})", job.id)));
         out.clear();
         show(&l, &job, false, &mut out).unwrap();

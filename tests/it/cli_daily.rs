@@ -76,7 +76,10 @@ fn next_run(job: &serde_json::Value) -> Timestamp {
 #[tokio::test]
 async fn tz_is_the_zone_of_at_and_is_refused_with_every() {
     let home = Home::new("UTC", "");
-    home.ok(&["cron", "add", "dentist", "--at", "2030-12-02 09:00", "--tz", "Europe/Berlin", "--remind", "go"]).await;
+    let added = home
+        .ok(&["cron", "add", "dentist", "--at", "2030-12-02 09:00", "--tz", "Europe/Berlin", "--remind", "go"])
+        .await;
+    assert!(added.contains("next run: 2030-12-02 09:00:00 CET"), "said back in its zone: {added}");
     // 09:00 in Berlin (CET, +01:00), not 09:00 UTC.
     assert_eq!(home.job_json("dentist").await["next_run"], "2030-12-02T08:00:00Z");
     let err = home.fails(&["cron", "add", "tea", "--every", "1h", "--tz", "Europe/Berlin", "--remind", "tea"]).await;
