@@ -77,9 +77,15 @@ pub enum Command {
     /// Tool calls that changed something (commands, files, MQTT, jobs, Home Assistant, MCP), with who asked
     Audit {
         /// From this long ago (`1h`, `2d`) or this time (`2026-11-23 08:00`) [default: the last day]
-        #[arg(long, value_name = "WHEN", default_value = "1d")]
+        #[arg(long, value_name = "WHEN", default_value = "1d", hide_default_value = true)]
         since: String,
+        /// One JSON object per line: `at` (RFC 3339, UTC), `source`, `session`, `chat`, `tool`, `ok`, `detail`
+        #[arg(long)]
+        json: bool,
     },
+    /// Reports waiting to be delivered: list them, retry one now, or drop one that never can be
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
     /// Let a new Telegram user in: print a one-time code (10 minutes) they send as `/pair <code>`
     Pair {
         /// List the users added by pairing
@@ -98,6 +104,28 @@ pub enum Command {
     },
 }
 
+/// `bramble outbox …`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// The reports waiting, oldest first: id, target, attempts, last error
+    List {
+        /// A JSON array, one object per report: id, target, source, job, created, attempts,
+        /// next_attempt, last_error, deliverable, text (stable names)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Try this report again at the daemon's next pass (clears its back-off)
+    Retry {
+        /// The report's id (from `bramble outbox list`), or `all`
+        id: String,
+    },
+    /// Delete this report: it is never delivered
+    Drop {
+        /// The report's id (from `bramble outbox list`)
+        id: String,
+    },
+}
+
 /// A shell `bramble completions` writes for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Shell {
@@ -106,77 +134,97 @@ pub enum Shell {
     Fish,
 }
 
+/// `bramble cron add`'s options: one struct, parsed by clap, read by
+/// `cron add`, by the control socket's handler and sent back by a member's CLI.
+#[derive(Debug, Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("schedule").required(true).args(["every", "cron", "at", "in"])))]
+#[command(group(clap::ArgGroup::new("action").required(true).args(["message", "remind", "exec"])))]
+pub struct AddArgs {
+    /// A unique name: letters, digits, `-` and `_` (used in MQTT topics)
+    pub name: String,
+    /// Run at a fixed interval: 90s, 10m, 2h, 1d (a number needs its unit)
+    #[arg(long, value_name = "DUR")]
+    pub every: Option<String>,
+    /// Run on a cron expression: 5 fields (`0 9 * * 1-5`) or 6 with seconds first
+    #[arg(long, value_name = "EXPR")]
+    pub cron: Option<String>,
+    /// The time zone --cron and --at are read in [default: [agent] timezone]
+    #[arg(long, value_name = "ZONE")]
+    pub tz: Option<String>,
+    /// Run once: `16:30` (the next one), `tomorrow 07:00`, `2026-12-01 09:00`, `+2m`, or RFC 3339
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
+    /// Run once, this long from now: 2m, 1h30m (the same as `--at +2m`)
+    #[arg(long = "in", id = "in", value_name = "DUR")]
+    pub in_: Option<String>,
+    /// An agent turn with this task
+    #[arg(long, value_name = "TEXT")]
+    pub message: Option<String>,
+    /// Deliver this text as it is (no model call)
+    #[arg(long, value_name = "TEXT")]
+    pub remind: Option<String>,
+    /// Run this shell command in the sandbox (no model call)
+    #[arg(long, value_name = "CMD")]
+    pub exec: Option<String>,
+    /// Where the result goes: telegram:<chat_id>, mqtt, mqtt:<topic>, ha:notify.<service>, log (repeatable) [default: log]
+    #[arg(long, value_name = "TARGET")]
+    pub deliver: Vec<String>,
+    /// Missed runs (daemon down, clock jump): skip, once, or a window like 2h [default: skip; once for --at]
+    #[arg(long, value_name = "POLICY")]
+    pub catch_up: Option<String>,
+    /// Give the job a "Run" button in Home Assistant (with `[mqtt] discovery = true`)
+    #[arg(long)]
+    pub ha_button: bool,
+    /// Send this workspace file with each report (Telegram: a photo or a document; repeatable)
+    #[arg(long, value_name = "FILE")]
+    pub attach: Vec<String>,
+    /// The model for its turns: `provider/model`, a provider's name, or a model
+    /// of the first provider; `[agent] fallback` still applies
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// A watcher: run this command (in the sandbox) on schedule, and the --message turn only when
+    /// its output changed (see --watch-mode); `{output}` and `{previous}` go into the message
+    #[arg(long, value_name = "CMD")]
+    pub watch: Option<String>,
+    /// When a watcher's turn runs: changed (output not empty and different), nonempty, exit-nonzero
+    #[arg(long, value_name = "MODE", requires = "watch", default_value = "changed")]
+    pub watch_mode: String,
+    /// Start each run up to this much later (a fixed offset per job), so jobs set for the same
+    /// minute spread out: 5m
+    #[arg(long, value_name = "DURATION")]
+    pub jitter: Option<String>,
+    /// Done after this many scheduled runs ("remind me 3 times")
+    #[arg(long, value_name = "N")]
+    pub max_runs: Option<u32>,
+    /// Done when the next run would be after this time (like --at)
+    #[arg(long, value_name = "TIME")]
+    pub until: Option<String>,
+}
+
 // Parsed once per process: the size of the `Add` variant does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum CronCommand {
     /// Add a job (a running daemon picks it up at once)
-    #[command(group(clap::ArgGroup::new("schedule").required(true).args(["every", "cron", "at"])))]
-    #[command(group(clap::ArgGroup::new("action").required(true).args(["message", "remind", "exec"])))]
-    Add {
-        /// A unique name: letters, digits, `-` and `_` (used in MQTT topics)
-        name: String,
-        /// Run at a fixed interval: 90s, 10m, 2h, 1d
-        #[arg(long, value_name = "DUR")]
-        every: Option<String>,
-        /// Run on a cron expression: 5 fields (`0 9 * * 1-5`) or 6 with seconds first
-        #[arg(long, value_name = "EXPR")]
-        cron: Option<String>,
-        /// Time zone of the cron expression [default: [agent] timezone]
-        #[arg(long, value_name = "ZONE", requires = "cron")]
-        tz: Option<String>,
-        /// Run once: RFC 3339, or `YYYY-MM-DD HH:MM` in the configured time zone
-        #[arg(long, value_name = "TIME")]
-        at: Option<String>,
-        /// An agent turn with this task
-        #[arg(long, value_name = "TEXT")]
-        message: Option<String>,
-        /// Deliver this text as it is (no model call)
-        #[arg(long, value_name = "TEXT")]
-        remind: Option<String>,
-        /// Run this shell command in the sandbox (no model call)
-        #[arg(long, value_name = "CMD")]
-        exec: Option<String>,
-        /// Where the result goes: telegram:<chat_id>, mqtt, mqtt:<topic>, ha:notify.<service>, log (repeatable) [default: log]
-        #[arg(long, value_name = "TARGET")]
-        deliver: Vec<String>,
-        /// Missed runs (daemon down, clock jump): skip, once, or a window like 2h [default: skip; once for --at]
-        #[arg(long, value_name = "POLICY")]
-        catch_up: Option<String>,
-        /// Give the job a "Run" button in Home Assistant (with `[mqtt] discovery = true`)
+    Add(AddArgs),
+    /// List jobs with their next run, in each job's zone (done one-shots with --all)
+    List {
+        /// Also the one-shots that are done (kept 30 days)
         #[arg(long)]
-        ha_button: bool,
-        /// Send this workspace file with each report (Telegram: a photo or a document; repeatable)
-        #[arg(long, value_name = "FILE")]
-        attach: Vec<String>,
-        /// The model for its turns: `provider/model`, a provider's name, or a model
-        /// of the first provider; `[agent] fallback` still applies
-        #[arg(long, value_name = "MODEL")]
-        model: Option<String>,
-        /// A watcher: run this command (in the sandbox) on schedule, and the --message turn only when
-        /// its output changed (see --watch-mode); `{output}` and `{previous}` go into the message
-        #[arg(long, value_name = "CMD")]
-        watch: Option<String>,
-        /// When a watcher's turn runs: changed (output not empty and different), nonempty, exit-nonzero
-        #[arg(long, value_name = "MODE", requires = "watch", default_value = "changed")]
-        watch_mode: String,
-        /// Start each run up to this much later (a fixed offset per job), so jobs set for the same
-        /// minute spread out: 5m
-        #[arg(long, value_name = "DURATION")]
-        jitter: Option<String>,
-        /// Done after this many scheduled runs ("remind me 3 times")
-        #[arg(long, value_name = "N")]
-        max_runs: Option<u32>,
-        /// Done when the next run would be after this time (RFC 3339 or `YYYY-MM-DD HH:MM`)
-        #[arg(long, value_name = "TIME")]
-        until: Option<String>,
+        all: bool,
+        /// A JSON array, one object per job: id, name, kind, text, schedule, zone, enabled, done,
+        /// next_run, last_run (RFC 3339, UTC), last_status, last_error, deliver (stable names)
+        #[arg(long)]
+        json: bool,
     },
-    /// List jobs with their next run
-    List,
     /// Show one job with its recent runs
     Show {
         /// Job id or name
         id: String,
+        /// The job as a JSON object: the fields of `cron list --json`, and `runs` (started,
+        /// finished, status, summary, model)
+        #[arg(long)]
+        json: bool,
     },
     /// Remove a job
     Remove {
@@ -228,6 +276,7 @@ impl Command {
             | Command::Completions { .. }
             | Command::Man
             | Command::Audit { .. }
+            | Command::Outbox(_)
             | Command::Pair { .. } => true,
             Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,

@@ -17,7 +17,8 @@ use crate::bus::Target;
 use crate::config::Loaded;
 use crate::daemon::{assemble, control};
 
-use super::{when, CronCommand};
+use super::cron_view::{esc, in_zone, kind_name_of, limits, list, show};
+use super::{when, AddArgs, CronCommand};
 
 pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<ExitCode> {
     if let CronCommand::Run { id } = &cmd {
@@ -45,18 +46,23 @@ pub(super) fn edit(
     let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
     let now = jiff::Timestamp::now();
     match cmd {
-        CronCommand::Add { .. } => {
-            let job = store.add(new_job(loaded, cmd, creator, now)?)?;
-            added(loaded, &store, &job, out, err)?;
+        CronCommand::Add(add) => {
+            // A done job past its keeping frees its name.
+            store.prune_done(now - super::cron_view::KEEP_DONE)?;
+            // `--at … --tz ZONE`: said back in that zone (a cron job keeps its own).
+            let zone = add.tz.as_deref().and_then(|z| crate::scheduler::parse_tz(z).ok());
+            let job = store.add(new_job(loaded, CronCommand::Add(add), creator, now)?)?;
+            added(loaded, &store, &job, zone, out, err)?;
         }
         CronCommand::Next { expr, tz: job_tz, from, count } => {
             next(&expr, job_tz.as_deref(), from.as_deref(), count, &loaded.config.timezone(), now, out)?;
         }
-        CronCommand::List => list(loaded, &store, out)?,
-        CronCommand::Show { id } => show(loaded, &store.get(&id)?, out)?,
+        CronCommand::List { all, json } => list(loaded, &store, all, json, now, out)?,
+        CronCommand::Show { id, json } => show(loaded, &store.get(&id)?, json, out)?,
         CronCommand::Remove { id } => {
             let j = store.remove(&id)?;
             writeln!(out, "removed job {} ({})", j.name, j.id)?;
+            set_aside_reports(loaded, &j, now, out)?;
         }
         CronCommand::Enable { id } => {
             let j = store.set_enabled(&id, true)?;
@@ -71,6 +77,35 @@ pub(super) fn edit(
     Ok(())
 }
 
+/// After `cron remove`: the removed job's reports that failed and wait for
+/// another try are set aside (recorded as dropped): nothing will ask for
+/// them again, and a report that cannot be delivered would be retried
+/// forever. One not tried yet still goes out (the job's last report).
+fn set_aside_reports(
+    loaded: &Loaded,
+    job: &crate::scheduler::Job,
+    now: jiff::Timestamp,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
+    let source = format!("job:{}", job.name);
+    let reason = format!("its job {} was removed", job.name);
+    let of_job = |e: &crate::delivery::outbox::Entry| {
+        (e.job.as_ref().is_some_and(|r| r.id == job.id) || e.source == source) && (e.attempts > 0 || e.refusals > 0)
+    };
+    let dropped = outbox.drop_where(of_job, &reason, now)?;
+    if !dropped.is_empty() {
+        let n = dropped.len();
+        writeln!(
+            out,
+            "  set aside {n} report{} of it that could not be delivered ({})",
+            if n == 1 { "" } else { "s" },
+            dropped.iter().map(|e| format!("{} to {}", e.id, e.target)).collect::<Vec<_>>().join(", ")
+        )?;
+    }
+    Ok(())
+}
+
 /// The job `cron add` describes, `creator`'s, checked but not stored.
 fn new_job(
     loaded: &Loaded,
@@ -79,12 +114,11 @@ fn new_job(
     now: jiff::Timestamp,
 ) -> anyhow::Result<crate::scheduler::Job> {
     use crate::scheduler::{self as sched, CatchUp, Job, JobKind};
-    let CronCommand::Add {
+    let CronCommand::Add(add) = cmd else {
+        anyhow::bail!("not a `cron add`");
+    };
+    let AddArgs {
         name,
-        every,
-        cron,
-        tz: job_tz,
-        at,
         message,
         remind,
         exec,
@@ -98,12 +132,10 @@ fn new_job(
         jitter,
         max_runs,
         until,
-    } = cmd
-    else {
-        anyhow::bail!("not a `cron add`");
-    };
+        ..
+    } = add.clone();
     let tz = loaded.config.timezone();
-    let schedule = schedule_of(every, cron, job_tz, at, &tz, now)?;
+    let schedule = schedule_of(&add, &tz, now)?;
     // Checked here: clap's `requires` does not hold against the `action` group.
     if message.is_none() && (model.is_some() || watch.is_some()) {
         anyhow::bail!("--model and --watch are for --message jobs (a reminder or a command calls no model)");
@@ -137,31 +169,41 @@ fn new_job(
     anyhow::ensure!(max_runs != Some(0), "--max-runs must be at least 1");
     job.max_runs = max_runs;
     if let Some(u) = until {
-        let u = sched::parse_at(&u, tz.tz())?;
+        let u = sched::schedule::parse_when(&u, tz.tz(), now).map_err(|e| anyhow::anyhow!("--until: {e}"))?;
         anyhow::ensure!(u > now, "--until {u} is already past");
         job.until = Some(u);
     }
     Ok(job)
 }
 
-/// The schedule of `cron add`'s `--every`, `--cron` (in `--tz`) or `--at` (clap asks for one).
+/// The schedule of `cron add`'s `--every`, `--cron`, `--at` or `--in` (clap
+/// asks for one); `--tz` is the zone `--cron` and `--at` are read in.
 fn schedule_of(
-    every: Option<String>,
-    cron: Option<String>,
-    job_tz: Option<String>,
-    at: Option<String>,
+    add: &AddArgs,
     tz: &crate::config::TzName,
     now: jiff::Timestamp,
 ) -> anyhow::Result<crate::scheduler::Schedule> {
     use crate::scheduler::{self as sched, Schedule};
-    Ok(if let Some(every) = every {
-        Schedule::Every { every: sched::parse_every(&every)?, anchor: now }
-    } else if let Some(expr) = cron {
-        sched::parse_cron(&expr, job_tz.as_deref())?
-    } else if let Some(at) = at {
-        Schedule::At { at: sched::parse_at(&at, tz.tz())? }
+    let zone = match &add.tz {
+        Some(name) => sched::parse_tz(name)?,
+        None => tz.tz().clone(),
+    };
+    if add.tz.is_some() && (add.every.is_some() || add.in_.is_some()) {
+        let which = if add.every.is_some() { "--every" } else { "--in" };
+        anyhow::bail!(
+            "--tz is for --cron and --at (the zone their clock times are read in); {which} counts time from now,              the same in every zone: leave --tz out"
+        );
+    }
+    Ok(if let Some(every) = &add.every {
+        Schedule::Every { every: sched::parse_every(every)?, anchor: now }
+    } else if let Some(expr) = &add.cron {
+        sched::parse_cron(expr, add.tz.as_deref())?
+    } else if let Some(at) = &add.at {
+        Schedule::At { at: sched::schedule::parse_when(at, &zone, now)? }
+    } else if let Some(after) = &add.in_ {
+        Schedule::At { at: sched::schedule::parse_when(&format!("+{}", after.trim()), &zone, now)? }
     } else {
-        anyhow::bail!("one of --every, --cron or --at is needed")
+        anyhow::bail!("one of --every, --cron, --at or --in is needed")
     })
 }
 
@@ -171,6 +213,7 @@ fn added(
     loaded: &Loaded,
     store: &crate::scheduler::JobStore,
     job: &crate::scheduler::Job,
+    zone: Option<jiff::tz::TimeZone>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<()> {
@@ -195,7 +238,11 @@ fn added(
         }
     }
     writeln!(out, "  schedule: {}", job.schedule.describe(tz.tz()))?;
-    writeln!(out, "  next run: {}", in_zone(job.state.next_run, &job.schedule, &tz))?;
+    let next = match zone {
+        Some(zone) if job.schedule.is_one_shot() => crate::scheduler::schedule::local_time(job.state.next_run, &zone),
+        _ => in_zone(job.state.next_run, &job.schedule, &tz),
+    };
+    writeln!(out, "  next run: {next}")?;
     if !matches!(job.schedule, crate::scheduler::Schedule::Every { .. }) {
         let jobs = store.list().unwrap_or_default();
         let wait = loaded.config.daemon.clock_sync_wait.get();
@@ -211,91 +258,6 @@ fn added(
     }
     for line in limits(job, &tz) {
         writeln!(out, "  {line}")?;
-    }
-    Ok(())
-}
-
-/// `cron list`: one line per job.
-fn list(loaded: &Loaded, store: &crate::scheduler::JobStore, out: &mut dyn Write) -> anyhow::Result<()> {
-    let tz = loaded.config.timezone();
-    let jobs = store.list()?;
-    // One buffered writer: thousands of jobs are thousands of lines.
-    let mut out = std::io::BufWriter::new(out);
-    let corrupt = store.corrupt_notice();
-    if let Some(notice) = &corrupt {
-        writeln!(out, "job store: {notice}")?;
-    }
-    if jobs.is_empty() && corrupt.is_none() {
-        writeln!(out, "no jobs. Add one: bramble cron add NAME --every 1h --remind \"stretch\"")?;
-    }
-    for j in jobs {
-        let state = if j.state.done {
-            "done".to_string()
-        } else if !j.enabled {
-            "disabled".to_string()
-        } else {
-            format!("next {}", in_zone(j.state.next_run, &j.schedule, &tz))
-        };
-        let last = j.state.last_status.map(|s| format!(", last {s}")).unwrap_or_default();
-        writeln!(
-            out,
-            "{:<8}  {:<20}  {:<7}  {:<34}  {state}{last}",
-            j.id,
-            esc(&j.name),
-            kind_name_of(&j),
-            j.schedule.summary(tz.tz())
-        )?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-/// `cron show`: one job, its settings and its recent runs.
-fn show(loaded: &Loaded, j: &crate::scheduler::Job, out: &mut dyn Write) -> anyhow::Result<()> {
-    use crate::scheduler::JobKind;
-    let tz = loaded.config.timezone();
-    // Every text a job holds may have come from outside (a chat, a
-    // command's output, a server's error): shown with its controls escaped.
-    writeln!(out, "{} ({})", esc(&j.name), j.id)?;
-    writeln!(out, "  kind:      {}", kind_name_of(j))?;
-    match &j.kind {
-        JobKind::Message { text } | JobKind::Remind { text } => writeln!(out, "  text:      {}", esc(text))?,
-        JobKind::Exec { command } => writeln!(out, "  command:   {}", esc(command))?,
-    }
-    writeln!(out, "  schedule:  {}", j.schedule.describe(tz.tz()))?;
-    writeln!(out, "  catch-up:  {}", j.catch_up)?;
-    if let Some(m) = &j.model {
-        writeln!(out, "  model:     {}", crate::provider::chain::Chain::label_in(&loaded.config, m))?;
-    }
-    if let Some(w) = &j.watch {
-        writeln!(out, "  watch:     {} (the turn runs when: {})", esc(&w.command), w.mode.as_str())?;
-        if let Some(seen) = &j.state.watch {
-            let first = seen.output.lines().next().unwrap_or("");
-            writeln!(out, "  last seen: {}", esc(&crate::scheduler::job::truncate(first, 80)))?;
-        }
-    }
-    for line in limits(j, &tz) {
-        writeln!(out, "  {}", line.replacen(": ", ":  ", 1))?;
-    }
-    if j.ha_button {
-        writeln!(out, "  HA button: yes (`{}`)", crate::channels::mqtt::discovery::button_object(&j.name))?;
-    }
-    let targets: Vec<String> = j.report_target_names();
-    writeln!(out, "  deliver:   {}", esc(&targets.join(", ")))?;
-    if !j.attach.is_empty() {
-        writeln!(out, "  attach:    {}", esc(&j.attach.join(", ")))?;
-    }
-    writeln!(out, "  enabled:   {}{}", j.enabled, if j.state.done { " (done)" } else { "" })?;
-    writeln!(out, "  next run:  {}", in_zone(j.state.next_run, &j.schedule, &tz))?;
-    if let Some(e) = &j.state.last_error {
-        writeln!(out, "  last error: {}", esc(e))?;
-    }
-    for r in &j.state.history {
-        let by = r.model.as_deref().map(|m| format!("  [{}]", esc(m))).unwrap_or_default();
-        // One line per run: a report's lines joined.
-        let summary = r.summary.split_whitespace().collect::<Vec<_>>().join(" ");
-        let summary = esc(&summary);
-        writeln!(out, "  {}  {:<7}  {summary}{by}", in_zone(Some(r.started), &j.schedule, &tz), r.status.to_string())?;
     }
     Ok(())
 }
@@ -319,55 +281,42 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
     }
     let mut a: Vec<String> = Vec::new();
     let id = match cmd {
-        CronCommand::Add {
-            name,
-            every,
-            cron,
-            tz,
-            at,
-            message,
-            remind,
-            exec,
-            deliver,
-            catch_up,
-            ha_button,
-            attach,
-            model,
-            watch,
-            watch_mode,
-            jitter,
-            max_runs,
-            until,
-        } => {
+        CronCommand::Add(add) => {
             a.push("add".into());
             for (flag, v) in [
-                ("every", every),
-                ("cron", cron),
-                ("tz", tz),
-                ("at", at),
-                ("message", message),
-                ("remind", remind),
-                ("exec", exec),
-                ("catch-up", catch_up),
-                ("model", model),
-                ("watch", watch),
-                ("jitter", jitter),
-                ("until", until),
+                ("every", &add.every),
+                ("cron", &add.cron),
+                ("tz", &add.tz),
+                ("at", &add.at),
+                ("in", &add.in_),
+                ("message", &add.message),
+                ("remind", &add.remind),
+                ("exec", &add.exec),
+                ("catch-up", &add.catch_up),
+                ("model", &add.model),
+                ("watch", &add.watch),
+                ("jitter", &add.jitter),
+                ("until", &add.until),
             ] {
                 opt(&mut a, flag, v);
             }
-            a.extend(deliver.iter().map(|d| format!("--deliver={d}")));
-            a.extend(attach.iter().map(|f| format!("--attach={f}")));
-            if *ha_button {
+            a.extend(add.deliver.iter().map(|d| format!("--deliver={d}")));
+            a.extend(add.attach.iter().map(|f| format!("--attach={f}")));
+            if add.ha_button {
                 a.push("--ha-button".into());
             }
-            if watch.is_some() {
-                a.push(format!("--watch-mode={watch_mode}"));
+            if add.watch.is_some() {
+                a.push(format!("--watch-mode={}", add.watch_mode));
             }
-            opt(&mut a, "max-runs", &max_runs.map(|n| n.to_string()));
-            name
+            opt(&mut a, "max-runs", &add.max_runs.map(|n| n.to_string()));
+            &add.name
         }
-        CronCommand::List => return vec!["list".into()],
+        CronCommand::List { all, json } => {
+            let mut a = vec!["list".to_string()];
+            a.extend(all.then(|| "--all".to_string()));
+            a.extend(json.then(|| "--json".to_string()));
+            return a;
+        }
         CronCommand::Next { expr, tz, from, count } => {
             a.push("next".into());
             opt(&mut a, "tz", tz);
@@ -375,8 +324,11 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
             a.push(format!("--count={count}"));
             expr
         }
-        CronCommand::Show { id } => {
+        CronCommand::Show { id, json } => {
             a.push("show".into());
+            if *json {
+                a.push("--json".into());
+            }
             id
         }
         CronCommand::Remove { id } => {
@@ -399,11 +351,6 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
     a.push("--".into());
     a.push(id.clone());
     a
-}
-
-/// A job's time as its schedule reads: a cron job's own zone, else the configured one.
-fn in_zone(t: Option<jiff::Timestamp>, schedule: &crate::scheduler::Schedule, tz: &crate::config::TzName) -> String {
-    crate::scheduler::schedule::local_time(t, &schedule.zone(tz.tz()))
 }
 
 /// `cron next`: when `expr` fires after `from` (default now), in `zone` (default the
@@ -522,7 +469,7 @@ pub(super) fn serve(call: control::Call) -> control::Answer {
 /// What a command changes, for the audit trail (`None`: it only reads).
 fn change(cmd: &CronCommand) -> Option<String> {
     Some(match cmd {
-        CronCommand::Add { name, message, remind, exec, watch, .. } => {
+        CronCommand::Add(AddArgs { name, message, remind, exec, watch, .. }) => {
             let what = match (message, remind, exec) {
                 (Some(t), _, _) => format!("message: {t}"),
                 (_, Some(t), _) => format!("remind: {t}"),
@@ -536,7 +483,7 @@ fn change(cmd: &CronCommand) -> Option<String> {
         CronCommand::Run { id } => format!("run {id}"),
         CronCommand::Enable { id } => format!("enable {id}"),
         CronCommand::Disable { id } => format!("disable {id}"),
-        CronCommand::List | CronCommand::Show { .. } | CronCommand::Next { .. } => return None,
+        CronCommand::List { .. } | CronCommand::Show { .. } | CronCommand::Next { .. } => return None,
     })
 }
 
@@ -551,14 +498,14 @@ fn members_allow(loaded: &Loaded, cmd: &CronCommand, store: &crate::scheduler::J
             "the service does not take job commands from its group's members ([service] members = \"none\"): {SUDO}"
         )),
         Members::Reminders => match cmd {
-            CronCommand::List | CronCommand::Show { .. } | CronCommand::Next { .. } => Ok(()),
+            CronCommand::List { .. } | CronCommand::Show { .. } | CronCommand::Next { .. } => Ok(()),
             // A reminder with files would send the agent's workspace (memory, USER.md) where the member says.
-            CronCommand::Add { remind: Some(_), attach, .. } if !attach.is_empty() => Err(format!(
+            CronCommand::Add(AddArgs { remind: Some(_), attach, .. }) if !attach.is_empty() => Err(format!(
                 "members of the service's group may not attach workspace files ([service] members = \"reminders\"); {SUDO}"
             )),
             // A delivery target is a capability: a member's reminder may go to chats and report
             // topics, never to a device's command topic or into bramble's own inputs.
-            CronCommand::Add { remind: Some(_), deliver, .. } => {
+            CronCommand::Add(AddArgs { remind: Some(_), deliver, .. }) => {
                 let c = &loaded.config;
                 let chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, &loaded.paths.state_dir);
                 for t in deliver {
@@ -568,7 +515,7 @@ fn members_allow(loaded: &Loaded, cmd: &CronCommand, store: &crate::scheduler::J
                 }
                 Ok(())
             }
-            CronCommand::Add { .. } => Err(format!(
+            CronCommand::Add(_) => Err(format!(
                 "members of the service's group may add reminders (--remind) only ([service] members = \"reminders\"): \
                  --message and --exec jobs run as the service, with its key; {SUDO}"
             )),
@@ -703,43 +650,6 @@ async fn cron_run(loaded: &Loaded, store: &crate::scheduler::JobStore, key: &str
     }
 }
 
-/// A one-line field of a job, its control characters escaped (it may have
-/// come from outside: a chat, a command's output, a server's error).
-fn esc(text: &str) -> std::borrow::Cow<'_, str> {
-    crate::util::text::escape_line(text)
-}
-
-/// `jitter`, `max runs` and `until` lines of a job, when set.
-fn limits(j: &crate::scheduler::Job, tz: &crate::config::TzName) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(w) = j.jitter {
-        out.push(format!("jitter:   up to {w} (this job starts {} late)", crate::config::Dur(j.jitter_offset())));
-    }
-    if let Some(m) = j.max_runs {
-        out.push(format!("runs:     {} of {m}", j.state.runs));
-    }
-    if let Some(u) = j.until {
-        out.push(format!("until:    {}", when(Some(u), tz)));
-    }
-    out
-}
-
-fn kind_name_of(j: &crate::scheduler::Job) -> &'static str {
-    if j.watch.is_some() {
-        "watch"
-    } else {
-        kind_name(&j.kind)
-    }
-}
-
-fn kind_name(k: &crate::scheduler::JobKind) -> &'static str {
-    match k {
-        crate::scheduler::JobKind::Message { .. } => "message",
-        crate::scheduler::JobKind::Remind { .. } => "remind",
-        crate::scheduler::JobKind::Exec { .. } => "exec",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -775,7 +685,11 @@ mod tests {
             &["add", "w", "--at", "2030-01-01 08:00", "--message", "m", "--watch", "df", "--watch-mode", "nonempty"],
             &["add", "n", "--every", "1d", "--message", "m", "--model", "lan/x", "--ha-button", "--attach", "a.png"],
             &["add", "l", "--every", "1d", "--remind", "r", "--max-runs", "3", "--until", "2030-01-01 08:00"],
+            &["add", "i", "--in", "2m", "--remind", "r"],
+            &["add", "b", "--at", "tomorrow 07:00", "--tz", "Europe/Berlin", "--remind", "r"],
             &["list"],
+            &["list", "--all", "--json"],
+            &["show", "--json", "--", "--help-me"],
             &["show", "--", "--help-me"],
             &["remove", "--", "-1"],
             &["run", "a"],
@@ -831,20 +745,21 @@ mod tests {
         let l = loaded(dir.path());
         let store = crate::scheduler::JobStore::open(&l.paths.state_dir);
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        list(&l, &store, &mut out).unwrap();
+        let now = jiff::Timestamp::now();
+        list(&l, &store, false, false, now, &mut out).unwrap();
         assert!(String::from_utf8_lossy(&out).starts_with("no jobs."));
         let cmd = parsed(&["add", "tea", "--every", "1h", "--remind", "tea\u{1b}[2J"]);
         let job = store.add(new_job(&l, cmd, crate::bus::Principal::Owner, jiff::Timestamp::now()).unwrap()).unwrap();
         out.clear();
-        added(&l, &store, &job, &mut out, &mut err).unwrap();
+        added(&l, &store, &job, None, &mut out, &mut err).unwrap();
         assert!(String::from_utf8_lossy(&out).starts_with(&format!("added job tea ({})", job.id)));
         out.clear();
-        show(&l, &job, &mut out).unwrap();
+        show(&l, &job, false, &mut out).unwrap();
         let shown = String::from_utf8_lossy(&out);
         assert!(shown.contains("  kind:      remind"), "{shown}");
         assert!(!shown.contains('\u{1b}'), "a control character reached the terminal: {shown}");
         out.clear();
-        list(&l, &store, &mut out).unwrap();
+        list(&l, &store, false, false, now, &mut out).unwrap();
         assert!(String::from_utf8_lossy(&out).contains("tea"));
     }
 }

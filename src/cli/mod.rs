@@ -11,10 +11,12 @@ mod args;
 mod chat;
 mod check;
 mod cron;
+mod cron_view;
 mod doctor;
 mod heartbeat;
 mod init;
 mod logs;
+mod outbox;
 mod service;
 mod status;
 
@@ -22,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
-pub use args::{Cli, Command, CronCommand};
+pub use args::{AddArgs, Cli, Command, CronCommand, OutboxCommand};
 
 use crate::config;
 
@@ -80,7 +82,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status => status::status(&loaded, &acting).await,
         Command::Pair { list, revoke } => pair(&loaded, list, revoke).await,
-        Command::Audit { since } => audit(&loaded, &since),
+        Command::Audit { since, json } => audit(&loaded, &since, json),
+        Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }
@@ -207,7 +210,7 @@ fn invoking_user() -> String {
 
 /// `bramble audit [--since WHEN]`: the journal's audit entries where systemd
 /// runs the service, else `<state>/audit.jsonl`.
-fn audit(loaded: &crate::config::Loaded, since: &str) -> anyhow::Result<ExitCode> {
+fn audit(loaded: &crate::config::Loaded, since: &str, json: bool) -> anyhow::Result<ExitCode> {
     use crate::tools::audit;
     let now = jiff::Timestamp::now();
     let from = match since.parse::<crate::config::Dur>() {
@@ -249,6 +252,16 @@ fn audit(loaded: &crate::config::Loaded, since: &str) -> anyhow::Result<ExitCode
     } else {
         loaded.paths.state_dir.join(audit::AUDIT_FILE).display().to_string()
     };
+    if json {
+        // One object per line (as `journalctl -o json`): the fields of `audit.jsonl`.
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        for e in &entries {
+            serde_json::to_writer(&mut out, e)?;
+            std::io::Write::write_all(&mut out, b"\n")?;
+        }
+        std::io::Write::flush(&mut out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if entries.is_empty() {
         println!("no tool calls that changed something since {} (from {place})", from.strftime("%Y-%m-%d %H:%M"));
         return Ok(ExitCode::SUCCESS);

@@ -247,13 +247,13 @@ mod tests {
         assert!(err.contains(":4:") && err.contains("not a duration"), "{err}");
         let err = parse("[[homeassistant.trigger]]\nentity_id = \"sensor.x\"\nmessage = \"m\"\nmin_intervl = \"1m\"\n")
             .unwrap_err();
-        assert!(err.contains("unknown field `min_intervl`"), "{err}");
+        assert!(err.contains("unknown key `min_intervl`"), "{err}");
         let err = parse("[[homeassistant.trigger]]\nentity_id = \"sensor.x\"\n").unwrap_err();
         assert!(err.contains("exactly one of `message` or `exec`"), "{err}");
         let err = parse("[homeassistant]\nurl = \"ws://ha\"\n").unwrap_err();
         assert!(err.contains("http://"), "{err}");
         let err = parse("[homeassistant]\ntokn = \"x\"\n").unwrap_err();
-        assert!(err.starts_with("/etc/bramble/config.toml:2:1: unknown field `tokn`"), "{err}");
+        assert!(err.starts_with("/etc/bramble/config.toml:2:1: unknown key `tokn` in [homeassistant]"), "{err}");
         for bad in ["light", "light.", ".x", "a.b.c", "light.Kitchen", "light.*/x"] {
             assert!(bad.parse::<EntityGlob>().is_err(), "{bad}");
         }

@@ -361,7 +361,10 @@ allow_untrusted = true
             ("[[mcp.server]]\nname = \"x\"\nurl = \"ftp://a\"\n", "must be an http:// or https:// URL"),
             ("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntimeout = \"soon\"\n", "is not a duration"),
             ("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntimeout = \"0s\"\n", "more than 0s"),
-            ("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntrusted = true\n", "unknown field `trusted`"),
+            (
+                "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntrusted = true\n",
+                "unknown key `trusted` in [mcp.server]",
+            ),
             (
                 "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntransport = \"websocket\"\n",
                 "unknown variant `websocket`",

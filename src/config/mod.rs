@@ -11,6 +11,7 @@
 //! `Debug` output and therefore out of logs.
 
 pub mod channels;
+mod diagnose;
 pub mod homeassistant;
 pub mod keys;
 pub mod mcp;
@@ -536,6 +537,9 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("{}:{line}:{col}: {message}", path.display())]
     Invalid { path: PathBuf, line: usize, col: usize, message: String },
+    /// Several errors of one file (each an `Invalid`), in file order: one per line.
+    #[error("{}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Many { errors: Vec<ConfigError> },
 }
 
 /// A loaded configuration and where it came from.
@@ -561,9 +565,21 @@ impl Config {
             let (line, col) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
             ConfigError::Invalid { path: path.to_path_buf(), line, col, message }
         };
-        let config = toml::from_str::<Config>(text).map_err(|e| invalid(e.span(), e.message().trim().to_string()))?;
-        config.check_models(text).map_err(|(span, message)| invalid(span, message))?;
-        config.mcp.check().map_err(|(span, message)| invalid(span, message))?;
+        let all = |found: Vec<diagnose::Found>| {
+            let mut errors: Vec<ConfigError> =
+                found.into_iter().map(|(span, message)| invalid(span, message)).collect();
+            match errors.len() {
+                1 => errors.remove(0),
+                _ => ConfigError::Many { errors },
+            }
+        };
+        let config = diagnose::read(text).map_err(all)?;
+        let mut found: Vec<diagnose::Found> = Vec::new();
+        found.extend(config.check_models(text).err());
+        found.extend(config.mcp.check().err());
+        if !found.is_empty() {
+            return Err(all(found));
+        }
         Ok(config)
     }
 
@@ -936,19 +952,24 @@ mod tests {
     #[test]
     fn unknown_key_has_line_and_column() {
         let err = parse("[agent]\nmodel = \"x\"\nmax_iteration = 3\n").unwrap_err();
-        assert!(err.starts_with("/etc/bramble/config.toml:3:1: unknown field `max_iteration`"), "{err}");
+        assert!(
+            err.starts_with(
+                "/etc/bramble/config.toml:3:1: unknown key `max_iteration` in [agent]: did you mean `max_iterations`?"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn unknown_section_is_an_error() {
         let err = parse("[mqqt]\nurl = \"mqtt://x\"\n").unwrap_err();
-        assert!(err.starts_with("/etc/bramble/config.toml:1:2: unknown field `mqqt`"), "{err}");
+        assert!(err.starts_with("/etc/bramble/config.toml:1:2: unknown section `mqqt`: did you mean `mqtt`?"), "{err}");
     }
 
     #[test]
     fn wrong_type_has_line_and_column() {
         let err = parse("[agent]\nmax_iterations = \"many\"\n").unwrap_err();
-        assert!(err.starts_with("/etc/bramble/config.toml:2:18: invalid type: string \"many\", expected u32"), "{err}");
+        assert!(err.starts_with("/etc/bramble/config.toml:2:18: [agent] `max_iterations`: expected a whole number, like `10`, found `\"many\"`"), "{err}");
     }
 
     #[test]

@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-/// A humane duration: `90s`, `10m`, `2h`, `1d`, `1h30m`, `500ms`. A bare integer means seconds.
+/// A humane duration: `90s`, `10m`, `2h`, `1d`, `1h30m`, `500ms`. A number
+/// without a unit is refused (earlier versions read it as seconds, which
+/// surprised everyone who meant minutes); `0` alone is zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Dur(pub Duration);
 
@@ -59,8 +61,11 @@ impl FromStr for Dur {
         if t.is_empty() {
             return Err(bad());
         }
-        if let Ok(secs) = t.parse::<u64>() {
-            return Ok(Dur::secs(secs));
+        if t.bytes().all(|b| b.is_ascii_digit()) {
+            return match t.trim_start_matches('0') {
+                "" => Ok(Dur::secs(0)),
+                _ => Err(no_unit(t)),
+            };
         }
         let mut total = Duration::ZERO;
         let mut rest = t;
@@ -100,10 +105,19 @@ impl<'de> Deserialize<'de> for Dur {
         match Raw::deserialize(d).map_err(|_: D::Error| {
             serde::de::Error::custom("expected a duration like \"90s\", \"10m\", \"2h\" or \"1d\"")
         })? {
-            Raw::Int(secs) => Ok(Dur::secs(secs)),
+            Raw::Int(0) => Ok(Dur::secs(0)),
+            Raw::Int(n) => Err(serde::de::Error::custom(format!(
+                "{}; write it in quotes with its unit, like `\"{n}m\"`",
+                no_unit(&n.to_string())
+            ))),
             Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
         }
     }
+}
+
+/// The refusal of a number without a unit (`10`).
+fn no_unit(n: &str) -> String {
+    format!("`{n}` has no unit: did you mean `{n}m`? (a duration needs its unit: `{n}s`, `{n}m`, `{n}h`, `{n}d`)")
 }
 
 /// An IANA time zone name (`Europe/Berlin`), checked against the system's tz database.
@@ -336,7 +350,9 @@ mod tests {
         assert_eq!("2h".parse::<Dur>().unwrap(), Dur::secs(7200));
         assert_eq!("1d".parse::<Dur>().unwrap(), Dur::secs(86_400));
         assert_eq!("1h30m".parse::<Dur>().unwrap(), Dur::secs(5400));
-        assert_eq!("45".parse::<Dur>().unwrap(), Dur::secs(45));
+        let e = "45".parse::<Dur>().unwrap_err();
+        assert!(e.starts_with("`45` has no unit: did you mean `45m`?"), "{e}");
+        assert_eq!("0".parse::<Dur>().unwrap(), Dur::secs(0));
         assert_eq!("250ms".parse::<Dur>().unwrap(), Dur(Duration::from_millis(250)));
         for bad in ["", "m", "10x", "ten minutes", "-5s", "1.5h"] {
             assert!(bad.parse::<Dur>().is_err(), "{bad}");

@@ -478,6 +478,44 @@ impl Outbox {
         .map(|n| n + in_memory)
     }
 
+    /// `bramble outbox retry`: the waiting reports `which` picks become due
+    /// now, their back-off cleared (a running daemon sees the change and
+    /// tries them at its next pass). Writes only if there are any. Returns them.
+    pub fn retry_where(&self, which: impl Fn(&Entry) -> bool) -> Result<Vec<Entry>, OutboxError> {
+        if !self.read()?.pending.iter().any(&which) {
+            return Ok(Vec::new());
+        }
+        self.update(true, |f| {
+            let picked: Vec<Entry> = f.pending.iter().filter(|e| which(e)).cloned().collect();
+            let ops = picked.iter().map(|e| Op::Set(Entry { next_attempt: None, ..e.clone() })).collect();
+            (ops, picked)
+        })
+    }
+
+    /// `bramble outbox drop`, and the reports of a job that was removed: the
+    /// waiting reports `which` picks are recorded as `dropped: <reason>`
+    /// (`bramble status` lists them among the recent) and never delivered.
+    /// Writes only if there are any. Returns them.
+    pub fn drop_where(
+        &self,
+        which: impl Fn(&Entry) -> bool,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<Vec<Entry>, OutboxError> {
+        if !self.read()?.pending.iter().any(&which) {
+            return Ok(Vec::new());
+        }
+        self.update(true, |f| {
+            let picked: Vec<Entry> = f.pending.iter().filter(|e| which(e)).cloned().collect();
+            let ops = picked
+                .iter()
+                .filter_map(|e| settle(e, Attempt::Drop(reason.to_string()), now).err())
+                .map(Op::Done)
+                .collect();
+            (ops, picked)
+        })
+    }
+
     /// Record the outcome of an attempt on entry `id`.
     pub fn record(&self, id: u64, attempt: Attempt, now: Timestamp) -> Result<(), OutboxError> {
         self.record_many(vec![(id, attempt)], now)

@@ -112,8 +112,11 @@ impl Field {
             return Ok(i as u8 + if self == Field::Month { 1 } else { 0 });
         }
         let (lo, hi) = self.range();
+        let digits = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit());
         match text.parse::<u8>() {
-            Ok(v) if (lo..=hi).contains(&v) && text.bytes().all(|b| b.is_ascii_digit()) => Ok(v),
+            Ok(v) if (lo..=hi).contains(&v) && digits => Ok(v),
+            // A number, but not one of this field's: name the field and its range.
+            _ if digits => Err(bad(format!("{} {text} is out of range {lo}–{hi}", self.name()))),
             _ => Err(bad(format!("{} `{text}` is not a value from {lo} to {hi}", self.name()))),
         }
     }
@@ -671,6 +674,14 @@ mod tests {
         assert!(err("* * *").contains("3 fields"));
         assert!(err("*/0 * * * *").contains("step"));
         assert!(err("@fortnightly").contains("unknown nickname"));
+        // A number outside its field: the field and its range, by name.
+        assert_eq!(err("61 * * * *"), "minute 61 is out of range 0–59");
+        assert_eq!(err("0 24 * * *"), "hour 24 is out of range 0–23");
+        assert_eq!(err("0 9 32 * *"), "day-of-month 32 is out of range 1–31");
+        assert_eq!(err("0 9 * 13 *"), "month 13 is out of range 1–12");
+        assert_eq!(err("0 9 * * 8"), "day-of-week 8 is out of range 0–7");
+        assert_eq!(err("0 999 * * *"), "hour 999 is out of range 0–23");
+        assert_eq!(err("0-70 9 * * *"), "minute 70 is out of range 0–59");
         // OR'd days make day 30 reachable through the weekday.
         assert!(CronExpr::parse("0 0 30 2 1").is_ok());
         assert!(CronExpr::parse("0 0 ? * mon").is_ok());

@@ -55,7 +55,7 @@ pub enum ScheduleError {
 pub enum Schedule {
     /// Every `every`, at `anchor + k·every` (k ≥ 0).
     Every {
-        #[serde(serialize_with = "ser_dur")]
+        #[serde(serialize_with = "ser_dur", deserialize_with = "de_dur")]
         every: Dur,
         #[serde(with = "super::timeser::ts")]
         anchor: Timestamp,
@@ -74,7 +74,27 @@ pub enum Schedule {
     },
 }
 
-/// `Dur` reads itself (`"10m"` or seconds) but has no `Serialize`; write it
+/// A stored interval: what [`ser_dur`] writes (`"10m"`, `"1500ms"`), and, as
+/// earlier versions read a hand-edited file, a bare number of seconds: a
+/// typed duration needs its unit ([`Dur`]), a stored one is not refused (a
+/// refusal here would set the whole job list aside as corrupt).
+fn de_dur<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Dur, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Secs(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Secs(n) => Ok(Dur::secs(n)),
+        Raw::Text(t) => match t.trim().parse::<u64>() {
+            Ok(n) => Ok(Dur::secs(n)),
+            Err(_) => t.parse().map_err(serde::de::Error::custom),
+        },
+    }
+}
+
+/// `Dur` reads itself (`"10m"`) but has no `Serialize`; write it
 /// the way a person would, without losing sub-second parts.
 fn ser_dur<S: serde::Serializer>(d: &Dur, s: S) -> Result<S::Ok, S::Error> {
     if d.0.subsec_nanos() == 0 {
@@ -310,6 +330,87 @@ pub fn parse_at(text: &str, default_tz: &TimeZone) -> Result<Timestamp, Schedule
     }
 }
 
+/// Read a time as people type it, for `--at` and `--until`: what
+/// [`parse_at`] reads, and times relative to `now` in `zone`:
+///
+/// - `+2m`, `+1h30m`: this long from now;
+/// - `16:30`, `16:30:15`: the next time the clocks in `zone` show it (today
+///   if it is still ahead, else tomorrow);
+/// - `today 16:30`, `tomorrow 07:00`.
+///
+/// A clock time that does not exist that day (a spring-forward gap) is an
+/// error, as in [`parse_at`].
+pub fn parse_when(text: &str, zone: &TimeZone, now: Timestamp) -> Result<Timestamp, ScheduleError> {
+    let t = text.trim();
+    let bad = |reason: String| ScheduleError::At { text: text.to_string(), reason };
+    if let Some(after) = t.strip_prefix('+') {
+        let d: Dur = after.trim().parse().map_err(|e: String| bad(e))?;
+        if d.0 < Duration::from_secs(1) {
+            return Err(bad("a time from now must be at least 1s ahead, like `+2m`".into()));
+        }
+        let d = SignedDuration::try_from(d.0).map_err(|e| bad(e.to_string()))?;
+        return now.checked_add(d).map_err(|e| bad(e.to_string()));
+    }
+    let lower = t.to_ascii_lowercase();
+    let (day, clock) = match lower.split_once(char::is_whitespace) {
+        Some((word @ ("today" | "tomorrow"), rest)) => (Some(word), rest.trim()),
+        _ => (None, lower.as_str()),
+    };
+    let Some(time) = clock_time(clock) else {
+        return parse_at(text, zone).map_err(|e| match e {
+            ScheduleError::At { text, reason } => ScheduleError::At {
+                text,
+                reason: format!("{reason}, `16:30` (the next 16:30), `tomorrow 07:00` or `+2m`"),
+            },
+            other => other,
+        });
+    };
+    let today = now.to_zoned(zone.clone()).date();
+    let on = |date: jiff::civil::Date| -> Result<Timestamp, ScheduleError> {
+        let civil = date.to_datetime(time);
+        let ambiguous = zone.to_ambiguous_timestamp(civil);
+        if let AmbiguousOffset::Gap { .. } = ambiguous.offset() {
+            let zone_name = zone.iana_name().unwrap_or("the time zone");
+            return Err(bad(format!(
+                "{civil} does not exist in {zone_name} (the clocks skip it for daylight saving time); pick a time after the change"
+            )));
+        }
+        ambiguous.earlier().map_err(|e| bad(e.to_string()))
+    };
+    let tomorrow = || today.tomorrow().map_err(|e| bad(e.to_string()));
+    match day {
+        Some("today") => {
+            let at = on(today)?;
+            if at <= now {
+                return Err(bad(format!(
+                    "{clock} today has passed; `tomorrow {clock}` or just `{clock}` is the next one"
+                )));
+            }
+            Ok(at)
+        }
+        Some(_) => on(tomorrow()?),
+        None => match on(today) {
+            Ok(at) if at > now => Ok(at),
+            _ => on(tomorrow()?),
+        },
+    }
+}
+
+/// `HH:MM` or `HH:MM:SS` (one-digit hours too), a time of day.
+fn clock_time(text: &str) -> Option<jiff::civil::Time> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let num = |p: &str, widths: std::ops::RangeInclusive<usize>, max: i8| -> Option<i8> {
+        let ok = widths.contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit());
+        ok.then(|| p.parse::<i8>().ok()).flatten().filter(|n| *n <= max)
+    };
+    let (h, m, s) = match parts[..] {
+        [h, m] => (num(h, 1..=2, 23)?, num(m, 2..=2, 59)?, 0),
+        [h, m, s] => (num(h, 1..=2, 23)?, num(m, 2..=2, 59)?, num(s, 2..=2, 59)?),
+        _ => return None,
+    };
+    jiff::civil::Time::new(h, m, s, 0).ok()
+}
+
 /// `a - b`, as a std duration, zero if negative.
 pub(crate) fn dur_since(a: Timestamp, b: Timestamp) -> Duration {
     let d: SignedDuration = a.duration_since(b);
@@ -467,6 +568,57 @@ mod tests {
             let err = parse_at(bad, &berlin).unwrap_err().to_string();
             assert!(err.contains("is not a time"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn times_as_people_type_them() {
+        let berlin = tz("Europe/Berlin");
+        let now = ts("2026-11-26T15:00:00Z"); // 16:00 in Berlin
+        let when = |t: &str| parse_when(t, &berlin, now);
+        assert_eq!(when("+2m").unwrap(), ts("2026-11-26T15:02:00Z"));
+        assert_eq!(when(" +1h30m ").unwrap(), ts("2026-11-26T16:30:00Z"));
+        assert_eq!(when("16:30").unwrap(), ts("2026-11-26T15:30:00Z"), "still ahead today");
+        assert_eq!(when("15:59").unwrap(), ts("2026-11-27T14:59:00Z"), "passed: tomorrow");
+        assert_eq!(when("16:00").unwrap(), ts("2026-11-27T15:00:00Z"), "now is not ahead");
+        assert_eq!(when("7:05:30").unwrap(), ts("2026-11-27T06:05:30Z"));
+        assert_eq!(when("Tomorrow 07:00").unwrap(), ts("2026-11-27T06:00:00Z"));
+        assert_eq!(when("today 18:00").unwrap(), ts("2026-11-26T17:00:00Z"));
+        assert_eq!(when("2026-12-01 09:00").unwrap(), ts("2026-12-01T08:00:00Z"));
+        let passed = when("today 09:00").unwrap_err().to_string();
+        assert!(passed.contains("has passed"), "{passed}");
+        // The night the clocks skip 02:00-03:00: tomorrow's 02:30 does not exist.
+        let gap = parse_when("tomorrow 02:30", &berlin, ts("2026-03-28T12:00:00Z")).unwrap_err().to_string();
+        assert!(gap.contains("does not exist"), "{gap}");
+        for bad in [
+            "+0s",
+            "+10",
+            "+",
+            "+-5m",
+            "+99999999999999d",
+            "24:00",
+            "12:60",
+            "12:5",
+            "1:2:3:4",
+            "noon",
+            "tomorrow",
+            "today 7",
+            "",
+        ] {
+            let err = when(bad).unwrap_err().to_string();
+            assert!(err.contains("is not a time"), "{bad}: {err}");
+        }
+        assert!(when("+10").unwrap_err().to_string().contains("has no unit"));
+    }
+
+    #[test]
+    fn a_stored_interval_without_a_unit_still_reads() {
+        let s: Schedule =
+            serde_json::from_str(r#"{"kind":"every","every":"60","anchor":"2026-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(s, every("1m", "2026-01-01T00:00:00Z"));
+        let s: Schedule =
+            serde_json::from_str(r#"{"kind":"every","every":90,"anchor":"2026-01-01T00:00:00Z"}"#).unwrap();
+        assert_eq!(s, every("90s", "2026-01-01T00:00:00Z"));
+        assert!(parse_every("60").unwrap_err().to_string().contains("`60` has no unit: did you mean `60m`?"));
     }
 
     #[test]

@@ -167,6 +167,21 @@ impl JobStore {
         })
     }
 
+    /// Remove the jobs that are done (a one-shot that ran, a job past its
+    /// `max_runs` or `until`) and last ran (or were made, if they never ran)
+    /// before `before`. Writes only when there is one. Returns them.
+    pub fn prune_done(&self, before: Timestamp) -> Result<Vec<Job>, StoreError> {
+        let old = |j: &Job| j.state.done && j.state.last_run.unwrap_or(j.created) < before;
+        if !self.load()?.iter().any(old) {
+            return Ok(Vec::new());
+        }
+        self.update(|jobs| {
+            let (gone, kept): (Vec<Job>, Vec<Job>) = std::mem::take(jobs).into_iter().partition(old);
+            *jobs = kept;
+            Ok(gone)
+        })
+    }
+
     /// Copies of a corrupt `jobs.json` kept aside in the state directory
     /// (`jobs.json.corrupt-<unix-ts>`), oldest first. Non-empty means jobs
     /// were lost from the live list until the user restores or removes them.

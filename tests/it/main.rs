@@ -9,6 +9,7 @@ mod support;
 
 mod agent;
 mod cli;
+mod cli_daily;
 mod cron_reference;
 mod daemon;
 mod docs;
