@@ -13,6 +13,7 @@ mod cron_reference;
 mod daemon;
 mod homeassistant;
 mod mcp;
+mod mcp_conformance;
 mod mcp_stream;
 mod memory;
 mod mqtt;
