@@ -8,8 +8,10 @@
 //! `Mcp-Session-Id` header, sent back on every later request, together with
 //! `MCP-Protocol-Version`. A 404 to a request that carried a session id means
 //! the server forgot the session: the connection says [`McpError::SessionExpired`]
-//! and the caller initializes again. Costs no process and no open connection
-//! between calls, so it is the first choice on a Pi.
+//! and the caller initializes again. An answer's stream that ends early is
+//! resumed, and the server's own GET stream is kept open by a task while the
+//! session lives ([`Streamable::listen`]; both in [`super::stream`]). Costs no
+//! process and one idle connection at most, so it is the first choice on a Pi.
 //!
 //! **HTTP+SSE**: a long-lived GET whose first event, `endpoint`, names the
 //! URL to POST messages to; answers arrive as `message` events on the GET.
