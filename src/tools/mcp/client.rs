@@ -1,8 +1,11 @@
 //! One MCP session over a [`Transport`]: the handshake and the three requests
 //! bramble makes.
 //!
-//! `initialize` (protocol 2025-06-18, no client capabilities, clientInfo
-//! `bramble`) → `notifications/initialized` → `tools/list` (following
+//! `initialize` (protocol 2025-11-25; a server answering with an older
+//! revision we speak is spoken to in it, one we do not know is refused; no
+//! client capabilities, clientInfo `bramble`) → `notifications/initialized`
+//! (then a streamable HTTP server's GET event stream is opened, where it
+//! offers one) → `tools/list` (following
 //! `nextCursor`, bounded) → `tools/call`. Every request has a deadline; a
 //! request that passes it, or whose turn is stopped, is forgotten and the
 //! server is sent `notifications/cancelled` for it. A streamable HTTP session
@@ -84,6 +87,13 @@ impl Connection {
         self.transport.before_initialize();
         let result = self.once("initialize", rpc::initialize_params(), deadline, None).await?;
         let version = result.get("protocolVersion").and_then(Value::as_str).unwrap_or(rpc::PROTOCOL_VERSION);
+        if !rpc::SUPPORTED_VERSIONS.contains(&version) {
+            return Err(McpError::Protocol(format!(
+                "the server speaks MCP revision {:?}, which bramble does not know (it speaks {})",
+                version.chars().take(40).collect::<String>(),
+                rpc::SUPPORTED_VERSIONS.join(", ")
+            )));
+        }
         self.transport.after_initialize(version);
         let info = result.get("serverInfo");
         let text = |k: &str| info.and_then(|i| i.get(k)).and_then(Value::as_str).unwrap_or("").trim().to_string();
@@ -93,7 +103,9 @@ impl Connection {
         let note = rpc::notification("notifications/initialized", None);
         tokio::time::timeout_at(deadline, self.transport.send(&note))
             .await
-            .map_err(|_| McpError::Timeout(self.timeout_secs))?
+            .map_err(|_| McpError::Timeout(self.timeout_secs))??;
+        self.transport.after_initialized();
+        Ok(())
     }
 
     /// One request; a forgotten session is initialized again and the request repeated once.

@@ -6,13 +6,24 @@
 //! become tools named `<server>__<tool>`, with their JSON schemas cleaned
 //! for the providers ([`schema`]).
 //!
-//! Why our own client and not the official `rmcp` crate: bramble already has
-//! reqwest, serde and tokio, and needs three requests (initialize, tools/list,
-//! tools/call), three transports and hard caps on what it reads. `rmcp` 3.11
-//! with only the client, streamable HTTP on reqwest and the child-process
-//! transport adds 23 crates (chrono, futures, sha2, process-wrap, …) and no
-//! longer has an HTTP+SSE client; this module adds none (the figures are in
-//! ARCHITECTURE.md and BENCHMARKS.md).
+//! **Our own client, not the official `rmcp` crate** (re-decided for issue 45
+//! with the GET stream, resumption and OAuth on the table). Measured in a
+//! scratch crate with bramble's tokio/reqwest/rustls: `rmcp` 3.11 with
+//! `client`, `transport-streamable-http-client-reqwest`,
+//! `reqwest-tls-no-provider`, `transport-child-process` and `auth` brings 31
+//! crates bramble does not have (chrono, futures, oauth2, rand 0.8, two
+//! sha2/digest generations, process-wrap, indexmap, …) and 1.38 MB to a
+//! release x86-64 binary (a minimal client: 2,124,672 → 3,506,360 B; bramble
+//! is 6.35 MB, so about +22 %). It has no HTTP+SSE (2024-11-05) client, which
+//! older servers need, so that transport would stay ours anyway, as would the
+//! sandboxing of stdio servers and the caps on what is read. Ours — the
+//! transports, the session and JSON-RPC, ~1,850 lines without tests — adds
+//! no crate and passes every client scenario of the conformance suite but
+//! elicitation (refused by design) and OAuth (`tests/it/mcp_conformance.rs`).
+//! OAuth is where `rmcp` (through `oauth2`) would save real code; done here it
+//! is a few hundred lines over reqwest (discovery, PKCE with ring's SHA-256,
+//! already in the tree; refresh), which does not outweigh the rest.
+//! Decision: keep our own.
 //!
 //! - [`rpc`]: JSON-RPC messages and the [`rpc::Peer`] that routes answers.
 //! - [`sse`]: the server-sent events parser (bounded).

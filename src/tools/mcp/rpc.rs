@@ -3,8 +3,11 @@
 //! A [`Peer`] is one connection's bookkeeping: the ids of our requests still
 //! waiting for an answer, and what to do with whatever the server sends —
 //! an answer goes to its waiting request; a request from the server is
-//! answered here (`ping` with `{}`, anything else with "method not found",
-//! since we offer no sampling, roots or elicitation); a notification is
+//! answered here at once (`ping` with `{}`; `elicitation/create`,
+//! `sampling/createMessage`, `roots/list` and anything else with JSON-RPC's
+//! -32601 "method not found": bramble declares none of those capabilities,
+//! and an unattended board has no one to ask and no model to lend), so a
+//! server waiting on one of them goes on at once; a notification is
 //! noted (`notifications/tools/list_changed` makes the server's tools be
 //! listed again). The transports only move bytes and feed every message they
 //! receive to [`Peer::incoming`], so stdio, streamable HTTP and HTTP+SSE
@@ -18,8 +21,11 @@ use serde_json::{json, Value};
 use tokio::sync::{oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
-/// The protocol version we ask for.
-pub const PROTOCOL_VERSION: &str = "2025-06-18";
+/// The protocol revision we ask for.
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// The revisions we speak; a server answering `initialize` with another is refused.
+pub const SUPPORTED_VERSIONS: [&str; 4] = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
 /// The largest single message we read; a larger one is refused unread.
 pub const MAX_MESSAGE: usize = 4 * 1024 * 1024;
@@ -168,13 +174,16 @@ impl Peer {
     }
 
     fn server_request(&self, method: &str, id: Value) -> Value {
-        match method {
-            "ping" => json!({"jsonrpc": "2.0", "id": id, "result": {}}),
-            other => {
-                tracing::debug!(method = other, "mcp: the server asked for something bramble does not offer");
-                json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": format!("method not found: {other}")}})
-            }
-        }
+        let why = match method {
+            "ping" => return json!({"jsonrpc": "2.0", "id": id, "result": {}}),
+            "elicitation/create" => "bramble runs unattended: there is no one to ask (no elicitation capability)",
+            "sampling/createMessage" => "bramble lends no model to servers (no sampling capability)",
+            "roots/list" => "bramble offers no roots (no roots capability)",
+            _ => "bramble does not offer it",
+        };
+        tracing::info!(method, "mcp: refused a server's request: {why}");
+        let message = format!("method not found: {method}: {why}");
+        json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32601, "message": message}})
     }
 
     fn notification(&self, method: &str) {
@@ -271,6 +280,11 @@ mod tests {
             peer.incoming(json!({"jsonrpc": "2.0", "id": 9, "method": "sampling/createMessage", "params": {}}));
         assert_eq!(replies[0]["error"]["code"], -32601);
         assert_eq!(replies[0]["id"], 9);
+        for method in ["elicitation/create", "roots/list", "x/unknown"] {
+            let replies = peer.incoming(json!({"jsonrpc": "2.0", "id": "r", "method": method, "params": {}}));
+            assert_eq!(replies[0]["error"]["code"], -32601, "{method}");
+            assert!(replies[0]["error"]["message"].as_str().unwrap().contains(method), "{method}");
+        }
         peer.incoming(json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}));
         tokio::time::timeout(std::time::Duration::from_secs(1), peer.list_changed.notified()).await.unwrap();
         assert!(peer.incoming(json!("nonsense")).is_empty());

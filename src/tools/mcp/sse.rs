@@ -11,8 +11,9 @@
 //! 10 MB in one event does not make the daemon hold 10 MB. The format is the
 //! WHATWG one: lines end in LF, CRLF or CR; `field: value` (one optional
 //! space); `data` lines join with LF; a blank line dispatches; lines starting
-//! with `:` are comments; `id` and `retry` are read and ignored (we do not
-//! resume streams).
+//! with `:` are comments. `id` and `retry` are kept ([`Parser::last_id`],
+//! [`Parser::retry`]): a streamable HTTP stream that ends before its answer
+//! is resumed with `Last-Event-ID` after `retry` milliseconds.
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,12 +38,28 @@ pub struct Parser {
     data: Vec<u8>,
     has_data: bool,
     max_event: usize,
+    /// The `id` field of the event being built (WHATWG's "last event ID buffer").
+    id_buffer: Option<String>,
+    /// The id of the last event dispatched (or the last id-only event).
+    pub last_id: Option<String>,
+    /// The last `retry:` the server sent, in milliseconds (saturating; callers clamp it).
+    pub retry: Option<u64>,
 }
 
 impl Parser {
     /// A parser refusing events (and lines) larger than `max_event` bytes.
     pub fn new(max_event: usize) -> Parser {
-        Parser { line: Vec::new(), after_cr: false, name: String::new(), data: Vec::new(), has_data: false, max_event }
+        Parser {
+            line: Vec::new(),
+            after_cr: false,
+            name: String::new(),
+            data: Vec::new(),
+            has_data: false,
+            max_event,
+            id_buffer: None,
+            last_id: None,
+            retry: None,
+        }
     }
 
     /// Feed a chunk; the events it completed, in order.
@@ -97,6 +114,9 @@ impl Parser {
     /// One complete line: a field, a comment, or the blank line that dispatches.
     fn line_done(&mut self, line: &[u8]) -> Result<Option<Event>, TooLarge> {
         if line.is_empty() {
+            if let Some(id) = self.id_buffer.take() {
+                self.last_id = Some(id);
+            }
             if !self.has_data {
                 self.name.clear();
                 return Ok(None);
@@ -129,7 +149,13 @@ impl Parser {
                 self.has_data = true;
             }
             b"event" => self.name = String::from_utf8_lossy(value).into_owned(),
-            _ => {} // id, retry, unknown fields: ignored
+            // An id with NUL is ignored (WHATWG); an empty one resets it.
+            b"id" if !value.contains(&0) => self.id_buffer = Some(String::from_utf8_lossy(value).into_owned()),
+            b"retry" if !value.is_empty() && value.iter().all(u8::is_ascii_digit) => {
+                let ms = value.iter().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0')));
+                self.retry = Some(ms);
+            }
+            _ => {} // unknown fields: ignored
         }
         Ok(None)
     }
@@ -173,6 +199,19 @@ mod tests {
         assert_eq!(got, [ev("message", "z")]);
         // An unfinished event at the end of the stream is not dispatched.
         assert!(all(&mut Parser::new(1024), &[b"data: half"]).is_empty());
+    }
+
+    #[test]
+    fn ids_and_retry_are_kept() {
+        let mut p = Parser::new(1024);
+        // A priming event: an id, a retry, empty data.
+        assert_eq!(p.feed(b"id: ev-1\nretry: 500\ndata: \n\n").unwrap(), [ev("message", "")]);
+        assert_eq!((p.last_id.as_deref(), p.retry), (Some("ev-1"), Some(500)));
+        // The id counts once its event is complete; a hostile retry saturates, a bad one is ignored.
+        p.feed(b"id: ev-2\nretry: 99999999999999999999999999\ndata: x\n").unwrap();
+        assert_eq!(p.last_id.as_deref(), Some("ev-1"));
+        p.feed(b"\nretry: 12x\nretry: -5\nid: a\0b\n\n").unwrap();
+        assert_eq!((p.last_id.as_deref(), p.retry), (Some("ev-2"), Some(u64::MAX)));
     }
 
     #[test]

@@ -8,8 +8,10 @@
 //! `Mcp-Session-Id` header, sent back on every later request, together with
 //! `MCP-Protocol-Version`. A 404 to a request that carried a session id means
 //! the server forgot the session: the connection says [`McpError::SessionExpired`]
-//! and the caller initializes again. Costs no process and no open connection
-//! between calls, so it is the first choice on a Pi.
+//! and the caller initializes again. An answer's stream that ends early is
+//! resumed, and the server's own GET stream is kept open by a task while the
+//! session lives ([`Streamable::listen`]; both in [`super::stream`]). Costs no
+//! process and one idle connection at most, so it is the first choice on a Pi.
 //!
 //! **HTTP+SSE**: a long-lived GET whose first event, `endpoint`, names the
 //! URL to POST messages to; answers arrive as `message` events on the GET.
@@ -33,9 +35,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::super::rpc::{self, McpError, Peer, MAX_MESSAGE};
 use super::super::sse;
+use super::stream;
 
 const SESSION: &str = "mcp-session-id";
 const VERSION: &str = "mcp-protocol-version";
+const LAST_EVENT_ID: &str = "last-event-id";
 /// Characters of an HTTP error body shown.
 const EXCERPT: usize = 300;
 
@@ -81,7 +85,7 @@ pub fn build_headers(
 
 /// Why a request failed at the HTTP level: the error and its causes, scrubbed
 /// of the secrets in `headers` and of echoed credentials.
-fn describe(e: &reqwest::Error, headers: &HeaderMap) -> String {
+pub(super) fn describe(e: &reqwest::Error, headers: &HeaderMap) -> String {
     redact(&describe_raw(e), headers)
 }
 
@@ -106,7 +110,7 @@ fn describe_raw(e: &reqwest::Error) -> String {
 
 /// An HTTP status that is not success, with an excerpt of the body (scrubbed
 /// as [`describe`] says). A redirect is refused: the headers carry secrets.
-async fn status_error(resp: reqwest::Response, headers: &HeaderMap) -> McpError {
+pub(super) async fn status_error(resp: reqwest::Response, headers: &HeaderMap) -> McpError {
     if let Some(why) = crate::util::secrets::redirect_refusal(&resp) {
         return McpError::Protocol(format!("{why} (the server's `url`)"));
     }
@@ -137,54 +141,25 @@ async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>
     Ok((body, false))
 }
 
-fn content_type(resp: &reqwest::Response) -> String {
+pub(super) fn content_type(resp: &reqwest::Response) -> String {
     resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase()
 }
 
-/// A streamable HTTP connection.
-pub struct Streamable {
+/// A streamable HTTP server's endpoint: where to POST and GET, with the
+/// headers every request carries (the server's own, the session, the
+/// negotiated revision).
+pub struct Endpoint {
     client: reqwest::Client,
     url: Url,
-    headers: HeaderMap,
+    pub(super) headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
     protocol: Mutex<Option<HeaderValue>>,
-    pub peer: Arc<Peer>,
 }
 
-impl Streamable {
-    pub fn new(client: reqwest::Client, url: Url, headers: HeaderMap) -> Streamable {
-        Streamable {
-            client,
-            url,
-            headers,
-            session: Mutex::new(None),
-            protocol: Mutex::new(None),
-            peer: Arc::new(Peer::default()),
-        }
-    }
-
-    /// Forget the session (before `initialize`).
-    pub fn reset_session(&self) {
-        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.protocol.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    }
-
-    /// The negotiated protocol version, sent on every request after `initialize`.
-    pub fn set_protocol(&self, version: &str) {
-        if let Ok(v) = HeaderValue::from_str(version) {
-            *self.protocol.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-        }
-    }
-
-    async fn post(&self, body: &Value) -> Result<(reqwest::Response, bool), McpError> {
+impl Endpoint {
+    fn stamp(&self, mut req: reqwest::RequestBuilder) -> (reqwest::RequestBuilder, bool) {
         let session = self.session.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let protocol = self.protocol.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut req = self
-            .client
-            .post(self.url.clone())
-            .headers(self.headers.clone())
-            .header(ACCEPT, "application/json, text/event-stream")
-            .json(body);
         let had_session = session.is_some();
         if let Some(s) = session {
             req = req.header(SESSION, s);
@@ -192,6 +167,18 @@ impl Streamable {
         if let Some(p) = protocol {
             req = req.header(VERSION, p);
         }
+        (req, had_session)
+    }
+
+    /// POST one message; the response, and whether a session id was sent.
+    async fn post(&self, body: &Value) -> Result<(reqwest::Response, bool), McpError> {
+        let req = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .header(ACCEPT, "application/json, text/event-stream")
+            .json(body);
+        let (req, had_session) = self.stamp(req);
         let resp = req.send().await.map_err(|e| McpError::Connection(describe(&e, &self.headers)))?;
         if let Some(s) = resp.headers().get(SESSION) {
             *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
@@ -208,9 +195,85 @@ impl Streamable {
         Ok(())
     }
 
-    /// Send request `id` (`body`) and read its answer from the HTTP response.
+    /// GET the event stream (the server's own, or a resumed one after `last_id`);
+    /// the response as it came, and whether a session id was sent.
+    pub async fn get(&self, last_id: Option<&str>) -> Result<(reqwest::Response, bool), McpError> {
+        let req = self.client.get(self.url.clone()).headers(self.headers.clone()).header(ACCEPT, "text/event-stream");
+        let (mut req, had_session) = self.stamp(req);
+        if let Some(id) = last_id {
+            let value = HeaderValue::from_str(id)
+                .map_err(|_| McpError::Protocol("the server's event id cannot be sent back in a header".into()))?;
+            req = req.header(LAST_EVENT_ID, value);
+        }
+        let resp = req.send().await.map_err(|e| McpError::Connection(describe(&e, &self.headers)))?;
+        Ok((resp, had_session))
+    }
+}
+
+/// A streamable HTTP connection.
+pub struct Streamable {
+    pub endpoint: Arc<Endpoint>,
+    pub peer: Arc<Peer>,
+    /// bramble is stopping.
+    cancel: CancellationToken,
+    /// Stops the GET stream's task (a new session gets a new one; dropping the connection ends it).
+    listening: Mutex<Option<CancellationToken>>,
+}
+
+impl Drop for Streamable {
+    fn drop(&mut self) {
+        self.stop_listening();
+    }
+}
+
+impl Streamable {
+    pub fn new(client: reqwest::Client, url: Url, headers: HeaderMap, cancel: &CancellationToken) -> Streamable {
+        let endpoint = Endpoint { client, url, headers, session: Mutex::new(None), protocol: Mutex::new(None) };
+        Streamable {
+            endpoint: Arc::new(endpoint),
+            peer: Arc::new(Peer::default()),
+            cancel: cancel.clone(),
+            listening: Mutex::new(None),
+        }
+    }
+
+    /// Forget the session (before `initialize`).
+    pub fn reset_session(&self) {
+        self.stop_listening();
+        *self.endpoint.session.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.endpoint.protocol.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The negotiated protocol version, sent on every request after `initialize`.
+    pub fn set_protocol(&self, version: &str) {
+        if let Ok(v) = HeaderValue::from_str(version) {
+            *self.endpoint.protocol.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        }
+    }
+
+    /// Open the server's GET event stream for this session, kept by a task ([`stream::listen`]).
+    pub fn listen(&self) {
+        self.stop_listening();
+        let stop = self.cancel.child_token();
+        *self.listening.lock().unwrap_or_else(|p| p.into_inner()) = Some(stop.clone());
+        tokio::spawn(stream::listen(Arc::clone(&self.endpoint), Arc::clone(&self.peer), stop));
+    }
+
+    fn stop_listening(&self) {
+        if let Some(stop) = self.listening.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            stop.cancel();
+        }
+    }
+
+    /// Send a notification or a reply.
+    pub async fn send(&self, msg: &Value) -> Result<(), McpError> {
+        self.endpoint.send(msg).await
+    }
+
+    /// Send request `id` (`body`) and read its answer from the HTTP response
+    /// (resuming its event stream if the server ends it early).
     pub async fn request(&self, id: i64, body: &Value) -> Result<(), McpError> {
-        let (resp, had_session) = match self.post(body).await {
+        let (resp, had_session) = match self.endpoint.post(body).await {
             Ok(r) => r,
             Err(e) => {
                 self.peer.forget(id);
@@ -224,27 +287,27 @@ impl Streamable {
         }
         if !status.is_success() {
             self.peer.forget(id);
-            return Err(status_error(resp, &self.headers).await);
+            return Err(status_error(resp, &self.endpoint.headers).await);
         }
         let ctype = content_type(&resp);
-        let replies = if ctype.starts_with("text/event-stream") {
-            self.read_stream(id, resp).await
+        let outcome = if ctype.starts_with("text/event-stream") {
+            stream::answer(&self.endpoint, &self.peer, id, resp).await
         } else if ctype.starts_with("application/json") {
             match read_capped(resp, MAX_MESSAGE).await {
                 Ok((_, true)) => Err(McpError::TooLarge),
-                Ok((bytes, false)) => rpc::parse(&bytes).map(|msg| self.peer.incoming(msg)),
-                Err(e) => Err(McpError::Connection(describe(&e, &self.headers))),
+                Ok((bytes, false)) => match rpc::parse(&bytes) {
+                    Ok(msg) => stream::reply_all(&self.endpoint, self.peer.incoming(msg)).await,
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(McpError::Connection(describe(&e, &self.endpoint.headers))),
             }
         } else if status == StatusCode::ACCEPTED {
             Err(McpError::Protocol("the server accepted the request (202) but sent no answer".into()))
         } else {
             Err(McpError::Protocol(format!("the server answered with `{ctype}`, not JSON or an event stream")))
         };
-        match replies {
-            Ok(replies) => {
-                for reply in replies {
-                    self.send(&reply).await?;
-                }
+        match outcome {
+            Ok(()) => {
                 // Read to the end without our answer: say so rather than wait for the timeout.
                 self.peer.fail(id, McpError::Protocol("the server ended its answer without answering".into()));
                 Ok(())
@@ -252,30 +315,6 @@ impl Streamable {
             Err(e) => {
                 self.peer.fail(id, e.clone());
                 Err(e)
-            }
-        }
-    }
-
-    /// An SSE answer: feed its messages to the peer until ours has come.
-    async fn read_stream(&self, id: i64, mut resp: reqwest::Response) -> Result<Vec<Value>, McpError> {
-        let mut parser = sse::Parser::new(MAX_MESSAGE);
-        let mut replies = Vec::new();
-        loop {
-            let chunk = match resp.chunk().await {
-                Ok(Some(c)) => c,
-                Ok(None) => return Ok(replies),
-                Err(e) => return Err(McpError::Connection(describe(&e, &self.headers))),
-            };
-            let events = parser.feed(&chunk).map_err(|_| McpError::TooLarge)?;
-            for event in events.into_iter().filter(|e| e.name == "message" && !e.data.trim().is_empty()) {
-                let msg = rpc::parse(event.data.as_bytes())?;
-                replies.extend(self.peer.incoming(msg));
-            }
-            if !self.peer.in_flight().contains(&id) {
-                return Ok(replies); // answered: the rest of the stream is not ours to wait for
-            }
-            for reply in std::mem::take(&mut replies) {
-                self.send(&reply).await?;
             }
         }
     }

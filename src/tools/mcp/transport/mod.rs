@@ -1,5 +1,6 @@
 //! How bytes reach an MCP server: [`http`] (streamable HTTP, HTTP+SSE) and
-//! [`stdio`] (a sandboxed child process).
+//! [`stdio`] (a sandboxed child process); [`stream`] reads streamable
+//! HTTP's event streams (resumption, the server's own GET stream).
 //!
 //! A transport sends a request and routes whatever comes back through its
 //! [`Peer`](super::rpc::Peer); the caller waits on the request's receiver.
@@ -8,6 +9,7 @@
 
 pub mod http;
 pub mod stdio;
+pub mod stream;
 
 use std::sync::Arc;
 
@@ -81,7 +83,7 @@ impl Transport {
                 let headers = http::build_headers(headers, headers_env)?;
                 match kind {
                     HttpKind::Auto | HttpKind::StreamableHttp => {
-                        Ok(Transport::Streamable(http::Streamable::new(env.client.clone(), url, headers)))
+                        Ok(Transport::Streamable(http::Streamable::new(env.client.clone(), url, headers, env.cancel)))
                     }
                     HttpKind::Sse => {
                         Ok(Transport::Sse(http::LegacySse::open(env.client.clone(), url, headers, env.cancel).await?))
@@ -127,6 +129,13 @@ impl Transport {
     pub fn after_initialize(&self, protocol: &str) {
         if let Transport::Streamable(t) = self {
             t.set_protocol(protocol);
+        }
+    }
+
+    /// The session is ready: open the server's own event stream (streamable HTTP).
+    pub fn after_initialized(&self) {
+        if let Transport::Streamable(t) = self {
+            t.listen();
         }
     }
 }
