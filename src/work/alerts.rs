@@ -32,6 +32,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::bus::ReportSource;
 use crate::config::AlertsConfig;
 use crate::delivery::outbox::Outbox;
 use crate::delivery::Reports;
@@ -181,7 +182,7 @@ impl Alerts {
     pub async fn event(&self, text: String) {
         tracing::warn!("{text}");
         if !self.inner.config.deliver.is_empty() {
-            self.inner.reports.send(&self.inner.config.deliver, &text, "alert").await;
+            self.inner.reports.send(&self.inner.config.deliver, &text, ReportSource::Alert).await;
         }
     }
 
@@ -224,7 +225,7 @@ impl Alerts {
                 .config
                 .deliver
                 .iter()
-                .map(|to| crate::delivery::Outgoing::new(to.clone(), t.clone(), "alert"))
+                .map(|to| crate::delivery::Outgoing::new(to.clone(), t.clone(), ReportSource::Alert))
                 .collect();
             let mut queued = true;
             for r in self.inner.reports.outbox().enqueue_many(reports) {
@@ -414,7 +415,7 @@ pub async fn check_outbox(alerts: &Alerts, outbox: &Outbox) {
     let mut stuck: BTreeMap<&'static str, (usize, Timestamp, Option<String>)> = BTreeMap::new();
     for e in &pending {
         let waited = Duration::try_from(now.duration_since(e.created)).unwrap_or(Duration::ZERO);
-        if e.source.starts_with("alert") || waited <= after {
+        if e.source == ReportSource::Alert || waited <= after {
             continue;
         }
         let slot = stuck.entry(e.target.channel()).or_insert((0, e.created, None));
@@ -481,7 +482,7 @@ mod tests {
     /// The texts queued for delivery (alerts and notes), in order.
     fn queued(dir: &Path) -> Vec<String> {
         let outbox = Outbox::new(dir);
-        outbox.pending().unwrap().into_iter().filter(|e| e.source == "alert").map(|e| e.text).collect()
+        outbox.pending().unwrap().into_iter().filter(|e| e.source == ReportSource::Alert).map(|e| e.text).collect()
     }
 
     #[tokio::test]

@@ -77,7 +77,7 @@ use rumqttc::{Outgoing, Transport};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{InboundMessage, Target};
+use crate::bus::{InboundMessage, ReportSource, Target};
 use crate::config::MqttConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::scheduler::{JobStore, SchedulerHandle};
@@ -418,12 +418,12 @@ impl MqttChannel {
     }
 
     /// The topic a report goes to.
-    pub fn topic_for(settings: &Settings, target: &Target, source: &str) -> Option<String> {
-        match target {
-            Target::Mqtt(Some(topic)) => Some(topic.clone()),
-            Target::Mqtt(None) if source == "heartbeat" => Some(settings.topic("heartbeat")),
-            Target::Mqtt(None) if source == "alert" => Some(settings.topic("alert")),
-            Target::Mqtt(None) => Some(settings.topic("out")),
+    pub fn topic_for(settings: &Settings, target: &Target, source: &ReportSource) -> Option<String> {
+        match (target, source) {
+            (Target::Mqtt(Some(topic)), _) => Some(topic.clone()),
+            (Target::Mqtt(None), ReportSource::Heartbeat) => Some(settings.topic("heartbeat")),
+            (Target::Mqtt(None), ReportSource::Alert) => Some(settings.topic("alert")),
+            (Target::Mqtt(None), _) => Some(settings.topic("out")),
             _ => None,
         }
     }
@@ -802,10 +802,11 @@ mod tests {
     #[test]
     fn heartbeat_reports_have_their_own_topic() {
         let s = settings();
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "heartbeat").unwrap(), "bramble/pi/heartbeat");
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "job:x").unwrap(), "bramble/pi/out");
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "alert").unwrap(), "bramble/pi/alert");
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(Some("a/b".into())), "heartbeat").unwrap(), "a/b");
+        let topic = |target: Target, source: ReportSource| MqttChannel::topic_for(&s, &target, &source).unwrap();
+        assert_eq!(topic(Target::Mqtt(None), ReportSource::Heartbeat), "bramble/pi/heartbeat");
+        assert_eq!(topic(Target::Mqtt(None), ReportSource::Job("x".into())), "bramble/pi/out");
+        assert_eq!(topic(Target::Mqtt(None), ReportSource::Alert), "bramble/pi/alert");
+        assert_eq!(topic(Target::Mqtt(Some("a/b".into())), ReportSource::Heartbeat), "a/b");
     }
 
     #[test]
