@@ -243,7 +243,7 @@ impl Agent {
         let lock = SessionLock::new(&self.live, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
-        let provider = self.provider.as_ref().ok().cloned();
+        let provider = self.provider.ready().cloned();
         let keep = Keep::Recent { messages: 1, tokens: 0 };
         self.consolidate_locked(provider.as_deref(), &model, (key, source), keep).await
     }
@@ -255,7 +255,7 @@ impl Agent {
         let lock = SessionLock::new(&self.live, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
-        let provider = self.provider.as_ref().ok().cloned();
+        let provider = self.provider.ready().cloned();
         self.consolidate_locked(provider.as_deref(), &model, (key, source), Keep::Nothing).await
     }
 }
