@@ -71,7 +71,7 @@ impl JobRunner {
     }
 
     /// [`Standing::check`], off the runtime thread (it reads the paired users).
-    async fn creator_may_run(&self, job: &Job) -> Result<(), String> {
+    async fn creator_may_run(&self, job: &Job) -> Result<(), crate::policy::standing::StandingError> {
         let (standing, job) = (self.standing.clone(), job.clone());
         crate::util::tasks::blocking(move || standing.check(&job)).await
     }
