@@ -212,7 +212,7 @@ impl Alerts {
         key: &str,
         opening: bool,
         f: impl FnOnce(&mut BTreeMap<String, Open>) -> Option<String>,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, AlertsError> {
         let mut text = None;
         self.change_quietly(|open| {
             text = f(open);
@@ -246,10 +246,10 @@ impl Alerts {
 
     /// Under the lock: read, let `f` change the set (returning whether it
     /// did), write. Blocking.
-    fn change_quietly(&self, f: impl FnOnce(&mut BTreeMap<String, Open>) -> bool) -> Result<(), String> {
-        let lock = crate::util::fs::open_lock_file(&self.inner.lock).map_err(|e| e.to_string())?;
-        let _held =
-            nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e.to_string())?;
+    fn change_quietly(&self, f: impl FnOnce(&mut BTreeMap<String, Open>) -> bool) -> Result<(), AlertsError> {
+        let lock = crate::util::fs::open_lock_file(&self.inner.lock).map_err(AlertsError::LockFile)?;
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| AlertsError::Lock(e))?;
         let mut open = read_open(&self.inner.path);
         let changed = f(&mut open);
         if changed {
@@ -265,13 +265,13 @@ impl Alerts {
                     .map_err(std::io::Error::other)
                     .and_then(|data| crate::util::fs::write_atomic(&self.inner.path, &data))
             };
-            result.map_err(|e| format!("cannot write {}: {e}", self.inner.path.display()))?;
+            result.map_err(|source| AlertsError::Write { path: self.inner.path.clone(), source })?;
         }
         *self.inner.cache.lock().unwrap_or_else(|e| e.into_inner()) = (stamp(&self.inner.path), open);
         Ok(())
     }
 
-    fn after_change(&self, key: &str, result: Result<Option<String>, String>, raising: bool) -> bool {
+    fn after_change(&self, key: &str, result: Result<Option<String>, AlertsError>, raising: bool) -> bool {
         match result {
             Ok(Some(text)) if text.is_empty() => {
                 tracing::info!(alert = key, "closed");
@@ -293,6 +293,18 @@ impl Alerts {
             }
         }
     }
+}
+
+/// Why `alerts.json` could not be changed (logged; the alert is tried again
+/// at its next occasion).
+#[derive(Debug, thiserror::Error)]
+enum AlertsError {
+    #[error("{0}")]
+    LockFile(std::io::Error),
+    #[error("{0}")]
+    Lock(nix::errno::Errno),
+    #[error("cannot write {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// The open conditions in `path`; a missing file is none, an unreadable one
