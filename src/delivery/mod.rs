@@ -171,7 +171,25 @@ pub trait Publisher: Send + Sync {
     /// Publish; Ok once the broker has it. The error is a sentence for the model.
     /// A topic bramble listens to, or one against MQTT's rules, is refused
     /// before anything is sent.
-    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>>;
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> BoxFuture<'a, Result<(), PublishFailure>>;
+}
+
+/// Why a [`Publisher`] did not publish. Its text is a sentence for the model.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishFailure {
+    /// Refused before anything was sent: a topic bramble listens to, or one
+    /// against MQTT's rules.
+    #[error(transparent)]
+    Refused(#[from] crate::util::mqtt::TopicError),
+    /// The broker did not take it (not connected, no acknowledgement in time,
+    /// refused by the broker).
+    #[error(transparent)]
+    Broker(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Something that can deliver text to some targets.

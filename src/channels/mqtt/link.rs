@@ -63,10 +63,17 @@ struct LinkState {
 
 impl crate::delivery::Publisher for Link {
     /// `mqtt_publish`: never to a topic we listen to, nor one against MQTT's rules.
-    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>> {
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> BoxFuture<'a, Result<(), crate::delivery::PublishFailure>> {
         Box::pin(async move {
-            self.settings.inputs.refuse(topic).map_err(|e| e.to_string())?;
-            self.publish_acked(topic, payload, retain, super::ACK_TIMEOUT).await.map_err(|e| e.to_string())
+            self.settings.inputs.refuse(topic)?;
+            self.publish_acked(topic, payload, retain, super::ACK_TIMEOUT)
+                .await
+                .map_err(|e| crate::delivery::PublishFailure::Broker(Box::new(e)))
         })
     }
 }
