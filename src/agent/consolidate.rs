@@ -145,7 +145,7 @@ impl Agent {
                 self.record_usage(&stats);
                 summary.result
             }
-            None => Err(self.provider_problem().unwrap_or("no provider").to_string()),
+            None => Err(memory::SummaryError::NoProvider(self.provider_problem().unwrap_or("no provider").to_string())),
         };
         let journal_err = |e: std::io::Error| TurnError::Session {
             key: key.to_string(),
@@ -181,7 +181,7 @@ impl Agent {
                 let cursor = self.append_journal(key, source, "raw", &raw).await.map_err(journal_err)?;
                 (
                     memory::raw_checkpoint(boundary, archived, cursor),
-                    Consolidation::Archived { messages: boundary, cursor, reason },
+                    Consolidation::Archived { messages: boundary, cursor, reason: reason.to_string() },
                 )
             }
         };
