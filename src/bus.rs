@@ -393,6 +393,82 @@ impl Serialize for Principal {
     }
 }
 
+/// What produced a report: decoded from its stored string once, here, so a
+/// channel that routes on it (MQTT publishes heartbeat and alert reports on
+/// their own topics) and the alerts that skip their own reports match this
+/// enum, never a string. On disk (the outbox, its record) it is the string
+/// earlier versions wrote: `agent`, `heartbeat`, `alert`, `job:<name>`,
+/// `trigger:<topic or entity>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ReportSource {
+    /// An answer, or the `message` tool.
+    Agent,
+    /// The heartbeat's report.
+    Heartbeat,
+    /// An alert (`[alerts]`).
+    Alert,
+    /// A job's report, by the job's name.
+    Job(String),
+    /// A trigger's report, by its topic or entity.
+    Trigger(String),
+    /// A source this build does not know (a newer build's outbox): kept as
+    /// it is, routed as an ordinary report.
+    Other(String),
+}
+
+impl fmt::Display for ReportSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReportSource::Agent => f.write_str("agent"),
+            ReportSource::Heartbeat => f.write_str("heartbeat"),
+            ReportSource::Alert => f.write_str("alert"),
+            ReportSource::Job(name) => write!(f, "job:{name}"),
+            ReportSource::Trigger(label) => write!(f, "trigger:{label}"),
+            ReportSource::Other(text) => f.write_str(text),
+        }
+    }
+}
+
+impl ReportSource {
+    /// The length of its stored string, without making it.
+    pub fn stored_len(&self) -> usize {
+        match self {
+            ReportSource::Agent => "agent".len(),
+            ReportSource::Heartbeat => "heartbeat".len(),
+            ReportSource::Alert => "alert".len(),
+            ReportSource::Job(name) => "job:".len() + name.len(),
+            ReportSource::Trigger(label) => "trigger:".len() + label.len(),
+            ReportSource::Other(text) => text.len(),
+        }
+    }
+}
+
+/// Decoded as stored; never fails (an unknown one is [`ReportSource::Other`]).
+impl From<&str> for ReportSource {
+    fn from(text: &str) -> ReportSource {
+        match text.split_once(':') {
+            None if text == "agent" => ReportSource::Agent,
+            None if text == "heartbeat" => ReportSource::Heartbeat,
+            None if text == "alert" => ReportSource::Alert,
+            Some(("job", name)) => ReportSource::Job(name.to_string()),
+            Some(("trigger", label)) => ReportSource::Trigger(label.to_string()),
+            _ => ReportSource::Other(text.to_string()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ReportSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(ReportSource::from(String::deserialize(d)?.as_str()))
+    }
+}
+
+impl Serialize for ReportSource {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// A message for the agent, from some channel.
 #[derive(Debug)]
 pub struct InboundMessage {
@@ -577,6 +653,29 @@ mod tests {
         assert_eq!(kind("subagent:42"), SessionKind::Sub);
         for chat in ["telegram:42", "cli:direct", "mqtt:kitchen", "heartbeat2"] {
             assert_eq!(kind(chat), SessionKind::Chat, "{chat}");
+        }
+    }
+
+    #[test]
+    fn report_sources_keep_their_strings_on_disk() {
+        for (text, source) in [
+            ("agent", ReportSource::Agent),
+            ("heartbeat", ReportSource::Heartbeat),
+            ("alert", ReportSource::Alert),
+            ("job:backup", ReportSource::Job("backup".into())),
+            ("job:a:b", ReportSource::Job("a:b".into())),
+            ("trigger:zigbee2mqtt/+/door", ReportSource::Trigger("zigbee2mqtt/+/door".into())),
+            ("trigger:binary_sensor.front_door", ReportSource::Trigger("binary_sensor.front_door".into())),
+            // A newer build's source, or a near miss: kept as written, routed as an ordinary report.
+            ("webhook:x", ReportSource::Other("webhook:x".into())),
+            ("alerts", ReportSource::Other("alerts".into())),
+            ("", ReportSource::Other(String::new())),
+        ] {
+            let json = serde_json::to_string(text).unwrap();
+            let read: ReportSource = serde_json::from_str(&json).unwrap();
+            assert_eq!(read, source, "{text}");
+            assert_eq!(serde_json::to_string(&read).unwrap(), json, "{text}");
+            assert_eq!(read.stored_len(), text.len(), "{text}");
         }
     }
 

@@ -391,6 +391,7 @@ mod tests {
     /// The same, with the daemon's scheduler (for `/run`) when given.
     fn agent_with(dir: &std::path::Path, scheduler: Option<crate::scheduler::SchedulerHandle>) -> Agent {
         use crate::agent::{context, session::SessionStore, AgentParts, AgentSettings};
+        use crate::provider::{ProviderSlot, Unconfigured};
         let settings = AgentSettings {
             model: "m".into(),
             max_iterations: 1,
@@ -407,8 +408,13 @@ mod tests {
         let limits = context::ContextLimits { per_file_chars: 100, total_chars: 100 };
         let ctx = context::ContextBuilder::new(dir.to_path_buf(), crate::config::TzName::system(), limits);
         let tools = crate::tools::ToolRegistry::new(1000);
-        let mut parts =
-            AgentParts::new(Err("no provider in this test".into()), tools, SessionStore::new(dir), ctx, settings);
+        let mut parts = AgentParts::new(
+            ProviderSlot::Unconfigured(Unconfigured::new("no provider in this test")),
+            tools,
+            SessionStore::new(dir),
+            ctx,
+            settings,
+        );
         parts.jobs = Some((crate::scheduler::JobStore::open(dir), jiff::tz::TimeZone::UTC));
         parts.scheduler = scheduler;
         Agent::new(parts)

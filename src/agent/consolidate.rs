@@ -145,7 +145,7 @@ impl Agent {
                 self.record_usage(&stats);
                 summary.result
             }
-            None => Err(self.provider_problem().unwrap_or("no provider").to_string()),
+            None => Err(memory::SummaryError::NoProvider(self.provider_problem().unwrap_or("no provider").to_string())),
         };
         let journal_err = |e: std::io::Error| TurnError::Session {
             key: key.to_string(),
@@ -181,7 +181,7 @@ impl Agent {
                 let cursor = self.append_journal(key, source, "raw", &raw).await.map_err(journal_err)?;
                 (
                     memory::raw_checkpoint(boundary, archived, cursor),
-                    Consolidation::Archived { messages: boundary, cursor, reason },
+                    Consolidation::Archived { messages: boundary, cursor, reason: reason.to_string() },
                 )
             }
         };
@@ -243,7 +243,7 @@ impl Agent {
         let lock = SessionLock::new(&self.live, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
-        let provider = self.provider.as_ref().ok().cloned();
+        let provider = self.provider.ready().cloned();
         let keep = Keep::Recent { messages: 1, tokens: 0 };
         self.consolidate_locked(provider.as_deref(), &model, (key, source), keep).await
     }
@@ -255,7 +255,7 @@ impl Agent {
         let lock = SessionLock::new(&self.live, key);
         let _in_session = lock.lock.lock().await;
         let model = self.session_model(key);
-        let provider = self.provider.as_ref().ok().cloned();
+        let provider = self.provider.ready().cloned();
         self.consolidate_locked(provider.as_deref(), &model, (key, source), Keep::Nothing).await
     }
 }

@@ -132,10 +132,10 @@ impl Agent {
     }
 
     /// A file of the workspace inbox, read safely (no links, regular files only), off the runtime thread.
-    async fn read_inbox(&self, path: &str, cap: u64) -> Result<Vec<u8>, String> {
+    async fn read_inbox(&self, path: &str, cap: u64) -> Result<Vec<u8>, crate::workspace::PathError> {
         let ws = crate::workspace::Workspace::strict(self.context.workspace());
         let path = path.to_string();
-        crate::util::tasks::blocking(move || ws.read_all(&path, cap).map_err(|e| e.to_string())).await
+        crate::util::tasks::blocking(move || ws.read_all(&path, cap)).await
     }
 }
 

@@ -293,7 +293,7 @@ pub struct SavedMemory {
 #[derive(Debug)]
 pub struct Summary {
     /// `Ok` from the model, or why there is none.
-    pub result: Result<SavedMemory, String>,
+    pub result: Result<SavedMemory, SummaryError>,
     pub usage: Usage,
     /// Who answered, when a fallback chain said so.
     pub route: Option<crate::provider::Route>,
@@ -379,22 +379,36 @@ pub async fn summarise(
         tool_choice: Some(SAVE_MEMORY),
     };
     match provider.chat(req).await {
-        Err(e) => Summary { result: Err(format!("the model call failed: {e}")), usage: Usage::default(), route: None },
+        Err(e) => Summary { result: Err(SummaryError::Model(e)), usage: Usage::default(), route: None },
         Ok(r) => Summary { result: read_saved_memory(&r.tool_calls), usage: r.usage, route: r.route },
     }
 }
 
-fn read_saved_memory(calls: &[crate::provider::ToolCall]) -> Result<SavedMemory, String> {
-    let call = calls
-        .iter()
-        .find(|c| c.function.name == SAVE_MEMORY)
-        .ok_or_else(|| format!("the model did not call {SAVE_MEMORY}"))?;
-    let args: Value = serde_json::from_str(call.function.arguments.trim())
-        .map_err(|e| format!("the {SAVE_MEMORY} arguments are not valid JSON ({e})"))?;
-    let saved: SavedMemory =
-        serde_json::from_value(args).map_err(|e| format!("the {SAVE_MEMORY} arguments do not fit its schema ({e})"))?;
+/// Why a chunk of a session could not be summarised (it is then archived
+/// verbatim, and `/compact` says this).
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    #[error("the model call failed: {0}")]
+    Model(crate::provider::ProviderError),
+    /// No provider can be used: its reason.
+    #[error("{0}")]
+    NoProvider(String),
+    #[error("the model did not call {name}", name = SAVE_MEMORY)]
+    NotCalled,
+    #[error("the {name} arguments are not valid JSON ({0})", name = SAVE_MEMORY)]
+    Json(serde_json::Error),
+    #[error("the {name} arguments do not fit its schema ({0})", name = SAVE_MEMORY)]
+    Schema(serde_json::Error),
+    #[error("the {name} history entry is empty", name = SAVE_MEMORY)]
+    Empty,
+}
+
+fn read_saved_memory(calls: &[crate::provider::ToolCall]) -> Result<SavedMemory, SummaryError> {
+    let call = calls.iter().find(|c| c.function.name == SAVE_MEMORY).ok_or(SummaryError::NotCalled)?;
+    let args: Value = serde_json::from_str(call.function.arguments.trim()).map_err(SummaryError::Json)?;
+    let saved: SavedMemory = serde_json::from_value(args).map_err(SummaryError::Schema)?;
     if saved.history_entry.trim().is_empty() {
-        return Err(format!("the {SAVE_MEMORY} history entry is empty"));
+        return Err(SummaryError::Empty);
     }
     Ok(saved)
 }
@@ -728,10 +742,16 @@ mod tests {
         let call = |args: &str| vec![ToolCall::new("c", SAVE_MEMORY, args)];
         let ok = read_saved_memory(&call(r#"{"history_entry":"[2026-05-01 10:00] x","memory_update":"m"}"#)).unwrap();
         assert_eq!(ok.memory_update, "m");
-        assert!(read_saved_memory(&[]).unwrap_err().contains("did not call"));
-        assert!(read_saved_memory(&call("{not json")).unwrap_err().contains("not valid JSON"));
-        assert!(read_saved_memory(&call(r#"{"memory_update":"m"}"#)).unwrap_err().contains("schema"));
-        assert!(read_saved_memory(&call(r#"{"history_entry":"  "}"#)).unwrap_err().contains("empty"));
+        assert!(read_saved_memory(&[]).unwrap_err().to_string().contains("did not call save_memory"));
+        assert!(read_saved_memory(&call("{not json"))
+            .unwrap_err()
+            .to_string()
+            .contains("save_memory arguments are not valid JSON"));
+        assert!(read_saved_memory(&call(r#"{"memory_update":"m"}"#)).unwrap_err().to_string().contains("schema"));
+        assert!(read_saved_memory(&call(r#"{"history_entry":"  "}"#))
+            .unwrap_err()
+            .to_string()
+            .contains("history entry is empty"));
     }
 
     #[test]

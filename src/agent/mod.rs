@@ -48,7 +48,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::bus::Conversation;
-use crate::provider::{Provider, Usage};
+use crate::provider::{ProviderSlot, Usage};
 use crate::tools::{ToolContext, ToolRegistry};
 use context::ContextBuilder;
 use memory::Journal;
@@ -194,7 +194,7 @@ pub enum TurnError {
 /// builder, and the live state of each session ([`sessions`]); what the
 /// slash commands alone need is in its [`CommandContext`].
 pub struct Agent {
-    provider: Result<Arc<dyn Provider>, String>,
+    provider: ProviderSlot,
     tools: ToolRegistry,
     sessions: SessionStore,
     context: ContextBuilder,
@@ -207,7 +207,7 @@ pub struct Agent {
     usage: UsageLedger,
     pending: PendingStore,
     /// Voice notes to text: `Ok(None)` not configured, `Err` configured but unusable (why).
-    transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, String>,
+    transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, crate::provider::Unconfigured>,
     /// Where chat turns say what they are doing (Telegram's status message).
     progress: Option<Arc<dyn ProgressSink>>,
     subagents: Option<Arc<subagent::Hub>>,
@@ -219,9 +219,9 @@ pub struct Agent {
 /// (`daemon::assemble`): an agent is complete when it is made, nothing is set
 /// on it afterwards.
 pub struct AgentParts {
-    /// `Err(reason)` when no provider is configured: turns then fail with that
-    /// reason, everything else (exec jobs, status) still works.
-    pub provider: Result<Arc<dyn Provider>, String>,
+    /// [`ProviderSlot::Unconfigured`] when no provider can be used: turns then
+    /// fail with its reason, everything else (exec jobs, status) still works.
+    pub provider: ProviderSlot,
     pub tools: ToolRegistry,
     pub sessions: SessionStore,
     pub context: ContextBuilder,
@@ -239,7 +239,7 @@ pub struct AgentParts {
     /// budgets); `None`: the agent opens its state directory's.
     pub usage: Option<UsageLedger>,
     /// `[transcription]`: `Ok(None)` when off, `Err(why)` when it cannot work.
-    pub transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, String>,
+    pub transcriber: Result<Option<Arc<crate::provider::transcribe::Transcriber>>, crate::provider::Unconfigured>,
     /// Where chat turns say what they are doing, if a channel shows it.
     pub progress: Option<Arc<dyn ProgressSink>>,
     /// The journal of unanswered messages (`<state>/pending/` of the session
@@ -250,7 +250,7 @@ pub struct AgentParts {
 impl AgentParts {
     /// The parts every agent needs; the optional ones start empty.
     pub fn new(
-        provider: Result<Arc<dyn Provider>, String>,
+        provider: ProviderSlot,
         tools: ToolRegistry,
         sessions: SessionStore,
         context: ContextBuilder,
@@ -371,7 +371,7 @@ impl Agent {
 
     /// Why there is no provider, if there is none.
     pub fn provider_problem(&self) -> Option<&str> {
-        self.provider.as_ref().err().map(String::as_str)
+        self.provider.problem().map(|u| u.reason.as_str())
     }
 
     /// Whether voice notes can be transcribed, for `/status`.

@@ -78,15 +78,15 @@ impl Agent {
 
     /// `provider/model` for a model name, when there are several providers.
     pub fn model_label(&self, model: &str) -> String {
-        match &self.provider {
-            Ok(p) => p.label(model),
-            Err(_) => model.to_string(),
+        match self.provider.ready() {
+            Some(p) => p.label(model),
+            None => model.to_string(),
         }
     }
 
     /// The provider chain's state, one line per provider (empty for one provider).
     pub fn provider_health(&self) -> Vec<String> {
-        self.provider.as_ref().map(|p| p.health()).unwrap_or_default()
+        self.provider.ready().map(|p| p.health()).unwrap_or_default()
     }
 
     /// `/model [name]`: use `model` for this session's turns (until restart);
@@ -141,7 +141,7 @@ impl Agent {
         Ok(SessionStatus {
             model: self.model_label(&self.session_model(key)),
             answered,
-            providers: self.provider.as_ref().map(|p| p.health()).unwrap_or_default(),
+            providers: self.provider.ready().map(|p| p.health()).unwrap_or_default(),
             messages: session.messages.len() + session.skipped,
             consolidated: session.checkpoint.is_some(),
             estimated_tokens: self.base_prompt_tokens().await + memory::estimate_tokens(&history),

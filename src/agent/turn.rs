@@ -12,16 +12,13 @@ use super::sessions::{ActiveTurn, PendingGuard, SessionLock};
 use super::usage::DayUsage;
 use super::{Agent, TurnError, TurnReport, TurnRequest};
 use crate::config::ModelFooter;
-use crate::provider::{Message, Provider, ProviderError, Route, Usage};
+use crate::provider::{Message, Provider, Route, Usage};
 use crate::util;
 
 impl Agent {
     /// Run one turn to the end. Turns of the same session queue up behind each other.
     pub async fn turn(&self, req: TurnRequest) -> Result<TurnReport, TurnError> {
-        let provider = match &self.provider {
-            Ok(p) => Arc::clone(p),
-            Err(why) => return Err(ProviderError::NotConfigured(why.clone()).into()),
-        };
+        let provider = Arc::clone(self.provider.get()?);
         if req.in_job {
             self.check_budget()?;
         }

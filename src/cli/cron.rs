@@ -88,7 +88,7 @@ fn set_aside_reports(
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
-    let source = format!("job:{}", job.name);
+    let source = crate::bus::ReportSource::Job(job.name.to_string());
     let reason = format!("its job {} was removed", job.name);
     let of_job = |e: &crate::delivery::outbox::Entry| {
         (e.job.as_ref().is_some_and(|r| r.id == job.id) || e.source == source) && (e.attempts > 0 || e.refusals > 0)

@@ -41,7 +41,13 @@ pub(super) fn outbox(loaded: &Loaded, cmd: OutboxCommand) -> anyhow::Result<Exit
                 return not_found(&id);
             }
             for e in &dropped {
-                writeln!(out, "dropped report {} to {} from {}: it is not delivered", e.id, e.target, esc(&e.source))?;
+                writeln!(
+                    out,
+                    "dropped report {} to {} from {}: it is not delivered",
+                    e.id,
+                    e.target,
+                    esc(&e.source.to_string())
+                )?;
             }
         }
     }
@@ -73,7 +79,7 @@ struct ReportJson<'a> {
     /// `telegram:42`, `mqtt:home/x`, `log`, …
     target: String,
     /// What made it: `job:<name>`, `heartbeat`, `agent`, …
-    source: &'a str,
+    source: String,
     /// The id of the job whose report it is, if one.
     job: Option<&'a str>,
     created: String,
@@ -110,7 +116,7 @@ fn list(loaded: &Loaded, outbox: &Outbox, json: bool, out: &mut dyn Write) -> an
             .map(|e| ReportJson {
                 id: e.id,
                 target: e.target.to_string(),
-                source: &e.source,
+                source: e.source.to_string(),
                 job: e.job.as_ref().map(|j| j.id.as_str()),
                 created: utc(e.created),
                 attempts: e.attempts,
@@ -143,7 +149,7 @@ fn list(loaded: &Loaded, outbox: &Outbox, json: bool, out: &mut dyn Write) -> an
                 e.id.to_string(),
                 local(e.created),
                 esc(&e.target.to_string()).into_owned(),
-                esc(&e.source).into_owned(),
+                esc(&e.source.to_string()).into_owned(),
                 format!("{} (next: {next})", e.attempts),
                 why,
             ]

@@ -84,8 +84,10 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     let usage = UsageLedger::new(state, c.timezone());
     // The reason alone: a turn reports it as "no LLM provider is configured: <reason>",
     // the daemon's start-up line as "no LLM: <reason>".
-    let provider: Result<Arc<dyn crate::provider::Provider>, String> = crate::provider::chain::Chain::from_config(c)
-        .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>);
+    let provider = crate::provider::ProviderSlot::of(
+        crate::provider::chain::Chain::from_config(c)
+            .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>),
+    );
     let jobs = links.jobs.unwrap_or_else(|| JobStore::open(state));
     let mut tools = tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox, jobs.clone());
     let (_, skill_errors) = skills::load(&ws);
@@ -98,7 +100,7 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     let settings = settings(c);
     let inflight = InFlight::default();
     // Sub-agents get the tools registered so far (not `spawn` itself).
-    let subagents = provider.as_ref().ok().map(|p| {
+    let subagents = provider.ready().map(|p| {
         let sub = subagent::SubagentSettings {
             model: settings.model.clone(),
             max_tokens: settings.max_tokens,

@@ -168,7 +168,10 @@ pub async fn pump_outbound(
         async move {
             let reports = batch
                 .into_iter()
-                .map(|m| super::Outgoing { attach: m.attach, ..super::Outgoing::new(m.target, m.text, "agent") })
+                .map(|m| super::Outgoing {
+                    attach: m.attach,
+                    ..super::Outgoing::new(m.target, m.text, crate::bus::ReportSource::Agent)
+                })
                 .collect();
             let results = blocking(move || outbox.enqueue_many(reports)).await;
             if results.iter().any(Result::is_ok) {

@@ -14,7 +14,12 @@ impl Channel for LogChannel {
 
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
         Box::pin(async move {
-            tracing::info!(channel = "log", source = report.source, "report: {}", report.text_naming_files());
+            tracing::info!(
+                channel = "log",
+                source = report.source.to_string(),
+                "report: {}",
+                report.text_naming_files()
+            );
             Ok(())
         })
     }

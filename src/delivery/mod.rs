@@ -16,7 +16,7 @@ pub mod outbox;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::bus::Target;
+use crate::bus::{ReportSource, Target};
 use crate::util::BoxFuture;
 use log::LogChannel;
 
@@ -54,10 +54,10 @@ impl DeliveryError {
 pub struct Report<'a> {
     pub target: &'a Target,
     pub text: &'a str,
-    /// What produced it: `agent` (an answer or the `message` tool), `heartbeat`,
-    /// `job:<name>`, `trigger:<topic>`. A channel may route on it (MQTT publishes
+    /// What produced it: an answer or the `message` tool, the heartbeat, an
+    /// alert, a job, a trigger. A channel may route on it (MQTT publishes
     /// heartbeat reports on `<prefix>/heartbeat`).
-    pub source: &'a str,
+    pub source: &'a ReportSource,
     /// The job whose report it is (Telegram adds Done / Snooze buttons).
     pub job: Option<&'a JobRef>,
     /// Workspace files sent with it (Telegram: a photo or a document; other
@@ -67,7 +67,7 @@ pub struct Report<'a> {
 
 impl<'a> Report<'a> {
     /// A report of text only.
-    pub fn text(target: &'a Target, text: &'a str, source: &'a str) -> Report<'a> {
+    pub fn text(target: &'a Target, text: &'a str, source: &'a ReportSource) -> Report<'a> {
         Report { target, text, source, job: None, attach: &[] }
     }
 
@@ -94,13 +94,13 @@ pub struct JobRef {
 pub struct Outgoing {
     pub target: Target,
     pub text: String,
-    pub source: String,
+    pub source: ReportSource,
     pub job: Option<JobRef>,
     pub attach: Vec<String>,
 }
 
 impl Outgoing {
-    pub fn new(target: Target, text: impl Into<String>, source: impl Into<String>) -> Outgoing {
+    pub fn new(target: Target, text: impl Into<String>, source: impl Into<ReportSource>) -> Outgoing {
         Outgoing { target, text: text.into(), source: source.into(), job: None, attach: Vec::new() }
     }
 }
@@ -118,11 +118,11 @@ impl Reports {
         Reports { outbox, wake }
     }
 
-    /// Queue `text` for every target (`source` says what produced it: `heartbeat`,
-    /// `job:<name>`, `trigger:<topic>`) in one write on a blocking thread, and
+    /// Queue `text` for every target (`source` says what produced it: the
+    /// heartbeat, a job, a trigger) in one write on a blocking thread, and
     /// wake the dispatcher. A report that cannot be queued is logged as an
     /// error; the others still go.
-    pub async fn send(&self, targets: &[Target], text: &str, source: &str) {
+    pub async fn send(&self, targets: &[Target], text: &str, source: ReportSource) {
         self.send_with(targets, text, source, None, &[]).await
     }
 
@@ -132,19 +132,23 @@ impl Reports {
         &self,
         targets: &[Target],
         text: &str,
-        source: &str,
+        source: ReportSource,
         job: Option<JobRef>,
         attach: &[String],
     ) {
         let reports = targets
             .iter()
-            .map(|t| Outgoing { job: job.clone(), attach: attach.to_vec(), ..Outgoing::new(t.clone(), text, source) })
+            .map(|t| Outgoing {
+                job: job.clone(),
+                attach: attach.to_vec(),
+                ..Outgoing::new(t.clone(), text, source.clone())
+            })
             .collect();
         let outbox = self.outbox.clone();
         let results = crate::util::tasks::blocking(move || outbox.enqueue_many(reports)).await;
         for (target, result) in targets.iter().zip(results) {
             if let Err(e) = result {
-                tracing::error!(source, %target, "report not queued: {e}");
+                tracing::error!(source = source.to_string(), %target, "report not queued: {e}");
             }
         }
         self.wake.notify_one();
@@ -167,7 +171,25 @@ pub trait Publisher: Send + Sync {
     /// Publish; Ok once the broker has it. The error is a sentence for the model.
     /// A topic bramble listens to, or one against MQTT's rules, is refused
     /// before anything is sent.
-    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>>;
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> BoxFuture<'a, Result<(), PublishFailure>>;
+}
+
+/// Why a [`Publisher`] did not publish. Its text is a sentence for the model.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishFailure {
+    /// Refused before anything was sent: a topic bramble listens to, or one
+    /// against MQTT's rules.
+    #[error(transparent)]
+    Refused(#[from] crate::util::mqtt::TopicError),
+    /// The broker did not take it (not connected, no acknowledgement in time,
+    /// refused by the broker).
+    #[error(transparent)]
+    Broker(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Something that can deliver text to some targets.

@@ -55,7 +55,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::bus::Target;
+use crate::bus::{ReportSource, Target};
 use crate::util;
 
 /// Delivered entries kept for `bramble status` (the newest ones).
@@ -83,8 +83,8 @@ pub struct Entry {
     pub id: u64,
     pub target: Target,
     pub text: String,
-    /// What produced it: `job:<name>`, `heartbeat`, `agent`.
-    pub source: String,
+    /// What produced it: `job:<name>`, `heartbeat`, `agent`, … (its stored string).
+    pub source: ReportSource,
     pub created: Timestamp,
     pub attempts: u32,
     /// Not before this time (backoff); `None` = now.
@@ -109,7 +109,7 @@ pub struct Entry {
 pub struct Delivered {
     pub id: u64,
     pub target: Target,
-    pub source: String,
+    pub source: ReportSource,
     pub created: Timestamp,
     pub finished: Timestamp,
     /// `delivered` or `dropped: <reason>`.
@@ -236,7 +236,7 @@ fn is_zero(n: &u32) -> bool {
 }
 
 fn held_size(e: &Entry) -> usize {
-    e.text.len() + e.source.len()
+    e.text.len() + e.source.stored_len()
 }
 
 /// What happened to one delivery attempt.
@@ -329,7 +329,7 @@ impl Outbox {
     ///
     /// If the write fails, an outbox [holding in memory](Self::holding_in_memory)
     /// keeps the report there (within its bound) and returns its id.
-    pub fn enqueue(&self, target: Target, text: &str, source: &str) -> Result<u64, OutboxError> {
+    pub fn enqueue(&self, target: Target, text: &str, source: impl Into<ReportSource>) -> Result<u64, OutboxError> {
         let mut ids = self.enqueue_many(vec![super::Outgoing::new(target, text, source)]);
         ids.pop().unwrap_or_else(|| Err(self.io(std::io::Error::other("nothing queued"))))
     }
@@ -780,6 +780,7 @@ fn merge(file: &mut OutboxFile, held: &[Entry]) -> Vec<Op> {
 /// What an attempt makes of an entry: the entry to try again (`Ok`), or the
 /// record of it done — delivered, dropped, or set aside after its
 /// [`MAX_REFUSALS`]th refusal (`Err`).
+#[allow(clippy::result_large_err)] // Both sides are records of the same size; not an error path.
 fn settle(e: &Entry, attempt: Attempt, now: Timestamp) -> Result<Entry, Delivered> {
     let done = |outcome: String| Delivered {
         id: e.id,
@@ -970,6 +971,40 @@ mod tests {
         let fresh = Outbox::new(dir.path());
         fresh.enqueue(Target::Log, "must survive", "job:x").unwrap();
         assert_eq!(fresh.pending().unwrap()[0].text, "must survive");
+    }
+
+    #[test]
+    fn journal_lines_of_today_read_back_and_write_back_byte_for_byte() {
+        // As this version's journal has them: the source is its string on disk.
+        let lines = [
+            r#"{"add":{"id":1,"target":"log","text":"a","source":"job:backup","created":"2026-01-01T00:00:00Z","attempts":0}}"#,
+            r#"{"add":{"id":2,"target":"mqtt","text":"b","source":"heartbeat","created":"2026-01-01T00:00:00Z","attempts":1,"last_error":"x"}}"#,
+            r#"{"add":{"id":3,"target":"mqtt","text":"c","source":"alert","created":"2026-01-01T00:00:00Z","attempts":0}}"#,
+            r#"{"add":{"id":4,"target":"log","text":"d","source":"trigger:zigbee2mqtt/+/door","created":"2026-01-01T00:00:00Z","attempts":0}}"#,
+            r#"{"add":{"id":5,"target":"log","text":"e","source":"webhook:from-a-newer-build","created":"2026-01-01T00:00:00Z","attempts":0}}"#,
+            r#"{"done":{"id":6,"target":"log","source":"agent","created":"2026-01-01T00:00:00Z","finished":"2026-01-01T00:00:01Z","outcome":"delivered"}}"#,
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("outbox.jsonl"), lines.join("\n") + "\n").unwrap();
+        let o = Outbox::new(dir.path());
+        let pending = o.pending().unwrap();
+        let sources: Vec<&ReportSource> = pending.iter().map(|e| &e.source).collect();
+        assert_eq!(
+            sources,
+            [
+                &ReportSource::Job("backup".into()),
+                &ReportSource::Heartbeat,
+                &ReportSource::Alert,
+                &ReportSource::Trigger("zigbee2mqtt/+/door".into()),
+                &ReportSource::Other("webhook:from-a-newer-build".into()),
+            ]
+        );
+        let recent = o.recent().unwrap();
+        assert_eq!(recent[0].source, ReportSource::Agent);
+        for (line, e) in lines.iter().zip(&pending) {
+            assert_eq!(&serde_json::to_string(&Op::Add(e.clone())).unwrap(), line);
+        }
+        assert_eq!(&serde_json::to_string(&Op::Done(recent[0].clone())).unwrap(), lines.last().unwrap());
     }
 
     #[test]

@@ -33,20 +33,18 @@ impl Standing {
 
     /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
     /// (reads the paired users): call it off the runtime thread.
-    pub fn check(&self, job: &Job) -> Result<(), String> {
+    pub fn check(&self, job: &Job) -> Result<(), StandingError> {
         match job.made_by() {
             Principal::Owner => Ok(()),
             Principal::Telegram(id) if self.telegram.contains(&id.to_string()) => Ok(()),
-            Principal::Telegram(id) => Err(format!(
-                "its creator, Telegram user {id}, is no longer allowed (revoked, or not in [telegram] allow_from)"
-            )),
+            Principal::Telegram(id) => Err(StandingError::Revoked(id)),
             Principal::Member(user) => member_may(self.members, job)
                 .and_then(|()| match self.members {
                     Members::Jobs => Ok(()),
                     _ => job.deliver.iter().try_for_each(|t| member_target(t, &self.telegram, &self.publish_allow)),
                 })
-                .map_err(|why| format!("its creator, {user} (a member of the service's group), {why}")),
-            Principal::Anonymous => Err("it was made by nobody bramble knows (an untrusted source)".into()),
+                .map_err(|why| StandingError::Member { user, why }),
+            Principal::Anonymous => Err(StandingError::Anonymous),
         }
     }
 
@@ -56,18 +54,50 @@ impl Standing {
     }
 }
 
+/// Why a job's creator may no longer have it run: the end of the log line
+/// "job not run and disabled: <this>".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StandingError {
+    #[error("its creator, Telegram user {0}, is no longer allowed (revoked, or not in [telegram] allow_from)")]
+    Revoked(i64),
+    #[error("its creator, {user} (a member of the service's group), {why}")]
+    Member { user: String, why: MemberRefusal },
+    #[error("it was made by nobody bramble knows (an untrusted source)")]
+    Anonymous,
+}
+
+/// What `[service] members` does not let a member have: said after who they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberRefusal {
+    #[error("may not have jobs run ([service] members = \"none\")")]
+    NoJobs,
+    #[error("may have reminders only ([service] members = \"reminders\")")]
+    RemindersOnly,
+    #[error("may not attach workspace files ([service] members = \"reminders\")")]
+    Attachments,
+    #[error("telegram:{0} is not the chat of a user bramble serves: members' reminders go to those chats only")]
+    Chat(String),
+    #[error(
+        "mqtt:{0} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
+         topic or the topics the owner allows"
+    )]
+    Topic(String),
+    #[error("the terminal is not a delivery target for a job")]
+    Terminal,
+}
+
 /// What `members` lets a member have run: everything, reminders without a
 /// watcher that go to chats and report topics only, or nothing.
-pub fn member_may(members: Members, job: &Job) -> Result<(), String> {
+pub fn member_may(members: Members, job: &Job) -> Result<(), MemberRefusal> {
     match members {
         Members::Jobs => Ok(()),
-        Members::None => Err("may not have jobs run ([service] members = \"none\")".into()),
+        Members::None => Err(MemberRefusal::NoJobs),
         Members::Reminders => {
             if !matches!(job.kind, JobKind::Remind { .. }) || job.watch.is_some() {
-                return Err("may have reminders only ([service] members = \"reminders\")".into());
+                return Err(MemberRefusal::RemindersOnly);
             }
             if !job.attach.is_empty() {
-                return Err("may not attach workspace files ([service] members = \"reminders\")".into());
+                return Err(MemberRefusal::Attachments);
             }
             Ok(())
         }
@@ -78,19 +108,14 @@ pub fn member_may(members: Members, job: &Job) -> Result<(), String> {
 /// Telegram user's, a Home Assistant notify service), the log, the device's
 /// own report topic, or a topic the owner opened with `[mqtt] publish_allow`
 /// — never any other topic (a device's command topic, bramble's own inputs).
-pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[String]) -> Result<(), String> {
+pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[String]) -> Result<(), MemberRefusal> {
     match target {
         Target::Telegram(chat) if chats.contains(chat) => Ok(()),
-        Target::Telegram(chat) => Err(format!(
-            "telegram:{chat} is not the chat of a user bramble serves: members' reminders go to those chats only"
-        )),
+        Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
         Target::HomeAssistant(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),
-        Target::Mqtt(Some(topic)) => Err(format!(
-            "mqtt:{topic} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
-             topic or the topics the owner allows"
-        )),
-        Target::Cli => Err("the terminal is not a delivery target for a job".into()),
+        Target::Mqtt(Some(topic)) => Err(MemberRefusal::Topic(topic.clone())),
+        Target::Cli => Err(MemberRefusal::Terminal),
     }
 }
 
@@ -115,7 +140,7 @@ mod tests {
         let msg = JobKind::Message { text: "x".into() };
         assert!(s.check(&job(msg.clone(), &[], Some(Principal::Owner))).is_ok());
         assert!(s.check(&job(msg.clone(), &[], Some(Principal::Telegram(7)))).is_ok());
-        let err = s.check(&job(msg.clone(), &[], Some(Principal::Telegram(8)))).unwrap_err();
+        let err = s.check(&job(msg.clone(), &[], Some(Principal::Telegram(8)))).unwrap_err().to_string();
         assert!(err.contains("Telegram user 8") && err.contains("no longer allowed"), "{err}");
         assert!(s.check(&job(msg, &[], Some(Principal::Anonymous))).is_err());
     }
@@ -132,8 +157,8 @@ mod tests {
         assert!(reminders
             .check(&job(remind.clone(), &["telegram:7", "mqtt", "mqtt:home/note/x"], ann.clone()))
             .is_ok());
-        assert!(reminders.check(&job(msg, &[], ann.clone())).unwrap_err().contains("reminders only"));
-        let err = reminders.check(&job(remind.clone(), &["mqtt:bramble/dev/in"], ann.clone())).unwrap_err();
+        assert!(reminders.check(&job(msg, &[], ann.clone())).unwrap_err().to_string().contains("reminders only"));
+        let err = reminders.check(&job(remind.clone(), &["mqtt:bramble/dev/in"], ann.clone())).unwrap_err().to_string();
         assert!(err.contains("publish_allow"), "{err}");
         assert!(reminders.check(&job(remind.clone(), &["telegram:8"], ann.clone())).is_err());
         let none = Standing::new(&[], dir.path(), Members::None, &[]);

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::retry::{self, Patience, RetryPolicy};
-use super::{ChatRequest, ChatResponse, Provider, ProviderError, Route};
+use super::{ChatRequest, ChatResponse, Provider, ProviderError, ProviderSlot, Route, Unconfigured};
 use crate::config::{Config, ProviderConfig};
 use crate::util::BoxFuture;
 
@@ -47,7 +47,7 @@ pub struct Backend {
     pub default_model: String,
     /// The client, or why there is none (no key): then it fails with
     /// [`ProviderError::NotConfigured`] and the chain moves on.
-    pub client: Result<Arc<dyn Provider>, String>,
+    pub client: ProviderSlot,
     pub policy: RetryPolicy,
     /// Tokens per day; 0: unlimited.
     pub budget: u64,
@@ -60,10 +60,10 @@ impl Backend {
             name: cfg.name().to_string(),
             named: cfg.is_named(),
             default_model: cfg.default_model().to_string(),
-            client: super::client(cfg).map_err(|e| match e {
-                ProviderError::NotConfigured(why) => why,
-                other => other.to_string(),
-            }),
+            client: ProviderSlot::of(super::client(cfg).map_err(|e| match e {
+                ProviderError::NotConfigured(why) => Unconfigured::new(why),
+                other => Unconfigured::new(other.to_string()),
+            })),
             policy: RetryPolicy { max_retries: cfg.max_retries, ..Default::default() },
             budget: cfg.daily_token_budget,
         }
@@ -106,10 +106,10 @@ impl Chain {
 
     /// The chain `[provider]`/`[[provider]]` and `[agent] fallback` describe.
     /// `Err` when no provider can be used at all (the one there is has no key).
-    pub fn from_config(c: &Config) -> Result<Chain, String> {
+    pub fn from_config(c: &Config) -> Result<Chain, Unconfigured> {
         let backends: Vec<Backend> = c.providers.iter().map(Backend::from_config).collect();
         if let [only] = backends.as_slice() {
-            if let Err(why) = &only.client {
+            if let Some(why) = only.client.problem() {
                 return Err(why.clone());
             }
         }
@@ -210,12 +210,12 @@ impl Chain {
             let backend = &self.backends[c.backend];
             let last = k + 1 == order.len();
             let patience = if last { Patience::Full } else { Patience::Hurried };
-            let result = match &backend.client {
+            let result = match backend.client.get() {
                 Ok(client) => {
                     let req = ChatRequest { model: &c.model, ..req };
                     retry::call(client.as_ref(), backend.policy, req, patience).await
                 }
-                Err(why) => Err(ProviderError::NotConfigured(why.clone())),
+                Err(e) => Err(e),
             };
             match result {
                 Ok(mut resp) => {
@@ -324,7 +324,7 @@ impl Provider for Chain {
             .map(|(i, b)| {
                 let used = self.meter.as_ref().map(|m| m.used_today(&b.name));
                 let mut line = format!("{}: ", b.name);
-                if let Err(why) = &b.client {
+                if let Some(why) = b.client.problem() {
                     line.push_str(&format!("not usable: {why}"));
                 } else if let Some((used, budget)) = self.over_budget(i) {
                     line.push_str(&format!("budget used up today ({used} of {budget} tokens)"));

@@ -20,6 +20,8 @@ pub mod openai;
 pub mod retry;
 pub mod transcribe;
 
+use std::sync::Arc;
+
 use crate::util::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -292,6 +294,70 @@ impl ProviderError {
             ProviderError::Http { retry_after, .. } => *retry_after,
             ProviderError::GaveUp { last, .. } => last.retry_after(),
             _ => None,
+        }
+    }
+}
+
+/// Why no provider can be used (no API key where one is required, a header
+/// that cannot be sent): the reason alone, as a sentence. A turn reports it
+/// as "no LLM provider is configured: <reason>" ([`ProviderError::NotConfigured`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Unconfigured {
+    pub reason: String,
+}
+
+impl Unconfigured {
+    pub fn new(reason: impl Into<String>) -> Unconfigured {
+        Unconfigured { reason: reason.into() }
+    }
+}
+
+impl From<Unconfigured> for ProviderError {
+    fn from(u: Unconfigured) -> ProviderError {
+        ProviderError::NotConfigured(u.reason)
+    }
+}
+
+/// The provider a part talks to, or the explicit absence of one: an agent
+/// without a usable provider still runs exec jobs, reminders and `/status`;
+/// only its turns fail, with the reason.
+#[derive(Clone)]
+pub enum ProviderSlot {
+    Ready(Arc<dyn Provider>),
+    Unconfigured(Unconfigured),
+}
+
+impl ProviderSlot {
+    /// The slot for `made`: the provider, or why there is none.
+    pub fn of(made: Result<Arc<dyn Provider>, Unconfigured>) -> ProviderSlot {
+        match made {
+            Ok(p) => ProviderSlot::Ready(p),
+            Err(u) => ProviderSlot::Unconfigured(u),
+        }
+    }
+
+    /// The provider, when there is one.
+    pub fn ready(&self) -> Option<&Arc<dyn Provider>> {
+        match self {
+            ProviderSlot::Ready(p) => Some(p),
+            ProviderSlot::Unconfigured(_) => None,
+        }
+    }
+
+    /// The provider, or the error a call to it would be.
+    pub fn get(&self) -> Result<&Arc<dyn Provider>, ProviderError> {
+        match self {
+            ProviderSlot::Ready(p) => Ok(p),
+            ProviderSlot::Unconfigured(u) => Err(u.clone().into()),
+        }
+    }
+
+    /// Why there is no provider, if there is none.
+    pub fn problem(&self) -> Option<&Unconfigured> {
+        match self {
+            ProviderSlot::Ready(_) => None,
+            ProviderSlot::Unconfigured(u) => Some(u),
         }
     }
 }

@@ -45,19 +45,19 @@ struct Answer {
 impl Transcriber {
     /// `Ok(None)` when `[transcription] kind = "none"`; `Err` when a key is
     /// required and missing (the reason, for `/status` and the user).
-    pub fn from_config(cfg: &TranscriptionConfig) -> Result<Option<Transcriber>, String> {
+    pub fn from_config(cfg: &TranscriptionConfig) -> Result<Option<Transcriber>, super::Unconfigured> {
         if cfg.kind == TranscriptionKind::None {
             return Ok(None);
         }
         let key = cfg.api_key();
         if key.is_none() && cfg.key_required() {
-            return Err(format!(
+            return Err(super::Unconfigured::new(format!(
                 "[transcription] needs an API key for {}: set {} (or `api_key_env`), or point `base_url` at a local server",
                 cfg.base_url(),
                 cfg.key_env()
-            ));
+            )));
         }
-        let client = super::http_client(cfg.timeout.get()).map_err(|e| e.to_string())?;
+        let client = super::http_client(cfg.timeout.get()).map_err(|e| super::Unconfigured::new(e.to_string()))?;
         Ok(Some(Transcriber {
             client,
             url: cfg.endpoint(),
@@ -122,7 +122,7 @@ mod tests {
         cfg.kind = TranscriptionKind::Openai;
         cfg.api_key_env = Some("BRAMBLE_TEST_NO_SUCH_KEY".into());
         let err = Transcriber::from_config(&cfg).unwrap_err();
-        assert!(err.contains("BRAMBLE_TEST_NO_SUCH_KEY"), "{err}");
+        assert!(err.reason.contains("BRAMBLE_TEST_NO_SUCH_KEY"), "{err}");
         cfg.base_url = Some(crate::config::HttpUrl("http://127.0.0.1:9000/v1/".into()));
         let t = Transcriber::from_config(&cfg).unwrap().unwrap();
         assert_eq!(t.describe(), "http://127.0.0.1:9000/v1/audio/transcriptions (whisper-1)");

@@ -478,9 +478,9 @@ impl Job {
 
 /// Check an `attach` path: relative, inside the workspace (`..` may not climb
 /// out), at most 10 of them. Whether the file exists is seen at delivery.
-pub fn check_attach(paths: &[String]) -> Result<(), String> {
+pub fn check_attach(paths: &[String]) -> Result<(), AttachError> {
     if paths.len() > 10 {
-        return Err("at most 10 attachments per job".into());
+        return Err(AttachError::TooMany);
     }
     for p in paths {
         let path = std::path::Path::new(p);
@@ -490,17 +490,30 @@ pub fn check_attach(paths: &[String]) -> Result<(), String> {
                 std::path::Component::Normal(_) => depth += 1,
                 std::path::Component::CurDir => {}
                 std::path::Component::ParentDir => depth -= 1,
-                _ => return Err(format!("`{p}`: attachments are paths relative to the workspace")),
+                _ => return Err(AttachError::NotRelative(p.clone())),
             }
             if depth < 0 {
-                return Err(format!("`{p}` leaves the workspace"));
+                return Err(AttachError::Leaves(p.clone()));
             }
         }
         if depth == 0 {
-            return Err(format!("`{p}` is not a file path"));
+            return Err(AttachError::NotAFile(p.clone()));
         }
     }
     Ok(())
+}
+
+/// Why a job's `attach` list is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    #[error("at most 10 attachments per job")]
+    TooMany,
+    #[error("`{0}`: attachments are paths relative to the workspace")]
+    NotRelative(String),
+    #[error("`{0}` leaves the workspace")]
+    Leaves(String),
+    #[error("`{0}` is not a file path")]
+    NotAFile(String),
 }
 
 /// Check a job name: `[A-Za-z0-9_-]{1,64}`.

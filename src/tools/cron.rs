@@ -89,7 +89,7 @@ impl CronTool {
         // Its turns act for whoever asked, within their rights as they are when it runs.
         job.creator = Some(ctx.principal.clone());
         job.ha_button = a.ha_button;
-        crate::scheduler::job::check_attach(&a.attach).map_err(ToolError)?;
+        crate::scheduler::job::check_attach(&a.attach).map_err(|e| ToolError(e.to_string()))?;
         job.attach = a.attach;
         job.model = a.model.map(|m| m.trim().to_string()).filter(|m| !m.is_empty());
         if job.model.is_some() && !matches!(job.kind, JobKind::Message { .. }) {

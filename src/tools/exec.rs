@@ -113,17 +113,18 @@ impl ExecTool {
         plain: CommandSpec,
         cancel: &tokio_util::sync::CancellationToken,
         ahead: bool,
-    ) -> Result<Outcome, String> {
-        let wrapped = self.sandbox.wrap(plain.clone(), &self.cfg, self.workspace.root())?;
+    ) -> Result<Outcome, StartError> {
+        let wrapped =
+            self.sandbox.wrap(plain.clone(), &self.cfg, self.workspace.root()).map_err(StartError::Sandbox)?;
         let mut outcome = self.sandbox.run(wrapped, cancel, ahead).await;
         let failed = outcome.as_ref().map_or(true, |o| crate::sandbox::setup_error(o).is_some());
         if failed && self.sandbox.recheck() {
-            let wrapped = self.sandbox.wrap(plain, &self.cfg, self.workspace.root())?;
+            let wrapped = self.sandbox.wrap(plain, &self.cfg, self.workspace.root()).map_err(StartError::Sandbox)?;
             outcome = process::run(wrapped, cancel).await;
         }
-        let outcome = outcome.map_err(|e| format!("could not start the command: {e}"))?;
+        let outcome = outcome.map_err(StartError::Spawn)?;
         match crate::sandbox::setup_error(&outcome) {
-            Some(err) => Err(err),
+            Some(err) => Err(StartError::Sandbox(err)),
             None => Ok(outcome),
         }
     }
@@ -140,9 +141,20 @@ impl ExecTool {
         let timeout = timeout.clamp(Duration::from_secs(1), MAX_TIMEOUT);
         crate::sandbox::deny::check(&args.command).map_err(ToolError::new)?;
         let spec = self.spec(args.command, cwd, timeout, None);
-        let outcome = self.start(spec, &ctx.cancel, true).await.map_err(ToolError::new)?;
+        let outcome = self.start(spec, &ctx.cancel, true).await.map_err(|e| ToolError::new(e.to_string()))?;
         Ok(render(&outcome, timeout, self.cfg.max_output))
     }
+}
+
+/// Why a command did not start. The sandbox's own errors stay its sentences:
+/// they come from the helper across the exec boundary.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The sandbox cannot be set up as configured, or one of its layers failed.
+    #[error("{0}")]
+    Sandbox(String),
+    #[error("could not start the command: {0}")]
+    Spawn(std::io::Error),
 }
 
 /// Run `command` as the `exec` tool would (workspace as cwd, minimal

@@ -532,7 +532,7 @@ fn error_outcome(msg: String) -> ToolOutcome {
 
 /// Parse a model's raw argument text into a JSON object. Empty text means `{}`
 /// (several servers send that for argument-less calls).
-fn parse_arguments(raw: &str) -> Result<Value, String> {
+fn parse_arguments(raw: &str) -> Result<Value, ArgumentsError> {
     let raw = raw.trim();
     if raw.is_empty() {
         return Ok(Value::Object(Default::default()));
@@ -542,11 +542,21 @@ fn parse_arguments(raw: &str) -> Result<Value, String> {
         // Some models double-encode: a JSON string holding the object.
         Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
             Ok(v @ Value::Object(_)) => Ok(v),
-            _ => Err("a JSON string, not an object".to_string()),
+            _ => Err(ArgumentsError::NotObject("string")),
         },
-        Ok(other) => Err(format!("a JSON {}, not an object", json_kind(&other))),
-        Err(e) => Err(format!("not valid JSON ({e})")),
+        Ok(other) => Err(ArgumentsError::NotObject(json_kind(&other))),
+        Err(e) => Err(ArgumentsError::Json(e)),
     }
+}
+
+/// What a model's argument text is instead of a JSON object: the end of
+/// "the arguments of this `<tool>` call are <this>".
+#[derive(Debug, thiserror::Error)]
+enum ArgumentsError {
+    #[error("a JSON {0}, not an object")]
+    NotObject(&'static str),
+    #[error("not valid JSON ({0})")]
+    Json(serde_json::Error),
 }
 
 fn json_kind(v: &Value) -> &'static str {

@@ -32,6 +32,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::bus::ReportSource;
 use crate::config::AlertsConfig;
 use crate::delivery::outbox::Outbox;
 use crate::delivery::Reports;
@@ -181,7 +182,7 @@ impl Alerts {
     pub async fn event(&self, text: String) {
         tracing::warn!("{text}");
         if !self.inner.config.deliver.is_empty() {
-            self.inner.reports.send(&self.inner.config.deliver, &text, "alert").await;
+            self.inner.reports.send(&self.inner.config.deliver, &text, ReportSource::Alert).await;
         }
     }
 
@@ -211,7 +212,7 @@ impl Alerts {
         key: &str,
         opening: bool,
         f: impl FnOnce(&mut BTreeMap<String, Open>) -> Option<String>,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<String>, AlertsError> {
         let mut text = None;
         self.change_quietly(|open| {
             text = f(open);
@@ -224,7 +225,7 @@ impl Alerts {
                 .config
                 .deliver
                 .iter()
-                .map(|to| crate::delivery::Outgoing::new(to.clone(), t.clone(), "alert"))
+                .map(|to| crate::delivery::Outgoing::new(to.clone(), t.clone(), ReportSource::Alert))
                 .collect();
             let mut queued = true;
             for r in self.inner.reports.outbox().enqueue_many(reports) {
@@ -245,10 +246,10 @@ impl Alerts {
 
     /// Under the lock: read, let `f` change the set (returning whether it
     /// did), write. Blocking.
-    fn change_quietly(&self, f: impl FnOnce(&mut BTreeMap<String, Open>) -> bool) -> Result<(), String> {
-        let lock = crate::util::fs::open_lock_file(&self.inner.lock).map_err(|e| e.to_string())?;
-        let _held =
-            nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e.to_string())?;
+    fn change_quietly(&self, f: impl FnOnce(&mut BTreeMap<String, Open>) -> bool) -> Result<(), AlertsError> {
+        let lock = crate::util::fs::open_lock_file(&self.inner.lock).map_err(AlertsError::LockFile)?;
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| AlertsError::Lock(e))?;
         let mut open = read_open(&self.inner.path);
         let changed = f(&mut open);
         if changed {
@@ -264,13 +265,13 @@ impl Alerts {
                     .map_err(std::io::Error::other)
                     .and_then(|data| crate::util::fs::write_atomic(&self.inner.path, &data))
             };
-            result.map_err(|e| format!("cannot write {}: {e}", self.inner.path.display()))?;
+            result.map_err(|source| AlertsError::Write { path: self.inner.path.clone(), source })?;
         }
         *self.inner.cache.lock().unwrap_or_else(|e| e.into_inner()) = (stamp(&self.inner.path), open);
         Ok(())
     }
 
-    fn after_change(&self, key: &str, result: Result<Option<String>, String>, raising: bool) -> bool {
+    fn after_change(&self, key: &str, result: Result<Option<String>, AlertsError>, raising: bool) -> bool {
         match result {
             Ok(Some(text)) if text.is_empty() => {
                 tracing::info!(alert = key, "closed");
@@ -292,6 +293,18 @@ impl Alerts {
             }
         }
     }
+}
+
+/// Why `alerts.json` could not be changed (logged; the alert is tried again
+/// at its next occasion).
+#[derive(Debug, thiserror::Error)]
+enum AlertsError {
+    #[error("{0}")]
+    LockFile(std::io::Error),
+    #[error("{0}")]
+    Lock(nix::errno::Errno),
+    #[error("cannot write {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// The open conditions in `path`; a missing file is none, an unreadable one
@@ -431,7 +444,7 @@ pub async fn check_outbox(alerts: &Alerts, outbox: &Outbox) {
     let mut stuck: BTreeMap<&'static str, (usize, Timestamp, Option<String>)> = BTreeMap::new();
     for e in &pending {
         let waited = Duration::try_from(now.duration_since(e.created)).unwrap_or(Duration::ZERO);
-        if e.source.starts_with("alert") || waited <= after {
+        if e.source == ReportSource::Alert || waited <= after {
             continue;
         }
         let slot = stuck.entry(e.target.channel()).or_insert((0, e.created, None));
@@ -498,7 +511,7 @@ mod tests {
     /// The texts queued for delivery (alerts and notes), in order.
     fn queued(dir: &Path) -> Vec<String> {
         let outbox = Outbox::new(dir);
-        outbox.pending().unwrap().into_iter().filter(|e| e.source == "alert").map(|e| e.text).collect()
+        outbox.pending().unwrap().into_iter().filter(|e| e.source == ReportSource::Alert).map(|e| e.text).collect()
     }
 
     #[tokio::test]

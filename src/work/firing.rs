@@ -10,8 +10,8 @@
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{Runner, Work};
-use crate::bus::{Conversation, Target};
+use super::{Runner, Work, WorkError};
+use crate::bus::{Conversation, ReportSource, Target};
 use crate::config::TriggerAction;
 
 /// What running a trigger needs.
@@ -33,7 +33,7 @@ pub struct Firing<'a> {
     /// The trigger, for logs and failure reports (`zigbee/+/door`, `binary_sensor.*_door`).
     pub label: &'a str,
     /// The report's source (`trigger:<topic>`, `trigger:<entity>`).
-    pub source: String,
+    pub source: ReportSource,
 }
 
 /// Run one firing and queue its report (or its failure) for the targets;
@@ -49,11 +49,8 @@ pub async fn fire(f: Firing<'_>, deps: &TriggerDeps, abort: &CancellationToken) 
         },
         TriggerAction::Exec(command) => Work::Shell { command: command.clone(), stdin: Some(f.stdin) },
     };
-    let result = deps.runner.run(work, abort).await;
-    if abort.is_cancelled() {
-        return;
-    }
-    let report = match result {
+    let report = match deps.runner.run(work, abort).await {
+        Err(WorkError::Cancelled) => return,
         Ok(done) => {
             tracing::info!(trigger = %f.label, source = %f.source, "trigger ran");
             done.text
@@ -64,7 +61,7 @@ pub async fn fire(f: Firing<'_>, deps: &TriggerDeps, abort: &CancellationToken) 
         }
     };
     let targets = if f.deliver.is_empty() { vec![Target::Log] } else { f.deliver.to_vec() };
-    deps.reports.send(&targets, &report, &f.source).await;
+    deps.reports.send(&targets, &report, f.source).await;
 }
 
 /// Render a template: each `{name}` is replaced by `field(name)`; a name it

@@ -99,7 +99,7 @@ impl Heartbeat {
             _ => None,
         };
         if let Some(text) = report {
-            self.reports.send(&self.config.deliver, &text, "heartbeat").await;
+            self.reports.send(&self.config.deliver, &text, crate::bus::ReportSource::Heartbeat).await;
         }
         let saved = HeartbeatState { last_run: Some(Timestamp::now()), last_status: Some(status.into()) };
         if let Err(e) = self.state.save(&saved) {

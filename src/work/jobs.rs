@@ -7,7 +7,7 @@ use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 use super::alerts::{job_key, Alerts};
-use super::{Runner, Work};
+use super::{Runner, Work, WorkError};
 use crate::bus::Conversation;
 use crate::delivery::Reports;
 use crate::policy::Standing;
@@ -71,7 +71,7 @@ impl JobRunner {
     }
 
     /// [`Standing::check`], off the runtime thread (it reads the paired users).
-    async fn creator_may_run(&self, job: &Job) -> Result<(), String> {
+    async fn creator_may_run(&self, job: &Job) -> Result<(), crate::policy::standing::StandingError> {
         let (standing, job) = (self.standing.clone(), job.clone());
         crate::util::tasks::blocking(move || standing.check(&job)).await
     }
@@ -107,14 +107,11 @@ impl JobRunner {
             }
             JobKind::Exec { command } => Work::Shell { command: command.clone(), stdin: None },
         };
-        let result = self.runner.run(work, &self.abort).await;
-        if self.abort.is_cancelled() {
+        let (report, outcome, ok) = match self.runner.run(work, &self.abort).await {
             // Stopped by shutdown or Ctrl-C: no report; the scheduler tries a one-shot again.
-            return RunOutcome::cancelled();
-        }
-        let (report, outcome, ok) = match result {
+            Err(WorkError::Cancelled) => return RunOutcome::cancelled(),
             Ok(done) => (done.text.clone(), RunOutcome::ok(done.text).answered_by(done.model), true),
-            Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err), false),
+            Err(err) => (format!("Job `{}` failed: {err}", job.name), RunOutcome::error(err.to_string()), false),
         };
         // A report can carry Done / Snooze buttons (Telegram): it says which job it is.
         let job_ref = ok.then(|| crate::delivery::JobRef {
@@ -122,7 +119,9 @@ impl JobRunner {
             reminder: matches!(job.kind, JobKind::Remind { .. }),
         });
         let attach = if ok { job.attach.as_slice() } else { &[] };
-        self.reports.send_with(&job.report_targets(), &report, &format!("job:{}", job.name), job_ref, attach).await;
+        self.reports
+            .send_with(&job.report_targets(), &report, crate::bus::ReportSource::Job(job.name.clone()), job_ref, attach)
+            .await;
         outcome.watched(seen)
     }
 
@@ -132,13 +131,11 @@ impl JobRunner {
     async fn watch(&self, job: &Job, watch: &Watch) -> Watched {
         let out = match self.runner.watch(&watch.command, &self.abort).await {
             Ok(out) => out,
+            Err(WorkError::Cancelled) => return Watched::Quiet(RunOutcome::cancelled()),
             Err(e) => {
                 return Watched::Quiet(self.watch_failed(job, format!("the watch command could not run: {e}")).await)
             }
         };
-        if self.abort.is_cancelled() {
-            return Watched::Quiet(RunOutcome::cancelled());
-        }
         let previous = job.state.watch.as_ref();
         let now = WatchSeen::of(&out.stdout);
         let empty = out.stdout.trim().is_empty();
@@ -171,7 +168,7 @@ impl JobRunner {
     async fn watch_failed(&self, job: &Job, why: String) -> RunOutcome {
         if job.state.last_status != Some(RunStatus::Error) {
             let report = format!("Watcher `{}` failed (reported once until it works again): {why}", job.name);
-            self.reports.send(&job.report_targets(), &report, &format!("job:{}", job.name)).await;
+            self.reports.send(&job.report_targets(), &report, crate::bus::ReportSource::Job(job.name.clone())).await;
         }
         RunOutcome::error(why)
     }

@@ -56,6 +56,24 @@ impl Done {
     }
 }
 
+/// Why work produced no text to report. The message is what its report says
+/// (`Job `x` failed: <this>`).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    /// Stopped by its `cancel` (shutdown, Ctrl-C): nothing is reported.
+    #[error("the work was stopped")]
+    Cancelled,
+    /// The agent's turn failed.
+    #[error(transparent)]
+    Turn(crate::agent::TurnError),
+    /// The command ran and failed: its output, as the `exec` tool renders it.
+    #[error("{0}")]
+    Shell(String),
+    /// The command could not be run in the sandbox.
+    #[error(transparent)]
+    Exec(std::io::Error),
+}
+
 /// Runs [`Work`]: the agent for turns, the sandbox for commands.
 #[derive(Clone)]
 pub struct Runner {
@@ -76,17 +94,30 @@ impl Runner {
         &self,
         command: &str,
         cancel: &CancellationToken,
-    ) -> Result<crate::tools::exec::ShellOutput, String> {
+    ) -> Result<crate::tools::exec::ShellOutput, WorkError> {
         let _busy = self.agent.inflight().enter();
-        crate::tools::exec::run_shell_output(&self.sandbox, &self.exec, &self.workspace, command, None, cancel)
-            .await
-            .map_err(|e| e.to_string())
+        let out =
+            crate::tools::exec::run_shell_output(&self.sandbox, &self.exec, &self.workspace, command, None, cancel)
+                .await;
+        if cancel.is_cancelled() {
+            return Err(WorkError::Cancelled);
+        }
+        out.map_err(WorkError::Exec)
     }
 
     /// Do `work`; the text to report, or why it failed. Counted in the agent's
-    /// work in flight; `cancel` interrupts it (the caller then reports nothing).
-    pub async fn run(&self, work: Work, cancel: &CancellationToken) -> Result<Done, String> {
+    /// work in flight; `cancel` interrupts it, and then it is
+    /// [`WorkError::Cancelled`] whatever it did (the caller reports nothing).
+    pub async fn run(&self, work: Work, cancel: &CancellationToken) -> Result<Done, WorkError> {
         let _busy = self.agent.inflight().enter();
+        let result = self.run_uncounted(work, cancel).await;
+        if cancel.is_cancelled() {
+            return Err(WorkError::Cancelled);
+        }
+        result
+    }
+
+    async fn run_uncounted(&self, work: Work, cancel: &CancellationToken) -> Result<Done, WorkError> {
         match work {
             Work::Text(text) => Ok(Done::text(text)),
             Work::Turn { conversation, text, model, principal } => {
@@ -101,7 +132,8 @@ impl Runner {
                 };
                 match self.agent.turn(req).await {
                     Ok(r) => Ok(Done { text: r.text, model: r.route.map(|r| r.label()) }),
-                    Err(e) => Err(e.to_string()),
+                    Err(crate::agent::TurnError::Cancelled) => Err(WorkError::Cancelled),
+                    Err(e) => Err(WorkError::Turn(e)),
                 }
             }
             Work::Shell { command, stdin } => {
@@ -109,8 +141,8 @@ impl Runner {
                     .await
                 {
                     Ok((true, text)) => Ok(Done::text(text)),
-                    Ok((false, text)) => Err(text),
-                    Err(e) => Err(e.to_string()),
+                    Ok((false, text)) => Err(WorkError::Shell(text)),
+                    Err(e) => Err(WorkError::Exec(e)),
                 }
             }
         }

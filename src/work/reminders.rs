@@ -52,11 +52,18 @@ impl Reminders {
 
     /// Snooze job `id`'s report (`text`) for `chat`: a new one-shot. Returns
     /// what to tell the user (the local time it comes back), or why not.
-    pub fn snooze(&self, id: &str, text: &str, chat: &str, when: Snooze, now: Timestamp) -> Result<String, String> {
+    pub fn snooze(
+        &self,
+        id: &str,
+        text: &str,
+        chat: &str,
+        when: Snooze,
+        now: Timestamp,
+    ) -> Result<String, ReminderError> {
         let original = self.get(id)?;
         let text = text.trim();
         if text.is_empty() {
-            return Err("the report has no text to remind you of".into());
+            return Err(ReminderError::NoText);
         }
         let at = self.when(when, now)?;
         let local = at.to_zoned(self.tz.clone());
@@ -69,15 +76,15 @@ impl Reminders {
             now,
             &self.tz,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(ReminderError::Job)?;
         job.origin = Some(Conversation::new(crate::bus::Channel::Telegram, chat, format!("telegram:{chat}")));
-        self.store.add(job).map_err(|e| format!("cannot save the snooze: {e}"))?;
+        self.store.add(job).map_err(ReminderError::Save)?;
         let day = if local.date() == now.to_zoned(self.tz.clone()).date() { "" } else { "tomorrow " };
         Ok(format!("Snoozed until {day}{}", local.strftime("%H:%M")))
     }
 
     /// Mark job `id`'s latest report as done: a line in its history.
-    pub fn done(&self, id: &str, now: Timestamp) -> Result<String, String> {
+    pub fn done(&self, id: &str, now: Timestamp) -> Result<String, ReminderError> {
         self.store
             .update(|jobs| {
                 let job = jobs.iter_mut().find(|j| j.id == id).ok_or_else(|| StoreError::NotFound(id.to_string()))?;
@@ -96,36 +103,56 @@ impl Reminders {
                 Ok(())
             })
             .map_err(|e| match e {
-                StoreError::NotFound(_) => gone(),
-                e => format!("cannot record it: {e}"),
+                StoreError::NotFound(_) => ReminderError::Gone,
+                e => ReminderError::Record(e),
             })?;
         Ok("Done".into())
     }
 
-    fn get(&self, id: &str) -> Result<Job, String> {
+    fn get(&self, id: &str) -> Result<Job, ReminderError> {
         self.store.get(id).map_err(|e| match e {
-            StoreError::NotFound(_) => gone(),
-            e => format!("cannot read the jobs: {e}"),
+            StoreError::NotFound(_) => ReminderError::Gone,
+            e => ReminderError::Read(e),
         })
     }
 
     /// The instant a snooze ends.
-    fn when(&self, when: Snooze, now: Timestamp) -> Result<Timestamp, String> {
+    fn when(&self, when: Snooze, now: Timestamp) -> Result<Timestamp, ReminderError> {
         match when {
-            Snooze::Minutes(m) => now.checked_add(i64::from(m).minutes()).map_err(|e| e.to_string()),
+            Snooze::Minutes(m) => Ok(now.checked_add(i64::from(m).minutes())?),
             Snooze::Tomorrow => {
                 let (h, m) = self.tomorrow_at;
                 let today = now.to_zoned(self.tz.clone()).date();
-                let tomorrow = today.tomorrow().map_err(|e| e.to_string())?;
-                let at = tomorrow.at(h, m, 0, 0).to_zoned(self.tz.clone()).map_err(|e| e.to_string())?;
+                let tomorrow = today.tomorrow()?;
+                let at = tomorrow.at(h, m, 0, 0).to_zoned(self.tz.clone())?;
                 Ok(at.timestamp())
             }
         }
     }
 }
 
-fn gone() -> String {
-    "that job no longer exists (it was deleted), so nothing was changed".into()
+/// Why a report button did nothing: what the user's toast and the edited
+/// report say.
+#[derive(Debug, thiserror::Error)]
+pub enum ReminderError {
+    #[error("that job no longer exists (it was deleted), so nothing was changed")]
+    Gone,
+    #[error("the report has no text to remind you of")]
+    NoText,
+    #[error("cannot read the jobs: {0}")]
+    Read(StoreError),
+    #[error("cannot save the snooze: {0}")]
+    Save(StoreError),
+    #[error("cannot record it: {0}")]
+    Record(StoreError),
+    #[error(transparent)]
+    Job(crate::scheduler::job::JobError),
+    /// The snooze's time is out of range.
+    #[error(transparent)]
+    Time(#[from] jiff::Error),
+    /// The blocking task that did the work ended without an answer.
+    #[error("the button's work stopped: {0}")]
+    Stopped(String),
 }
 
 /// `<name>-snooze-<id>`, cut to the 64 characters a job name may have.
@@ -182,9 +209,9 @@ mod tests {
         let h = &r.store.get(&job.id).unwrap().state.history;
         assert_eq!(h.back().unwrap().summary, "marked done (Telegram button)");
         r.store.remove(&job.id).unwrap();
-        let err = r.snooze(&job.id, "x", "42", Snooze::Minutes(10), now).unwrap_err();
+        let err = r.snooze(&job.id, "x", "42", Snooze::Minutes(10), now).unwrap_err().to_string();
         assert!(err.contains("no longer exists"), "{err}");
-        assert!(r.done(&job.id, now).unwrap_err().contains("no longer exists"));
+        assert!(r.done(&job.id, now).unwrap_err().to_string().contains("no longer exists"));
         assert_eq!(r.store.list().unwrap().len(), 0, "nothing was created");
     }
 

@@ -7,6 +7,7 @@ use crate::support::daemon::{wait_until, Daemon};
 use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
 use crate::support::setup::TestHome;
 
+use bramble::bus::ReportSource;
 use bramble::delivery::outbox::Outbox;
 use bramble::scheduler::{JobStore, RunStatus};
 
@@ -48,7 +49,11 @@ async fn runs_without_any_config_and_runs_exec_jobs() {
     let job = JobStore::open(&state).get("tick").unwrap();
     assert!(job.state.history.iter().filter(|r| r.status == RunStatus::Ok).count() >= 2, "{:?}", job.state.history);
     // The job reports went to the log channel through the outbox.
-    assert!(Outbox::new(&state).recent().unwrap().iter().any(|d| d.source == "job:tick" && d.outcome == "delivered"));
+    assert!(Outbox::new(&state)
+        .recent()
+        .unwrap()
+        .iter()
+        .any(|d| d.source == ReportSource::Job("tick".into()) && d.outcome == "delivered"));
 }
 
 /// A config for tests of wall-clock jobs: this machine's clock may not report
@@ -72,7 +77,9 @@ async fn a_job_added_while_running_is_picked_up_and_a_one_shot_runs_once() {
     let out = bramble(home, &["cron", "add", "tea", "--at", &at, "--remind", "Tea is ready"]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let outbox = Outbox::new(&state);
-    let delivered = wait_until(15, || outbox.recent().is_ok_and(|r| r.iter().any(|d| d.source == "job:tea"))).await;
+    let delivered =
+        wait_until(15, || outbox.recent().is_ok_and(|r| r.iter().any(|d| d.source == ReportSource::Job("tea".into()))))
+            .await;
     let (_, log) = daemon.stop().await;
     assert!(delivered, "the reminder was delivered: {log}");
     assert!(log.contains("Tea is ready"), "the log channel got the text: {log}");
@@ -103,7 +110,10 @@ async fn a_one_shot_due_while_the_daemon_was_down_runs_once_when_it_starts() {
     let daemon = Daemon::start(home, Some(&cfg));
     let state = home.join(".local/state/bramble");
     let outbox = Outbox::new(&state);
-    let delivered = wait_until(15, || outbox.recent().is_ok_and(|r| r.iter().any(|d| d.source == "job:late"))).await;
+    let delivered = wait_until(15, || {
+        outbox.recent().is_ok_and(|r| r.iter().any(|d| d.source == ReportSource::Job("late".into())))
+    })
+    .await;
     let (_, log) = daemon.stop().await;
     assert!(delivered, "{log}");
     assert_eq!(JobStore::open(&state).get("late").unwrap().state.history.len(), 1);
@@ -179,7 +189,7 @@ async fn heartbeat_runs_tasks_and_delivers_only_real_reports() {
     let pending = outbox.pending().unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].text, "The disk is 97% full.");
-    assert_eq!(pending[0].source, "heartbeat");
+    assert_eq!(pending[0].source, ReportSource::Heartbeat);
 }
 
 #[tokio::test]

@@ -576,7 +576,8 @@ async fn a_report_larger_than_the_broker_takes_is_set_aside_and_the_next_goes_ou
     let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
     assert!(wait_until(10, || outbox.pending().is_ok_and(|p| p.is_empty())).await, "{:?}", outbox.pending());
     let recent = outbox.recent().unwrap();
-    let set_aside = recent.iter().find(|d| d.source == "job:big").expect("recorded");
+    let set_aside =
+        recent.iter().find(|d| d.source == bramble::bus::ReportSource::Job("big".into())).expect("recorded");
     assert!(set_aside.outcome.contains("Maximum Packet Size"), "{}", set_aside.outcome);
     daemon.stop().await;
     assert!(!s.log().contains("MQTT connection lost"), "{}", s.log());

@@ -264,7 +264,7 @@ pub async fn run(
                 stdin: fire.change.data.to_string().into_bytes(),
                 deliver: &t.deliver,
                 label: &label,
-                source: format!("trigger:{entity}"),
+                source: crate::bus::ReportSource::Trigger(entity),
             };
             crate::work::firing::fire(firing, &deps, &abort).await;
         }

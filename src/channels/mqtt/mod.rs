@@ -76,7 +76,7 @@ use rumqttc::Outgoing;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{InboundMessage, Target};
+use crate::bus::{InboundMessage, ReportSource, Target};
 use crate::config::MqttConfig;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::scheduler::{JobStore, SchedulerHandle};
@@ -206,10 +206,17 @@ fn broker_trust_warning(config: &crate::config::Config) -> Option<String> {
 
 impl crate::delivery::Publisher for Link {
     /// `mqtt_publish`: never to a topic we listen to, nor one against MQTT's rules.
-    fn publish<'a>(&'a self, topic: &'a str, payload: Vec<u8>, retain: bool) -> BoxFuture<'a, Result<(), String>> {
+    fn publish<'a>(
+        &'a self,
+        topic: &'a str,
+        payload: Vec<u8>,
+        retain: bool,
+    ) -> BoxFuture<'a, Result<(), crate::delivery::PublishFailure>> {
         Box::pin(async move {
-            self.settings.inputs.refuse(topic).map_err(|e| e.to_string())?;
-            self.publish_acked(topic, payload, retain, ACK_TIMEOUT).await.map_err(|e| e.to_string())
+            self.settings.inputs.refuse(topic)?;
+            self.publish_acked(topic, payload, retain, ACK_TIMEOUT)
+                .await
+                .map_err(|e| crate::delivery::PublishFailure::Broker(Box::new(e)))
         })
     }
 }
@@ -226,12 +233,12 @@ impl MqttChannel {
     }
 
     /// The topic a report goes to.
-    pub fn topic_for(settings: &Settings, target: &Target, source: &str) -> Option<String> {
-        match target {
-            Target::Mqtt(Some(topic)) => Some(topic.clone()),
-            Target::Mqtt(None) if source == "heartbeat" => Some(settings.topic("heartbeat")),
-            Target::Mqtt(None) if source == "alert" => Some(settings.topic("alert")),
-            Target::Mqtt(None) => Some(settings.topic("out")),
+    pub fn topic_for(settings: &Settings, target: &Target, source: &ReportSource) -> Option<String> {
+        match (target, source) {
+            (Target::Mqtt(Some(topic)), _) => Some(topic.clone()),
+            (Target::Mqtt(None), ReportSource::Heartbeat) => Some(settings.topic("heartbeat")),
+            (Target::Mqtt(None), ReportSource::Alert) => Some(settings.topic("alert")),
+            (Target::Mqtt(None), _) => Some(settings.topic("out")),
             _ => None,
         }
     }
@@ -650,10 +657,11 @@ mod tests {
     #[test]
     fn heartbeat_reports_have_their_own_topic() {
         let s = settings();
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "heartbeat").unwrap(), "bramble/pi/heartbeat");
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "job:x").unwrap(), "bramble/pi/out");
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(None), "alert").unwrap(), "bramble/pi/alert");
-        assert_eq!(MqttChannel::topic_for(&s, &Target::Mqtt(Some("a/b".into())), "heartbeat").unwrap(), "a/b");
+        let topic = |target: Target, source: ReportSource| MqttChannel::topic_for(&s, &target, &source).unwrap();
+        assert_eq!(topic(Target::Mqtt(None), ReportSource::Heartbeat), "bramble/pi/heartbeat");
+        assert_eq!(topic(Target::Mqtt(None), ReportSource::Job("x".into())), "bramble/pi/out");
+        assert_eq!(topic(Target::Mqtt(None), ReportSource::Alert), "bramble/pi/alert");
+        assert_eq!(topic(Target::Mqtt(Some("a/b".into())), ReportSource::Heartbeat), "a/b");
     }
 
     #[test]

@@ -147,7 +147,7 @@ async fn fire_one(config: &MqttTrigger, fire: Fire, deps: &TriggerDeps, abort: &
         stdin: fire.payload,
         deliver: &config.deliver,
         label: &config.topic,
-        source: format!("trigger:{}", fire.topic),
+        source: crate::bus::ReportSource::Trigger(fire.topic.clone()),
     };
     crate::work::firing::fire(firing, deps, abort).await;
 }

@@ -99,7 +99,7 @@ impl Poller {
             Action::Snooze(when) => r.snooze(&id2, &text2, &chat2, when, now),
         })
         .await
-        .unwrap_or_else(|e| Err(format!("the button's work stopped: {e}")));
+        .unwrap_or_else(|e| Err(crate::work::reminders::ReminderError::Stopped(e.to_string())));
         let (toast, note) = match &outcome {
             Ok(said) => {
                 tracing::info!(job = %id, ?action, user_id = q.from.id, "{said}");
@@ -108,7 +108,7 @@ impl Poller {
             }
             Err(why) => {
                 tracing::warn!(job = %id, ?action, "a report button did nothing: {why}");
-                (cut(why, 190), format!("⚠️ {why}"))
+                (cut(&why.to_string(), 190), format!("⚠️ {why}"))
             }
         };
         answer(Some(toast)).await;

@@ -191,7 +191,7 @@ pub fn safe_name(raw: &str) -> String {
 
 /// Write `data` as `inbox/<today>/<name>` without replacing anything: the
 /// first free of `name`, `stem-1.ext`, `stem-2.ext`, … Returns the path written.
-fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, String> {
+fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, SaveError> {
     let day = jiff::Zoned::now().date();
     let (stem, ext) = match name.rsplit_once('.') {
         Some((s, e)) if !s.is_empty() => (s, format!(".{e}")),
@@ -203,10 +203,19 @@ fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, String> {
         match ws.write_new(&path, data) {
             Ok(true) => return Ok(path),
             Ok(false) => continue,
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(SaveError::Write(e)),
         }
     }
-    Err(format!("100 files named like {name} are already in inbox/{day}"))
+    Err(SaveError::Crowded { name: name.to_string(), day: day.to_string() })
+}
+
+/// Why a file that came with a message was not saved in the inbox.
+#[derive(Debug, thiserror::Error)]
+enum SaveError {
+    #[error(transparent)]
+    Write(crate::workspace::PathError),
+    #[error("100 files named like {name} are already in inbox/{day}")]
+    Crowded { name: String, day: String },
 }
 
 #[cfg(test)]
