@@ -265,6 +265,49 @@ mod tests {
         assert!(wrong.is_empty(), "process-wide mutable statics outside util/:\n{}", wrong.join("\n"));
     }
 
+    /// The middle layers return typed errors: a caller matches on what went
+    /// wrong instead of on a sentence. `FromStr` (what clap and config read
+    /// through) may say why in words; the listed files are still waiting.
+    #[test]
+    fn the_middle_layers_return_typed_errors() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let middle = ["bus.rs", "agent/", "work/", "provider/", "delivery/", "policy/", "scheduler/", "tools/"];
+        // Each entry: a file or folder left out, and why.
+        let outside: &[&str] = &[
+            // Text formats read from users and files: the error is the sentence shown at FILE:LINE:COL.
+            "scheduler/cron.rs",
+            "scheduler/schedule.rs",
+            "scheduler/store.rs",
+            // The MCP client's errors are JSON-RPC errors and their messages, shown to the model as they come.
+            "tools/mcp/",
+            // Waiting: the search engines' errors are redacted as text before the model sees them.
+            "tools/search.rs",
+        ];
+        let mut files = Vec::new();
+        sources(&root, &mut files);
+        let mut wrong = Vec::new();
+        for file in &files {
+            let rel = file.strip_prefix(&root).unwrap().display().to_string();
+            if !middle.iter().any(|m| rel.starts_with(m)) || outside.iter().any(|o| rel.starts_with(o)) {
+                continue;
+            }
+            let text = std::fs::read_to_string(file).unwrap();
+            let text = text.find("#[cfg(test)]\nmod tests").map_or(text.as_str(), |i| &text[..i]);
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or_default();
+                let parse_boundary = code.contains("fn from_str(") || code.contains("fn parse(text: &str");
+                if code.contains(", String>") && code.contains("Result<") && !parse_boundary {
+                    wrong.push(format!("src/{rel}:{}: {}", n + 1, line.trim()));
+                }
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "`Result<_, String>` in the middle layers (give it a thiserror type):\n{}",
+            wrong.join("\n")
+        );
+    }
+
     /// Only the composition root (`src/daemon/`) and `util/tasks.rs` start
     /// tasks: a long-running loop elsewhere is a struct with `run(self,
     /// Shutdown)` that the daemon spawns as a named, supervised service. The
