@@ -32,6 +32,9 @@ impl JobRunner {
     /// condition stays open, across restarts, until a good run clears it
     /// with a recovery note). Used by the daemon and `bramble cron run`.
     pub async fn run_job(&self, job: &Job) -> RunOutcome {
+        // Counted from here: a stop that comes while the creator's standing is
+        // read (off the runtime thread) waits for the run like any other.
+        let _busy = self.runner.busy();
         if let Err(why) = self.creator_may_run(job).await {
             // Nothing runs and nothing is reported: the creator's chat may be
             // the very one that lost its rights. The owner finds it in the log

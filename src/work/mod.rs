@@ -89,6 +89,12 @@ impl Runner {
         Runner { agent, exec, workspace, sandbox }
     }
 
+    /// Count what the caller does next as work in flight (shutdown waits for
+    /// it), for the steps before [`run`](Self::run) counts by itself.
+    pub fn busy(&self) -> crate::agent::InFlightGuard {
+        self.agent.inflight().enter()
+    }
+
     /// Run a watcher's command in the sandbox, counted as work in flight.
     pub async fn watch(
         &self,
