@@ -378,7 +378,7 @@ fn log_startup(loaded: &crate::config::Loaded, agent: &Agent, channels: &Channel
         workspace = %loaded.paths.workspace.display(),
         state = %loaded.paths.state_dir.display(),
         jobs,
-        heartbeat = %if c.heartbeat.enabled { format!("every {} ({tasks} active tasks)", c.heartbeat.every) } else { "off".into() },
+        heartbeat = %if c.heartbeat.enabled { format!("every {} ({tasks} active task{})", c.heartbeat.every, if tasks == 1 { "" } else { "s" }) } else { "off".into() },
         channels = %channels.names().join(", "),
         "bramble {} running", env!("CARGO_PKG_VERSION")
     );

@@ -1191,3 +1191,26 @@ async fn cron_next_prints_the_runs_the_scheduler_will_make() {
     let out = run(vec!["cron", "list"]).await;
     assert!(text(&out.stdout).contains(" 09:00 E"), "{}", text(&out.stdout));
 }
+
+/// An exec job that worked reports what it printed; "Exit code: 0" is for the
+/// model's tool results, not the person reading the report. One that failed
+/// still says how it ended.
+#[tokio::test]
+async fn an_exec_jobs_report_is_what_it_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let out = bramble(home, &["init"], None).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for (name, command) in [("said", "echo 42 degrees"), ("quiet", "true"), ("broke", "echo half; exit 3")] {
+        let out = bramble(home, &["cron", "add", name, "--every", "1d", "--exec", command], None).await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let out = bramble(home, &["cron", "run", "said"], None).await;
+    let report = |out: &Output| text(&out.stdout).split("\n\n(report queued").next().unwrap_or_default().to_string();
+    assert_eq!(report(&out), "42 degrees", "{}", text(&out.stderr));
+    let out = bramble(home, &["cron", "run", "quiet"], None).await;
+    assert_eq!(report(&out), "Done (the command printed nothing).", "{}", text(&out.stderr));
+    let out = bramble(home, &["cron", "run", "broke"], None).await;
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(all.contains("half") && all.contains("Exit code: 3"), "{all}");
+}
