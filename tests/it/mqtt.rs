@@ -191,8 +191,12 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
     }
     // A button an earlier version published for an unmarked job.
     let old = "homeassistant/button/bramble_testpi/run_bulk-99/config";
-    w.publish_retained(old, r#"{"name":"Run bulk-99"}"#).await;
+    w.publish_retained(old, r#"{"name":"Run bulk-99","command_topic":"bramble/testpi/run/bulk-99"}"#).await;
     assert!(w.wait_for(10, old, |p| !p.is_empty()).await);
+    // Another board's, under the same node (`test pi` before node ids were told apart): not ours to delete.
+    let other = "homeassistant/button/bramble_testpi/run_theirs/config";
+    w.publish_retained(other, r#"{"name":"Run theirs","command_topic":"bramble/test pi/run/theirs"}"#).await;
+    assert!(w.wait_for(10, other, |p| !p.is_empty()).await);
     let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
     let bulk = |i: usize| format!("homeassistant/button/bramble_testpi/run_bulk-{i}/config");
@@ -200,6 +204,7 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
     let capped = || (0..cap - 1).all(|i| !w.on(&bulk(i)).is_empty());
     assert!(wait_until(15, capped).await, "a button for each marked job up to the cap: {}", s.log());
     assert!(w.wait_last(10, old, "").await, "the old version's button is cleared: {}", s.log());
+    assert!(w.last(other).is_some_and(|p| p.contains("theirs")), "another board's document stays: {}", s.log());
     assert!((cap - 1..99).all(|i| w.on(&bulk(i)).is_empty()), "no button beyond the cap or for unmarked jobs");
     assert!(s.log().contains("61 jobs are marked for a button; only the first 50 get one"), "{}", s.log());
 
@@ -415,7 +420,7 @@ async fn inbound_off_listens_to_neither_in_nor_run_but_triggers_still_work() {
     let w = Watcher::start(s.broker.port, &[STATUS, OUT, button]).await;
     s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran >> ping.txt", "--ha-button"]).await;
     // A button an earlier run published while inbound was on: cleared.
-    w.publish_retained(button, r#"{"name":"Run ping"}"#).await;
+    w.publish_retained(button, r#"{"name":"Run ping","command_topic":"bramble/testpi/run/ping"}"#).await;
     assert!(w.wait_for(10, button, |p| !p.is_empty()).await);
     let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
