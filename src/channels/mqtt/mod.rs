@@ -594,6 +594,10 @@ mod tests {
         let w = check_warnings(&c);
         assert!(w.iter().filter(|w| w.contains("own input topics")).count() == 2, "{w:?}");
         assert!(check_warnings(&parse("")).is_empty());
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\nmax_packet = 100\n");
+        assert!(check_warnings(&c)[0].contains("max_packet 100 must be between 1024"), "{:?}", check_warnings(&c));
+        let err = crate::config::Config::parse("[mqtt]\nprotocol = \"4\"\n", "c.toml".as_ref()).unwrap_err();
+        assert!(err.to_string().contains("3.1.1"), "{err}");
     }
 
     #[test]
