@@ -665,3 +665,39 @@ async fn bramble_s_own_input_topics_are_refused_as_delivery_targets() {
     let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
     assert!(outbox.pending().unwrap_or_default().is_empty(), "nothing queued");
 }
+
+/// Issue 45: node ids were the device name with other characters replaced
+/// by `_`, so `garden pi` and `garden_pi` shared a node and each one's
+/// clean-up deleted the other's entities. The upgrade: `garden pi` moves to a
+/// node of its own (a hash of its name), deletes its own documents under the
+/// old node (those that name its topics) and leaves `garden_pi`'s.
+#[tokio::test]
+async fn an_upgrade_moves_a_name_with_a_space_to_its_own_node_and_leaves_the_other_board_s() {
+    let broker = Mosquitto::start().await;
+    let s = Setup::with_broker(broker, "discovery = true").await;
+    std::fs::write(
+        &s.home.config,
+        std::fs::read_to_string(&s.home.config).unwrap().replace("device = \"testpi\"", "device = \"garden pi\""),
+    )
+    .unwrap();
+    let w = Watcher::start(s.broker.port, &["homeassistant/#", "bramble/garden pi/status"]).await;
+    // What an earlier version published for `garden pi`, and what `garden_pi` publishes, on one node.
+    let ours_old = "homeassistant/binary_sensor/bramble_garden_pi/status/config";
+    w.publish_retained(ours_old, r#"{"name":"Status","state_topic":"bramble/garden pi/status"}"#).await;
+    let theirs = "homeassistant/button/bramble_garden_pi/run_x/config";
+    w.publish_retained(theirs, r#"{"name":"Run x","command_topic":"bramble/garden_pi/run/x"}"#).await;
+    assert!(w.wait_for(10, theirs, |p| !p.is_empty()).await);
+    let daemon = s.start();
+    assert!(w.wait_last(15, "bramble/garden pi/status", "online").await, "{}", s.log());
+    assert!(w.wait_last(15, ours_old, "").await, "our old document is deleted: {}", s.log());
+    let new = w.all().into_iter().find(|m| {
+        m.topic.starts_with("homeassistant/binary_sensor/bramble_garden_pi_") && m.topic.ends_with("/status/config")
+    });
+    let new = new.expect("the status sensor under the new node");
+    let doc: Value = serde_json::from_str(&new.payload).unwrap();
+    let node = new.topic.split('/').nth(2).unwrap().to_string();
+    assert_eq!(doc["unique_id"], format!("{node}_status"));
+    assert_eq!(doc["device"]["identifiers"][0], node);
+    daemon.stop().await;
+    assert_eq!(w.last(theirs).as_deref(), Some(r#"{"name":"Run x","command_topic":"bramble/garden_pi/run/x"}"#));
+}

@@ -160,7 +160,7 @@ impl Settings {
         s.inputs = InputTopics {
             prefix: s.prefix.clone(),
             inbound: s.inbound,
-            discovery: s.discovery.then(|| s.discovery_filter()),
+            discovery: if s.discovery { s.discovery_filters() } else { Vec::new() },
             triggers: c.trigger.iter().map(|t| t.topic.clone()).collect(),
         };
         Ok(Some(s))
@@ -189,6 +189,24 @@ impl Settings {
     /// The filter matching every discovery document of this device.
     pub fn discovery_filter(&self) -> String {
         format!("{DISCOVERY_PREFIX}/+/{}/+/config", self.node_id())
+    }
+
+    /// What discovery clean-up listens to: our node, and the node an earlier
+    /// version gave this name if that differs (its documents that name our
+    /// topics are deleted once: the upgrade's migration; see `node_id`).
+    pub fn discovery_filters(&self) -> Vec<String> {
+        let legacy: String = self
+            .device
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+            .collect();
+        let legacy = format!("{DISCOVERY_PREFIX}/+/bramble_{legacy}/+/config");
+        let own = self.discovery_filter();
+        if legacy == own {
+            vec![own]
+        } else {
+            vec![own, legacy]
+        }
     }
 
     /// `<prefix>/<rest>`.
