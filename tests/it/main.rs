@@ -15,6 +15,7 @@ mod homeassistant;
 mod mcp;
 mod memory;
 mod mqtt;
+mod mqtt_ha_schema;
 mod mqtt_v311;
 mod provider;
 mod redirects;
