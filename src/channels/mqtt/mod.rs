@@ -2,10 +2,13 @@
 //!
 //! ## Layout
 //!
-//! - this file: [`Settings`] (from `[mqtt]`), the connection task ([`spawn`])
-//!   and the [`MqttChannel`] delivery target (`mqtt`, `mqtt:<topic>`).
-//! - `link.rs`: the [`Link`] shared by everything that publishes; ack tracking;
-//!   the retained state re-published on every connect.
+//! - this file: the connection task ([`spawn`]: reconnects, the MQTT version
+//!   in use, backoff) and the [`MqttChannel`] delivery target (`mqtt`,
+//!   `mqtt:<topic>`).
+//! - below it, in `crate::clients::mqtt`: [`Settings`] (from `[mqtt]`), the
+//!   [`Link`] shared by everything that publishes (ack tracking, the retained
+//!   state re-published on every connect), the keep-alive, and `wire.rs`: one
+//!   connection over MQTT 5 or 3.1.1.
 //! - `inbound.rs`: `<prefix>/in`, `<prefix>/run/<job>`, and the routing of
 //!   everything else to discovery clean-up and triggers, by the same
 //!   [`InputTopics`] we subscribe with — and never publish to: a report on a
@@ -41,7 +44,9 @@
 //! - **Its keep-alive timer wakes the board four times per ping** (tokio's
 //!   timer wheel): after the ConnAck the connection task sends the pings
 //!   itself, on a kernel timer (`keepalive.rs`).
-//! - **MQTT 5, for the packet limit.** A packet over the client's limit is a
+//! - **MQTT 5 first, for the packet limit** (3.1.1 where the broker speaks
+//!   only that: `[mqtt] protocol`, and `clients/mqtt/wire.rs` for what stands
+//!   in for what 5 gives). A packet over the client's limit is a
 //!   decode error that drops the connection; in MQTT 3.1.1 the broker cannot be
 //!   told the limit, so one oversize retained (or queued) message on
 //!   `<prefix>/in` came back after every reconnect: a reconnect loop, the
