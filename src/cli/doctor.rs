@@ -67,7 +67,7 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
     match crate::channels::mqtt::probe(&loaded.config.mqtt, LIMIT).await {
         Ok(None) => r.line(Level::Ok, "mqtt", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "mqtt", found),
-        Err(e) => r.line(Level::Error, "mqtt", format!("{e}: check [mqtt] url, username and password_env")),
+        Err(e) => r.line(Level::Error, "mqtt", e),
     }
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Ok, "homeassistant", "not configured"),

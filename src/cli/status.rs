@@ -253,7 +253,11 @@ fn schedule_lines(loaded: &Loaded, private: bool) -> Vec<String> {
     let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
     lines.push(if c.heartbeat.enabled {
         let every = &c.heartbeat.every;
-        format!("heartbeat:  every {every}, {hb_tasks} active task{}, last run {}", if hb_tasks == 1 { "" } else { "s" }, when(hb_last, &tz))
+        format!(
+            "heartbeat:  every {every}, {hb_tasks} active task{}, last run {}",
+            if hb_tasks == "1" { "" } else { "s" },
+            when(hb_last, &tz)
+        )
     } else {
         "heartbeat:  off".into()
     });

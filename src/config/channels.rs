@@ -131,7 +131,43 @@ pub struct MqttConfig {
     pub turns_per_minute: u32,
     /// How many of those may come at once.
     pub turn_burst: u32,
+    /// Which MQTT version to speak: `auto` (5, and 3.1.1 for a broker that
+    /// does not speak 5, remembered until the daemon restarts), `5`, `3.1.1`.
+    pub protocol: MqttProtocol,
+    /// The largest MQTT packet bramble sends, in bytes (a report, a record, a
+    /// discovery document): a larger one is refused before it is sent, with
+    /// an error that says so. MQTT 5 brokers also announce their own limit,
+    /// which is obeyed; an MQTT 3.1.1 broker cannot, so set this to its limit
+    /// (mosquitto's `message_size_limit`) when it has one.
+    pub max_packet: u32,
 }
+
+/// `[mqtt] protocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum MqttProtocol {
+    /// MQTT 5, or 3.1.1 when the broker does not speak 5.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    #[serde(rename = "5")]
+    V5,
+    #[serde(rename = "3.1.1")]
+    V311,
+}
+
+impl std::fmt::Display for MqttProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MqttProtocol::Auto => "auto",
+            MqttProtocol::V5 => "5",
+            MqttProtocol::V311 => "3.1.1",
+        })
+    }
+}
+
+/// `[mqtt] max_packet` by default: 1 MiB (an LLM answer is bigger than
+/// rumqttc's 10 KiB default).
+pub const MQTT_MAX_PACKET: u32 = 1024 * 1024;
 
 /// `[mqtt] keep_alive` by default.
 pub const MQTT_KEEP_ALIVE: Dur = Dur::secs(300);
@@ -152,6 +188,8 @@ impl Default for MqttConfig {
             keep_alive: MQTT_KEEP_ALIVE,
             turns_per_minute: 20,
             turn_burst: 5,
+            protocol: MqttProtocol::Auto,
+            max_packet: MQTT_MAX_PACKET,
         }
     }
 }

@@ -103,8 +103,9 @@ pub struct InputTopics {
     pub prefix: String,
     /// `<prefix>/in` and `<prefix>/run/+` are listened to.
     pub inbound: bool,
-    /// The discovery documents' filter (`homeassistant/+/<node>/+/config`), when discovery is on.
-    pub discovery: Option<String>,
+    /// The discovery documents' filters (`homeassistant/+/<node>/+/config`, and the
+    /// node an earlier version used if it differs), when discovery is on.
+    pub discovery: Vec<String>,
     /// The `[[mqtt.trigger]]` filters.
     pub triggers: Vec<String>,
 }
@@ -120,7 +121,7 @@ impl InputTopics {
         triggers.sort();
         triggers.dedup();
         v.extend(triggers);
-        v.extend(self.discovery.clone());
+        v.extend(self.discovery.iter().cloned());
         v
     }
 
@@ -140,7 +141,7 @@ impl InputTopics {
                 None => {}
             }
         }
-        if self.discovery.as_deref().is_some_and(|f| topic_matches(f, topic)) {
+        if self.discovery.iter().any(|f| topic_matches(f, topic)) {
             return Some(Input::Discovery);
         }
         if own.is_none() && self.triggers.iter().any(|f| topic_matches(f, topic)) {
@@ -202,7 +203,7 @@ mod tests {
         InputTopics {
             prefix: "bramble/pi".into(),
             inbound: true,
-            discovery: Some("homeassistant/+/bramble_pi/+/config".into()),
+            discovery: vec!["homeassistant/+/bramble_pi/+/config".into()],
             triggers: vec!["zigbee/+/door".into(), "#".into()],
         }
     }
@@ -223,7 +224,7 @@ mod tests {
         }
         assert!(i.refuse("bramble/pi/out").is_ok());
         assert!(i.refuse("bramble/pi/\0").is_err());
-        let quiet = InputTopics { inbound: false, discovery: None, triggers: vec![], ..inputs() };
+        let quiet = InputTopics { inbound: false, discovery: vec![], triggers: vec![], ..inputs() };
         assert!(quiet.refuse("bramble/pi/in").is_ok(), "not listened to: not an input");
         assert_eq!(
             i.subscriptions(),

@@ -840,7 +840,7 @@ async fn doctor_checks_each_part_against_real_servers() {
     );
     assert_eq!(line("telegram"), format!("ok       telegram         the bot is @{BOT_USERNAME} (id {BOT_ID})"));
     let mqtt = line("mqtt");
-    assert!(mqtt.starts_with("ok") && mqtt.contains("-doctor (plain)"), "{mqtt}");
+    assert!(mqtt.starts_with("ok") && mqtt.contains("-doctor (MQTT 5, plain)"), "{mqtt}");
     assert!(line("sandbox").starts_with("ok") || line("sandbox").starts_with("warning"), "{stdout}");
     assert!(line("disk").starts_with("ok") && line("disk").contains("MiB free"), "{stdout}");
     assert!(stdout.lines().any(|l| l.starts_with("0 errors")), "{stdout}");

@@ -19,6 +19,8 @@ mod mcp_conformance;
 mod mcp_stream;
 mod memory;
 mod mqtt;
+mod mqtt_ha_schema;
+mod mqtt_v311;
 mod provider;
 mod redirects;
 mod rights;

@@ -191,8 +191,12 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
     }
     // A button an earlier version published for an unmarked job.
     let old = "homeassistant/button/bramble_testpi/run_bulk-99/config";
-    w.publish_retained(old, r#"{"name":"Run bulk-99"}"#).await;
+    w.publish_retained(old, r#"{"name":"Run bulk-99","command_topic":"bramble/testpi/run/bulk-99"}"#).await;
     assert!(w.wait_for(10, old, |p| !p.is_empty()).await);
+    // Another board's, under the same node (`test pi` before node ids were told apart): not ours to delete.
+    let other = "homeassistant/button/bramble_testpi/run_theirs/config";
+    w.publish_retained(other, r#"{"name":"Run theirs","command_topic":"bramble/test pi/run/theirs"}"#).await;
+    assert!(w.wait_for(10, other, |p| !p.is_empty()).await);
     let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
     let bulk = |i: usize| format!("homeassistant/button/bramble_testpi/run_bulk-{i}/config");
@@ -200,6 +204,7 @@ async fn run_topic_runs_a_job_records_it_and_discovery_follows_the_jobs() {
     let capped = || (0..cap - 1).all(|i| !w.on(&bulk(i)).is_empty());
     assert!(wait_until(15, capped).await, "a button for each marked job up to the cap: {}", s.log());
     assert!(w.wait_last(10, old, "").await, "the old version's button is cleared: {}", s.log());
+    assert!(w.last(other).is_some_and(|p| p.contains("theirs")), "another board's document stays: {}", s.log());
     assert!((cap - 1..99).all(|i| w.on(&bulk(i)).is_empty()), "no button beyond the cap or for unmarked jobs");
     assert!(s.log().contains("61 jobs are marked for a button; only the first 50 get one"), "{}", s.log());
 
@@ -415,7 +420,7 @@ async fn inbound_off_listens_to_neither_in_nor_run_but_triggers_still_work() {
     let w = Watcher::start(s.broker.port, &[STATUS, OUT, button]).await;
     s.cli(&["cron", "add", "ping", "--every", "1h", "--exec", "echo ran >> ping.txt", "--ha-button"]).await;
     // A button an earlier run published while inbound was on: cleared.
-    w.publish_retained(button, r#"{"name":"Run ping"}"#).await;
+    w.publish_retained(button, r#"{"name":"Run ping","command_topic":"bramble/testpi/run/ping"}"#).await;
     assert!(w.wait_for(10, button, |p| !p.is_empty()).await);
     let daemon = s.start();
     assert!(w.wait_last(15, STATUS, "online").await, "{}", s.log());
@@ -660,4 +665,40 @@ async fn bramble_s_own_input_topics_are_refused_as_delivery_targets() {
     assert!(s.cli(&["cron", "list"]).await.contains("no jobs"), "no job was added");
     let outbox = bramble::delivery::outbox::Outbox::new(&s.home.state);
     assert!(outbox.pending().unwrap_or_default().is_empty(), "nothing queued");
+}
+
+/// Issue 45: node ids were the device name with other characters replaced
+/// by `_`, so `garden pi` and `garden_pi` shared a node and each one's
+/// clean-up deleted the other's entities. The upgrade: `garden pi` moves to a
+/// node of its own (a hash of its name), deletes its own documents under the
+/// old node (those that name its topics) and leaves `garden_pi`'s.
+#[tokio::test]
+async fn an_upgrade_moves_a_name_with_a_space_to_its_own_node_and_leaves_the_other_board_s() {
+    let broker = Mosquitto::start().await;
+    let s = Setup::with_broker(broker, "discovery = true").await;
+    std::fs::write(
+        &s.home.config,
+        std::fs::read_to_string(&s.home.config).unwrap().replace("device = \"testpi\"", "device = \"garden pi\""),
+    )
+    .unwrap();
+    let w = Watcher::start(s.broker.port, &["homeassistant/#", "bramble/garden pi/status"]).await;
+    // What an earlier version published for `garden pi`, and what `garden_pi` publishes, on one node.
+    let ours_old = "homeassistant/binary_sensor/bramble_garden_pi/status/config";
+    w.publish_retained(ours_old, r#"{"name":"Status","state_topic":"bramble/garden pi/status"}"#).await;
+    let theirs = "homeassistant/button/bramble_garden_pi/run_x/config";
+    w.publish_retained(theirs, r#"{"name":"Run x","command_topic":"bramble/garden_pi/run/x"}"#).await;
+    assert!(w.wait_for(10, theirs, |p| !p.is_empty()).await);
+    let daemon = s.start();
+    assert!(w.wait_last(15, "bramble/garden pi/status", "online").await, "{}", s.log());
+    assert!(w.wait_last(15, ours_old, "").await, "our old document is deleted: {}", s.log());
+    let new = w.all().into_iter().find(|m| {
+        m.topic.starts_with("homeassistant/binary_sensor/bramble_garden_pi_") && m.topic.ends_with("/status/config")
+    });
+    let new = new.expect("the status sensor under the new node");
+    let doc: Value = serde_json::from_str(&new.payload).unwrap();
+    let node = new.topic.split('/').nth(2).unwrap().to_string();
+    assert_eq!(doc["unique_id"], format!("{node}_status"));
+    assert_eq!(doc["device"]["identifiers"][0], node);
+    daemon.stop().await;
+    assert_eq!(w.last(theirs).as_deref(), Some(r#"{"name":"Run x","command_topic":"bramble/garden_pi/run/x"}"#));
 }

@@ -187,11 +187,33 @@ pub fn check_leftover(link: &Link, topic: &str, payload: &[u8]) {
     }
     match link.retained_value(topic) {
         Some(ours) if !ours.is_empty() => {}
+        // Only a document about our own topics is ours to delete: another
+        // board whose name once mapped to the same node (`garden pi` and
+        // `garden_pi` before the node ids were told apart) keeps its entities.
+        _ if !names_our_topics(&link.settings, payload) => {
+            tracing::info!(
+                topic,
+                "Home Assistant discovery: leaving a document under our node that names no topic of ours"
+            );
+        }
         _ => {
             tracing::info!(topic, "Home Assistant discovery: deleting a document for something that is gone");
             link.set_retained(topic, Vec::new());
         }
     }
+}
+
+/// Whether a discovery document (JSON) has a string value under our topic prefix.
+fn names_our_topics(s: &Settings, payload: &[u8]) -> bool {
+    fn walk(v: &Value, prefix: &str) -> bool {
+        match v {
+            Value::String(t) => t.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('/')),
+            Value::Array(a) => a.iter().any(|v| walk(v, prefix)),
+            Value::Object(o) => o.values().any(|v| walk(v, prefix)),
+            _ => false,
+        }
+    }
+    serde_json::from_slice::<Value>(payload).is_ok_and(|v| walk(&v, &s.prefix))
 }
 
 #[cfg(test)]
@@ -227,9 +249,11 @@ mod tests {
         let docs = documents(&s, &buttons);
         assert_eq!(docs.len(), 5);
         let (topic, button) = &docs[4];
-        assert_eq!(topic, "homeassistant/button/bramble_kitchen_pi/run_backup/config");
+        let node = s.node_id();
+        assert!(node.starts_with("bramble_kitchen_pi_") && node.len() == "bramble_kitchen_pi_".len() + 8, "{node}");
+        assert_eq!(*topic, format!("homeassistant/button/{node}/run_backup/config"));
         assert_eq!(button["command_topic"], "bramble/kitchen pi/run/backup");
-        assert_eq!(button["device"]["identifiers"][0], "bramble_kitchen_pi");
+        assert_eq!(button["device"]["identifiers"][0], node);
         assert!(is_own_config(&s, topic));
         assert_eq!(docs[0].1["device_class"], "connectivity");
         assert_eq!(docs[1].1["device_class"], "problem");
@@ -255,5 +279,70 @@ mod tests {
         assert_eq!(marked["ha_button"], true);
         let back: Job = serde_json::from_value(marked).unwrap();
         assert!(back.ha_button);
+    }
+
+    /// A device name with `+` or `#` needs a topic prefix of its own (the default one is refused).
+    fn settings_of(device: &str) -> Settings {
+        let toml =
+            format!("[mqtt]\nurl = \"mqtt://127.0.0.1\"\ndevice = {}\ntopic_prefix = \"home/pi\"\n", toml_str(device));
+        let cfg = crate::config::Config::parse(&toml, "c.toml".as_ref()).unwrap();
+        Settings::from_config(&cfg.mqtt).unwrap().unwrap()
+    }
+
+    fn toml_str(s: &str) -> String {
+        serde_json::to_string(s).unwrap()
+    }
+
+    #[test]
+    fn node_ids_never_collide_and_plain_names_keep_theirs() {
+        // Plain names: what earlier versions published, so HA keeps the entities.
+        assert_eq!(settings_of("garden_pi").node_id(), "bramble_garden_pi");
+        assert_eq!(settings_of("kitchen-2").node_id(), "bramble_kitchen-2");
+        let hostile = [
+            "garden pi",
+            "garden_pi",
+            "garden/pi",
+            "garden#pi",
+            "garden+pi",
+            "gärden pi",
+            "garden pi ",
+            "🍓 pi",
+            "🍒 pi",
+            &"x".repeat(300),
+            &format!("{} a", "x".repeat(300)),
+            &format!("{} b", "x".repeat(300)),
+        ];
+        let mut seen = std::collections::BTreeMap::new();
+        for name in hostile {
+            let s = settings_of(name);
+            let node = s.node_id();
+            assert!(node.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'), "{name:?}: {node}");
+            assert!(
+                node.len() <= "bramble_".len() + 48 + 9 || name.chars().all(|c| c.is_ascii_alphanumeric()),
+                "{node}"
+            );
+            assert!(crate::util::mqtt::check_topic(&s.discovery_filter().replace('+', "x")).is_ok(), "{node}");
+            assert_eq!(node, settings_of(name).node_id(), "stable");
+            if let Some(other) = seen.insert(s.device.clone(), node.clone()) {
+                assert_eq!(other, node, "the same (trimmed) name");
+            }
+        }
+        let nodes: std::collections::BTreeSet<&String> = seen.values().collect();
+        assert_eq!(nodes.len(), seen.len(), "one node per name: {seen:#?}");
+    }
+
+    #[test]
+    fn clean_up_deletes_only_documents_about_our_own_topics() {
+        let mut s = settings_of("garden_pi");
+        s.prefix = "bramble/garden_pi".into();
+        // Ours (an old button of this board): its topics are under our prefix.
+        let ours = json!({"command_topic": "bramble/garden_pi/run/x", "availability": [{"topic": "bramble/garden_pi/status"}]});
+        assert!(names_our_topics(&s, ours.to_string().as_bytes()));
+        // `garden pi` before the upgrade published under the same node: not ours.
+        let theirs = json!({"state_topic": "bramble/garden pi/status", "unique_id": "bramble_garden_pi_status"});
+        assert!(!names_our_topics(&s, theirs.to_string().as_bytes()));
+        let longer = json!({"state_topic": "bramble/garden_pi2/status"});
+        assert!(!names_our_topics(&s, longer.to_string().as_bytes()), "a prefix of another board's prefix");
+        assert!(!names_our_topics(&s, b"not json"));
     }
 }

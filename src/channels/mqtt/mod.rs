@@ -2,10 +2,13 @@
 //!
 //! ## Layout
 //!
-//! - this file: [`Settings`] (from `[mqtt]`), the connection task ([`spawn`])
-//!   and the [`MqttChannel`] delivery target (`mqtt`, `mqtt:<topic>`).
-//! - `link.rs`: the [`Link`] shared by everything that publishes; ack tracking;
-//!   the retained state re-published on every connect.
+//! - this file: the connection task ([`spawn`]: reconnects, the MQTT version
+//!   in use, backoff) and the [`MqttChannel`] delivery target (`mqtt`,
+//!   `mqtt:<topic>`).
+//! - below it, in `crate::clients::mqtt`: [`Settings`] (from `[mqtt]`), the
+//!   [`Link`] shared by everything that publishes (ack tracking, the retained
+//!   state re-published on every connect), the keep-alive, and `wire.rs`: one
+//!   connection over MQTT 5 or 3.1.1.
 //! - `inbound.rs`: `<prefix>/in`, `<prefix>/run/<job>`, and the routing of
 //!   everything else to discovery clean-up and triggers, by the same
 //!   [`InputTopics`] we subscribe with — and never publish to: a report on a
@@ -41,7 +44,9 @@
 //! - **Its keep-alive timer wakes the board four times per ping** (tokio's
 //!   timer wheel): after the ConnAck the connection task sends the pings
 //!   itself, on a kernel timer (`keepalive.rs`).
-//! - **MQTT 5, for the packet limit.** A packet over the client's limit is a
+//! - **MQTT 5 first, for the packet limit** (3.1.1 where the broker speaks
+//!   only that: `[mqtt] protocol`, and `clients/mqtt/wire.rs` for what stands
+//!   in for what 5 gives). A packet over the client's limit is a
 //!   decode error that drops the connection; in MQTT 3.1.1 the broker cannot be
 //!   told the limit, so one oversize retained (or queued) message on
 //!   `<prefix>/in` came back after every reconnect: a reconnect loop, the
@@ -61,7 +66,7 @@ pub mod triggers;
 pub use crate::clients::mqtt::{
     probe, Link, MqttError, PublishError, Settings, ACK_TIMEOUT, MAX_INCOMING, MAX_PACKET, SESSION_EXPIRY,
 };
-use crate::clients::mqtt::{Pinger, REQUEST_QUEUE};
+use crate::clients::mqtt::{Event, Events, Failure, Pinger, Protocol};
 pub use inbound::inbound_message;
 use inbound::Router;
 pub use limit::{TurnLimit, TurnRate};
@@ -70,9 +75,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::v5::mqttbytes::v5::Packet;
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-use rumqttc::Outgoing;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
@@ -105,8 +107,13 @@ pub fn status_line(c: &MqttConfig) -> String {
         }
     };
     format!(
-        "{} ({reach}); {}; discovery {}, {} trigger(s), mqtt_publish to {}",
+        "{} ({reach}); MQTT {}; {}; discovery {}, {} trigger(s), mqtt_publish to {}",
         s.describe(),
+        match s.protocol {
+            crate::config::MqttProtocol::Auto => "auto (5, or 3.1.1 for a broker that speaks only that)",
+            crate::config::MqttProtocol::V5 => "5",
+            crate::config::MqttProtocol::V311 => "3.1.1 (max_packet is the only packet limit)",
+        },
         if s.inbound { format!("listens on {} and run/<job>", s.topic("in")) } else { "inbound off".into() },
         if s.discovery { "on" } else { "off" },
         c.trigger.len(),
@@ -298,7 +305,6 @@ pub struct MqttServices {
 /// stop (publishing `offline` first), reconnecting with backoff.
 pub struct MqttConnection {
     link: Arc<Link>,
-    options: MqttOptions,
     subscriptions: Vec<String>,
     router: Router,
     reports: crate::delivery::Reports,
@@ -308,7 +314,7 @@ impl MqttConnection {
     pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
         let outbox = (self.reports.outbox().clone(), self.reports.wake().clone());
         let stop = shutdown.stop_token().clone();
-        connection(self.link, self.options, self.subscriptions, self.router, outbox, stop).await
+        connection(self.link, self.subscriptions, self.router, outbox, stop).await
     }
 }
 
@@ -353,7 +359,7 @@ impl TriggerRunner {
 
 /// The connection task and its helpers for `link`, built and not started.
 pub fn services(link: Arc<Link>, config: &MqttConfig, w: Wiring) -> Result<MqttServices, MqttError> {
-    let options = link.settings.options()?;
+    link.settings.open(link.settings.first_protocol(), false)?;
     let (trigger_set, trigger_rx) = triggers::Triggers::new(&config.trigger, link.settings.turn_rate);
     let trigger_set = Arc::new(trigger_set);
     let triggers = match (trigger_rx, w.triggers) {
@@ -373,7 +379,7 @@ pub fn services(link: Arc<Link>, config: &MqttConfig, w: Wiring) -> Result<MqttS
         triggers: trigger_set,
         turns: TurnLimit::new(link.settings.turn_rate, link.settings.topic("in")),
     };
-    let connection = MqttConnection { link: link.clone(), options, subscriptions, router, reports: w.reports };
+    let connection = MqttConnection { link: link.clone(), subscriptions, router, reports: w.reports };
     let state = RetainedState { link, jobs: w.jobs, state_dir: w.state_dir, changed: Changed::default() };
     Ok(MqttServices { connection, state, triggers })
 }
@@ -381,7 +387,6 @@ pub fn services(link: Arc<Link>, config: &MqttConfig, w: Wiring) -> Result<MqttS
 /// Poll the event loop until `stop`, reconnecting with backoff.
 async fn connection(
     link: Arc<Link>,
-    options: MqttOptions,
     subscriptions: Vec<String>,
     router: Router,
     (outbox, wake): (crate::delivery::outbox::Outbox, Arc<Notify>),
@@ -390,9 +395,13 @@ async fn connection(
     let mut backoff = crate::util::timer::Backoff::new(BACKOFF_MAX);
     let mut was_connected = false;
     let mut connected_at: Option<tokio::time::Instant> = None;
+    let mut protocol = Version { now: link.settings.first_protocol(), settled: false };
     loop {
         // A fresh client and event loop per connection: see the module docs.
-        let (client, mut events) = AsyncClient::new(options.clone(), REQUEST_QUEUE);
+        let (client, mut events) = match link.settings.open(protocol.now, false) {
+            Ok(pair) => pair,
+            Err(e) => return tracing::error!("MQTT stays off: {e}"),
+        };
         let mut client = Some(client);
         let mut pinger: Option<Pinger> = None;
         let error = loop {
@@ -417,14 +426,17 @@ async fn connection(
                 }
             };
             match event {
-                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                    tracing::info!(broker = %link.settings.describe(), session_present = ack.session_present, "MQTT connected");
+                Ok(Event::ConnAck { session_present, max_packet }) => {
+                    tracing::info!(
+                        broker = %link.settings.describe(), session_present, protocol = %protocol.now,
+                        "MQTT connected ({})", protocol.now
+                    );
                     was_connected = true;
+                    protocol.settled = true;
                     connected_at = Some(tokio::time::Instant::now());
                     pinger = Pinger::take_over(&mut events);
                     if let Some(c) = client.take() {
-                        let broker_max = ack.properties.as_ref().and_then(|p| p.max_packet_size);
-                        link.on_connack(c, &subscriptions, broker_max);
+                        link.on_connack(c, &subscriptions, max_packet);
                     }
                     match outbox.retry_now("mqtt") {
                         Ok(0) => {}
@@ -435,12 +447,19 @@ async fn connection(
                         Err(e) => tracing::warn!("MQTT: {e}"),
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) => match std::str::from_utf8(&p.topic) {
-                    Ok(topic) => router.dispatch(topic, &p.payload, p.retain),
-                    Err(_) => tracing::warn!("MQTT: ignored a message on a topic that is not UTF-8"),
-                },
-                Ok(Event::Incoming(Packet::PubAck(a))) => link.on_puback(&a),
-                Ok(Event::Outgoing(Outgoing::Publish(pkid))) => link.on_outgoing_publish(pkid),
+                Ok(Event::Refused(code)) => {
+                    break Failure {
+                        text: format!("the broker refused the connection: {code}"),
+                        not_v5: false,
+                        refused: true,
+                    }
+                }
+                Ok(Event::Publish { topic: Some(topic), payload, retain }) => router.dispatch(&topic, &payload, retain),
+                Ok(Event::Publish { topic: None, .. }) => {
+                    tracing::warn!("MQTT: ignored a message on a topic that is not UTF-8")
+                }
+                Ok(Event::PubAck { pkid, refused }) => link.on_puback(pkid, refused),
+                Ok(Event::OutgoingPublish(pkid)) => link.on_outgoing_publish(pkid),
                 Ok(_) => {}
                 Err(e) => break e,
             }
@@ -451,23 +470,12 @@ async fn connection(
         if connected_at.take().is_some_and(|t| t.elapsed() >= STABLE) {
             backoff.reset();
         }
-        let wait = backoff.next_wait();
-        use rumqttc::v5::mqttbytes::v5::ConnectReturnCode as Code;
-        if let rumqttc::v5::ConnectionError::ConnectionRefused(
-            Code::RefusedProtocolVersion | Code::UnsupportedProtocolVersion,
-        ) = error
-        {
-            tracing::error!(
-                broker = %link.settings.describe(),
-                "the MQTT broker does not speak MQTT 5, which bramble needs (mosquitto 1.6 or newer, EMQX, \
-                 HiveMQ, Home Assistant's add-on all do); retrying in {wait:?}"
-            );
-        } else if was_connected {
-            tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {wait:?}");
-        } else {
-            tracing::warn!(broker = %link.settings.describe(), error = %error, "cannot connect to the MQTT broker; retrying in {wait:?}");
+        let connected = std::mem::replace(&mut was_connected, false);
+        if !connected && protocol.fall_back(&link.settings, &error) {
+            continue;
         }
-        was_connected = false;
+        let wait = backoff.next_wait();
+        say_why(&link.settings, &error, protocol.now, connected, wait);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.cancelled() => return,
@@ -475,17 +483,68 @@ async fn connection(
     }
 }
 
+/// The MQTT version the connection task speaks, and whether a ConnAck in it
+/// settled that for this run.
+struct Version {
+    now: Protocol,
+    settled: bool,
+}
+
+impl Version {
+    /// After a connection that never got its ConnAck: whether to try again at
+    /// once in the other version. With `auto`, a broker that answered MQTT 5 as
+    /// a 3.1.1 broker does is asked in 3.1.1 (remembered once it connects); a
+    /// 3.1.1 attempt that fails before any 3.1.1 ConnAck goes back to 5 next
+    /// time (the first failure may have been a broker restarting), after the backoff.
+    fn fall_back(&mut self, settings: &Settings, error: &Failure) -> bool {
+        if settings.protocol != crate::config::MqttProtocol::Auto || self.settled {
+            return false;
+        }
+        match self.now {
+            Protocol::V5 if error.not_v5 => {
+                tracing::warn!(
+                    broker = %settings.describe(),
+                    "the MQTT broker did not answer MQTT 5 ({error}): asking again in MQTT 3.1.1 ([mqtt] protocol = \"auto\")"
+                );
+                self.now = Protocol::V311;
+                true
+            }
+            Protocol::V311 => {
+                self.now = Protocol::V5;
+                false
+            }
+            Protocol::V5 => false,
+        }
+    }
+}
+
+/// The log line for a connection that ended or never began.
+fn say_why(settings: &Settings, error: &Failure, protocol: Protocol, connected: bool, wait: Duration) {
+    let broker = settings.describe();
+    if protocol == Protocol::V5 && error.not_v5 && settings.protocol == crate::config::MqttProtocol::V5 && !connected {
+        tracing::error!(
+            broker,
+            "the MQTT broker did not answer MQTT 5 ({error}): if it speaks only MQTT 3.1.1 (amqtt, aedes, \
+             RabbitMQ, mosquitto before 1.6), set [mqtt] protocol = \"auto\" or \"3.1.1\"; retrying in {wait:?}"
+        );
+    } else if connected {
+        tracing::warn!(error = %error, "MQTT connection lost; reconnecting in {wait:?}");
+    } else {
+        tracing::warn!(broker, error = %error, %protocol, "cannot connect to the MQTT broker; retrying in {wait:?}");
+    }
+}
+
 /// A clean goodbye: `offline` (a graceful disconnect does not fire the last
 /// will), then DISCONNECT, flushed within two seconds.
-async fn goodbye(link: &Link, events: &mut rumqttc::v5::EventLoop) {
+async fn goodbye(link: &Link, events: &mut Events) {
     let client = link.client();
     let Some(client) = client else { return };
     let _ = link.publish(&link.settings.topic("status"), b"offline".to_vec(), true);
-    let _ = client.try_disconnect();
+    client.try_disconnect();
     link.on_disconnect();
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while let Ok(ev) = events.poll().await {
-            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
+            if matches!(ev, Event::OutgoingDisconnect) {
                 break;
             }
         }
@@ -595,6 +654,10 @@ mod tests {
         let w = check_warnings(&c);
         assert!(w.iter().filter(|w| w.contains("own input topics")).count() == 2, "{w:?}");
         assert!(check_warnings(&parse("")).is_empty());
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\nmax_packet = 100\n");
+        assert!(check_warnings(&c)[0].contains("max_packet 100 must be between 1024"), "{:?}", check_warnings(&c));
+        let err = crate::config::Config::parse("[mqtt]\nprotocol = \"4\"\n", "c.toml".as_ref()).unwrap_err();
+        assert!(err.to_string().contains("3.1.1"), "{err}");
     }
 
     #[test]
@@ -683,7 +746,8 @@ mod tests {
         assert_eq!(link.publish("a", b"x".to_vec(), false).unwrap_err(), PublishError::NotConnected);
         assert!(matches!(link.publish("a", vec![0; MAX_PACKET], false).unwrap_err(), PublishError::TooLarge(_)));
         // The broker's Maximum Packet Size: a larger publish would take the connection down.
-        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 10);
+        let (client, _events) = rumqttc::v5::AsyncClient::new(link.settings.options().unwrap(), 10);
+        let client = crate::clients::mqtt::Client::V5(client);
         link.on_connack(client, &[], Some(2000));
         assert!(matches!(link.publish("a", vec![0; 2000], false).unwrap_err(), PublishError::TooLarge(2000)));
         assert!(link.publish("a", vec![0; 100], false).is_ok());
@@ -703,14 +767,16 @@ mod tests {
             link.set_retained(&format!("t/{i}"), b"x".to_vec());
         }
         // A connection whose request queue holds 4: `online` and three more go now.
-        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 4);
+        let (client, _events) = rumqttc::v5::AsyncClient::new(link.settings.options().unwrap(), 4);
+        let client = crate::clients::mqtt::Client::V5(client);
         link.on_connack(client, &[], None);
         assert_eq!(link.unsent_count(), 7);
         // Disconnected, a change waits too; the next ConnAck sends everything again.
         link.on_disconnect();
         link.set_retained("t/new", b"y".to_vec());
         assert_eq!(link.unsent_count(), 8);
-        let (client, _events) = AsyncClient::new(link.settings.options().unwrap(), 100);
+        let (client, _events) = rumqttc::v5::AsyncClient::new(link.settings.options().unwrap(), 100);
+        let client = crate::clients::mqtt::Client::V5(client);
         link.on_connack(client, &[], None);
         assert_eq!(link.unsent_count(), 0);
     }

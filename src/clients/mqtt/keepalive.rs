@@ -33,7 +33,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use rumqttc::v5::{EventLoop, Request};
+use super::wire::Events;
 
 /// rumqttc's ping interval once the task pings itself: a year.
 const SILENCED: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -54,13 +54,13 @@ impl Pinger {
     /// Take the pings over from `events`, which has just connected. `None`
     /// (rumqttc keeps them) if the broker imposed a keep-alive below the 5 s
     /// MQTT clients may ask for: no grid to put it on.
-    pub fn take_over(events: &mut EventLoop) -> Option<Pinger> {
+    pub fn take_over(events: &mut Events) -> Option<Pinger> {
         // The announced value, or the broker's if it imposed one.
-        let every = events.options.keep_alive();
+        let every = events.keep_alive();
         if every < MIN_KEEP_ALIVE {
             return None;
         }
-        events.options.set_keep_alive(SILENCED);
+        events.set_keep_alive(SILENCED);
         let first = every + margin(every);
         Some(Pinger { every, timer: Box::pin(crate::util::timer::sleep_to_grid_after(first, every)) })
     }
@@ -72,12 +72,12 @@ impl Pinger {
 
     /// The timer fired (and the `poll()` future was dropped): queue a PINGREQ
     /// if rumqttc is between requests, and arm the timer again.
-    pub fn ping(&mut self, events: &mut EventLoop, idle: bool) {
+    pub fn ping(&mut self, events: &mut Events, idle: bool) {
         if !idle {
             self.timer = Box::pin(tokio::time::sleep(BUSY_RETRY));
             return;
         }
-        events.pending.push_back(Request::PingReq);
+        events.queue_ping();
         self.timer = Box::pin(crate::util::timer::sleep_to_grid_after(BUSY_RETRY, self.every));
     }
 }
@@ -107,19 +107,29 @@ mod tests {
     async fn a_ping_waits_while_a_publish_is_mid_write() {
         let mut o = rumqttc::v5::MqttOptions::new("t", "127.0.0.1", 1);
         o.set_keep_alive(Duration::from_secs(60));
-        let mut events = EventLoop::new(o, 4);
+        let mut o4 = rumqttc::MqttOptions::new("t", "127.0.0.1", 1);
+        o4.set_keep_alive(Duration::from_secs(60));
+        for events in [
+            Events::V5(Box::new(rumqttc::v5::EventLoop::new(o, 4))),
+            Events::V311(Box::new(rumqttc::EventLoop::new(o4, 4))),
+        ] {
+            one_ping(events).await;
+        }
+    }
+
+    async fn one_ping(mut events: Events) {
         let mut p = Pinger::take_over(&mut events).expect("60 s");
         assert_eq!(p.every, Duration::from_secs(60));
-        assert_eq!(events.options.keep_alive(), SILENCED, "rumqttc's timer silenced");
+        assert_eq!(events.keep_alive(), SILENCED, "rumqttc's timer silenced");
         let t0 = tokio::time::Instant::now();
         p.due().await;
         assert!(t0.elapsed() >= Duration::from_secs(60) + margin(Duration::from_secs(60)), "{:?}", t0.elapsed());
         p.ping(&mut events, false);
-        assert!(events.pending.is_empty(), "busy: no ping");
+        assert!(!events.ping_queued(), "busy: no ping");
         let t1 = tokio::time::Instant::now();
         p.due().await;
         assert_eq!(t1.elapsed(), BUSY_RETRY);
         p.ping(&mut events, true);
-        assert!(matches!(events.pending.front(), Some(Request::PingReq)), "{:?}", events.pending);
+        assert!(events.ping_queued(), "{}", events.protocol());
     }
 }

@@ -5,12 +5,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rumqttc::v5::mqttbytes::v5::{PubAck, PubAckReason};
-use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::AsyncClient;
 use tokio::sync::oneshot;
 
-use super::{Settings, MAX_PACKET};
+use super::wire::{Client, Protocol};
+use super::Settings;
 
 /// Why one publish did not reach the broker.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,7 +18,7 @@ pub enum PublishError {
     #[error("the MQTT request queue is full")]
     QueueFull,
     #[error(
-        "the payload ({0} bytes) is larger than the MQTT packet limit (ours, or the broker's Maximum Packet Size)"
+        "the payload ({0} bytes) is larger than the MQTT packet limit ([mqtt] max_packet, or the broker's Maximum Packet Size)"
     )]
     TooLarge(usize),
     #[error("the connection to the broker was lost before it acknowledged the message")]
@@ -44,7 +42,7 @@ type Waiter = oneshot::Sender<Result<(), String>>;
 #[derive(Default)]
 struct LinkState {
     /// The client of the current connection; `None` while disconnected.
-    client: Option<AsyncClient>,
+    client: Option<Client>,
     /// Waiters of publishes handed to rumqttc and not yet written, in order.
     queued: VecDeque<Waiter>,
     /// Waiters of publishes written, by packet id, until the PubAck.
@@ -58,6 +56,8 @@ struct LinkState {
     /// The broker's Maximum Packet Size (MQTT 5 CONNACK). rumqttc fails the
     /// whole connection on a larger publish, so none is handed to it.
     broker_max: Option<u32>,
+    /// The version the current (or last) connection speaks.
+    protocol: Option<Protocol>,
 }
 
 impl Link {
@@ -70,7 +70,7 @@ impl Link {
     }
 
     /// The current connection's client, if connected.
-    pub fn client(&self) -> Option<AsyncClient> {
+    pub fn client(&self) -> Option<Client> {
         self.lock().client.clone()
     }
 
@@ -84,6 +84,11 @@ impl Link {
         self.lock().client.is_some()
     }
 
+    /// The MQTT version of the current (or last) connection; `None` before the first.
+    pub fn protocol(&self) -> Option<Protocol> {
+        self.lock().protocol
+    }
+
     /// Hand one QoS 1 publish to rumqttc; the receiver resolves on its PubAck
     /// and fails if the connection is lost first.
     pub fn publish(
@@ -93,7 +98,7 @@ impl Link {
         retain: bool,
     ) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
         let mut st = self.lock();
-        publish_locked(&mut st, topic, payload, retain)
+        publish_locked(self.settings.max_packet, &mut st, topic, payload, retain)
     }
 
     /// Publish and wait for the broker's acknowledgement.
@@ -122,7 +127,7 @@ impl Link {
         }
         st.retained.insert(topic.to_string(), payload);
         st.unsent.insert(topic.to_string());
-        flush_retained(&mut st);
+        flush_retained(self.settings.max_packet, &mut st);
     }
 
     #[doc(hidden)]
@@ -137,11 +142,15 @@ impl Link {
 
     /// A new connection: take its client, subscribe, publish the retained state.
     /// `broker_max`: the broker's Maximum Packet Size, if it told one.
-    pub fn on_connack(&self, client: AsyncClient, subscriptions: &[String], broker_max: Option<u32>) {
+    pub fn on_connack(&self, client: Client, subscriptions: &[String], broker_max: Option<u32>) {
         let mut st = self.lock();
         st.broker_max = broker_max;
+        st.protocol = Some(match client {
+            Client::V5(_) => Protocol::V5,
+            Client::V311(_) => Protocol::V311,
+        });
         for filter in subscriptions {
-            if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+            if let Err(e) = client.try_subscribe(filter) {
                 tracing::warn!(filter, "cannot subscribe: {e}");
             }
         }
@@ -150,11 +159,11 @@ impl Link {
         let status = self.settings.topic("status");
         st.retained.insert(status.clone(), b"online".to_vec());
         st.unsent = st.retained.keys().filter(|t| **t != status).cloned().collect();
-        if let Err(e) = publish_locked(&mut st, &status, b"online".to_vec(), true) {
+        if let Err(e) = publish_locked(self.settings.max_packet, &mut st, &status, b"online".to_vec(), true) {
             tracing::warn!("`online` not published: {e}");
             st.unsent.insert(status);
         }
-        flush_retained(&mut st);
+        flush_retained(self.settings.max_packet, &mut st);
     }
 
     /// rumqttc wrote a publish: the oldest waiter belongs to it.
@@ -168,18 +177,18 @@ impl Link {
             }
         }
         // A request left rumqttc's queue: room for retained state that waited.
-        flush_retained(&mut st);
+        flush_retained(self.settings.max_packet, &mut st);
     }
 
     /// The broker's PubAck. MQTT 5 gives a reason: a refusal (not authorized,
     /// quota exceeded, …) fails the waiter with it; the outbox counts it.
-    pub fn on_puback(&self, ack: &PubAck) {
-        let Some(waiter) = self.lock().unacked.remove(&ack.pkid) else { return };
-        let outcome = match ack.reason {
-            PubAckReason::Success | PubAckReason::NoMatchingSubscribers => Ok(()),
-            ref refused => {
-                tracing::warn!(reason = ?refused, "the MQTT broker refused a message");
-                Err(format!("{refused:?}"))
+    pub fn on_puback(&self, pkid: u16, refused: Option<String>) {
+        let Some(waiter) = self.lock().unacked.remove(&pkid) else { return };
+        let outcome = match refused {
+            None => Ok(()),
+            Some(reason) => {
+                tracing::warn!(reason, "the MQTT broker refused a message");
+                Err(reason)
             }
         };
         let _ = waiter.send(outcome);
@@ -196,14 +205,14 @@ impl Link {
 }
 
 /// Hand waiting retained state to rumqttc until its queue is full.
-fn flush_retained(st: &mut LinkState) {
+fn flush_retained(max_packet: usize, st: &mut LinkState) {
     while st.client.is_some() {
         let Some(topic) = st.unsent.first().cloned() else { return };
         let Some(payload) = st.retained.get(&topic).cloned() else {
             st.unsent.remove(&topic);
             continue;
         };
-        match publish_locked(st, &topic, payload, true) {
+        match publish_locked(max_packet, st, &topic, payload, true) {
             Ok(_) => {}
             // Never sendable on this connection: skipped, not waited for.
             Err(e @ PublishError::TooLarge(_)) => tracing::warn!(topic, "retained state not published: {e}"),
@@ -214,6 +223,7 @@ fn flush_retained(st: &mut LinkState) {
 }
 
 fn publish_locked(
+    max_packet: usize,
     st: &mut LinkState,
     topic: &str,
     payload: Vec<u8>,
@@ -221,11 +231,13 @@ fn publish_locked(
 ) -> Result<oneshot::Receiver<Result<(), String>>, PublishError> {
     // Fixed header, topic length, packet id and properties fit in 16 bytes.
     let size = payload.len() + topic.len() + 16;
-    if size > MAX_PACKET || st.broker_max.is_some_and(|max| size > max as usize) {
+    if size > max_packet || st.broker_max.is_some_and(|max| size > max as usize) {
         return Err(PublishError::TooLarge(payload.len()));
     }
     let client = st.client.as_ref().ok_or(PublishError::NotConnected)?;
-    client.try_publish(topic, QoS::AtLeastOnce, retain, payload).map_err(|_| PublishError::QueueFull)?;
+    if !client.try_publish(topic, retain, payload) {
+        return Err(PublishError::QueueFull);
+    }
     let (tx, rx) = oneshot::channel();
     st.queued.push_back(tx);
     Ok(rx)

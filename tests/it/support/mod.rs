@@ -6,6 +6,7 @@
 //! - [`http`]: `TestServer`, a request/response server on 127.0.0.1 for fake remote APIs.
 //! - [`daemon`]: `Daemon`, a real `bramble run` process.
 //! - [`mosquitto`]: `Mosquitto`, Debian's MQTT broker on a free port, and `Watcher`, a test client.
+//! - [`amqtt`]: `Amqtt`, an MQTT 3.1.1-only broker from PyPI, the second broker.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
@@ -14,6 +15,7 @@
 //! - [`python`]: a venv with pinned PyPI packages, for outside references written in Python.
 #![allow(dead_code)]
 
+pub mod amqtt;
 pub mod daemon;
 /// Variables in the process environment, for one test, in a child process.
 #[path = "../../../src/util/test_env.rs"]
