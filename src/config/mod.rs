@@ -11,6 +11,7 @@
 //! `Debug` output and therefore out of logs.
 
 pub mod channels;
+pub mod env;
 pub mod homeassistant;
 pub mod mcp;
 pub mod templates;

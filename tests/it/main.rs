@@ -11,6 +11,7 @@ mod agent;
 mod cli;
 mod cron_reference;
 mod daemon;
+mod firstrun;
 mod homeassistant;
 mod mcp;
 mod memory;

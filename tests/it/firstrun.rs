@@ -1,0 +1,224 @@
+//! What a new owner meets (issue 37): the per-user env file the daemon and
+//! the CLI both read, `status`/`pair` asking the running daemon, a key
+//! variable that is named and unset, and `doctor`'s model check. Through the
+//! real binary, each with its own HOME.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::http::{Response, TestServer};
+use crate::support::setup::TestHome;
+use crate::support::telegram::FakeTelegram;
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `bramble ARGS` with HOME at `home` and only `env` besides.
+async fn run(home: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("LANG", "C.UTF-8")
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run bramble")
+}
+
+/// A home whose provider's key is named by `api_key_env` (a variable of its own), not given.
+fn home_with_named_key(base_url: &str, extra: &str) -> TestHome {
+    let home = TestHome::new("openai", base_url, "", "", extra);
+    let cfg = std::fs::read_to_string(&home.config).unwrap();
+    std::fs::write(&home.config, cfg.replace("api_key = \"test-key\"", "api_key_env = \"BRAMBLE_IT_KEY\"")).unwrap();
+    home
+}
+
+/// `~/.config/bramble/env` under `home`, with `mode`.
+fn env_file(home: &Path, body: &str, mode: u32) -> PathBuf {
+    let dir = home.join(".config/bramble");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("env");
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+fn line<'a>(stdout: &'a str, key: &str) -> &'a str {
+    stdout.lines().find(|l| l.starts_with(key)).unwrap_or_else(|| panic!("no `{key}` line: {stdout}"))
+}
+
+#[tokio::test]
+async fn a_named_key_variable_that_is_unset_is_an_error_of_the_turn_and_a_warning_elsewhere() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = home_with_named_key(&fake.base_url(), "");
+    let cfg = home.config.to_str().unwrap();
+    // Not "not needed (custom base_url)": a key was named.
+    let status = text(&run(home.path(), &["--config", cfg, "status"], &[]).await.stdout);
+    assert_eq!(line(&status, "api key:"), "api key:    MISSING: set BRAMBLE_IT_KEY (read in this shell)");
+    let check = run(home.path(), &["--config", cfg, "check"], &[]).await;
+    let out = text(&check.stdout);
+    assert!(check.status.success(), "a warning, not an error: {out}");
+    assert!(out.contains("warning: the openai provider's api_key_env names BRAMBLE_IT_KEY, which is not set"), "{out}");
+    // The turn fails with the reason, before anything is sent (not a 401 per turn).
+    let turn = run(home.path(), &["--config", cfg, "agent", "-m", "hello"], &[]).await;
+    assert!(!turn.status.success());
+    let err = text(&turn.stderr);
+    assert!(err.contains("BRAMBLE_IT_KEY is not set"), "{err}");
+    assert_eq!(fake.request_count(), 0);
+    // No key configured at all, for an own server: not needed, and said so.
+    let cfg_text = std::fs::read_to_string(&home.config).unwrap().replace("api_key_env = \"BRAMBLE_IT_KEY\"\n", "");
+    std::fs::write(&home.config, cfg_text).unwrap();
+    let status = text(&run(home.path(), &["--config", cfg, "status"], &[]).await.stdout);
+    assert!(line(&status, "api key:").contains("not needed (own base_url, no api_key_env)"), "{status}");
+}
+
+#[tokio::test]
+async fn the_env_file_is_read_by_every_command_and_the_shell_wins() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = home_with_named_key(&fake.base_url(), "[telegram]\ntoken_env = \"BRAMBLE_IT_TG\"\nallow_from = [7]\n");
+    let cfg = home.config.to_str().unwrap();
+    let path = env_file(
+        home.path(),
+        "# secrets\nBRAMBLE_IT_KEY=from-the-file-secret\nexport BRAMBLE_IT_TG=\"123:tg-secret\"\n",
+        0o600,
+    );
+    let out = run(home.path(), &["--config", cfg, "status"], &[]).await;
+    let status = text(&out.stdout);
+    assert_eq!(line(&status, "api key:"), "api key:    set (read in this shell)");
+    assert_eq!(line(&status, "telegram:"), "telegram:   configured, 1 allowed user (read in this shell)");
+    assert_eq!(
+        line(&status, "env file:"),
+        format!("env file:   {}: BRAMBLE_IT_KEY, BRAMBLE_IT_TG (read in this shell)", path.display())
+    );
+    let all = status + &text(&out.stderr);
+    assert!(!all.contains("from-the-file-secret") && !all.contains("tg-secret"), "values are never shown: {all}");
+    // A turn sends the file's key.
+    fake.push(Reply::text("hi"));
+    let turn = run(home.path(), &["--config", cfg, "agent", "-m", "hello"], &[]).await;
+    assert!(turn.status.success(), "{}", text(&turn.stderr));
+    let auth = |fake: &FakeLlm| {
+        let headers = fake.headers();
+        let last = headers.last().unwrap();
+        last.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.clone())
+    };
+    assert_eq!(auth(&fake).as_deref(), Some("Bearer from-the-file-secret"));
+    // A variable set in the shell wins, and status says so.
+    let shell = [("BRAMBLE_IT_KEY", "from-the-shell")];
+    let status = text(&run(home.path(), &["--config", cfg, "status"], &shell).await.stdout);
+    assert!(
+        line(&status, "env file:").ends_with(
+            "BRAMBLE_IT_TG; BRAMBLE_IT_KEY set in this shell, which wins over the file (read in this shell)"
+        ),
+        "{status}"
+    );
+    fake.push(Reply::text("hi"));
+    assert!(run(home.path(), &["--config", cfg, "agent", "-m", "hello"], &shell).await.status.success());
+    assert_eq!(auth(&fake).as_deref(), Some("Bearer from-the-shell"));
+    // Readable by others: refused, loudly, without its values; nothing from it is used.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run(home.path(), &["--config", cfg, "status"], &[]).await;
+    let (status, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(err.contains("bramble: warning:") && err.contains("mode 0644") && err.contains("chmod 600"), "{err}");
+    assert!(!err.contains("from-the-file-secret") && !status.contains("from-the-file-secret"));
+    assert!(line(&status, "api key:").starts_with("api key:    MISSING: set BRAMBLE_IT_KEY"), "{status}");
+    assert!(line(&status, "env file:").contains("NOT READ"), "{status}");
+    // A malformed line names the file and line, and not what was on it.
+    env_file(home.path(), "BRAMBLE_IT_KEY=x\nthis is sk-not-a-line\n", 0o600);
+    let err = text(&run(home.path(), &["--config", cfg, "check"], &[]).await.stderr);
+    assert!(err.contains(&format!("{}:2: expected KEY=VALUE", path.display())), "{err}");
+    assert!(!err.contains("sk-not-a-line"), "{err}");
+}
+
+#[tokio::test]
+async fn status_and_pair_ask_the_running_daemon_and_say_where_they_read() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let tg = FakeTelegram::start("123:daemon").await;
+    let extra = format!("[telegram]\ntoken_env = \"BRAMBLE_IT_TG\"\nallow_from = [7]\napi_base = \"{}\"\n", tg.url());
+    let home = home_with_named_key(&fake.base_url(), &extra);
+    let cfg = home.config.to_str().unwrap().to_string();
+    // The secrets are in the daemon's shell only.
+    let env = [("BRAMBLE_IT_KEY", Path::new("daemon-key")), ("BRAMBLE_IT_TG", Path::new("123:daemon"))];
+    let log = home.path().join("daemon.log");
+    let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &log, &env);
+    let socket = home.state.join("control.sock");
+    assert!(wait_until(30, || socket.exists()).await, "the control socket: {}", daemon.log());
+    let status = text(&run(home.path(), &["--config", &cfg, "status"], &[]).await.stdout);
+    assert_eq!(line(&status, "api key:"), "api key:    set (from the running daemon)");
+    assert_eq!(line(&status, "telegram:"), "telegram:   configured, 1 allowed user (from the running daemon)");
+    assert!(line(&status, "daemon:").contains(&format!("(pid {}, answers on its control socket)", daemon.pid())));
+    let pair = run(home.path(), &["--config", &cfg, "pair"], &[]).await;
+    assert!(pair.status.success(), "{}", text(&pair.stderr));
+    assert!(text(&pair.stdout).contains("Telegram is configured in the running daemon"), "{}", text(&pair.stdout));
+    assert!(text(&pair.stdout).contains("/pair "), "{}", text(&pair.stdout));
+    daemon.stop().await;
+
+    // No daemon: this shell's reading, said as such.
+    let status = text(&run(home.path(), &["--config", &cfg, "status"], &[]).await.stdout);
+    assert_eq!(
+        line(&status, "telegram:"),
+        "telegram:   not configured: token_env names BRAMBLE_IT_TG, which is not set (read in this shell)"
+    );
+    let pair = run(home.path(), &["--config", &cfg, "pair"], &[]).await;
+    assert!(!pair.status.success());
+    assert!(text(&pair.stderr).contains("read in this shell, no daemon answered"), "{}", text(&pair.stderr));
+
+    // Something else on the socket that answers nonsense (or nothing) is not believed.
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            use std::io::Write as _;
+            let mut stream = stream;
+            let _ = stream.write_all(b"{\"out\": \"{\\\"telegram_token\\\": true}\", \"code\": 0}\n");
+        }
+    });
+    let out = run(home.path(), &["--config", &cfg, "status"], &[]).await;
+    let status = text(&out.stdout);
+    assert!(line(&status, "telegram:").ends_with("(read in this shell)"), "{status}");
+    assert!(!run(home.path(), &["--config", &cfg, "pair"], &[]).await.status.success());
+}
+
+#[tokio::test]
+async fn doctor_warns_of_an_unset_key_and_a_model_the_server_does_not_list() {
+    // An OpenAI-compatible model list (GET /v1/models, OpenAI's "List models" answer).
+    let models = TestServer::start(|req| match req.path_only() {
+        "/v1/models" => Response::json(
+            200,
+            &serde_json::json!({"object": "list", "data": [{"id": "gpt-x", "object": "model"}, {"id": "test-model:latest", "object": "model"}]}),
+        ),
+        _ => Response::new(404),
+    })
+    .await;
+    let home = TestHome::new("openai", &format!("{}/v1", models.url()), "", "", "");
+    let cfg = home.config.to_str().unwrap().to_string();
+    // Ollama's `name:latest` is the model named without a tag.
+    let out = text(&run(home.path(), &["--config", &cfg, "doctor"], &[]).await.stdout);
+    assert!(out.contains("ok       model openai     test-model is in the server's model list"), "{out}");
+    let typo = std::fs::read_to_string(&home.config).unwrap().replace("\"test-model\"", "\"test-modle\"");
+    std::fs::write(&home.config, typo).unwrap();
+    let out = run(home.path(), &["--config", &cfg, "doctor"], &[]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("warning  model openai     test-modle is not in the server's list of 2 models (e.g. gpt-x, test-model:latest)"),
+        "{stdout}"
+    );
+    assert_eq!(out.status.code(), Some(0), "a warning: {stdout}");
+    // A named, unset key variable: a warning that names it, and no request made without it.
+    let named = std::fs::read_to_string(&home.config)
+        .unwrap()
+        .replace("api_key = \"test-key\"", "api_key_env = \"BRAMBLE_IT_KEY\"");
+    std::fs::write(&home.config, named).unwrap();
+    let stdout = text(&run(home.path(), &["--config", &cfg, "doctor"], &[]).await.stdout);
+    assert!(
+        stdout.contains("warning  provider openai  api_key_env names BRAMBLE_IT_KEY, which is not set"),
+        "{stdout}"
+    );
+}
