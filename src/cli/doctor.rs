@@ -114,6 +114,15 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
     }
 }
 
+/// `bramble init`'s checks after it wrote the answers: the providers and
+/// Telegram, as [`doctor`] prints them. Whether none was an error.
+pub(super) async fn first_checks(loaded: &Loaded) -> bool {
+    let mut r = Report::default();
+    providers(loaded, &mut r).await;
+    telegram(loaded, &mut r).await;
+    r.errors == 0
+}
+
 /// Each provider: its key, then one request that costs no tokens, and
 /// whether the model configured for it is in the server's list.
 async fn providers(loaded: &Loaded, r: &mut Report) {

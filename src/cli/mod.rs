@@ -53,7 +53,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Check { reload: false } => return Ok(check::check(explicit)),
         Command::Check { reload: true } => return Ok(check::reload(explicit)),
-        Command::Init { workspace } => return init::init(explicit, workspace.as_deref()),
+        Command::Init { workspace, setup } => return init::init(explicit, workspace.as_deref(), setup).await,
         Command::Logs { follow, lines } => return logs::logs(follow, lines),
         Command::Doctor => return Ok(doctor::doctor(explicit).await),
         Command::Completions { shell } => {

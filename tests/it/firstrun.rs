@@ -222,3 +222,156 @@ async fn doctor_warns_of_an_unset_key_and_a_model_the_server_does_not_list() {
         "{stdout}"
     );
 }
+
+/// A `bramble` process on a pseudo-terminal, as a user at a terminal runs it.
+struct OnTerminal {
+    child: std::process::Child,
+    input: std::fs::File,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    /// How far [`OnTerminal::answer`] has read.
+    seen: usize,
+}
+
+impl OnTerminal {
+    fn start(home: &Path, args: &[&str]) -> OnTerminal {
+        use std::io::Read as _;
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let stdio = || std::process::Stdio::from(pty.slave.try_clone().expect("dup"));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .args(args)
+            .env_clear()
+            .env("HOME", home)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LANG", "C.UTF-8")
+            .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .expect("spawn bramble");
+        drop(pty.slave);
+        let master = std::fs::File::from(pty.master);
+        let input = master.try_clone().expect("dup");
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut master = master;
+            let mut buf = [0u8; 4096];
+            // EIO once the child and its copies of the terminal are gone.
+            while let Ok(n @ 1..) = master.read(&mut buf) {
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        OnTerminal { child, input, output, seen: 0 }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Wait for `prompt` (after what was answered so far), then type `line`.
+    async fn answer(&mut self, prompt: &str, line: &str) {
+        use std::io::Write as _;
+        let found = wait_until(30, || self.text()[self.seen..].contains(prompt)).await;
+        let all = self.text();
+        assert!(found, "no prompt `{prompt}`: {all}");
+        self.seen = all[self.seen..].find(prompt).map(|i| self.seen + i + prompt.len()).unwrap();
+        self.input.write_all(format!("{line}\n").as_bytes()).unwrap();
+    }
+
+    async fn finish(mut self) -> (i32, String) {
+        assert!(wait_until(60, || self.child.try_wait().unwrap().is_some()).await, "init ended: {}", self.text());
+        let code = self.child.wait().unwrap().code().unwrap_or(-1);
+        // The rest of the output, until the reader has all of it.
+        wait_until(5, || self.text().contains("Next:")).await;
+        (code, self.text())
+    }
+}
+
+#[tokio::test]
+async fn init_asks_on_a_terminal_writes_the_answers_and_checks_them() {
+    use crate::support::telegram::BOT_USERNAME;
+    // The model list of an OpenAI-compatible server that wants the key typed in.
+    let models = TestServer::start(|req| match (req.path_only(), req.header("authorization")) {
+        ("/v1/models", Some("Bearer typed-secret-key")) => {
+            Response::json(200, &serde_json::json!({"object": "list", "data": [{"id": "my-model", "object": "model"}]}))
+        }
+        ("/v1/models", _) => Response::json(401, &serde_json::json!({"error": {"message": "no key"}})),
+        _ => Response::new(404),
+    })
+    .await;
+    let tg = FakeTelegram::start("555:tok").await;
+    let home = tempfile::tempdir().unwrap();
+    let config = home.path().join(".config/bramble/config.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    // The owner's own file: its comment, its values and its order stay.
+    let own = format!(
+        "# my own notes\n[agent]\nworkspace = \"{}\"\n\n[telegram]\napi_base = \"{}\"\n[daemon]\nstate_dir = \"{}\"\n",
+        home.path().join("ws").display(),
+        tg.url(),
+        home.path().join("state").display()
+    );
+    std::fs::write(&config, &own).unwrap();
+    let mut t = OnTerminal::start(home.path(), &["init"]);
+    t.answer("Where is the model?", "5").await;
+    t.answer("The server's URL", &format!("{}/v1", models.url())).await;
+    t.answer("Model", "my-model").await;
+    t.answer("The variable that holds the API key (empty: no key)", "BRAMBLE_IT_KEY").await;
+    t.answer("Paste the key", "typed-secret-key").await;
+    t.answer("Use a Telegram bot?", "y").await;
+    t.answer("The variable that holds its token [TELEGRAM_BOT_TOKEN]", "").await;
+    t.answer("Paste the bot's token", "555:tok").await;
+    t.answer("Your Telegram user id", "42").await;
+    t.answer("Use an MQTT broker?", "n").await;
+    let (code, out) = t.finish().await;
+    assert_eq!(code, 0, "{out}");
+    // Typed without echo: the secrets never reach the screen.
+    assert!(!out.contains("typed-secret-key") && !out.contains("555:tok"), "{out}");
+    assert!(out.contains("my-model is in the server's model list"), "{out}");
+    assert!(out.contains(&format!("the bot is @{BOT_USERNAME}")), "{out}");
+    assert!(out.contains("Next: `bramble agent -m \"hello\"`, then `bramble run`."), "{out}");
+    let written = std::fs::read_to_string(&config).unwrap();
+    assert!(written.starts_with("# my own notes\n[agent]\n"), "{written}");
+    assert!(written.contains(&format!("api_base = \"{}\"", tg.url())), "{written}");
+    for key in ["kind = \"openai\"", "model = \"my-model\"", "api_key_env = \"BRAMBLE_IT_KEY\"", "allow_from = [42]"] {
+        assert!(written.contains(key), "{key}: {written}");
+    }
+    let env = home.path().join(".config/bramble/env");
+    let mode = std::fs::metadata(&env).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let env_text = std::fs::read_to_string(&env).unwrap();
+    assert!(
+        env_text.contains("\nBRAMBLE_IT_KEY=typed-secret-key\n") && env_text.contains("\nTELEGRAM_BOT_TOKEN=555:tok\n")
+    );
+    // The config and env file work for the next command as they are.
+    let check = run(home.path(), &["check"], &[]).await;
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    assert!(text(&check.stdout).contains("telegram: configured, 1 allowed user"), "{}", text(&check.stdout));
+
+    // Re-running (a script's flags) keeps every value and adds what is new.
+    let again = run(home.path(), &["init", "--provider", "anthropic", "--mqtt", "mqtt://127.0.0.1:1883"], &[]).await;
+    let out = text(&again.stdout);
+    assert!(again.status.success(), "{out}{}", text(&again.stderr));
+    assert!(out.contains("kept    [provider] kind (already set)"), "{out}");
+    assert!(out.contains("set     [mqtt] url = \"mqtt://127.0.0.1:1883\""), "{out}");
+    let after = std::fs::read_to_string(&config).unwrap();
+    assert!(after.contains("kind = \"openai\"") && after.contains("url = \"mqtt://127.0.0.1:1883\""), "{after}");
+    assert!(after.starts_with(&written.trim_end().to_string()), "only added to: {after}");
+}
+
+#[tokio::test]
+async fn init_flags_are_checked_and_nothing_is_asked_without_a_terminal() {
+    let home = tempfile::tempdir().unwrap();
+    let bad = run(home.path(), &["init", "--provider", "other"], &[]).await;
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("--provider other needs --base-url"), "{}", text(&bad.stderr));
+    let bad = run(home.path(), &["init", "--telegram-token-env", "NOT A NAME"], &[]).await;
+    assert!(text(&bad.stderr).contains("is not a variable name"), "{}", text(&bad.stderr));
+    let ok = run(home.path(), &["init", "--provider", "ollama", "--model", "qwen2.5:0.5b"], &[]).await;
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    let written = std::fs::read_to_string(home.path().join(".config/bramble/config.toml")).unwrap();
+    assert!(
+        written.contains("base_url = \"http://127.0.0.1:11434/v1\"") && written.contains("model = \"qwen2.5:0.5b\"")
+    );
+    assert!(!written.lines().any(|l| l.starts_with("api_key_env")), "a LAN server needs no key: {written}");
+}
