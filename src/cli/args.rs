@@ -41,9 +41,10 @@ pub enum Command {
         /// The message; without it, read messages from the terminal until EOF or `exit`
         #[arg(short, long, value_name = "TEXT")]
         message: Option<String>,
-        /// Session key: turns with the same key share history
-        #[arg(short, long, value_name = "KEY", default_value = "cli:direct")]
-        session: String,
+        /// Session key: turns with the same key share history [default: cli:direct for the chat,
+        /// cli:message for -m, so that one-off messages stay out of the chat's history]
+        #[arg(short, long, value_name = "KEY")]
+        session: Option<String>,
     },
     /// Scheduled jobs: reminders, agent tasks and commands
     #[command(subcommand)]

@@ -375,3 +375,58 @@ async fn init_flags_are_checked_and_nothing_is_asked_without_a_terminal() {
     );
     assert!(!written.lines().any(|l| l.starts_with("api_key_env")), "a LAN server needs no key: {written}");
 }
+
+/// The build script names only files that exist: cargo reruns it (and
+/// rebuilds bramble) at every build for one that does not.
+#[test]
+fn the_build_script_watches_only_files_that_exist() {
+    let output = Path::new(env!("OUT_DIR")).parent().unwrap().join("output");
+    let text = std::fs::read_to_string(&output).unwrap();
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let watched: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("cargo:rerun-if-changed=")).collect();
+    assert!(watched.contains(&"build.rs"), "{text}");
+    for path in watched {
+        assert!(manifest.join(path).exists(), "rerun-if-changed on a missing {path}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn agent_m_has_its_own_session_unless_s_is_given() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let cfg = home.config.to_str().unwrap();
+    fake.push(Reply::text("ok one"));
+    assert!(run(home.path(), &["--config", cfg, "agent", "-m", "one-off question"], &[]).await.status.success());
+    // The chat does not see the one-off message.
+    fake.push(Reply::text("ok two"));
+    let chat =
+        crate::support::setup::bramble(home.path(), &["--config", cfg, "agent"], Some("chat message\nexit\n")).await;
+    assert!(chat.status.success(), "{}", text(&chat.stderr));
+    let sent = fake.last_request().unwrap().to_string();
+    assert!(sent.contains("chat message") && !sent.contains("one-off question"), "{sent}");
+    // `-s cli:direct` joins the chat's session on purpose.
+    fake.push(Reply::text("ok three"));
+    let joined = run(home.path(), &["--config", cfg, "agent", "-s", "cli:direct", "-m", "follow-up"], &[]).await;
+    assert!(joined.status.success());
+    let sent = fake.last_request().unwrap().to_string();
+    assert!(sent.contains("chat message") && sent.contains("follow-up"), "{sent}");
+    // The next `-m` remembers only the earlier `-m`.
+    fake.push(Reply::text("ok four"));
+    assert!(run(home.path(), &["--config", cfg, "agent", "-m", "second one-off"], &[]).await.status.success());
+    let sent = fake.last_request().unwrap().to_string();
+    assert!(sent.contains("one-off question") && !sent.contains("chat message"), "{sent}");
+}
+
+#[tokio::test]
+async fn the_man_page_has_files_environment_exit_status_and_examples_and_no_missing_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let man = text(&run(dir.path(), &["man"], &[]).await.stdout);
+    for section in [".SH FILES", ".SH ENVIRONMENT", ".SH \"EXIT STATUS\"", ".SH EXAMPLES", ".SH COMMANDS"] {
+        assert!(man.contains(section), "{section}: {man}");
+    }
+    assert!(man.contains("~/.config/bramble/env") && man.contains("BRAMBLE_CONFIG"), "{man}");
+    // Every command, nested ones by their full name, and no `bramble-init(1)`: there is one page.
+    assert!(man.contains("\\fBbramble cron add\\fR") && man.contains("\\fBbramble init\\fR"), "{man}");
+    let refs: Vec<&str> = man.split_whitespace().filter(|w| w.contains("(1)") || w.contains("(5)")).collect();
+    assert!(refs.is_empty(), "references to other pages: {refs:?}");
+}
