@@ -430,3 +430,103 @@ async fn the_man_page_has_files_environment_exit_status_and_examples_and_no_miss
     let refs: Vec<&str> = man.split_whitespace().filter(|w| w.contains("(1)") || w.contains("(5)")).collect();
     assert!(refs.is_empty(), "references to other pages: {refs:?}");
 }
+
+/// A directory shaped like `cross/release.sh`'s output for `arch`: a small
+/// real .deb (dpkg-deb), a tarball and SHA256SUMS (`sha256sum`'s format).
+fn release_dir(arch: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("pkg");
+    std::fs::create_dir_all(pkg.join("DEBIAN")).unwrap();
+    std::fs::create_dir_all(pkg.join("usr/bin")).unwrap();
+    std::fs::write(pkg.join("usr/bin/bramble"), "#!/bin/sh\necho fake bramble\n").unwrap();
+    std::fs::write(
+        pkg.join("DEBIAN/control"),
+        format!("Package: bramble\nVersion: 9.9.9\nArchitecture: {arch}\nMaintainer: t <t@t>\nDescription: test\n"),
+    )
+    .unwrap();
+    let deb = dir.path().join(format!("bramble_9.9.9_{arch}.deb"));
+    let built = std::process::Command::new("dpkg-deb").arg("--build").arg(&pkg).arg(&deb).output().unwrap();
+    assert!(built.status.success(), "{}", text(&built.stderr));
+    std::fs::remove_dir_all(&pkg).unwrap();
+    std::fs::write(dir.path().join("bramble-9.9.9-x86_64-linux-gnu.tar.gz"), "not used").unwrap();
+    let sums = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("sha256sum -- *.deb *.tar.gz > SHA256SUMS")
+        .current_dir(dir.path())
+        .status()
+        .unwrap();
+    assert!(sums.success());
+    dir
+}
+
+/// Serve `dir`'s files by name (GET /NAME), as a release page does.
+async fn serve(dir: &Path) -> TestServer {
+    let dir = dir.to_path_buf();
+    TestServer::start(move |req| {
+        let name = req.path_only().trim_start_matches('/');
+        match std::fs::read(dir.join(name)) {
+            Ok(body) if !name.contains('/') && !name.is_empty() => Response::new(200).body(body),
+            _ => Response::new(404),
+        }
+    })
+    .await
+}
+
+async fn install_sh(args: &[&str]) -> Output {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("install.sh");
+    tokio::process::Command::new("sh").arg(script).args(args).output().await.expect("sh install.sh")
+}
+
+#[tokio::test]
+async fn install_sh_picks_this_machines_deb_checks_its_sum_and_refuses_a_mismatch() {
+    let arch = text(&std::process::Command::new("dpkg").arg("--print-architecture").output().unwrap().stdout);
+    let arch = arch.trim();
+    let release = release_dir(arch);
+    // The other boards' packages are there too: the right one is picked.
+    let other = if arch == "arm64" { "armhf" } else { "arm64" };
+    let other_dir = release_dir(other);
+    std::fs::copy(
+        other_dir.path().join(format!("bramble_9.9.9_{other}.deb")),
+        release.path().join(format!("bramble_9.9.9_{other}.deb")),
+    )
+    .unwrap();
+    let sums = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("sha256sum -- *.deb *.tar.gz > SHA256SUMS")
+        .current_dir(release.path())
+        .status()
+        .unwrap();
+    assert!(sums.success());
+    let server = serve(release.path()).await;
+    let into = tempfile::tempdir().unwrap();
+    let dest = into.path().join("dl");
+    let out = install_sh(&["--base-url", &server.url(), "--download-only", dest.to_str().unwrap()]).await;
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let deb = format!("bramble_9.9.9_{arch}.deb");
+    assert!(stdout.contains(&format!("== checksum ok: {deb}")), "{stdout}");
+    assert!(dest.join(&deb).is_file() && !dest.join(format!("bramble_9.9.9_{other}.deb")).exists());
+    // A dry run says what it would install, with apt.
+    let out = install_sh(&["--base-url", &server.url(), "--dry-run"]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("would run: apt-get install -y ") && stdout.contains(&deb),
+        "{stdout}"
+    );
+
+    // An altered package: refused, deleted, nothing installed.
+    std::fs::write(release.path().join(&deb), b"a different file").unwrap();
+    let dest2 = into.path().join("dl2");
+    let out = install_sh(&["--base-url", &server.url(), "--download-only", dest2.to_str().unwrap()]).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("checksum mismatch for {deb}: not installed")), "{err}");
+    assert!(!dest2.join(&deb).exists(), "the altered file is deleted");
+    // No package for the board, no address, a plain-http address elsewhere: clear refusals.
+    let out = install_sh(&["--base-url", &server.url(), "--arch", "armel", "--dry-run"]).await;
+    assert!(text(&out.stderr).contains("no build for ARMv6"), "{}", text(&out.stderr));
+    let out = install_sh(&["--dry-run"]).await;
+    assert!(text(&out.stderr).contains("no release address: pass --base-url"), "{}", text(&out.stderr));
+    let out = install_sh(&["--base-url", "http://example.org/r", "--dry-run"]).await;
+    assert!(text(&out.stderr).contains("must be https://"), "{}", text(&out.stderr));
+}
