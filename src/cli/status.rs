@@ -75,8 +75,10 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         // The state is private; the running service says whether it answers (and what members may).
         println!("daemon:     {}", esc(&super::service::control_line().await));
     } else {
-        let answers = facts.as_ref().map(|f| format!(" (pid {}, answers on its control socket)", f.pid));
-        println!("daemon:     {}{}", daemon_line(&loaded.paths.state_dir), answers.unwrap_or_default());
+        println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
+        if let Some(f) = &facts {
+            println!("control:    pid {} answers on its control socket: lines marked so are its own view", f.pid);
+        }
     }
     if let Some(service) = service_line() {
         println!("service:    {service}");

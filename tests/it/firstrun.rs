@@ -153,7 +153,7 @@ async fn status_and_pair_ask_the_running_daemon_and_say_where_they_read() {
     let status = text(&run(home.path(), &["--config", &cfg, "status"], &[]).await.stdout);
     assert_eq!(line(&status, "api key:"), "api key:    set (from the running daemon)");
     assert_eq!(line(&status, "telegram:"), "telegram:   configured, 1 allowed user (from the running daemon)");
-    assert!(line(&status, "daemon:").contains(&format!("(pid {}, answers on its control socket)", daemon.pid())));
+    assert!(line(&status, "control:").contains(&format!("pid {} answers on its control socket", daemon.pid())));
     let pair = run(home.path(), &["--config", &cfg, "pair"], &[]).await;
     assert!(pair.status.success(), "{}", text(&pair.stderr));
     assert!(text(&pair.stdout).contains("Telegram is configured in the running daemon"), "{}", text(&pair.stdout));
