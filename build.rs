@@ -70,6 +70,15 @@ fn flag(name: &str) -> bool {
     std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
 }
 
+/// `rerun-if-changed` for `path` when it exists; whether it does.
+fn rerun_if_exists(path: &str) -> bool {
+    let exists = std::path::Path::new(path).exists();
+    if exists {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    exists
+}
+
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git").args(args).output().ok().filter(|o| o.status.success())?;
     let text = String::from_utf8(out.stdout).ok()?;
@@ -87,16 +96,23 @@ fn main() {
     };
     println!("cargo:rustc-env=BRAMBLE_VERSION={version}");
     // Again when HEAD moves: HEAD itself names a branch, whose ref file moves.
+    // Only paths that exist: cargo reruns the script at every build for one
+    // that does not (a checkout without packed-refs, a branch only packed).
     if let Some(head) = git(&["rev-parse", "--git-path", "HEAD"]) {
-        println!("cargo:rerun-if-changed={head}");
+        rerun_if_exists(&head);
     }
     if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
         if let Some(path) = git(&["rev-parse", "--git-path", &reference]) {
-            println!("cargo:rerun-if-changed={path}");
+            // A packed branch has no file yet: its directory shows when it gets one.
+            if !rerun_if_exists(&path) {
+                if let Some(dir) = std::path::Path::new(&path).parent() {
+                    rerun_if_exists(&dir.to_string_lossy());
+                }
+            }
         }
     }
     if let Some(packed) = git(&["rev-parse", "--git-path", "packed-refs"]) {
-        println!("cargo:rerun-if-changed={packed}");
+        rerun_if_exists(&packed);
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/cli/args.rs");
@@ -115,9 +131,7 @@ fn docs(version: &str) -> std::io::Result<()> {
     let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let version: &'static str = Box::leak(version.to_string().into_boxed_str());
     let cmd = args::Cli::command().version(version);
-    let mut page = Vec::new();
-    clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
-    write_both(&out.join("bramble.1"), &page)?;
+    write_both(&out.join("bramble.1"), &man_page(&cmd)?)?;
     for (shell, file) in [
         (clap_complete::Shell::Bash, "bramble.bash"),
         (clap_complete::Shell::Zsh, "_bramble"),
@@ -129,6 +143,112 @@ fn docs(version: &str) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// The man page: clap's NAME, SYNOPSIS, DESCRIPTION and OPTIONS; then every
+/// command here (clap's own list points at `bramble-init(1)` and such, pages
+/// that do not exist), EXIT STATUS, ENVIRONMENT, FILES and EXAMPLES.
+fn man_page(cmd: &clap::Command) -> std::io::Result<Vec<u8>> {
+    let man = clap_mangen::Man::new(cmd.clone());
+    let mut page = Vec::new();
+    man.render_title(&mut page)?;
+    man.render_name_section(&mut page)?;
+    man.render_synopsis_section(&mut page)?;
+    man.render_description_section(&mut page)?;
+    man.render_options_section(&mut page)?;
+    page.extend_from_slice(b".SH COMMANDS\n");
+    commands(&mut page, cmd, "bramble");
+    page.extend_from_slice(MAN_SECTIONS.as_bytes());
+    man.render_version_section(&mut page)?;
+    Ok(page)
+}
+
+/// `.TP` entries for each visible subcommand of `cmd`, nested ones by their full name.
+fn commands(page: &mut Vec<u8>, cmd: &clap::Command, prefix: &str) {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+        let name = format!("{prefix} {}", sub.get_name());
+        let about = sub.get_about().map(|a| a.to_string()).unwrap_or_default();
+        page.extend_from_slice(format!(".TP\n\\fB{}\\fR\n{}\n", roff(&name), roff(&about)).as_bytes());
+        commands(page, sub, &name);
+    }
+}
+
+/// Text safe in a roff line: backslashes and hyphens escaped, no leading control character.
+fn roff(text: &str) -> String {
+    let escaped = text.replace('\\', "\\e").replace('-', "\\-");
+    escaped
+        .lines()
+        .map(|l| if l.starts_with(['.', '\'']) { format!("\\&{l}") } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What `--help` does not say: exit codes, the environment, the files, examples.
+const MAN_SECTIONS: &str = r#".SH "EXIT STATUS"
+.TP
+\fB0\fR
+Success.
+.TP
+\fB1\fR
+An error: the message on standard error says what to do (a config error names FILE:LINE:COL).
+\fBbramble doctor\fR exits 1 when any check is an error.
+.TP
+\fB2\fR
+The command line was wrong (an unknown command or flag).
+.TP
+\fB130\fR
+\fBbramble agent \-m\fR was stopped with Ctrl\-C.
+.SH ENVIRONMENT
+.TP
+\fBBRAMBLE_CONFIG\fR
+The config file, as \fB\-\-config\fR.
+.TP
+\fBOPENAI_API_KEY\fR, \fBANTHROPIC_API_KEY\fR
+The provider's key, unless \fBapi_key_env\fR in [provider] names another variable.
+.TP
+\fBXDG_CONFIG_HOME\fR, \fBXDG_STATE_HOME\fR, \fBXDG_DATA_HOME\fR
+Where the config, the state and the workspace are by default.
+.TP
+\fBRUST_LOG\fR
+The log filter; it wins over [daemon] log_level.
+.PP
+Variables set in the environment win over the env file (see FILES).
+.SH FILES
+.TP
+\fI~/.config/bramble/config.toml\fR
+The config (\fBbramble init\fR writes a commented one; \fBbramble check\fR validates it).
+.TP
+\fI~/.config/bramble/env\fR
+KEY=VALUE lines (API keys, bot tokens) read by the daemon and every command alike.
+It must be readable by its owner only (chmod 600): otherwise it is not read.
+.TP
+\fI~/.local/state/bramble/\fR
+The state: sessions, jobs, the outbox, the audit file, the control socket.
+.TP
+\fI~/.local/share/bramble/workspace/\fR
+The agent's workspace: AGENTS.md, SOUL.md, HEARTBEAT.md, memory/, skills/.
+.TP
+\fI/etc/bramble/config.toml\fR, \fI/etc/bramble/env\fR, \fI/var/lib/bramble/\fR
+The installed service's config, secrets and state (the .deb); \fBsudo bramble ...\fR acts as its user.
+.SH EXAMPLES
+.TP
+\fBbramble init\fR
+Set up: asks for the provider, model, key, Telegram and MQTT on a terminal.
+.TP
+\fBbramble init \-\-non\-interactive \-\-provider ollama \-\-model qwen2.5:3b\fR
+The same from a script.
+.TP
+\fBbramble doctor\fR
+Check the config, the provider, Telegram, MQTT, the clock and the disk.
+.TP
+\fBbramble agent \-m "what is the load average?"\fR
+One turn in the terminal.
+.TP
+\fBbramble cron add tea \-\-every 1h \-\-remind "drink tea"\fR
+A reminder every hour.
+.TP
+\fBbramble run\fR
+The daemon in the foreground (under systemd: \fBsystemctl enable \-\-now bramble\fR).
+"#;
 
 /// `path` and `path.gz`.
 fn write_both(path: &std::path::Path, text: &[u8]) -> std::io::Result<()> {

@@ -44,17 +44,25 @@ fi
 
 version="${DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)}"
 [ -n "$version" ] || { echo "error: no version in Cargo.toml" >&2; exit 1; }
-# The newest glibc symbol version the binary uses, as the libc6 floor (at least 2.34).
+# The libc6 floor: 2.36 for every build (Debian 12, Raspberry Pi OS bookworm),
+# the one cross/README.md and README.md name, or the newest glibc symbol
+# version the binary uses if that is newer.
 glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
-glibc=$(printf '%s\n2.34\n' "$glibc" | sort -V | tail -1)
+glibc=$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)
 # Packed relative relocations (build.rs, x86-64) need glibc 2.36, named by a
 # version dependency rather than a symbol.
 if objdump -p "$bin" | grep -q GLIBC_ABI_DT_RELR; then
     glibc=$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)
 fi
 
-# Set DEB_MAINTAINER="Name <mail>" for packages you publish.
-maintainer="${DEB_MAINTAINER:-bramble developers <bramble-dev@example.org>}"
+# DEB_MAINTAINER="Name <address>" names who answers for the package. A
+# release (cross/release.sh, the release workflow) requires it; a local build
+# says it is a local one.
+maintainer="${DEB_MAINTAINER:-$(git config user.name 2>/dev/null || echo "$(id -un)") (local build) <$(git config user.email 2>/dev/null || echo "$(id -un)@$(hostname)")>}"
+case "$maintainer" in
+    *"<"*"@"*">"*) ;;
+    *) echo "error: DEB_MAINTAINER must be \"Name <address>\": $maintainer" >&2; exit 1 ;;
+esac
 out="${OUT_DIR:-target-deb}"
 mkdir -p "$out"
 root=$(mktemp -d)
@@ -105,6 +113,9 @@ Copyright: 2026 the bramble authors
 License: MIT or Apache-2.0
  On Debian systems the Apache License 2.0 is in
  /usr/share/common-licenses/Apache-2.0.
+
+License: MIT
+$(sed 's/^$/./; s/^/ /' LICENSE-MIT)
 EOF
 printf 'bramble (%s) unstable; urgency=medium\n\n  * Built by cross/deb.sh.\n\n -- %s  %s\n' \
     "$version" "$maintainer" "$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}")" |

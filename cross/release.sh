@@ -8,7 +8,9 @@
 # target-release/<VERSION>/:
 #   bramble_<VERSION>_{amd64,arm64,armhf}.deb
 #   bramble-<VERSION>-{x86_64,aarch64,armv7}-linux-gnu.tar.gz
-#       bramble-<VERSION>-<arch>/bramble, bramble.service, README.md, LICENSE-NOTICE
+#       bramble-<VERSION>-<arch>/bramble, bramble.service, README.md, LICENSE-NOTICE,
+#       LICENSE-MIT, LICENSE-APACHE
+# DEB_MAINTAINER="Name <address>" is required: the .debs' Maintainer line.
 #   SHA256SUMS
 #
 # The packaging is deterministic: files sorted, owned by root, dated at the
@@ -33,6 +35,10 @@ if [ "$version" != "$cargo_version" ]; then
 fi
 if [ -n "$(git status --porcelain --untracked-files=no)" ] && [ "${RELEASE_ALLOW_DIRTY:-}" != 1 ]; then
     echo "error: the checkout has uncommitted changes; commit them (or RELEASE_ALLOW_DIRTY=1 for a trial)" >&2
+    exit 1
+fi
+if [ -z "${DEB_MAINTAINER:-}" ]; then
+    echo "error: set DEB_MAINTAINER=\"Name <address>\" (the .debs' Maintainer: who answers for them)" >&2
     exit 1
 fi
 commit=$(git rev-parse --short=12 HEAD)
@@ -78,7 +84,7 @@ tarball() {
     dir=$(mktemp -d)
     mkdir "$dir/$name"
     install -m 0755 "$bin" "$dir/$name/bramble"
-    install -m 0644 systemd/bramble.service README.md "$dir/$name/"
+    install -m 0644 systemd/bramble.service README.md LICENSE-MIT LICENSE-APACHE "$dir/$name/"
     printf 'bramble %s (%s)\nCopyright 2026 the bramble authors\nLicense: MIT OR Apache-2.0 (Cargo.toml)\n' \
         "$version" "$commit" >"$dir/$name/LICENSE-NOTICE"
     touch -d "@$SOURCE_DATE_EPOCH" "$dir/$name" "$dir/$name"/*

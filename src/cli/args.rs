@@ -25,11 +25,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Write a commented config.toml and the workspace templates (never overwrites a file)
+    /// Write a commented config.toml, the env file and the workspace templates; on a terminal, ask
+    /// for the provider, model, key, Telegram and MQTT first (re-running keeps what is set)
     Init {
         /// Where the agent's workspace goes [default: from the config, else ~/.local/share/bramble/workspace]
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
+        #[command(flatten)]
+        setup: InitSetup,
     },
     /// The daemon: scheduler, heartbeat, agent and channels (SIGHUP reloads, SIGTERM stops)
     Run,
@@ -38,9 +41,10 @@ pub enum Command {
         /// The message; without it, read messages from the terminal until EOF or `exit`
         #[arg(short, long, value_name = "TEXT")]
         message: Option<String>,
-        /// Session key: turns with the same key share history
-        #[arg(short, long, value_name = "KEY", default_value = "cli:direct")]
-        session: String,
+        /// Session key: turns with the same key share history [default: cli:direct for the chat,
+        /// cli:message for -m, so that one-off messages stay out of the chat's history]
+        #[arg(short, long, value_name = "KEY")]
+        session: Option<String>,
     },
     /// Scheduled jobs: reminders, agent tasks and commands
     #[command(subcommand)]
@@ -293,4 +297,45 @@ mod tests {
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
     }
+}
+
+/// `bramble init`'s answers given as flags (for scripts; a terminal is asked the rest).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct InitSetup {
+    /// Where the model is
+    #[arg(long, value_enum)]
+    pub provider: Option<ProviderChoice>,
+    /// The server's URL (Ollama/LAN, OpenRouter or another OpenAI-compatible server)
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// The model's name as the server knows it
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The variable that holds the API key [default: by provider, e.g. OPENAI_API_KEY]
+    #[arg(long, value_name = "NAME")]
+    pub key_env: Option<String>,
+    /// The variable that holds the Telegram bot's token (from @BotFather)
+    #[arg(long, value_name = "NAME")]
+    pub telegram_token_env: Option<String>,
+    /// A Telegram user id the bot answers (repeatable; or `bramble pair` later)
+    #[arg(long, value_name = "ID")]
+    pub allow_from: Vec<i64>,
+    /// The MQTT broker's URL (mqtt://host:1883)
+    #[arg(long, value_name = "URL")]
+    pub mqtt: Option<String>,
+    /// Ask nothing, even on a terminal
+    #[arg(long)]
+    pub non_interactive: bool,
+}
+
+/// The providers `init` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderChoice {
+    Openai,
+    Anthropic,
+    /// Ollama or another server on the LAN
+    Ollama,
+    Openrouter,
+    /// Another OpenAI-compatible server (give --base-url)
+    Other,
 }

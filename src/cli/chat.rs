@@ -11,7 +11,17 @@ use crate::config::Loaded;
 use crate::daemon::assemble;
 use crate::delivery::outbox::Outbox;
 
-pub(super) async fn agent(loaded: &Loaded, message: Option<String>, session: String) -> anyhow::Result<ExitCode> {
+/// The session of `bramble agent -m` when `-s` is not given: its own, not the chat's.
+const MESSAGE_SESSION: &str = "cli:message";
+/// The chat's.
+const CHAT_SESSION: &str = "cli:direct";
+
+pub(super) async fn agent(
+    loaded: &Loaded,
+    message: Option<String>,
+    session: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let session = session.unwrap_or_else(|| if message.is_some() { MESSAGE_SESSION } else { CHAT_SESSION }.to_string());
     let assemble::Terminal { agent, outbound_tx, outbound_rx: mut outbound, outbox, sandbox } =
         assemble::terminal(loaded);
     // Messages the agent sends mid-turn (the `message` tool).

@@ -17,7 +17,20 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
         Some(p) => println!("{}: ok", p.display()),
         None => println!("no config file at {} (all defaults): ok", config::default_config_path().display()),
     }
-    println!("telegram: {}", telegram_summary(&loaded.config.telegram, &loaded.paths.state_dir));
+    let telegram = &loaded.config.telegram;
+    println!("telegram: {}", telegram_summary(telegram, telegram.token().is_some(), &loaded.paths.state_dir));
+    // A key variable named for an own server and not set: every turn would fail
+    // (the public endpoints' missing keys are among the config's warnings).
+    for p in loaded.config.providers.iter().filter(|p| !p.key_required()) {
+        if let config::env::KeyState::Unset(env) = config::env::key_state(p) {
+            println!(
+                "warning: the {} provider's api_key_env names {env}, which is not set (read in this shell): every \
+                 turn fails until it is; set it here and in the daemon's environment, or in {}",
+                p.name(),
+                config::env::path().display()
+            );
+        }
+    }
     for w in config::warnings(&loaded) {
         println!("warning: {w}");
     }
@@ -69,11 +82,14 @@ pub(super) fn reload(explicit: Option<&Path>) -> ExitCode {
 
 /// Whether Telegram is configured and who may use it (no network).
 /// Usernames are shown with the id they are pinned to (issue 22).
-pub(super) fn telegram_summary(t: &config::TelegramConfig, state_dir: &Path) -> String {
-    match (t.token(), t.allow_from.len()) {
-        (None, _) => "not configured".into(),
-        (Some(_), 0) => "configured, but allow_from is empty: it answers nobody".into(),
-        (Some(_), n) => {
+pub(super) fn telegram_summary(t: &config::TelegramConfig, token: bool, state_dir: &Path) -> String {
+    match (token, t.allow_from.len()) {
+        (false, _) if t.token_env.is_some() => {
+            format!("not configured: token_env names {}, which is not set", t.token_env.as_deref().unwrap_or_default())
+        }
+        (false, _) => "not configured".into(),
+        (true, 0) => "configured, but allow_from is empty: it answers nobody".into(),
+        (true, n) => {
             let mut line = format!("configured, {n} allowed user{}", if n == 1 { "" } else { "s" });
             if let Some(pins) = crate::policy::pins::pins_summary(&t.allow_from, state_dir) {
                 line.push_str(&format!(" ({pins})"));

@@ -114,8 +114,19 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
     }
 }
 
-/// Each provider: its key, then one request that costs no tokens.
+/// `bramble init`'s checks after it wrote the answers: the providers and
+/// Telegram, as [`doctor`] prints them. Whether none was an error.
+pub(super) async fn first_checks(loaded: &Loaded) -> bool {
+    let mut r = Report::default();
+    providers(loaded, &mut r).await;
+    telegram(loaded, &mut r).await;
+    r.errors == 0
+}
+
+/// Each provider: its key, then one request that costs no tokens, and
+/// whether the model configured for it is in the server's list.
 async fn providers(loaded: &Loaded, r: &mut Report) {
+    use crate::config::env::KeyState;
     for p in &loaded.config.providers {
         let what = format!("provider {}", p.name());
         let client = match crate::provider::client(p) {
@@ -125,12 +136,28 @@ async fn providers(loaded: &Loaded, r: &mut Report) {
                 continue;
             }
         };
-        let key = match p.api_key() {
-            Some(_) => "key set".to_string(),
-            None => "no key needed (own base_url)".to_string(),
+        let key = match crate::config::env::key_state(p) {
+            KeyState::Set => "key set".to_string(),
+            KeyState::NotNeeded => "no key needed (own base_url, no api_key_env)".to_string(),
+            KeyState::Unset(env) => {
+                let file = crate::config::env::path();
+                r.line(
+                    Level::Warning,
+                    &what,
+                    format!(
+                        "api_key_env names {env}, which is not set (read in this shell): every turn fails until it \
+                         is; set it, or put it in {}",
+                        file.display()
+                    ),
+                );
+                continue;
+            }
         };
         match client.probe().await {
-            Ok(found) => r.line(Level::Ok, &what, format!("{key}; reachable ({found}; no tokens spent)")),
+            Ok(found) => {
+                r.line(Level::Ok, &what, format!("{key}; reachable ({}; no tokens spent)", found.summary));
+                model_listed(loaded, p, found.models.as_deref(), r);
+            }
             // Not found, not allowed, not implemented: a server without a model list.
             Err(crate::provider::ProviderError::Http { status: 404 | 405 | 501, .. }) => r.line(
                 Level::Warning,
@@ -141,6 +168,39 @@ async fn providers(loaded: &Loaded, r: &mut Report) {
                 r.line(Level::Error, &what, format!("{e}: check the key ({})", p.key_env()))
             }
             Err(e) => r.line(Level::Error, &what, format!("{e}: is {} right and up?", p.base_url())),
+        }
+    }
+}
+
+/// Whether the models configured for `p` are in the list its server gave.
+fn model_listed(loaded: &Loaded, p: &crate::config::ProviderConfig, listed: Option<&[String]>, r: &mut Report) {
+    let Some(listed) = listed.filter(|l| !l.is_empty()) else { return };
+    let c = &loaded.config;
+    // One provider: the model turns use. Several: each one's own, and `[agent] model`'s `name/model`.
+    let mut wanted = vec![if c.providers.len() == 1 { c.model() } else { p.default_model() }.to_string()];
+    if let Some((name, model)) = c.model().split_once('/').filter(|_| c.providers.len() > 1) {
+        if p.is_named() && name == p.name() {
+            wanted.push(model.to_string());
+        }
+    }
+    wanted.dedup();
+    let what = format!("model {}", p.name());
+    for model in wanted {
+        // Ollama lists `llama3.2:latest` for `llama3.2`.
+        let found = listed.iter().any(|m| *m == model || m.strip_suffix(":latest") == Some(&model));
+        if found {
+            r.line(Level::Ok, &what, format!("{model} is in the server's model list"));
+        } else {
+            let some: Vec<&str> = listed.iter().take(5).map(String::as_str).collect();
+            r.line(
+                Level::Warning,
+                &what,
+                format!(
+                    "{model} is not in the server's list of {} models (e.g. {}): check the spelling in the config",
+                    listed.len(),
+                    some.join(", ")
+                ),
+            );
         }
     }
 }

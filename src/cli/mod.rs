@@ -45,10 +45,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         _ => service::enter(explicit)?,
     };
+    // The owner's env file, read before anything else starts a thread (the
+    // installed service reads /etc/bramble/env through systemd instead).
+    let env_file = match (&acting, &cli.command) {
+        (_, Command::Completions { .. } | Command::Man) => None,
+        (service::Acting::Own, _) => read_env_file(),
+        _ => None,
+    };
     match cli.command {
         Command::Check { reload: false } => return Ok(check::check(explicit)),
         Command::Check { reload: true } => return Ok(check::reload(explicit)),
-        Command::Init { workspace } => return init::init(explicit, workspace.as_deref()),
+        Command::Init { workspace, setup } => return init::init(explicit, workspace.as_deref(), setup).await,
         Command::Logs { follow, lines } => return logs::logs(follow, lines),
         Command::Doctor => return Ok(doctor::doctor(explicit).await),
         Command::Completions { shell } => {
@@ -72,6 +79,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
     crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
+    if let Some((path, applied)) = &env_file {
+        let kept = if applied.kept.is_empty() {
+            String::new()
+        } else {
+            format!("; already set in the environment, which wins: {}", applied.kept.join(", "))
+        };
+        tracing::info!("env file {}: set {}{kept}", path.display(), applied.set.join(", "));
+    }
     match cli.command {
         Command::Run => {
             let control: crate::daemon::control::Handler = std::sync::Arc::new(cron::serve);
@@ -90,6 +105,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         | Command::Doctor
         | Command::Completions { .. }
         | Command::Man => unreachable!("handled above"),
+    }
+}
+
+/// Read the owner's env file (`~/.config/bramble/env`) into this process;
+/// a file others may read is refused, loudly, and its values never shown.
+fn read_env_file() -> Option<(std::path::PathBuf, config::env::Applied)> {
+    let path = config::env::path();
+    match config::env::read(&path) {
+        Ok(None) => None,
+        Ok(Some(file)) => Some((path, config::env::apply(&file))),
+        Err(e) => {
+            eprintln!("bramble: warning: {e}");
+            None
+        }
     }
 }
 
@@ -146,8 +175,18 @@ async fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -
         eprintln!("bramble: {id} is not a paired user (`bramble pair --list`; ids in allow_from are the config's)");
         return Ok(ExitCode::FAILURE);
     }
-    if loaded.config.telegram.token().is_none() {
-        anyhow::bail!("Telegram is not configured ([telegram] token_env): there is no bot to pair with");
+    // The running daemon's word first: its environment may hold the token this shell lacks.
+    match status::daemon_facts(loaded).await {
+        Some(f) if f.telegram_token => println!("(Telegram is configured in the running daemon, pid {})", f.pid),
+        Some(_) => anyhow::bail!(
+            "Telegram is not configured in the running daemon ([telegram] token_env; from the running daemon): \
+             there is no bot to pair with"
+        ),
+        None if loaded.config.telegram.token().is_none() => anyhow::bail!(
+            "Telegram is not configured ([telegram] token_env; read in this shell, no daemon answered): there is \
+             no bot to pair with"
+        ),
+        None => {}
     }
     crate::util::fs::create_private_dir(state)?;
     let (code, expires) = pairing::new_code(state, jiff::Timestamp::now())?;

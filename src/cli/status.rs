@@ -11,8 +11,10 @@
 
 use std::process::ExitCode;
 
+use crate::config::env::key_state;
 use crate::config::Loaded;
 use crate::daemon::assemble;
+use crate::daemon::control::Facts;
 
 use super::check::telegram_summary;
 use super::when;
@@ -63,21 +65,27 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
         .is_err();
     // Printed section by section: connecting MCP servers (the parts' section) may take a moment.
     let show = |lines: Vec<String>| lines.iter().for_each(|line| println!("{line}"));
+    // The secrets the running daemon has, which this shell may lack (or have other ones).
+    let facts = daemon_facts(loaded).await;
     show(config_lines(loaded, acting));
-    show(provider_lines(loaded));
+    show(env_lines(facts.as_ref()));
+    show(provider_lines(loaded, facts.as_ref()));
     show(path_lines(loaded));
     if *acting == Acting::ServiceConfigOnly {
         // The state is private; the running service says whether it answers (and what members may).
         println!("daemon:     {}", esc(&super::service::control_line().await));
     } else {
         println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
+        if let Some(f) = &facts {
+            println!("control:    pid {} answers on its control socket: lines marked so are its own view", f.pid);
+        }
     }
     if let Some(service) = service_line() {
         println!("service:    {service}");
     }
     show(parts_lines(loaded).await);
     show(exec_lines(loaded));
-    show(channel_lines(loaded));
+    show(channel_lines(loaded, facts.as_ref()));
     show(usage_lines(loaded, private));
     show(schedule_lines(loaded, private));
     show(outbox_lines(loaded, private));
@@ -97,13 +105,41 @@ fn config_lines(loaded: &Loaded, acting: &super::service::Acting) -> Vec<String>
     vec![format!("config:     {path}{whose}")]
 }
 
+/// The running daemon's [`Facts`], when one answers on its control socket.
+pub(super) async fn daemon_facts(loaded: &Loaded) -> Option<Facts> {
+    let (path, _) = crate::daemon::control::socket_path(loaded);
+    if !path.exists() {
+        return None;
+    }
+    crate::daemon::control::facts(&path, std::time::Duration::from_secs(3)).await.ok()
+}
+
+/// Where a line's secrets were looked up.
+fn source(facts: Option<&Facts>) -> &'static str {
+    match facts {
+        Some(_) => "(from the running daemon)",
+        None => "(read in this shell)",
+    }
+}
+
+/// The env file, as this shell read it and as the daemon did.
+fn env_lines(facts: Option<&Facts>) -> Vec<String> {
+    let here = crate::config::env::describe(&crate::config::env::path());
+    let mut lines = vec![format!("env file:   {} (read in this shell)", esc(&here))];
+    if let Some(f) = facts.filter(|f| f.env_file != here) {
+        lines.push(format!("            {} (the running daemon's)", esc(&f.env_file)));
+    }
+    lines
+}
+
 /// The provider (or each of the chain, with today's tokens), the model, the keys.
-fn provider_lines(loaded: &Loaded) -> Vec<String> {
+fn provider_lines(loaded: &Loaded, facts: Option<&Facts>) -> Vec<String> {
     let c = &loaded.config;
-    let key = |p: &crate::config::ProviderConfig| match p.api_key() {
-        Some(_) => "set".to_string(),
-        None if !p.key_required() => "not needed (custom base_url)".to_string(),
-        None => format!("MISSING: set {}", p.key_env()),
+    let key = |p: &crate::config::ProviderConfig| {
+        let daemon = facts.and_then(|f| f.providers.iter().find(|(name, _)| name == p.name()).map(|(_, k)| k));
+        let state = daemon.cloned().unwrap_or_else(|| key_state(p));
+        let from = if daemon.is_some() { source(facts) } else { source(None) };
+        format!("{} {from}", state.describe())
     };
     if let [p] = c.providers.as_slice() {
         return vec![
@@ -192,13 +228,23 @@ fn exec_lines(loaded: &Loaded) -> Vec<String> {
 }
 
 /// Telegram, MQTT, the tool policy and Home Assistant.
-fn channel_lines(loaded: &Loaded) -> Vec<String> {
+fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> Vec<String> {
     let c = &loaded.config;
+    let token = facts.map_or(c.telegram.token().is_some(), |f| f.telegram_token);
+    let mut ha = crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir);
+    if facts.and_then(|f| f.homeassistant_token) == Some(true) {
+        ha = ha.replace(&format!("token MISSING: set {}", c.homeassistant.token_env()), "token set");
+    }
+    let ha_from = if c.homeassistant.url.is_some() { format!(" {}", source(facts)) } else { String::new() };
     vec![
-        format!("telegram:   {}", esc(&telegram_summary(&c.telegram, &loaded.paths.state_dir))),
+        format!(
+            "telegram:   {} {}",
+            esc(&telegram_summary(&c.telegram, token, &loaded.paths.state_dir)),
+            source(facts)
+        ),
         format!("mqtt:       {}", esc(&crate::channels::mqtt::status_line(&c.mqtt))),
         format!("policy:     {}", policy_summary(&c.policy)),
-        format!("ha:         {}", esc(&crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir))),
+        format!("ha:         {}{ha_from}", esc(&ha)),
     ]
 }
 

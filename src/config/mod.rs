@@ -12,6 +12,7 @@
 
 pub mod channels;
 mod diagnose;
+pub mod env;
 pub mod homeassistant;
 pub mod keys;
 pub mod mcp;

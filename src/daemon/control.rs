@@ -21,7 +21,10 @@
 //! Protocol: one JSON line each way, one request per connection —
 //! `{"argv": ["add", "tea", "--every", "1h", "--remind", "tea"]}` (the
 //! arguments of a `cron` subcommand; `[]` only asks whether the daemon
-//! answers) → `{"out": "…", "err": "…", "code": 0}`. What the arguments mean
+//! answers) → `{"out": "…", "err": "…", "code": 0}`; `{"ask": "facts"}` gets
+//! [`Facts`] (which secrets the daemon's environment holds, never their
+//! values), so `status` and `pair` in another shell say what the daemon
+//! sees. What the arguments mean
 //! is the [`Handler`]'s business (the CLI's own `cron` code, handed in by
 //! `bramble run`): this file is the transport and its limits. A request is at
 //! most [`MAX_REQUEST`] bytes and must arrive within [`READ_TIMEOUT`]; at most
@@ -61,6 +64,49 @@ pub struct Request {
     /// The arguments after `bramble cron`; empty: "do you answer?".
     #[serde(default)]
     pub argv: Vec<String>,
+    /// Instead of a command: what the daemon's own environment says
+    /// (`bramble status` and `pair` in another shell ask it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ask: Option<Ask>,
+}
+
+/// A question that is not a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ask {
+    /// [`Facts`], as JSON in the reply's `out`.
+    Facts,
+}
+
+/// What the running daemon sees that another shell may not: which secrets
+/// its environment holds (never their values), and its env file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Facts {
+    pub version: String,
+    pub pid: u32,
+    /// Each provider's name and where its key stands.
+    pub providers: Vec<(String, crate::config::env::KeyState)>,
+    /// Whether `[telegram] token_env` is set in the daemon.
+    pub telegram_token: bool,
+    /// Whether `[homeassistant]`'s token is set (`None`: no `url`).
+    pub homeassistant_token: Option<bool>,
+    /// Where the daemon's variables came from (`config::env::describe`).
+    pub env_file: String,
+}
+
+impl Facts {
+    /// This process's.
+    pub fn of(loaded: &Loaded) -> Facts {
+        let c = &loaded.config;
+        Facts {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            providers: c.providers.iter().map(|p| (p.name().to_string(), config::env::key_state(p))).collect(),
+            telegram_token: c.telegram.token().is_some(),
+            homeassistant_token: c.homeassistant.url.as_ref().map(|_| c.homeassistant.token().is_some()),
+            env_file: config::env::describe(&config::env::path()),
+        }
+    }
 }
 
 /// What the daemon answers: the command's output and exit code.
@@ -279,6 +325,13 @@ async fn answer(stream: &mut UnixStream, shared: &Shared) -> Option<Reply> {
         }
         return Some(Reply::error(why));
     }
+    if request.ask == Some(Ask::Facts) {
+        let facts = Facts::of(&shared.loaded);
+        return Some(match serde_json::to_string(&facts) {
+            Ok(out) => Reply { out, ..Reply::default() },
+            Err(e) => Reply::error(format!("cannot write the facts: {e}")),
+        });
+    }
     if request.argv.is_empty() {
         let whom = if peer.member { format!("members may: {}", members.as_str()) } else { "the service".into() };
         return Some(Reply {
@@ -365,8 +418,22 @@ fn identify(uid: u32, gid: u32) -> Result<Peer, String> {
 
 /// Ask the daemon at `path`: send `argv`, return its reply.
 pub async fn request(path: &Path, argv: &[String], timeout: Duration) -> Result<Reply, ClientError> {
+    exchange(path, &Request { argv: argv.to_vec(), ask: None }, timeout).await
+}
+
+/// Ask the daemon at `path` for its [`Facts`].
+pub async fn facts(path: &Path, timeout: Duration) -> Result<Facts, ClientError> {
+    let reply = exchange(path, &Request { argv: Vec::new(), ask: Some(Ask::Facts) }, timeout).await?;
+    if reply.code != 0 {
+        return Err(ClientError::Refused(reply.err.trim().trim_start_matches("bramble: error: ").to_string()));
+    }
+    serde_json::from_str(&reply.out).map_err(ClientError::Json)
+}
+
+/// One request, one reply.
+async fn exchange(path: &Path, request: &Request, timeout: Duration) -> Result<Reply, ClientError> {
     let mut stream = UnixStream::connect(path).await.map_err(|source| ClientError::Connect { source })?;
-    let mut line = serde_json::to_vec(&Request { argv: argv.to_vec() }).map_err(ClientError::Json)?;
+    let mut line = serde_json::to_vec(request).map_err(ClientError::Json)?;
     line.push(b'\n');
     let exchange = async {
         stream.write_all(&line).await?;
@@ -396,6 +463,8 @@ pub enum ClientError {
     Io { source: std::io::Error },
     #[error("the daemon's answer is not a reply: {0}")]
     Json(serde_json::Error),
+    #[error("{0}")]
+    Refused(String),
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub struct AnthropicProvider {
     url: String,
     headers: HeaderMap,
     key: Option<Secret>,
+    /// `api_key_env` names a variable that is not set: every call fails with this.
+    unset: Option<String>,
 }
 
 impl AnthropicProvider {
@@ -61,6 +63,7 @@ impl AnthropicProvider {
             url: format!("{}/v1/messages", cfg.base_url().trim_end_matches('/')),
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
+            unset: super::unset_key(cfg),
         })
     }
 
@@ -77,15 +80,23 @@ impl Provider for AnthropicProvider {
 
     fn chat<'a>(&'a self, req: ChatRequest<'a>) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
         Box::pin(async move {
+            if let Some(e) = &self.unset {
+                return Err(ProviderError::NotConfigured(e.clone()));
+            }
             let body = request_body(&req);
             let bytes = post_json(&self.client, &self.url, self.headers.clone(), &body, self.key.as_ref()).await?;
             parse_response(&bytes)
         })
     }
 
-    fn probe(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+    fn probe(&self) -> BoxFuture<'_, Result<super::Probe, ProviderError>> {
         let url = format!("{}/models", self.url.strip_suffix("/messages").unwrap_or(&self.url));
-        Box::pin(async move { super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await })
+        Box::pin(async move {
+            if let Some(e) = &self.unset {
+                return Err(ProviderError::NotConfigured(e.clone()));
+            }
+            super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await
+        })
     }
 }
 

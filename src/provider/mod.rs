@@ -381,9 +381,19 @@ pub trait Provider: Send + Sync {
     }
     /// One cheap request that costs no tokens (the server's model list), for
     /// `bramble doctor`: what it found, or why it failed.
-    fn probe(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+    fn probe(&self) -> BoxFuture<'_, Result<Probe, ProviderError>> {
         Box::pin(async { Err(ProviderError::NotConfigured("this provider cannot be probed".into())) })
     }
+}
+
+/// What [`Provider::probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// `GET …/models: HTTP 200, 12 models`.
+    pub summary: String,
+    /// The ids of the models listed (`data[].id`, or Ollama's `models[].name`);
+    /// `None` when the answer has no list.
+    pub models: Option<Vec<String>>,
 }
 
 /// `GET url`: the model list of a server, as `probe` reports it
@@ -393,7 +403,7 @@ async fn probe_models(
     url: &str,
     headers: reqwest::header::HeaderMap,
     secret: Option<&crate::config::Secret>,
-) -> Result<String, ProviderError> {
+) -> Result<Probe, ProviderError> {
     let sent = secrets_sent(&headers, secret);
     let transport = |e: reqwest::Error| ProviderError::Transport {
         url: url.to_string(),
@@ -413,13 +423,19 @@ async fn probe_models(
             _ => ProviderError::Http { status, message, retry_after: None },
         });
     }
-    let count = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("data").or_else(|| v.get("models")).and_then(Value::as_array).map(Vec::len));
-    Ok(match count {
-        Some(n) => format!("GET {url}: HTTP {}, {n} model{}", status.as_u16(), if n == 1 { "" } else { "s" }),
+    let models = serde_json::from_slice::<Value>(&bytes).ok().and_then(|v| {
+        let list = v.get("data").or_else(|| v.get("models")).and_then(Value::as_array)?;
+        let id = |m: &Value| m.get("id").or_else(|| m.get("name")).and_then(Value::as_str).map(str::to_string);
+        Some(list.iter().filter_map(id).collect::<Vec<_>>())
+    });
+    let summary = match &models {
+        Some(m) => {
+            let n = m.len();
+            format!("GET {url}: HTTP {}, {n} model{}", status.as_u16(), if n == 1 { "" } else { "s" })
+        }
         None => format!("GET {url}: HTTP {}", status.as_u16()),
-    })
+    };
+    Ok(Probe { summary, models })
 }
 
 // ---------------------------------------------------------------------------
@@ -437,6 +453,18 @@ pub fn client(cfg: &crate::config::ProviderConfig) -> Result<std::sync::Arc<dyn 
         ProviderKind::Openai => std::sync::Arc::new(openai::OpenAiProvider::new(cfg)?),
         ProviderKind::Anthropic => std::sync::Arc::new(anthropic::AnthropicProvider::new(cfg)?),
     })
+}
+
+/// Why every call of `cfg`'s client must fail: its `api_key_env` names a
+/// variable that is not set (a 401 from the server would hide the cause).
+fn unset_key(cfg: &crate::config::ProviderConfig) -> Option<String> {
+    match crate::config::env::key_state(cfg) {
+        crate::config::env::KeyState::Unset(env) => Some(format!(
+            "{env} is not set (`api_key_env` in [provider] names it): set it in the daemon's environment or in {}",
+            crate::config::env::path().display()
+        )),
+        _ => None,
+    }
 }
 
 /// The HTTP client both backends use: rustls (ring), HTTP/1.1 only, a

@@ -32,6 +32,8 @@ pub struct OpenAiProvider {
     url: String,
     headers: HeaderMap,
     key: Option<Secret>,
+    /// `api_key_env` names a variable that is not set: every call fails with this.
+    unset: Option<String>,
 }
 
 impl OpenAiProvider {
@@ -55,6 +57,7 @@ impl OpenAiProvider {
             url: format!("{}/chat/completions", cfg.base_url().trim_end_matches('/')),
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
+            unset: super::unset_key(cfg),
         })
     }
 
@@ -71,16 +74,24 @@ impl Provider for OpenAiProvider {
 
     fn chat<'a>(&'a self, req: ChatRequest<'a>) -> BoxFuture<'a, Result<ChatResponse, ProviderError>> {
         Box::pin(async move {
+            if let Some(e) = &self.unset {
+                return Err(ProviderError::NotConfigured(e.clone()));
+            }
             let body = request_body(&req);
             let bytes = post_json(&self.client, &self.url, self.headers.clone(), &body, self.key.as_ref()).await?;
             parse_response(&bytes)
         })
     }
 
-    fn probe(&self) -> BoxFuture<'_, Result<String, ProviderError>> {
+    fn probe(&self) -> BoxFuture<'_, Result<super::Probe, ProviderError>> {
         let base = self.url.strip_suffix("/chat/completions").unwrap_or(&self.url);
         let url = format!("{base}/models");
-        Box::pin(async move { super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await })
+        Box::pin(async move {
+            if let Some(e) = &self.unset {
+                return Err(ProviderError::NotConfigured(e.clone()));
+            }
+            super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await
+        })
     }
 }
 

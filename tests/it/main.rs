@@ -13,6 +13,7 @@ mod cli_daily;
 mod cron_reference;
 mod daemon;
 mod docs;
+mod firstrun;
 mod homeassistant;
 mod mcp;
 mod mcp_conformance;

@@ -519,7 +519,7 @@ async fn a_process_killed_mid_turn_loses_nothing_and_reports_at_the_next_start()
     fake.push(Reply::text("hi there"));
     let out = run(&home, &["agent", "-m", "hello"]).await;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let session = home.state.join("sessions/cli%3Adirect.jsonl");
+    let session = home.state.join("sessions/cli%3Amessage.jsonl"); // `-m`: its own session
     let before = std::fs::read_to_string(&session).unwrap();
     assert_eq!(before.lines().count(), 3);
 

@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 
 const KEY: &str = "sk-test-5ecret-key";
 
-/// A config pointing at `base_url` with the test key (or none) and no env lookup.
+/// A config pointing at `base_url` with the test key (or none: no `api_key_env`
+/// either, since a named variable that is unset fails every call).
 fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConfig {
     ProviderConfig {
         name: None,
@@ -27,7 +28,7 @@ fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConf
         kind,
         base_url: Some(HttpUrl(base_url.to_string())),
         api_key: key.map(Secret::new),
-        api_key_env: Some("BRAMBLE_TEST_NO_SUCH_KEY_e41b".into()),
+        api_key_env: None,
         timeout: Dur(Duration::from_secs(10)),
         max_retries: 3,
         extra_headers: BTreeMap::new(),
