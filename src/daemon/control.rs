@@ -222,8 +222,18 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
+    /// Serve until the stop, then remove the socket (if it is still the one
+    /// bound here): a clean stop leaves nothing behind for a client to find.
     pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
-        serve(self.listener, self.shared, shutdown.stop_token().clone()).await
+        let bound = self.listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf));
+        let identity = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| (m.dev(), m.ino()));
+        let ours = bound.as_deref().and_then(identity);
+        serve(self.listener, self.shared, shutdown.stop_token().clone()).await;
+        if let (Some(path), Some(ours)) = (bound, ours) {
+            if identity(&path) == Some(ours) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
     }
 }
 

@@ -613,3 +613,18 @@ async fn the_control_socket_outlasts_oversize_and_stalled_clients() {
     let (code, log) = daemon.stop().await;
     assert_eq!(code, Some(0), "{log}");
 }
+
+/// A clean stop removes the control socket: nothing is left for a client to
+/// connect to and wait on.
+#[tokio::test]
+async fn a_clean_stop_leaves_no_control_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path();
+    let cfg = trust_the_clock(home);
+    let daemon = Daemon::start(home, Some(&cfg));
+    let socket = home.join(".local/state/bramble/control.sock");
+    assert!(wait_until(20, || socket.exists()).await, "{}", daemon.log());
+    let (code, log) = daemon.stop().await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!socket.exists(), "control.sock is still there after a clean stop: {log}");
+}
