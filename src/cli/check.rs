@@ -9,7 +9,7 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
     let loaded = match config::load(explicit) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("{e}");
+            error(&e.to_string());
             return ExitCode::FAILURE;
         }
     };
@@ -46,11 +46,28 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
     }
     if !errors.is_empty() {
         for e in &errors {
-            eprintln!("{}:{}: {}", loaded.paths.workspace.join(&e.path).display(), e.line, e.message);
+            error(&format!("{}:{}: {}", loaded.paths.workspace.join(&e.path).display(), e.line, e.message));
         }
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Print an error on stderr. Under systemd (`ExecReload=bramble check
+/// --reload`) stderr is the journal, which files a plain line at priority 6
+/// (info): each line then carries the `<3>` (error) prefix journald reads, so
+/// `journalctl -p warning` shows why a reload failed.
+fn error(text: &str) {
+    let journal = crate::logging::stderr_is_journal();
+    let mut out = String::new();
+    for line in text.lines() {
+        if journal {
+            out.push_str("<3>");
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    eprint!("{out}");
 }
 
 /// `bramble check --reload`: what the daemon's reload would refuse, found
@@ -61,18 +78,17 @@ pub(super) fn reload(explicit: Option<&Path>) -> ExitCode {
     let loaded = match config::load(explicit) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("{e}");
-            eprintln!("bramble: not reloaded: the running daemon keeps its config");
+            error(&format!("{e}\nbramble: not reloaded: the running daemon keeps its config"));
             return ExitCode::FAILURE;
         }
     };
     let state = &loaded.paths.state_dir;
     if !crate::daemon::daemon_running(state) {
-        eprintln!(
+        error(&format!(
             "bramble: no running daemon uses the state directory {}: a reload cannot move it (the daemon would \
              keep its old config); restart instead",
             state.display()
-        );
+        ));
         return ExitCode::FAILURE;
     }
     let name = loaded.path.as_ref().map_or_else(|| "defaults (no config file)".into(), |p| p.display().to_string());

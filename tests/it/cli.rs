@@ -1214,3 +1214,48 @@ async fn an_exec_jobs_report_is_what_it_printed() {
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(all.contains("half") && all.contains("Exit code: 3"), "{all}");
 }
+
+/// Under systemd `ExecReload=bramble check --reload` writes to the journal:
+/// its errors carry journald's `<3>` prefix, so they are errors there (a
+/// plain line is filed at priority 6, which `journalctl -p warning` hides).
+/// Outside the journal the text is plain.
+#[tokio::test]
+async fn a_refused_reload_is_an_error_in_the_journal() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "[heartbeat]\nevery = \"soon\"\n").unwrap();
+    let (read, write) = nix::unistd::pipe().unwrap();
+    let meta = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&write))).unwrap();
+    let run = |journal: Option<String>, stderr: std::process::Stdio| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+        cmd.args(["--config", cfg.to_str().unwrap(), "check", "--reload"])
+            .env_clear()
+            .env("HOME", dir.path())
+            .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr);
+        if let Some(j) = journal {
+            cmd.env("JOURNAL_STREAM", j);
+        }
+        cmd.status().unwrap()
+    };
+    let status = run(Some(format!("{}:{}", meta.dev(), meta.ino())), std::process::Stdio::from(write));
+    assert_eq!(status.code(), Some(1));
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(read), &mut text).unwrap();
+    assert!(!text.is_empty());
+    assert!(text.lines().all(|l| l.starts_with("<3>")), "every line an error for journald: {text}");
+    assert!(text.contains("config.toml:2:") && text.contains("not reloaded"), "{text}");
+
+    // A terminal (or any other stderr) gets the plain text.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(["--config", cfg.to_str().unwrap(), "check", "--reload"])
+        .env_clear()
+        .env("HOME", dir.path())
+        .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
+        .output()
+        .unwrap();
+    let plain = String::from_utf8_lossy(&out.stderr);
+    assert!(plain.contains("config.toml:2:") && !plain.contains("<3>"), "{plain}");
+}
