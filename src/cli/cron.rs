@@ -191,7 +191,8 @@ fn schedule_of(
     if add.tz.is_some() && (add.every.is_some() || add.in_.is_some()) {
         let which = if add.every.is_some() { "--every" } else { "--in" };
         anyhow::bail!(
-            "--tz is for --cron and --at (the zone their clock times are read in); {which} counts time from now,              the same in every zone: leave --tz out"
+            "--tz is for --cron and --at (the zone their clock times are read in); {which} counts time from now, \
+             the same in every zone: leave --tz out"
         );
     }
     Ok(if let Some(every) = &add.every {
@@ -199,9 +200,11 @@ fn schedule_of(
     } else if let Some(expr) = &add.cron {
         sched::parse_cron(expr, add.tz.as_deref())?
     } else if let Some(at) = &add.at {
-        Schedule::At { at: sched::schedule::parse_when(at, &zone, now)? }
+        // The zone it was given in is where its time is shown (list, show).
+        let tz = add.tz.as_ref().map(|_| zone.iana_name().unwrap_or_default().to_string()).filter(|n| !n.is_empty());
+        Schedule::At { at: sched::schedule::parse_when(at, &zone, now)?, tz }
     } else if let Some(after) = &add.in_ {
-        Schedule::At { at: sched::schedule::parse_when(&format!("+{}", after.trim()), &zone, now)? }
+        Schedule::at(sched::schedule::parse_when(&format!("+{}", after.trim()), &zone, now)?)
     } else {
         anyhow::bail!("one of --every, --cron, --at or --in is needed")
     })

@@ -983,7 +983,7 @@ mod tests {
         let h = Harness::new("2026-05-01T08:00:00Z");
         h.add("tick", every(600, h.now()), |_| {});
         h.add("cron", parse_cron("*/15 * * * *", None).unwrap(), |_| {});
-        h.add("once", Schedule::At { at: ts("2026-05-01T08:20:00Z") }, |_| {});
+        h.add("once", Schedule::at(ts("2026-05-01T08:20:00Z")), |_| {});
         let run = h.start(h.scheduler(), None);
         advance(31 * 60).await;
         stop(run).await;
@@ -1268,7 +1268,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_one_shot_runs_exactly_once_across_a_restart() {
         let h = Harness::new("2026-05-01T08:00:00Z");
-        h.add("remind", Schedule::At { at: ts("2026-05-01T08:01:00Z") }, |_| {});
+        h.add("remind", Schedule::at(ts("2026-05-01T08:01:00Z")), |_| {});
         let run = h.start(h.scheduler(), None);
         advance(90).await; // ran at 08:01, finished at 08:01:01, state written
         stop(run).await; // "crash" right after the write
@@ -1282,7 +1282,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_one_shot_interrupted_mid_run_runs_again_once_then_gives_up() {
         let h = Harness::new("2026-05-01T08:00:00Z");
-        h.add("remind", Schedule::At { at: ts("2026-05-01T08:01:00Z") }, |_| {});
+        h.add("remind", Schedule::at(ts("2026-05-01T08:01:00Z")), |_| {});
         for _ in 0..3 {
             // Each process "dies" during the run (the executor hangs; then the loop is dropped).
             let run = h.start(h.scheduler(), Some("remind"));
@@ -1303,7 +1303,7 @@ mod tests {
         let h = Harness::new("2026-05-01T08:59:00Z");
         h.clock.synced.store(false, Ordering::SeqCst);
         h.add("nine", parse_cron("0 9 * * *", None).unwrap(), |_| {});
-        h.add("once", Schedule::At { at: ts("2026-05-01T09:00:00Z") }, |_| {});
+        h.add("once", Schedule::at(ts("2026-05-01T09:00:00Z")), |_| {});
         h.add("tick", every(60, ts("2026-05-01T08:00:00Z")), |_| {});
         let run = h.start(h.scheduler().with_sync_wait(None), None);
         advance(150).await; // wall 09:01:30: tick ran, the others held
@@ -1469,7 +1469,7 @@ mod tests {
         let run = h.start(s, None);
         advance(1).await; // the loop now sleeps up to 60 s
                           // A second store handle (the CLI) adds a job due in 5 s, then signals.
-        h.add("soon", Schedule::At { at: ts("2026-05-01T08:00:06Z") }, |_| {});
+        h.add("soon", Schedule::at(ts("2026-05-01T08:00:06Z")), |_| {});
         handle.reload();
         advance(20).await;
         stop(run).await;

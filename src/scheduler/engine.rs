@@ -301,7 +301,7 @@ pub fn plan(job: &Job, now: Timestamp, default_tz: &TimeZone, trusted: bool) -> 
         return Decision::Hold;
     }
     let st = &job.state;
-    if let Schedule::At { at } = sched {
+    if let Schedule::At { at, .. } = sched {
         if st.running_since.is_some() {
             // Written ahead, never finished: the process died during the run.
             if st.attempts >= MAX_ONE_SHOT_ATTEMPTS {
@@ -318,7 +318,7 @@ pub fn plan(job: &Job, now: Timestamp, default_tz: &TimeZone, trusted: bool) -> 
         (Some(n), _) => Some(n),
         // Not planned yet (just enabled): from now, never at or before the last run.
         (None, _) => match sched {
-            Schedule::At { at } => Some(*at).filter(|at| floor.is_none_or(|f| *at > f)),
+            Schedule::At { at, .. } => Some(*at).filter(|at| floor.is_none_or(|f| *at > f)),
             _ => sched.next_after(floor.map_or(now, |f| f.max(now)), default_tz),
         },
     };
@@ -463,7 +463,7 @@ pub fn mark_given_up(job: &mut Job, now: Timestamp) {
         job.state.attempts.max(MAX_ONE_SHOT_ATTEMPTS)
     );
     let scheduled = match job.schedule {
-        Schedule::At { at } => at,
+        Schedule::At { at, .. } => at,
         _ => now,
     };
     job.state.push(RunRecord {
@@ -526,7 +526,7 @@ fn finish_one_shot(job: &mut Job) {
     job.enabled = false;
     job.state.running_since = None;
     job.state.next_run = None;
-    if let Schedule::At { at } = job.schedule {
+    if let Schedule::At { at, .. } = job.schedule {
         job.state.last_run = Some(at);
     }
 }
@@ -676,7 +676,7 @@ mod tests {
     #[test]
     fn untrusted_clock_holds_wall_clock_jobs_only() {
         assert_eq!(plan(&daily(), ts("2026-05-01T09:00:00Z"), &UTC, false), Decision::Hold);
-        let at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
+        let at = job(Schedule::at(ts("2026-05-01T09:00:00Z")), "2026-05-01T08:00:00Z");
         assert_eq!(plan(&at, ts("2026-05-01T09:00:00Z"), &UTC, false), Decision::Hold);
         assert!(matches!(plan(&every_10m(), ts("2026-05-01T08:10:00Z"), &UTC, false), Decision::Run { .. }));
     }
@@ -686,14 +686,14 @@ mod tests {
         let mut j = daily();
         j.enabled = false;
         assert_eq!(plan(&j, ts("2026-05-01T09:00:00Z"), &UTC, true), Decision::Idle);
-        let mut at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
+        let mut at = job(Schedule::at(ts("2026-05-01T09:00:00Z")), "2026-05-01T08:00:00Z");
         at.state.done = true;
         assert_eq!(plan(&at, ts("2026-05-01T09:00:00Z"), &UTC, true), Decision::Idle);
     }
 
     #[test]
     fn one_shot_missed_is_caught_up_once_by_default_or_skipped_and_done() {
-        let at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
+        let at = job(Schedule::at(ts("2026-05-01T09:00:00Z")), "2026-05-01T08:00:00Z");
         let d = plan(&at, ts("2026-05-02T07:00:00Z"), &UTC, true);
         assert!(
             matches!(d, Decision::Run { scheduled, missed: Some(Missed { count: 1, .. }), retry: false } if scheduled == ts("2026-05-01T09:00:00Z")),
@@ -711,7 +711,7 @@ mod tests {
 
     #[test]
     fn one_shot_write_ahead_then_crash_retries_once_then_gives_up() {
-        let mut at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
+        let mut at = job(Schedule::at(ts("2026-05-01T09:00:00Z")), "2026-05-01T08:00:00Z");
         let now = ts("2026-05-01T09:00:00Z");
         mark_started(&mut at, now, now, &UTC);
         assert_eq!((at.state.running_since, at.state.attempts), (Some(now), 1));
@@ -771,7 +771,7 @@ mod tests {
 
     #[test]
     fn a_finished_one_shot_is_done_even_on_error() {
-        let mut at = job(Schedule::At { at: ts("2026-05-01T09:00:00Z") }, "2026-05-01T08:00:00Z");
+        let mut at = job(Schedule::at(ts("2026-05-01T09:00:00Z")), "2026-05-01T08:00:00Z");
         let now = ts("2026-05-01T09:00:00Z");
         mark_started(&mut at, now, now, &UTC);
         mark_finished(&mut at, now, now, now, RunStatus::Error, "", Some("no network"), None, false, &UTC);

@@ -430,7 +430,7 @@ impl Job {
         if empty {
             return Err(JobError::Empty);
         }
-        if let Schedule::At { at } = schedule {
+        if let Schedule::At { at, .. } = schedule {
             if at <= now {
                 return Err(JobError::AtInPast(at));
             }
@@ -607,12 +607,12 @@ mod tests {
         assert_eq!(j.catch_up, CatchUp::Skip);
         assert!(j.enabled && !j.state.done);
 
-        let at = Schedule::At { at: ts("2026-05-02T08:00:00Z") };
+        let at = Schedule::at(ts("2026-05-02T08:00:00Z"));
         let j = Job::new("wake", at, remind("up"), vec![], now, &utc).unwrap();
         assert_eq!(j.catch_up, CatchUp::Once);
         assert_eq!(j.state.next_run, Some(ts("2026-05-02T08:00:00Z")));
 
-        let past = Schedule::At { at: ts("2026-05-01T09:00:00Z") };
+        let past = Schedule::at(ts("2026-05-01T09:00:00Z"));
         assert!(matches!(Job::new("late", past, remind("x"), vec![], now, &utc), Err(JobError::AtInPast(_))));
         let cron = parse_cron("0 9 * * *", None).unwrap();
         assert_eq!(

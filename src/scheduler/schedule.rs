@@ -67,10 +67,13 @@ pub enum Schedule {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tz: Option<String>,
     },
-    /// Once, at this instant.
+    /// Once, at this instant; `tz`: the zone it was given in (`--at … --tz`),
+    /// where its time is shown (`None`: the daemon's default zone).
     At {
         #[serde(with = "super::timeser::ts")]
         at: Timestamp,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tz: Option<String>,
     },
 }
 
@@ -126,7 +129,7 @@ impl Schedule {
                 };
                 cron.next_after(after, &zone)
             }
-            Schedule::At { at } => (*at > after).then_some(*at),
+            Schedule::At { at, .. } => (*at > after).then_some(*at),
         }
     }
 
@@ -150,7 +153,7 @@ impl Schedule {
                 };
                 cron.last_at_or_before(t, &zone)
             }
-            Schedule::At { at } => (*at <= t).then_some(*at),
+            Schedule::At { at, .. } => (*at <= t).then_some(*at),
         }
     }
 
@@ -160,10 +163,17 @@ impl Schedule {
         !matches!(self, Schedule::Every { .. })
     }
 
-    /// The zone its times are shown in: a cron job's own, else `default`.
+    /// Once at `at`, shown in the default zone.
+    pub fn at(at: Timestamp) -> Schedule {
+        Schedule::At { at, tz: None }
+    }
+
+    /// The zone its times are shown in: a cron or `at` job's own, else `default`.
     pub fn zone(&self, default: &TimeZone) -> TimeZone {
         match self {
-            Schedule::Cron { tz: Some(name), .. } => TimeZone::get(name).unwrap_or_else(|_| default.clone()),
+            Schedule::Cron { tz: Some(name), .. } | Schedule::At { tz: Some(name), .. } => {
+                TimeZone::get(name).unwrap_or_else(|_| default.clone())
+            }
             _ => default.clone(),
         }
     }
@@ -217,8 +227,8 @@ impl Schedule {
                     Err(e) => format!("cron `{expr}` ({zone}): invalid: {e}"),
                 }
             }
-            Schedule::At { at } => {
-                format!("once at {}", local_time(Some(*at), default_tz))
+            Schedule::At { at, .. } => {
+                format!("once at {}", local_time(Some(*at), &self.zone(default_tz)))
             }
         }
     }
@@ -231,7 +241,7 @@ impl fmt::Display for Schedule {
             Schedule::Every { every, .. } => write!(f, "every {every}"),
             Schedule::Cron { expr, tz: Some(tz) } => write!(f, "cron {expr} {tz}"),
             Schedule::Cron { expr, tz: None } => write!(f, "cron {expr}"),
-            Schedule::At { at } => write!(f, "at {at}"),
+            Schedule::At { at, .. } => write!(f, "at {at}"),
         }
     }
 }
@@ -453,7 +463,7 @@ mod tests {
 
     #[test]
     fn at_fires_only_if_still_ahead() {
-        let s = Schedule::At { at: ts("2026-11-22T08:00:00Z") };
+        let s = Schedule::at(ts("2026-11-22T08:00:00Z"));
         assert_eq!(s.next_after(ts("2026-11-22T07:59:59Z"), &TimeZone::UTC), Some(ts("2026-11-22T08:00:00Z")));
         assert_eq!(s.next_after(ts("2026-11-22T08:00:00Z"), &TimeZone::UTC), None);
         assert!(s.is_one_shot() && s.is_wall_clock());
@@ -630,7 +640,7 @@ mod tests {
         let c = parse_cron("0 9 * * *", None).unwrap();
         assert_eq!(serde_json::to_string(&c).unwrap(), r#"{"kind":"cron","expr":"0 9 * * *"}"#);
         let a: Schedule = serde_json::from_str(r#"{"kind":"at","at":"2026-11-22T08:00:00Z"}"#).unwrap();
-        assert_eq!(a, Schedule::At { at: ts("2026-11-22T08:00:00Z") });
+        assert_eq!(a, Schedule::at(ts("2026-11-22T08:00:00Z")));
         let odd = Schedule::Every { every: Dur(Duration::from_millis(1500)), anchor: ts("2026-01-01T00:00:00Z") };
         let back: Schedule = serde_json::from_str(&serde_json::to_string(&odd).unwrap()).unwrap();
         assert_eq!(back, odd);
@@ -642,9 +652,6 @@ mod tests {
         assert_eq!(every("10m", "2026-01-01T00:00:00Z").describe(&berlin), "every 10m (from 2026-01-01 01:00:00 CET)");
         let c = parse_cron("0 9 * * *", Some("America/New_York")).unwrap().describe(&berlin);
         assert!(c.starts_with("cron `0 9 * * *` (America/New_York): "), "{c}");
-        assert_eq!(
-            Schedule::At { at: ts("2026-11-22T08:00:00Z") }.describe(&berlin),
-            "once at 2026-11-22 09:00:00 CET"
-        );
+        assert_eq!(Schedule::at(ts("2026-11-22T08:00:00Z")).describe(&berlin), "once at 2026-11-22 09:00:00 CET");
     }
 }

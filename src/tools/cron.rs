@@ -58,7 +58,7 @@ impl CronTool {
                 Schedule::Every { every: sched::parse_every(every).map_err(err)?, anchor: now }
             }
             (None, Some(expr), None) => sched::parse_cron(expr, a.tz.as_deref()).map_err(err)?,
-            (None, None, Some(at)) => Schedule::At { at: sched::parse_at(at, self.tz.tz()).map_err(err)? },
+            (None, None, Some(at)) => Schedule::at(sched::parse_at(at, self.tz.tz()).map_err(err)?),
             _ => return Err(ToolError::new("give exactly one of `every`, `cron` or `at`")),
         };
         let kind =

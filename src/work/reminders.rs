@@ -70,7 +70,7 @@ impl Reminders {
         let name = snooze_name(&original.name, &crate::scheduler::job::new_id());
         let mut job = Job::new(
             &name,
-            Schedule::At { at },
+            Schedule::at(at),
             JobKind::Remind { text: text.to_string() },
             vec![Target::Telegram(chat.to_string())],
             now,
@@ -174,7 +174,7 @@ mod tests {
         let now: Timestamp = "2026-11-23T13:00:00Z".parse().unwrap();
         let job = Job::new(
             "water-plants",
-            Schedule::At { at: "2026-11-23T14:00:00Z".parse().unwrap() },
+            Schedule::at("2026-11-23T14:00:00Z".parse().unwrap()),
             JobKind::Remind { text: "water the plants".into() },
             vec![Target::Telegram("42".into())],
             now,
@@ -198,8 +198,8 @@ mod tests {
         assert!(snoozed.name.starts_with("water-plants-snooze-"), "{}", snoozed.name);
         assert_eq!(snoozed.kind, JobKind::Remind { text: "water the plants".into() });
         assert_eq!(snoozed.deliver, vec![Target::Telegram("42".into())]);
-        assert_eq!(snoozed.schedule, Schedule::At { at: "2026-11-23T13:10:00Z".parse().unwrap() });
-        assert_eq!(jobs[2].schedule, Schedule::At { at: "2026-11-24T08:00:00Z".parse().unwrap() });
+        assert_eq!(snoozed.schedule, Schedule::at("2026-11-23T13:10:00Z".parse().unwrap()));
+        assert_eq!(jobs[2].schedule, Schedule::at("2026-11-24T08:00:00Z".parse().unwrap()));
     }
 
     #[test]

@@ -82,6 +82,11 @@ async fn tz_is_the_zone_of_at_and_is_refused_with_every() {
     assert!(added.contains("next run: 2030-12-02 09:00:00 CET"), "said back in its zone: {added}");
     // 09:00 in Berlin (CET, +01:00), not 09:00 UTC.
     assert_eq!(home.job_json("dentist").await["next_run"], "2030-12-02T08:00:00Z");
+    // The zone stays with the job: list and show say it in Berlin's time too.
+    let list = home.ok(&["cron", "list"]).await;
+    assert!(list.contains("2030-12-02 09:00 CET"), "{list}");
+    let show = home.ok(&["cron", "show", "dentist"]).await;
+    assert!(show.contains("09:00:00 CET"), "{show}");
     let err = home.fails(&["cron", "add", "tea", "--every", "1h", "--tz", "Europe/Berlin", "--remind", "tea"]).await;
     assert!(err.contains("--tz is for --cron and --at"), "{err}");
     let err = home.fails(&["cron", "add", "tea", "--in", "1h", "--tz", "Europe/Berlin", "--remind", "tea"]).await;

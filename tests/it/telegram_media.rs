@@ -375,7 +375,7 @@ fn remind_job(home: &TestHome, name: &str, text: &str) -> String {
     let now = jiff::Timestamp::now();
     let job = bramble::scheduler::Job::new(
         name,
-        bramble::scheduler::Schedule::At { at: now + Duration::from_secs(2) },
+        bramble::scheduler::Schedule::at(now + Duration::from_secs(2)),
         bramble::scheduler::JobKind::Remind { text: text.into() },
         vec![format!("telegram:{ALICE}").parse().unwrap()],
         now,
@@ -431,7 +431,7 @@ async fn reminder_reports_carry_buttons_that_snooze_mark_done_and_take_replies()
     let snooze = &jobs[1];
     assert!(snooze.name.starts_with("water-snooze-"), "{}", snooze.name);
     assert_eq!(snooze.kind, bramble::scheduler::JobKind::Remind { text: "water the plants".into() });
-    let bramble::scheduler::Schedule::At { at } = snooze.schedule else { panic!("an at job") };
+    let bramble::scheduler::Schedule::At { at, .. } = snooze.schedule else { panic!("an at job") };
     let in_ten = at.duration_since(jiff::Timestamp::now()).as_secs();
     assert!((500..=601).contains(&in_ten), "{in_ten}");
 
@@ -536,7 +536,7 @@ async fn an_exec_job_sends_the_file_it_made_with_its_report() {
     let now = jiff::Timestamp::now();
     let mut job = bramble::scheduler::Job::new(
         "daily-csv",
-        bramble::scheduler::Schedule::At { at: now + Duration::from_secs(2) },
+        bramble::scheduler::Schedule::at(now + Duration::from_secs(2)),
         bramble::scheduler::JobKind::Exec { command: "printf 'a,b\\n1,2\\n' > out.csv && echo written".into() },
         vec![format!("telegram:{ALICE}").parse().unwrap()],
         now,
