@@ -228,9 +228,7 @@ fn write_jobs(state: &std::path::Path, n: usize) {
                     // Half a day away, whatever the hour of the run: none runs in the bench.
                     0 => Schedule::Cron { expr: format!("{} {away} * * *", i % 60), tz: Some("UTC".into()) },
                     1 => Schedule::Every { every: "6h".parse().expect("dur"), anchor: now },
-                    _ => Schedule::At {
-                        at: now.checked_add(jiff::SignedDuration::from_hours(48 + i as i64)).expect("time"),
-                    },
+                    _ => Schedule::at(now.checked_add(jiff::SignedDuration::from_hours(48 + i as i64)).expect("time")),
                 };
                 let kind = JobKind::Remind { text: format!("reminder {i}") };
                 jobs.push(Job::new(&format!("job{i}"), schedule, kind, vec![Target::Log], now, &tz).expect("job"));
