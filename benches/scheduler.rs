@@ -34,7 +34,7 @@ fn main() {
                 let schedule = match i % 3 {
                     0 => Schedule::Cron { expr: format!("{} 3 * * *", i % 60), tz: Some("Europe/Berlin".into()) },
                     1 => Schedule::Every { every: "6h".parse().expect("dur"), anchor: now },
-                    _ => Schedule::At { at: now.checked_add(jiff::SignedDuration::from_hours(48 + i)).expect("time") },
+                    _ => Schedule::at(now.checked_add(jiff::SignedDuration::from_hours(48 + i)).expect("time")),
                 };
                 let kind = JobKind::Remind { text: format!("reminder {i}") };
                 jobs.push(Job::new(&format!("job{i}"), schedule, kind, vec![Target::Log], now, &tz).expect("job"));
@@ -90,7 +90,7 @@ fn main() {
         .update(|jobs| {
             for i in 0..200 {
                 let kind = JobKind::Remind { text: format!("burst {i}") };
-                let schedule = Schedule::At { at: due };
+                let schedule = Schedule::at(due);
                 jobs.push(Job::new(&format!("burst{i}"), schedule, kind, vec![Target::Log], now, &tz).expect("job"));
             }
             Ok(())
