@@ -534,13 +534,25 @@ pub fn secret_from_env(name: &str) -> Option<Secret> {
 /// Why a config file could not be used. Displays as `FILE:LINE:COL: message`.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{}:1:1: cannot read the config file: {source}", path.display())]
+    /// No position: nothing of the file was read.
+    #[error("{}: cannot read the config file: {source}{}", path.display(), read_hint(source))]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{}:{line}:{col}: {message}", path.display())]
     Invalid { path: PathBuf, line: usize, col: usize, message: String },
     /// Several errors of one file (each an `Invalid`), in file order: one per line.
     #[error("{}", errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Many { errors: Vec<ConfigError> },
+}
+
+/// What to do about a config file that cannot be read.
+fn read_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            " (`bramble init` writes one; without --config and BRAMBLE_CONFIG the defaults are used)"
+        }
+        std::io::ErrorKind::PermissionDenied => " (the installed service's config is read with `sudo bramble …`)",
+        _ => "",
+    }
 }
 
 /// A loaded configuration and where it came from.

@@ -1259,3 +1259,17 @@ async fn a_refused_reload_is_an_error_in_the_journal() {
     let plain = String::from_utf8_lossy(&out.stderr);
     assert!(plain.contains("config.toml:2:") && !plain.contains("<3>"), "{plain}");
 }
+
+/// A config file that is not there has no line and column to point at: the
+/// error says so plainly and what to do.
+#[tokio::test]
+async fn a_missing_config_file_is_named_without_a_made_up_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.toml");
+    let out = bramble(dir.path(), &["--config", missing.to_str().unwrap(), "check"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.starts_with(&format!("{}: cannot read the config file", missing.display())), "{err}");
+    assert!(!err.contains(":1:1"), "{err}");
+    assert!(err.contains("bramble init"), "{err}");
+}
