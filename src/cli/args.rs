@@ -57,15 +57,20 @@ pub enum Command {
     },
     /// Show provider, paths, tools and sessions
     Status {
-        /// One JSON object instead of the text (stable names, fields only ever added): `source`
-        /// (`daemon`|`shell`), `daemon_pid`, `config`, `env_file`, `env_file_daemon`, `providers`
-        /// [{`name`, `kind`, `base_url`, `model`, `key` {`state`: `set`|`unset`|`not_needed`, `env`},
-        /// `key_from`}], `model`, `fallback`, `time_zone`, `workspace`, `state_dir`, `daemon`,
-        /// `service`, `tools`, `channels`, `mcp`, `exec` {`enabled`, `timeout`, `network`, `sandbox`},
-        /// `web_search`, `telegram`, `mqtt`, `policy`, `homeassistant`, `private`, `sessions`,
-        /// `tokens_today`, `skills`, `clock`, `heartbeat`, `job_count`, `jobs` [the objects of `cron
-        /// list --json`], `undelivered`, `outbox` [{`target`, `source`, `attempts`, `last_error`}],
-        /// `alerts_deliver`, `alerts` [{`key`, `since`, `text`}]; times RFC 3339 UTC; null when unknown
+        /// One JSON object instead of the text (stable names, fields only ever added; times RFC 3339
+        /// UTC; null when unknown or private to the service): `source` (`daemon`|`shell`),
+        /// `daemon_pid`, `config`, `env_file`, `env_file_daemon`, `providers` [{`name`, `kind`,
+        /// `base_url`, `model`, `key` {`state`: `set`|`unset`|`not_needed`, `env`}, `key_from`,
+        /// `tokens_today`, `daily_token_budget`}], `model`, `fallback`, `fallback_cooldown`,
+        /// `time_zone`, `workspace`, `workspace_exists`, `state_dir`, `daemon`, `service`, `tools`,
+        /// `channels`, `mcp`, `channels_error`, `exec` {`enabled`, `timeout`, `network`, `sandbox`},
+        /// `web_search`, `telegram`, `mqtt`, `policy`, `homeassistant`, `secrets_from`, `private`,
+        /// `sessions`, `tokens_today`, `daily_token_budget`, `skills`, `skills_available`,
+        /// `skills_with_errors`, `clock`, `heartbeat` {`enabled`, `every`, `active_tasks`,
+        /// `last_run`}, `job_count`, `jobs` [the objects of `cron list --json`], `jobs_error`,
+        /// `job_store_notice`, `undelivered`, `outbox` [{`target`, `source`, `attempts`,
+        /// `last_error`}], `outbox_error`, `alerts_deliver`, `open_alerts`, `alerts` [{`key`,
+        /// `since`, `text`}]
         #[arg(long)]
         json: bool,
     },

@@ -41,31 +41,42 @@ const STATUS_FIELDS: &[&str] = &[
     "providers",
     "model",
     "fallback",
+    "fallback_cooldown",
     "time_zone",
     "workspace",
+    "workspace_exists",
     "state_dir",
     "daemon",
     "service",
     "tools",
     "channels",
     "mcp",
+    "channels_error",
     "exec",
     "web_search",
     "telegram",
     "mqtt",
     "policy",
     "homeassistant",
+    "secrets_from",
     "private",
     "sessions",
     "tokens_today",
+    "daily_token_budget",
     "skills",
+    "skills_available",
+    "skills_with_errors",
     "clock",
     "heartbeat",
     "job_count",
     "jobs",
+    "jobs_error",
+    "job_store_notice",
     "undelivered",
     "outbox",
+    "outbox_error",
     "alerts_deliver",
+    "open_alerts",
     "alerts",
 ];
 
@@ -87,6 +98,8 @@ async fn status_json_has_the_documented_fields_and_agrees_with_the_text() {
     let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
 
     let help = text(&run(&home, &["status", "--help"]).await.stdout);
+    let keys = json.as_object().unwrap().keys().map(String::as_str).collect::<Vec<_>>();
+    assert_eq!(keys.len(), STATUS_FIELDS.len(), "a field not in --help: {keys:?}");
     for name in STATUS_FIELDS {
         assert!(json.get(name).is_some(), "{name} missing: {json:#}");
         assert!(help.contains(&format!("`{name}`")), "{name} not documented in --help: {help}");
