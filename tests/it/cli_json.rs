@@ -210,3 +210,56 @@ async fn doctor_json_reports_a_broken_config_as_one_failed_check() {
     assert_eq!(checks[0]["status"], "fail");
     assert!(checks[0]["hint"].as_str().unwrap().contains("bramble check"), "{json:#}");
 }
+
+#[tokio::test]
+async fn status_json_says_whether_the_running_daemon_answered() {
+    use crate::support::daemon::{wait_until, Daemon};
+    use crate::support::fake_llm::{Dialect, FakeLlm};
+    use std::path::Path;
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "", "");
+    let cfg = std::fs::read_to_string(&home.config).unwrap();
+    std::fs::write(&home.config, cfg.replace("api_key = \"test-key\"", "api_key_env = \"BRAMBLE_IT_JSON_KEY\""))
+        .unwrap();
+    // The key is in the daemon's environment only.
+    let log = home.path().join("daemon.log");
+    let daemon =
+        Daemon::start_with_env(home.path(), Some(&home.config), &log, &[("BRAMBLE_IT_JSON_KEY", Path::new("k"))]);
+    let socket = home.state.join("control.sock");
+    assert!(wait_until(30, || socket.exists()).await, "the control socket: {}", daemon.log());
+    let status = |home: &TestHome| {
+        let home = home.config.clone();
+        let dir = home.parent().unwrap().to_path_buf();
+        async move {
+            let out = bramble(&dir, &["--config", home.to_str().unwrap(), "status", "--json"], None).await;
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            serde_json::from_slice::<Value>(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+        }
+    };
+    let json = status(&home).await;
+    assert_eq!(json["source"], "daemon", "{json:#}");
+    assert_eq!(json["daemon_pid"], daemon.pid());
+    assert_eq!(json["providers"][0]["key"]["state"], "set");
+    assert_eq!(json["providers"][0]["key_from"], "daemon");
+    daemon.stop().await;
+
+    // No daemon: this shell's reading, where the key is not set.
+    let json = status(&home).await;
+    assert_eq!(json["source"], "shell");
+    assert_eq!(json["daemon_pid"], Value::Null);
+    assert_eq!(json["providers"][0]["key"], serde_json::json!({"state": "unset", "env": "BRAMBLE_IT_JSON_KEY"}));
+    assert_eq!(json["providers"][0]["key_from"], "shell");
+
+    // Something else on the socket, answering nonsense, is not believed.
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            use std::io::Write as _;
+            let _ = stream.write_all(b"{\"out\": \"{\\\"pid\\\": 1}\", \"code\": 0}\n");
+        }
+    });
+    let json = status(&home).await;
+    assert_eq!(json["source"], "shell", "{json:#}");
+    assert_eq!(json["daemon_pid"], Value::Null);
+}
