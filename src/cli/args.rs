@@ -56,10 +56,33 @@ pub enum Command {
         dry_run: bool,
     },
     /// Show provider, paths, tools and sessions
-    Status,
+    Status {
+        /// One JSON object instead of the text (stable names, fields only ever added; times RFC 3339
+        /// UTC; null when unknown or private to the service): `source` (`daemon`|`shell`),
+        /// `daemon_pid`, `config`, `env_file`, `env_file_daemon`, `providers` [{`name`, `kind`,
+        /// `base_url`, `model`, `key` {`state`: `set`|`unset`|`not_needed`, `env`}, `key_from`,
+        /// `tokens_today`, `daily_token_budget`}], `model`, `fallback`, `fallback_cooldown`,
+        /// `time_zone`, `workspace`, `workspace_exists`, `state_dir`, `daemon`, `service`, `tools`,
+        /// `channels`, `mcp`, `channels_error`, `exec` {`enabled`, `timeout`, `network`, `sandbox`},
+        /// `web_search`, `telegram`, `mqtt`, `policy`, `homeassistant`, `secrets_from`, `private`,
+        /// `sessions`, `tokens_today`, `daily_token_budget`, `skills`, `skills_available`,
+        /// `skills_with_errors`, `clock`, `heartbeat` {`enabled`, `every`, `active_tasks`,
+        /// `last_run`}, `job_count`, `jobs` [the objects of `cron list --json`], `jobs_error`,
+        /// `job_store_notice`, `undelivered`, `outbox` [{`target`, `source`, `attempts`,
+        /// `last_error`}], `outbox_error`, `alerts_deliver`, `open_alerts`, `alerts` [{`key`,
+        /// `since`, `text`}]
+        #[arg(long)]
+        json: bool,
+    },
     /// Check what users ask about: config, keys, provider (one GET of its model list, no tokens),
     /// Telegram (getMe), MQTT (one CONNECT), clock, sandbox, disk, service
-    Doctor,
+    Doctor {
+        /// One JSON object instead of the text: `result` (`ok`|`warn`|`fail`), `errors`, `warnings`,
+        /// `checks` [{`name`, `status` (`ok`|`warn`|`fail`|`skip`), `detail`, `hint` (or null)}];
+        /// the exit status is the text's (1 when a check failed)
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a shell completion script: `bramble completions bash > /etc/bash_completion.d/bramble`
     Completions {
         /// The shell
@@ -273,10 +296,10 @@ impl Command {
     pub fn prints_and_exits(&self) -> bool {
         match self {
             Command::Init { .. }
-            | Command::Status
+            | Command::Status { .. }
             | Command::Check { .. }
             | Command::Logs { .. }
-            | Command::Doctor
+            | Command::Doctor { .. }
             | Command::Completions { .. }
             | Command::Man
             | Command::Audit { .. }

@@ -250,7 +250,7 @@ fn utc(t: jiff::Timestamp) -> String {
 }
 
 impl<'a> JobJson<'a> {
-    fn of(j: &'a Job, tz: &TzName, runs: bool) -> JobJson<'a> {
+    pub(super) fn of(j: &'a Job, tz: &TzName, runs: bool) -> JobJson<'a> {
         let text = match &j.kind {
             JobKind::Message { text } | JobKind::Remind { text } => text.as_str(),
             JobKind::Exec { command } => command.as_str(),

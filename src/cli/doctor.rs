@@ -4,7 +4,8 @@
 //! two what to do. Network checks say what they send: the provider gets one
 //! `GET …/models` (no tokens are spent), Telegram one `getMe`, the broker one
 //! MQTT CONNECT under a client id of its own. Exit status 1 when any line is
-//! an error.
+//! an error. `doctor --json` prints the same checks as one object (see
+//! [`Summary`]), collected in one [`Report`] that the text is printed from.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -12,52 +13,140 @@ use std::time::Duration;
 
 use crate::config::{self, Loaded};
 
+/// What to do about a config that does not load.
+const FIX_CONFIG: &str = "fix the line it names; `bramble check` says the same";
+
 /// How long each network check may take.
 const LIMIT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A check's outcome. `Skip`: the part is not configured (the text says `ok`, as it always did).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 enum Level {
     Ok,
+    #[serde(rename = "warn")]
     Warning,
+    #[serde(rename = "fail")]
     Error,
+    Skip,
 }
 
-/// The report as it is printed.
-#[derive(Default)]
-struct Report {
-    errors: usize,
-    warnings: usize,
+/// One check, as `doctor --json` prints it and the text line is made from.
+/// Stable: fields are added, never renamed or removed.
+#[derive(Debug, serde::Serialize)]
+struct Check {
+    name: String,
+    status: Level,
+    /// What was found.
+    detail: String,
+    /// What to do, for a `warn` or a `fail` that has a fix (else null).
+    hint: Option<String>,
 }
 
-impl Report {
-    fn line(&mut self, level: Level, what: &str, text: impl AsRef<str>) {
-        let tag = match level {
-            Level::Ok => "ok     ",
-            Level::Warning => {
-                self.warnings += 1;
-                "warning"
-            }
-            Level::Error => {
-                self.errors += 1;
-                "error  "
-            }
+impl Check {
+    /// The text line: the level, the name, the detail and the hint after a colon.
+    fn line(&self) -> String {
+        let tag = match self.status {
+            Level::Ok | Level::Skip => "ok     ",
+            Level::Warning => "warning",
+            Level::Error => "error  ",
+        };
+        let text = match &self.hint {
+            Some(hint) => format!("{}: {hint}", self.detail),
+            None => self.detail.clone(),
         };
         // What a server answered is quoted here: its control characters are shown, not run.
-        println!("{tag}  {what:<16} {}", crate::util::text::escape_controls(text.as_ref()));
+        format!("{tag}  {:<16} {}", self.name, crate::util::text::escape_controls(&text))
     }
 }
 
-pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
-    let mut r = Report::default();
+/// The checks made so far; printed one by one as they come unless the output is JSON.
+struct Report {
+    checks: Vec<Check>,
+    json: bool,
+}
+
+/// `doctor --json`: the checks in order, and `result`: `fail` when any check
+/// failed (exit status 1), else `warn` when any warned, else `ok`.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    result: &'static str,
+    errors: usize,
+    warnings: usize,
+    checks: &'a [Check],
+}
+
+impl Report {
+    fn new(json: bool) -> Report {
+        Report { checks: Vec::new(), json }
+    }
+
+    fn line(&mut self, level: Level, what: &str, text: impl AsRef<str>) {
+        self.hinted(level, what, text, None::<String>);
+    }
+
+    fn hinted(&mut self, level: Level, what: &str, detail: impl AsRef<str>, hint: Option<impl Into<String>>) {
+        let check = Check {
+            name: what.to_string(),
+            status: level,
+            detail: detail.as_ref().to_string(),
+            hint: hint.map(Into::into),
+        };
+        if !self.json {
+            println!("{}", check.line());
+        }
+        self.checks.push(check);
+    }
+
+    fn count(&self, level: Level) -> usize {
+        self.checks.iter().filter(|c| c.status == level).count()
+    }
+
+    /// The closing line (or the JSON object), and the exit status.
+    fn finish(&self) -> ExitCode {
+        let (errors, warnings) = (self.count(Level::Error), self.count(Level::Warning));
+        if self.json {
+            let result = if errors > 0 {
+                "fail"
+            } else if warnings > 0 {
+                "warn"
+            } else {
+                "ok"
+            };
+            let summary = Summary { result, errors, warnings, checks: &self.checks };
+            match serde_json::to_string_pretty(&summary) {
+                Ok(out) => println!("{out}"),
+                Err(e) => eprintln!("error: {e}"),
+            }
+        } else {
+            println!(
+                "\n{} error{}, {} warning{}",
+                errors,
+                if errors == 1 { "" } else { "s" },
+                warnings,
+                if warnings == 1 { "" } else { "s" }
+            );
+        }
+        if errors > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
+    let mut r = Report::new(json);
     let loaded = match config::load(explicit) {
         Ok(l) => l,
         Err(e) => {
-            r.line(
-                Level::Error,
-                "config",
-                format!("{e}\n                 fix the line it names; `bramble check` says the same"),
-            );
-            return ExitCode::FAILURE;
+            // The text as it always was: the fix on a line of its own, no summary line.
+            let (detail, hint) = match json {
+                true => (e.to_string(), Some(FIX_CONFIG.to_string())),
+                false => (format!("{e}\n                 {FIX_CONFIG}"), None),
+            };
+            r.hinted(Level::Error, "config", detail, hint);
+            return if json { r.finish() } else { ExitCode::FAILURE };
         }
     };
     let where_ = loaded.path.as_ref().map_or("none: all defaults".to_string(), |p| p.display().to_string());
@@ -65,12 +154,12 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
     providers(&loaded, &mut r).await;
     telegram(&loaded, &mut r).await;
     match crate::channels::mqtt::probe(&loaded.config.mqtt, LIMIT).await {
-        Ok(None) => r.line(Level::Ok, "mqtt", "not configured"),
+        Ok(None) => r.line(Level::Skip, "mqtt", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "mqtt", found),
         Err(e) => r.line(Level::Error, "mqtt", e),
     }
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
-        Ok(None) => r.line(Level::Ok, "homeassistant", "not configured"),
+        Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
         Err(e) => r.line(Level::Error, "homeassistant", e),
     }
@@ -93,34 +182,23 @@ pub(super) async fn doctor(explicit: Option<&Path>) -> ExitCode {
         let level = if weak { Level::Warning } else { Level::Ok };
         r.line(level, "sandbox", layers);
     } else {
-        r.line(Level::Ok, "sandbox", "exec is off");
+        r.line(Level::Skip, "sandbox", "exec is off");
     }
     storage(&loaded, &mut r);
     if let Some(service) = super::status::service_line() {
         let level = if service.contains(" active") { Level::Ok } else { Level::Warning };
         r.line(level, "service", service);
     }
-    println!(
-        "\n{} error{}, {} warning{}",
-        r.errors,
-        if r.errors == 1 { "" } else { "s" },
-        r.warnings,
-        if r.warnings == 1 { "" } else { "s" }
-    );
-    if r.errors > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
+    r.finish()
 }
 
 /// `bramble init`'s checks after it wrote the answers: the providers and
 /// Telegram, as [`doctor`] prints them. Whether none was an error.
 pub(super) async fn first_checks(loaded: &Loaded) -> bool {
-    let mut r = Report::default();
+    let mut r = Report::new(false);
     providers(loaded, &mut r).await;
     telegram(loaded, &mut r).await;
-    r.errors == 0
+    r.count(Level::Error) == 0
 }
 
 /// Each provider: its key, then one request that costs no tokens, and
@@ -141,14 +219,11 @@ async fn providers(loaded: &Loaded, r: &mut Report) {
             KeyState::NotNeeded => "no key needed (own base_url, no api_key_env)".to_string(),
             KeyState::Unset(env) => {
                 let file = crate::config::env::path();
-                r.line(
+                r.hinted(
                     Level::Warning,
                     &what,
-                    format!(
-                        "api_key_env names {env}, which is not set (read in this shell): every turn fails until it \
-                         is; set it, or put it in {}",
-                        file.display()
-                    ),
+                    format!("api_key_env names {env}, which is not set (read in this shell)"),
+                    Some(format!("every turn fails until it is; set it, or put it in {}", file.display())),
                 );
                 continue;
             }
@@ -165,9 +240,9 @@ async fn providers(loaded: &Loaded, r: &mut Report) {
                 format!("{key}; the server answers but has no model list at {} (a chat may still work)", p.base_url()),
             ),
             Err(e @ crate::provider::ProviderError::Auth { .. }) => {
-                r.line(Level::Error, &what, format!("{e}: check the key ({})", p.key_env()))
+                r.hinted(Level::Error, &what, e.to_string(), Some(format!("check the key ({})", p.key_env())))
             }
-            Err(e) => r.line(Level::Error, &what, format!("{e}: is {} right and up?", p.base_url())),
+            Err(e) => r.hinted(Level::Error, &what, e.to_string(), Some(format!("is {} right and up?", p.base_url()))),
         }
     }
 }
@@ -210,7 +285,7 @@ async fn telegram(loaded: &Loaded, r: &mut Report) {
     let Some(token) = c.token() else {
         let why = match &c.token_env {
             Some(env) => (Level::Warning, format!("token_env names {env}, which is not set: Telegram stays off")),
-            None => (Level::Ok, "not configured".to_string()),
+            None => (Level::Skip, "not configured".to_string()),
         };
         r.line(why.0, "telegram", why.1);
         return;
@@ -229,7 +304,7 @@ async fn telegram(loaded: &Loaded, r: &mut Report) {
             }
         }
         Ok(Err(e)) if e.code() == Some(401) => {
-            r.line(Level::Error, "telegram", format!("{e}: the token is wrong; get it again from @BotFather"))
+            r.hinted(Level::Error, "telegram", e.to_string(), Some("the token is wrong; get it again from @BotFather"))
         }
         Ok(Err(e)) => r.line(Level::Error, "telegram", e.to_string()),
         Err(_) => r.line(Level::Error, "telegram", format!("no answer within {} s", LIMIT.as_secs())),
@@ -242,7 +317,7 @@ fn storage(loaded: &Loaded, r: &mut Report) {
     if ws.is_dir() {
         r.line(Level::Ok, "workspace", ws.display().to_string());
     } else {
-        r.line(Level::Warning, "workspace", format!("{} does not exist: run `bramble init`", ws.display()));
+        r.hinted(Level::Warning, "workspace", format!("{} does not exist", ws.display()), Some("run `bramble init`"));
     }
     let state = &loaded.paths.state_dir;
     // The directory, or the nearest one above it that exists (where it will be made).
@@ -255,11 +330,9 @@ fn storage(loaded: &Loaded, r: &mut Report) {
             let mib = free / (1024 * 1024);
             let text = format!("{}: {mib} MiB free", state.display());
             match mib {
-                0..=9 => r.line(
-                    Level::Error,
-                    "disk",
-                    format!("{text}: reports and sessions cannot be saved; free some space"),
-                ),
+                0..=9 => {
+                    r.hinted(Level::Error, "disk", text, Some("reports and sessions cannot be saved; free some space"))
+                }
                 10..=99 => r.line(Level::Warning, "disk", format!("{text}: little room left")),
                 _ => r.line(Level::Ok, "disk", text),
             }

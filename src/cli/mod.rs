@@ -57,7 +57,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { reload: true } => return Ok(check::reload(explicit)),
         Command::Init { workspace, setup } => return init::init(explicit, workspace.as_deref(), setup).await,
         Command::Logs { follow, lines } => return logs::logs(follow, lines),
-        Command::Doctor => return Ok(doctor::doctor(explicit).await),
+        Command::Doctor { json } => return Ok(doctor::doctor(explicit, json).await),
         Command::Completions { shell } => {
             print!("{}", gunzip(completions(shell)));
             return Ok(ExitCode::SUCCESS);
@@ -95,14 +95,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cron(cmd) => cron::cron(&loaded, *cmd).await,
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
-        Command::Status => status::status(&loaded, &acting).await,
+        Command::Status { json } => status::status(&loaded, &acting, json).await,
         Command::Pair { list, revoke } => pair(&loaded, list, revoke).await,
         Command::Audit { since, json } => audit(&loaded, &since, json),
         Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }
-        | Command::Doctor
+        | Command::Doctor { .. }
         | Command::Completions { .. }
         | Command::Man => unreachable!("handled above"),
     }

@@ -142,7 +142,7 @@ fn is_var_name(s: &str) -> bool {
 pub fn member_may(command: &crate::cli::args::Command) -> anyhow::Result<()> {
     use crate::cli::args::Command;
     let what = match command {
-        Command::Status | Command::Cron(_) => return Ok(()),
+        Command::Status { .. } | Command::Cron(_) => return Ok(()),
         Command::Run => "the service runs under systemd (`sudo systemctl start bramble`)",
         _ => "this runs as the service, with its secrets",
     };

@@ -8,8 +8,14 @@
 //! errors, a job's name, an undelivered report's error, an alert's text — so
 //! those are printed through [`esc`]: an escape sequence in them is shown,
 //! never run by the owner's terminal.
+//!
+//! Each section is collected once into a typed part that both renders the
+//! text's lines and serializes into `status --json`'s object ([`Status`]): the
+//! two outputs cannot say different things.
 
 use std::process::ExitCode;
+
+use serde::Serialize;
 
 use crate::config::env::key_state;
 use crate::config::Loaded;
@@ -54,8 +60,61 @@ pub(super) fn service_line() -> Option<String> {
 /// The word for a line of the service's state when that state is not readable here.
 const PRIVATE: &str = "private to the service (`sudo bramble status`)";
 
-pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> anyhow::Result<ExitCode> {
+pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting, json: bool) -> anyhow::Result<ExitCode> {
+    let status = collect(loaded, acting, !json).await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A part of the status: its facts serialize (flattened into `status
+/// --json`'s object) and render to the text's lines, so the two cannot drift.
+trait Section: Serialize {
+    fn lines(&self) -> Vec<String>;
+}
+
+/// Everything `bramble status` shows, collected once. The text is each
+/// section's [`Section::lines`]; `--json` is this object, its field names
+/// stable (fields are added, never renamed or removed), times RFC 3339 UTC.
+#[derive(Serialize)]
+pub(super) struct Status {
+    #[serde(flatten)]
+    config: ConfigPart,
+    #[serde(flatten)]
+    env: EnvPart,
+    #[serde(flatten)]
+    provider: ProviderPart,
+    #[serde(flatten)]
+    paths: PathPart,
+    #[serde(flatten)]
+    daemon: DaemonPart,
+    #[serde(flatten)]
+    parts: PartsPart,
+    #[serde(flatten)]
+    exec: ExecPart,
+    #[serde(flatten)]
+    channels: ChannelPart,
+    #[serde(flatten)]
+    usage: UsagePart,
+    #[serde(flatten)]
+    schedule: SchedulePart,
+    #[serde(flatten)]
+    outbox: OutboxPart,
+    #[serde(flatten)]
+    alerts: AlertPart,
+}
+
+/// Collects the status; with `print`, each section's lines as soon as it is
+/// collected (connecting MCP servers, the parts' section, may take a moment).
+async fn collect(loaded: &Loaded, acting: &super::service::Acting, print: bool) -> Status {
     use super::service::Acting;
+    fn show<S: Section>(print: bool, section: S) -> S {
+        if print {
+            section.lines().iter().for_each(|line| println!("{line}"));
+        }
+        section
+    }
     // The service's state is its user's alone: what the config says is shown, the state's parts are not.
     let private = *acting == Acting::ServiceConfigOnly
         && nix::unistd::access(
@@ -63,46 +122,52 @@ pub(super) async fn status(loaded: &Loaded, acting: &super::service::Acting) -> 
             nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::X_OK,
         )
         .is_err();
-    // Printed section by section: connecting MCP servers (the parts' section) may take a moment.
-    let show = |lines: Vec<String>| lines.iter().for_each(|line| println!("{line}"));
     // The secrets the running daemon has, which this shell may lack (or have other ones).
     let facts = daemon_facts(loaded).await;
-    show(config_lines(loaded, acting));
-    show(env_lines(facts.as_ref()));
-    show(provider_lines(loaded, facts.as_ref()));
-    show(path_lines(loaded));
-    if *acting == Acting::ServiceConfigOnly {
-        // The state is private; the running service says whether it answers (and what members may).
-        println!("daemon:     {}", esc(&super::service::control_line().await));
-    } else {
-        println!("daemon:     {}", daemon_line(&loaded.paths.state_dir));
-        if let Some(f) = &facts {
-            println!("control:    pid {} answers on its control socket: lines marked so are its own view", f.pid);
-        }
-    }
-    if let Some(service) = service_line() {
-        println!("service:    {service}");
-    }
-    show(parts_lines(loaded).await);
-    show(exec_lines(loaded));
-    show(channel_lines(loaded, facts.as_ref()));
-    show(usage_lines(loaded, private));
-    show(schedule_lines(loaded, private));
-    show(outbox_lines(loaded, private));
-    show(alert_lines(loaded, private));
-    Ok(ExitCode::SUCCESS)
+    let config = show(print, config_lines(loaded, acting));
+    let env = show(print, env_lines(facts.as_ref()));
+    let provider = show(print, provider_lines(loaded, facts.as_ref()));
+    let paths = show(print, path_lines(loaded));
+    let daemon = show(print, daemon_part(loaded, acting, facts.as_ref()).await);
+    let parts = show(print, parts_lines(loaded).await);
+    let exec = show(print, exec_lines(loaded));
+    let channels = show(print, channel_lines(loaded, facts.as_ref()));
+    let usage = show(print, usage_lines(loaded, private));
+    let schedule = show(print, schedule_lines(loaded, private));
+    let outbox = show(print, outbox_lines(loaded, private));
+    let alerts = show(print, alert_lines(loaded, private));
+    Status { config, env, provider, paths, daemon, parts, exec, channels, usage, schedule, outbox, alerts }
+}
+
+/// RFC 3339 in UTC, as `cron list --json` prints times.
+fn utc(t: jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// Which config file, and whose.
-fn config_lines(loaded: &Loaded, acting: &super::service::Acting) -> Vec<String> {
+#[derive(Serialize)]
+struct ConfigPart {
+    /// The config file's path; null: none, the defaults.
+    config: Option<String>,
+    #[serde(skip)]
+    whose: String,
+}
+
+impl Section for ConfigPart {
+    fn lines(&self) -> Vec<String> {
+        let path = self.config.clone().unwrap_or_else(|| "(none: defaults)".into());
+        vec![format!("config:     {path}{}", self.whose)]
+    }
+}
+
+fn config_lines(loaded: &Loaded, acting: &super::service::Acting) -> ConfigPart {
     use super::service::Acting;
     let whose = match acting {
         Acting::Own => String::new(),
         Acting::Service(user) => format!(" (the installed service's; acting as its user {user})"),
         Acting::ServiceConfigOnly => " (the installed service's; its state with `sudo bramble status`)".to_string(),
     };
-    let path = loaded.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "(none: defaults)".into());
-    vec![format!("config:     {path}{whose}")]
+    ConfigPart { config: loaded.path.as_ref().map(|p| p.display().to_string()), whose }
 }
 
 /// The running daemon's [`Facts`], when one answers on its control socket.
@@ -114,167 +179,473 @@ pub(super) async fn daemon_facts(loaded: &Loaded) -> Option<Facts> {
     crate::daemon::control::facts(&path, std::time::Duration::from_secs(3)).await.ok()
 }
 
-/// Where a line's secrets were looked up.
-fn source(facts: Option<&Facts>) -> &'static str {
-    match facts {
-        Some(_) => "(from the running daemon)",
-        None => "(read in this shell)",
+/// Where a line's secrets were looked up: `from` is `daemon` or `shell`.
+fn source(from: &str) -> &'static str {
+    match from {
+        "daemon" => "(from the running daemon)",
+        _ => "(read in this shell)",
     }
 }
 
 /// The env file, as this shell read it and as the daemon did.
-fn env_lines(facts: Option<&Facts>) -> Vec<String> {
-    let here = crate::config::env::describe(&crate::config::env::path());
-    let mut lines = vec![format!("env file:   {} (read in this shell)", esc(&here))];
-    if let Some(f) = facts.filter(|f| f.env_file != here) {
-        lines.push(format!("            {} (the running daemon's)", esc(&f.env_file)));
+#[derive(Serialize)]
+struct EnvPart {
+    /// The env file as this shell read it.
+    env_file: String,
+    /// As the running daemon read it (null: no daemon answered).
+    env_file_daemon: Option<String>,
+}
+
+impl Section for EnvPart {
+    fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("env file:   {} (read in this shell)", esc(&self.env_file))];
+        if let Some(theirs) = self.env_file_daemon.as_ref().filter(|d| **d != self.env_file) {
+            lines.push(format!("            {} (the running daemon's)", esc(theirs)));
+        }
+        lines
     }
-    lines
+}
+
+fn env_lines(facts: Option<&Facts>) -> EnvPart {
+    let here = crate::config::env::describe(&crate::config::env::path());
+    EnvPart { env_file: here, env_file_daemon: facts.map(|f| f.env_file.clone()) }
+}
+
+/// One provider, with where its key stands.
+#[derive(Serialize)]
+struct ProviderFacts {
+    name: String,
+    kind: &'static str,
+    base_url: String,
+    /// Its default model (one provider: the model turns use).
+    model: String,
+    /// `{"state": "set"}`, `{"state": "unset", "env": "NAME"}` or `{"state": "not_needed"}`.
+    key: crate::config::env::KeyState,
+    /// `daemon` (the running daemon's environment) or `shell` (this one's).
+    key_from: &'static str,
+    tokens_today: Option<u64>,
+    /// 0: none.
+    daily_token_budget: u64,
 }
 
 /// The provider (or each of the chain, with today's tokens), the model, the keys.
-fn provider_lines(loaded: &Loaded, facts: Option<&Facts>) -> Vec<String> {
-    let c = &loaded.config;
-    let key = |p: &crate::config::ProviderConfig| {
-        let daemon = facts.and_then(|f| f.providers.iter().find(|(name, _)| name == p.name()).map(|(_, k)| k));
-        let state = daemon.cloned().unwrap_or_else(|| key_state(p));
-        let from = if daemon.is_some() { source(facts) } else { source(None) };
-        format!("{} {from}", state.describe())
-    };
-    if let [p] = c.providers.as_slice() {
-        return vec![
-            format!("provider:   {} at {}", p.kind.as_str(), p.base_url()),
-            format!("model:      {}", c.model()),
-            format!("api key:    {}", key(p)),
-        ];
-    }
-    let mut lines = Vec::new();
-    let usage = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone());
-    for (i, p) in c.providers.iter().enumerate() {
-        let used = usage.today_of(p.name()).total();
-        let budget = match p.daily_token_budget {
-            0 => String::new(),
-            b => format!(" of {b}"),
-        };
+#[derive(Serialize)]
+struct ProviderPart {
+    providers: Vec<ProviderFacts>,
+    /// The model turns use (several providers: as `name/model`).
+    model: String,
+    /// The fallback chain's provider names, in order.
+    fallback: Vec<String>,
+    fallback_cooldown: String,
+}
+
+impl Section for ProviderPart {
+    fn lines(&self) -> Vec<String> {
+        let key = |p: &ProviderFacts| format!("{} {}", p.key.describe(), source(p.key_from));
+        if let [p] = self.providers.as_slice() {
+            return vec![
+                format!("provider:   {} at {}", p.kind, p.base_url),
+                format!("model:      {}", self.model),
+                format!("api key:    {}", key(p)),
+            ];
+        }
+        let mut lines = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            let budget = match p.daily_token_budget {
+                0 => String::new(),
+                b => format!(" of {b}"),
+            };
+            lines.push(format!(
+                "{:<12}{} ({} at {}): model {}, api key {}, {}{budget} tokens today",
+                if i == 0 { "providers:" } else { "" },
+                p.name,
+                p.kind,
+                p.base_url,
+                p.model,
+                key(p),
+                p.tokens_today.unwrap_or_default(),
+            ));
+        }
+        lines.push(format!("model:      {}", self.model));
         lines.push(format!(
-            "{:<12}{} ({} at {}): model {}, api key {}, {used}{budget} tokens today",
-            if i == 0 { "providers:" } else { "" },
-            p.name(),
-            p.kind.as_str(),
-            p.base_url(),
-            p.default_model(),
-            key(p),
+            "fallback:   {} (cooldown {})",
+            if self.fallback.is_empty() { "none".to_string() } else { self.fallback.join(" → ") },
+            self.fallback_cooldown
         ));
+        lines
     }
-    lines.push(format!("model:      {}", crate::provider::chain::Chain::label_in(c, c.model())));
-    let fallback: Vec<&str> = c.agent.fallback.iter().map(|f| f.get_ref().as_str()).collect();
-    lines.push(format!(
-        "fallback:   {} (cooldown {})",
-        if fallback.is_empty() { "none".to_string() } else { fallback.join(" → ") },
-        c.agent.fallback_cooldown
-    ));
-    lines
+}
+
+fn provider_lines(loaded: &Loaded, facts: Option<&Facts>) -> ProviderPart {
+    let c = &loaded.config;
+    let single = c.providers.len() == 1;
+    let usage = (!single).then(|| crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()));
+    let providers = c
+        .providers
+        .iter()
+        .map(|p| {
+            let daemon = facts.and_then(|f| f.providers.iter().find(|(name, _)| name == p.name()).map(|(_, k)| k));
+            ProviderFacts {
+                name: p.name().to_string(),
+                kind: p.kind.as_str(),
+                base_url: p.base_url().to_string(),
+                model: if single { c.model() } else { p.default_model() }.to_string(),
+                key: daemon.cloned().unwrap_or_else(|| key_state(p)),
+                key_from: if daemon.is_some() { "daemon" } else { "shell" },
+                tokens_today: usage.as_ref().map(|u| u.today_of(p.name()).total()),
+                daily_token_budget: p.daily_token_budget,
+            }
+        })
+        .collect();
+    ProviderPart {
+        providers,
+        model: if single { c.model().to_string() } else { crate::provider::chain::Chain::label_in(c, c.model()) },
+        fallback: c.agent.fallback.iter().map(|f| f.get_ref().to_string()).collect(),
+        fallback_cooldown: c.agent.fallback_cooldown.to_string(),
+    }
 }
 
 /// The time zone, the workspace and the state directory.
-fn path_lines(loaded: &Loaded) -> Vec<String> {
-    let missing = if loaded.paths.workspace.is_dir() { "" } else { " (missing: run `bramble init`)" };
-    vec![
-        format!("time zone:  {}", loaded.config.timezone().name()),
-        format!("workspace:  {}{missing}", loaded.paths.workspace.display()),
-        format!("state:      {}", loaded.paths.state_dir.display()),
-    ]
+#[derive(Serialize)]
+struct PathPart {
+    time_zone: String,
+    workspace: String,
+    workspace_exists: bool,
+    state_dir: String,
 }
 
-/// The tools and channels `bramble run` would start for this config, built and not started.
-async fn parts_lines(loaded: &Loaded) -> Vec<String> {
+impl Section for PathPart {
+    fn lines(&self) -> Vec<String> {
+        let missing = if self.workspace_exists { "" } else { " (missing: run `bramble init`)" };
+        vec![
+            format!("time zone:  {}", self.time_zone),
+            format!("workspace:  {}{missing}", self.workspace),
+            format!("state:      {}", self.state_dir),
+        ]
+    }
+}
+
+fn path_lines(loaded: &Loaded) -> PathPart {
+    PathPart {
+        time_zone: loaded.config.timezone().name().to_string(),
+        workspace: loaded.paths.workspace.display().to_string(),
+        workspace_exists: loaded.paths.workspace.is_dir(),
+        state_dir: loaded.paths.state_dir.display().to_string(),
+    }
+}
+
+/// Whether a daemon runs, whether it answered, and systemd's view.
+#[derive(Serialize)]
+struct DaemonPart {
+    /// `daemon`: the running daemon answered on its control socket, and the
+    /// secrets' lines are its view; `shell`: read in this shell.
+    source: &'static str,
+    /// The pid of the daemon that answered (null: none did).
+    daemon_pid: Option<u32>,
+    /// Whether a daemon runs on the state directory, in words.
+    daemon: String,
+    /// systemd's view of `bramble.service` (null: no systemd).
+    service: Option<String>,
+}
+
+impl Section for DaemonPart {
+    fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("daemon:     {}", esc(&self.daemon))];
+        if let Some(pid) = self.daemon_pid {
+            lines
+                .push(format!("control:    pid {pid} answers on its control socket: lines marked so are its own view"));
+        }
+        if let Some(service) = &self.service {
+            lines.push(format!("service:    {service}"));
+        }
+        lines
+    }
+}
+
+async fn daemon_part(loaded: &Loaded, acting: &super::service::Acting, facts: Option<&Facts>) -> DaemonPart {
+    // A member of the service's group: the state is private, the running service says whether it answers.
+    let (daemon, daemon_pid) = if *acting == super::service::Acting::ServiceConfigOnly {
+        (super::service::control_line().await, None)
+    } else {
+        (daemon_line(&loaded.paths.state_dir), facts.map(|f| f.pid))
+    };
+    DaemonPart { source: if facts.is_some() { "daemon" } else { "shell" }, daemon_pid, daemon, service: service_line() }
+}
+
+/// The tools and channels `bramble run` would start for this config.
+#[derive(Serialize)]
+struct PartsPart {
+    tools: Vec<String>,
+    channels: Vec<String>,
+    /// Each MCP server's state, one line each.
+    mcp: Vec<String>,
+    /// Why the parts could not be built (null: they were).
+    channels_error: Option<String>,
+}
+
+impl Section for PartsPart {
+    fn lines(&self) -> Vec<String> {
+        if let Some(e) = &self.channels_error {
+            return vec![format!("channels:   error: {}", esc(e))];
+        }
+        let mut lines = vec![
+            format!("tools:      {}", esc(&self.tools.join(", "))),
+            format!("channels:   {}", self.channels.join(", ")),
+        ];
+        for (i, line) in self.mcp.iter().enumerate() {
+            lines.push(format!("{:<12}{}", if i == 0 { "mcp:" } else { "" }, esc(line)));
+        }
+        lines
+    }
+}
+
+/// Built and not started.
+async fn parts_lines(loaded: &Loaded) -> PartsPart {
     // Quietly: what it would warn about (no key, a bad MQTT url) has its own line.
     let parts =
         tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || assemble::daemon(loaded));
     let parts = match parts {
         Ok(parts) => parts,
-        Err(e) => return vec![format!("channels:   error: {}", esc(&e.to_string()))],
+        Err(e) => {
+            return PartsPart { tools: vec![], channels: vec![], mcp: vec![], channels_error: Some(e.to_string()) }
+        }
     };
     // MCP servers are connected from here (as the daemon would; stdio ones started and
     // stopped again), so the line says what this machine can reach now.
     let tools = parts.agent.tools();
     tools.prepare().await;
-    let mut lines = vec![
-        format!("tools:      {}", esc(&tools.names().join(", "))),
-        format!("channels:   {}", parts.channels.names().join(", ")),
-    ];
-    for (i, line) in tools.sources_status().iter().enumerate() {
-        lines.push(format!("{:<12}{}", if i == 0 { "mcp:" } else { "" }, esc(line)));
+    PartsPart {
+        tools: tools.names(),
+        channels: parts.channels.names().iter().map(|n| n.to_string()).collect(),
+        mcp: tools.sources_status(),
+        channels_error: None,
     }
-    lines
+}
+
+/// The exec tool and its sandbox.
+#[derive(Serialize)]
+struct ExecFacts {
+    enabled: bool,
+    timeout: Option<String>,
+    network: Option<String>,
+    /// The sandbox's layers, in words (null: exec is off).
+    sandbox: Option<String>,
 }
 
 /// The exec tool, its sandbox, and web search.
-fn exec_lines(loaded: &Loaded) -> Vec<String> {
-    let c = &loaded.config;
-    let mut lines = Vec::new();
-    if c.exec.enabled {
-        lines.push(format!("exec:       timeout {}, network {}", c.exec.timeout, c.exec.network.as_str()));
-        lines.push(format!("sandbox:    {}", crate::sandbox::Sandbox::for_config(loaded).layers_summary(&c.exec)));
-    } else {
-        lines.push("exec:       off".into());
-    }
-    if c.web.enabled {
-        let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
-        let engines = crate::tools::search::WebSearch::new(&c.web, http).map(|s| s.engines().join(" → "));
-        lines.push(format!("web search: {}", engines.unwrap_or_else(|| "off ([web] search = [])".into())));
-    }
-    lines
+#[derive(Serialize)]
+struct ExecPart {
+    exec: ExecFacts,
+    /// The search engines in order; null: `[web]` is off; empty: search is off.
+    web_search: Option<Vec<String>>,
 }
 
-/// Telegram, MQTT, the tool policy and Home Assistant.
-fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> Vec<String> {
+impl Section for ExecPart {
+    fn lines(&self) -> Vec<String> {
+        let e = &self.exec;
+        let mut lines = Vec::new();
+        match (&e.timeout, &e.network, &e.sandbox) {
+            (Some(timeout), Some(network), Some(sandbox)) if e.enabled => {
+                lines.push(format!("exec:       timeout {timeout}, network {network}"));
+                lines.push(format!("sandbox:    {sandbox}"));
+            }
+            _ => lines.push("exec:       off".into()),
+        }
+        match self.web_search.as_deref() {
+            None => {}
+            Some([]) => lines.push("web search: off ([web] search = [])".into()),
+            Some(engines) => lines.push(format!("web search: {}", engines.join(" → "))),
+        }
+        lines
+    }
+}
+
+fn exec_lines(loaded: &Loaded) -> ExecPart {
+    let c = &loaded.config;
+    let exec = match c.exec.enabled {
+        true => ExecFacts {
+            enabled: true,
+            timeout: Some(c.exec.timeout.to_string()),
+            network: Some(c.exec.network.as_str().to_string()),
+            sandbox: Some(crate::sandbox::Sandbox::for_config(loaded).layers_summary(&c.exec)),
+        },
+        false => ExecFacts { enabled: false, timeout: None, network: None, sandbox: None },
+    };
+    let web_search = c.web.enabled.then(|| {
+        let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
+        crate::tools::search::WebSearch::new(&c.web, http).map(|s| s.engines()).unwrap_or_default()
+    });
+    ExecPart { exec, web_search }
+}
+
+/// Telegram, MQTT, the tool policy and Home Assistant, each in words.
+#[derive(Serialize)]
+struct ChannelPart {
+    telegram: String,
+    mqtt: String,
+    /// Which sources of turns get which tools, in words.
+    policy: String,
+    homeassistant: String,
+    /// Where the secrets' state was read: `daemon` or `shell`.
+    secrets_from: &'static str,
+    #[serde(skip)]
+    ha_configured: bool,
+}
+
+impl Section for ChannelPart {
+    fn lines(&self) -> Vec<String> {
+        let from = source(self.secrets_from);
+        let ha_from = if self.ha_configured { format!(" {from}") } else { String::new() };
+        vec![
+            format!("telegram:   {} {from}", esc(&self.telegram)),
+            format!("mqtt:       {}", esc(&self.mqtt)),
+            format!("policy:     {}", self.policy),
+            format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
+        ]
+    }
+}
+
+fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
     let c = &loaded.config;
     let token = facts.map_or(c.telegram.token().is_some(), |f| f.telegram_token);
     let mut ha = crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir);
     if facts.and_then(|f| f.homeassistant_token) == Some(true) {
         ha = ha.replace(&format!("token MISSING: set {}", c.homeassistant.token_env()), "token set");
     }
-    let ha_from = if c.homeassistant.url.is_some() { format!(" {}", source(facts)) } else { String::new() };
-    vec![
-        format!(
-            "telegram:   {} {}",
-            esc(&telegram_summary(&c.telegram, token, &loaded.paths.state_dir)),
-            source(facts)
-        ),
-        format!("mqtt:       {}", esc(&crate::channels::mqtt::status_line(&c.mqtt))),
-        format!("policy:     {}", policy_summary(&c.policy)),
-        format!("ha:         {}{ha_from}", esc(&ha)),
-    ]
+    ChannelPart {
+        telegram: telegram_summary(&c.telegram, token, &loaded.paths.state_dir),
+        mqtt: crate::channels::mqtt::status_line(&c.mqtt),
+        policy: policy_summary(&c.policy),
+        homeassistant: ha,
+        secrets_from: if facts.is_some() { "daemon" } else { "shell" },
+        ha_configured: c.homeassistant.url.is_some(),
+    }
 }
 
-/// Sessions, today's tokens and the skills.
-fn usage_lines(loaded: &Loaded, private: bool) -> Vec<String> {
-    if private {
-        return ["sessions:", "tokens:", "skills:"].iter().map(|k| format!("{k:<12}{PRIVATE}")).collect();
+/// Sessions, today's tokens and the skills (null each: private to the service).
+#[derive(Serialize)]
+struct UsagePart {
+    /// The state is private to the service (`sudo bramble status`): its facts are null.
+    private: bool,
+    sessions: Option<usize>,
+    tokens_today: Option<u64>,
+    /// `[agent] daily_token_budget`; 0: none.
+    daily_token_budget: u64,
+    skills: Option<usize>,
+    skills_available: Option<usize>,
+    skills_with_errors: Option<usize>,
+}
+
+impl Section for UsagePart {
+    fn lines(&self) -> Vec<String> {
+        let (Some(sessions), Some(tokens), Some(skills), Some(available), Some(errors)) =
+            (self.sessions, self.tokens_today, self.skills, self.skills_available, self.skills_with_errors)
+        else {
+            return ["sessions:", "tokens:", "skills:"].iter().map(|k| format!("{k:<12}{PRIVATE}")).collect();
+        };
+        let budget = match self.daily_token_budget {
+            0 => String::new(),
+            b => format!(" (budget {b})"),
+        };
+        let errors = match errors {
+            0 => String::new(),
+            n => format!(", {n} with errors: run `bramble check`"),
+        };
+        vec![
+            format!("sessions:   {sessions}"),
+            format!("tokens:     {tokens} today{budget}"),
+            format!("skills:     {skills} ({available} available{errors})"),
+        ]
     }
+}
+
+fn usage_lines(loaded: &Loaded, private: bool) -> UsagePart {
     let c = &loaded.config;
-    let sessions = crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys();
-    let today = crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today();
-    let budget = match c.agent.daily_token_budget {
-        0 => String::new(),
-        b => format!(" (budget {b})"),
+    let mut part = UsagePart {
+        private,
+        sessions: None,
+        tokens_today: None,
+        daily_token_budget: c.agent.daily_token_budget,
+        skills: None,
+        skills_available: None,
+        skills_with_errors: None,
     };
+    if private {
+        return part;
+    }
+    part.sessions = Some(crate::agent::session::SessionStore::new(&loaded.paths.state_dir).keys().len());
+    part.tokens_today =
+        Some(crate::agent::usage::UsageLedger::new(&loaded.paths.state_dir, c.timezone()).today().total());
     let (skills, skill_errors) = crate::agent::skills::load(&loaded.paths.workspace);
-    let errors = if skill_errors.is_empty() {
-        String::new()
-    } else {
-        format!(", {} with errors: run `bramble check`", skill_errors.len())
-    };
-    vec![
-        format!("sessions:   {}", sessions.len()),
-        format!("tokens:     {} today{budget}", today.total()),
-        format!("skills:     {} ({} available{errors})", skills.len(), skills.iter().filter(|s| s.available()).count()),
-    ]
+    part.skills = Some(skills.len());
+    part.skills_available = Some(skills.iter().filter(|s| s.available()).count());
+    part.skills_with_errors = Some(skill_errors.len());
+    part
+}
+/// The heartbeat: how often, how many active tasks, when it last ran.
+#[derive(Serialize)]
+struct HeartbeatFacts {
+    enabled: bool,
+    every: String,
+    /// The active tasks in HEARTBEAT.md (null: private to the service).
+    active_tasks: Option<usize>,
+    last_run: Option<String>,
+    #[serde(skip)]
+    last_run_at: Option<jiff::Timestamp>,
 }
 
 /// The clock, the heartbeat and the jobs with their next runs.
-fn schedule_lines(loaded: &Loaded, private: bool) -> Vec<String> {
+#[derive(Serialize)]
+struct SchedulePart {
+    /// Whether the clock is trusted, in words.
+    clock: String,
+    heartbeat: HeartbeatFacts,
+    /// How many jobs there are (null: private, or the store could not be read).
+    job_count: Option<usize>,
+    /// Each job as `cron list --json` prints it (null: as `job_count`).
+    jobs: Option<Vec<serde_json::Value>>,
+    jobs_error: Option<String>,
+    /// What was wrong with a corrupt job store, which was set aside.
+    job_store_notice: Option<String>,
+    #[serde(skip)]
+    listed: Option<Vec<crate::scheduler::Job>>,
+    #[serde(skip)]
+    tz: crate::config::TzName,
+}
+
+impl Section for SchedulePart {
+    fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("clock:      {}", self.clock)];
+        let hb = &self.heartbeat;
+        lines.push(if hb.enabled {
+            let tasks = hb.active_tasks.map_or("?".to_string(), |n| n.to_string());
+            format!(
+                "heartbeat:  every {}, {tasks} active task{}, last run {}",
+                hb.every,
+                if tasks == "1" { "" } else { "s" },
+                when(hb.last_run_at, &self.tz)
+            )
+        } else {
+            "heartbeat:  off".into()
+        });
+        match (&self.listed, &self.jobs_error) {
+            (_, Some(e)) => lines.push(format!("jobs:       error: {}", esc(e))),
+            (None, None) => lines.push(format!("jobs:       {PRIVATE}")),
+            (Some(jobs), None) => {
+                lines.push(format!("jobs:       {}", jobs.len()));
+                if let Some(notice) = &self.job_store_notice {
+                    lines.push(format!("  job store: {}", esc(notice)));
+                }
+                for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
+                    lines.push(format!("  {:<20} next {}", esc(&j.name), when(j.state.next_run, &self.tz)));
+                }
+            }
+        }
+        lines
+    }
+}
+
+fn schedule_lines(loaded: &Loaded, private: bool) -> SchedulePart {
     let c = &loaded.config;
     let tz = c.timezone();
     // Read once: the clock note and the job list below both need it.
@@ -292,79 +663,157 @@ fn schedule_lines(loaded: &Loaded, private: bool) -> Vec<String> {
             .to_string(),
         Some(note) => note,
     };
-    let mut lines = vec![format!("clock:      {clock}")];
-    let hb_tasks = if private { None } else { crate::scheduler::heartbeat::read_file(&loaded.paths.workspace) }
-        .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len().to_string())
-        .unwrap_or_else(|| if private { "?".into() } else { "0".into() });
-    let hb_last = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
-    lines.push(if c.heartbeat.enabled {
-        let every = &c.heartbeat.every;
-        format!(
-            "heartbeat:  every {every}, {hb_tasks} active task{}, last run {}",
-            if hb_tasks == "1" { "" } else { "s" },
-            when(hb_last, &tz)
-        )
-    } else {
-        "heartbeat:  off".into()
+    let active_tasks = if private { None } else { crate::scheduler::heartbeat::read_file(&loaded.paths.workspace) }
+        .map(|t| crate::scheduler::heartbeat::active_tasks(&t).len())
+        .or(if private { None } else { Some(0) });
+    let last_run_at = crate::scheduler::heartbeat::StateFile::new(&loaded.paths.state_dir).load().last_run;
+    let heartbeat = HeartbeatFacts {
+        enabled: c.heartbeat.enabled,
+        every: c.heartbeat.every.to_string(),
+        active_tasks,
+        last_run: last_run_at.map(utc),
+        last_run_at,
+    };
+    let (listed, jobs_error) = match listed {
+        None => (None, None),
+        Some(Ok(jobs)) => (Some(jobs), None),
+        Some(Err(e)) => (None, Some(e.to_string())),
+    };
+    let jobs = listed.as_ref().map(|jobs| {
+        jobs.iter().filter_map(|j| serde_json::to_value(super::cron_view::JobJson::of(j, &tz, false)).ok()).collect()
     });
-    match listed {
-        None => lines.push(format!("jobs:       {PRIVATE}")),
-        Some(Ok(jobs)) => {
-            lines.push(format!("jobs:       {}", jobs.len()));
-            if let Some(notice) = jobs_store.corrupt_notice() {
-                lines.push(format!("  job store: {}", esc(&notice)));
-            }
-            for j in jobs.iter().filter(|j| j.enabled && !j.state.done) {
-                lines.push(format!("  {:<20} next {}", esc(&j.name), when(j.state.next_run, &tz)));
-            }
-        }
-        Some(Err(e)) => lines.push(format!("jobs:       error: {}", esc(&e.to_string()))),
+    SchedulePart {
+        clock,
+        heartbeat,
+        job_count: listed.as_ref().map(Vec::len),
+        jobs,
+        jobs_error,
+        job_store_notice: listed.as_ref().and_then(|_| jobs_store.corrupt_notice()),
+        listed,
+        tz,
     }
-    lines
 }
 
-/// What the outbox holds undelivered (the first five).
-fn outbox_lines(loaded: &Loaded, private: bool) -> Vec<String> {
-    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
-    match (!private).then(|| outbox.pending()) {
-        None => vec![format!("outbox:     {PRIVATE}")],
-        Some(Ok(p)) if p.is_empty() => vec!["outbox:     nothing undelivered".into()],
-        Some(Ok(p)) => {
-            let mut lines = vec![format!("outbox:     {} undelivered", p.len())];
-            for e in p.iter().take(5) {
-                let err = e.last_error.as_deref().map(|e| format!(" ({})", esc(e))).unwrap_or_default();
-                let (target, source) = (e.target.to_string(), e.source.to_string());
-                lines.push(format!("  {} from {}, {} attempts{err}", esc(&target), esc(&source), e.attempts));
+/// One undelivered report.
+#[derive(Serialize)]
+struct Undelivered {
+    target: String,
+    source: String,
+    attempts: u32,
+    last_error: Option<String>,
+}
+
+/// What the outbox holds undelivered.
+#[derive(Serialize)]
+struct OutboxPart {
+    /// How many reports wait (null: private, or the outbox could not be read).
+    undelivered: Option<usize>,
+    /// Each, oldest first (the text shows the first five).
+    outbox: Vec<Undelivered>,
+    outbox_error: Option<String>,
+}
+
+impl Section for OutboxPart {
+    fn lines(&self) -> Vec<String> {
+        match (self.undelivered, &self.outbox_error) {
+            (_, Some(e)) => vec![format!("outbox:     error: {}", esc(e))],
+            (None, None) => vec![format!("outbox:     {PRIVATE}")],
+            (Some(0), None) => vec!["outbox:     nothing undelivered".into()],
+            (Some(n), None) => {
+                let mut lines = vec![format!("outbox:     {n} undelivered")];
+                for e in self.outbox.iter().take(5) {
+                    let err = e.last_error.as_deref().map(|e| format!(" ({})", esc(e))).unwrap_or_default();
+                    lines.push(format!("  {} from {}, {} attempts{err}", esc(&e.target), esc(&e.source), e.attempts));
+                }
+                lines
             }
-            lines
         }
-        Some(Err(e)) => vec![format!("outbox:     error: {}", esc(&e.to_string()))],
     }
+}
+
+fn outbox_lines(loaded: &Loaded, private: bool) -> OutboxPart {
+    let outbox = crate::delivery::outbox::Outbox::new(&loaded.paths.state_dir);
+    let mut part = OutboxPart { undelivered: None, outbox: Vec::new(), outbox_error: None };
+    match (!private).then(|| outbox.pending()) {
+        None => {}
+        Some(Ok(p)) => {
+            part.undelivered = Some(p.len());
+            part.outbox = p
+                .iter()
+                .map(|e| Undelivered {
+                    target: e.target.to_string(),
+                    source: e.source.to_string(),
+                    attempts: e.attempts,
+                    last_error: e.last_error.clone(),
+                })
+                .collect();
+        }
+        Some(Err(e)) => part.outbox_error = Some(e.to_string()),
+    }
+    part
+}
+
+/// One open alert.
+#[derive(Serialize)]
+struct OpenAlert {
+    key: String,
+    since: String,
+    text: String,
+    #[serde(skip)]
+    since_at: jiff::Timestamp,
 }
 
 /// The open alerts, and where alerts go.
-fn alert_lines(loaded: &Loaded, private: bool) -> Vec<String> {
-    if private {
-        return vec![format!("alerts:     {PRIVATE}")];
+#[derive(Serialize)]
+struct AlertPart {
+    /// `[alerts] deliver`: where alerts go (empty: nowhere).
+    alerts_deliver: Vec<String>,
+    /// How many are open (null: private to the service).
+    open_alerts: Option<usize>,
+    alerts: Vec<OpenAlert>,
+    #[serde(skip)]
+    tz: crate::config::TzName,
+}
+
+impl Section for AlertPart {
+    fn lines(&self) -> Vec<String> {
+        let Some(open) = self.open_alerts else { return vec![format!("alerts:     {PRIVATE}")] };
+        let to = if self.alerts_deliver.is_empty() {
+            "sent nowhere: set [alerts] deliver".to_string()
+        } else {
+            format!("to {}", self.alerts_deliver.join(", "))
+        };
+        if open == 0 {
+            return vec![format!("alerts:     none open ({to})")];
+        }
+        let mut lines = vec![format!("alerts:     {open} open ({to})")];
+        for o in &self.alerts {
+            let first = o.text.lines().next().unwrap_or_default();
+            let text = crate::scheduler::job::truncate(first, 160);
+            lines.push(format!("  {} since {}: {}", esc(&o.key), when(Some(o.since_at), &self.tz), esc(&text)));
+        }
+        lines
     }
+}
+
+fn alert_lines(loaded: &Loaded, private: bool) -> AlertPart {
     let c = &loaded.config;
-    let open = crate::work::alerts::open_in(&loaded.paths.state_dir);
-    let to = if c.alerts.deliver.is_empty() {
-        "sent nowhere: set [alerts] deliver".to_string()
-    } else {
-        format!("to {}", c.alerts.deliver.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "))
+    let mut part = AlertPart {
+        alerts_deliver: c.alerts.deliver.iter().map(|t| t.to_string()).collect(),
+        open_alerts: None,
+        alerts: Vec::new(),
+        tz: c.timezone(),
     };
-    if open.is_empty() {
-        return vec![format!("alerts:     none open ({to})")];
+    if private {
+        return part;
     }
-    let mut lines = vec![format!("alerts:     {} open ({to})", open.len())];
-    let tz = c.timezone();
-    for (key, o) in &open {
-        let first = o.text.lines().next().unwrap_or_default();
-        let text = crate::scheduler::job::truncate(first, 160);
-        lines.push(format!("  {} since {}: {}", esc(key), when(Some(o.since), &tz), esc(&text)));
-    }
-    lines
+    let open = crate::work::alerts::open_in(&loaded.paths.state_dir);
+    part.open_alerts = Some(open.len());
+    part.alerts = open
+        .into_iter()
+        .map(|(key, o)| OpenAlert { key, since: utc(o.since), text: o.text, since_at: o.since })
+        .collect();
+    part
 }
 
 /// Which sources of turns get which tools (`[policy.*]`), one line: the
@@ -398,8 +847,8 @@ mod tests {
     fn config_and_paths_say_where_things_are() {
         let dir = tempfile::tempdir().unwrap();
         let l = loaded(dir.path(), "[agent]\ntimezone = \"Europe/Berlin\"\n");
-        assert_eq!(config_lines(&l, &super::super::service::Acting::Own), ["config:     (none: defaults)"]);
-        let paths = path_lines(&l);
+        assert_eq!(config_lines(&l, &super::super::service::Acting::Own).lines(), ["config:     (none: defaults)"]);
+        let paths = path_lines(&l).lines();
         assert_eq!(paths[0], "time zone:  Europe/Berlin");
         assert!(paths[1].ends_with("workspace (missing: run `bramble init`)"), "{paths:?}");
         assert!(paths[2].starts_with("state:      "), "{paths:?}");
@@ -409,29 +858,29 @@ mod tests {
     fn private_state_is_said_private_section_by_section() {
         let dir = tempfile::tempdir().unwrap();
         let l = loaded(dir.path(), "");
-        for lines in [usage_lines(&l, true), outbox_lines(&l, true), alert_lines(&l, true)] {
+        for lines in [usage_lines(&l, true).lines(), outbox_lines(&l, true).lines(), alert_lines(&l, true).lines()] {
             assert!(lines.iter().all(|line| line.ends_with(PRIVATE)), "{lines:?}");
         }
-        assert_eq!(usage_lines(&l, true)[0], format!("sessions:   {PRIVATE}"));
-        assert!(schedule_lines(&l, true).contains(&format!("jobs:       {PRIVATE}")));
+        assert_eq!(usage_lines(&l, true).lines()[0], format!("sessions:   {PRIVATE}"));
+        assert!(schedule_lines(&l, true).lines().contains(&format!("jobs:       {PRIVATE}")));
     }
 
     #[test]
     fn an_empty_state_has_nothing_pending() {
         let dir = tempfile::tempdir().unwrap();
         let l = loaded(dir.path(), "");
-        assert_eq!(outbox_lines(&l, false), ["outbox:     nothing undelivered"]);
-        assert_eq!(alert_lines(&l, false), ["alerts:     none open (sent nowhere: set [alerts] deliver)"]);
-        let schedule = schedule_lines(&l, false);
+        assert_eq!(outbox_lines(&l, false).lines(), ["outbox:     nothing undelivered"]);
+        assert_eq!(alert_lines(&l, false).lines(), ["alerts:     none open (sent nowhere: set [alerts] deliver)"]);
+        let schedule = schedule_lines(&l, false).lines();
         assert!(schedule.contains(&"jobs:       0".to_string()), "{schedule:?}");
         assert!(schedule[0].starts_with("clock:      "), "{schedule:?}");
-        assert_eq!(usage_lines(&l, false)[0], "sessions:   0");
+        assert_eq!(usage_lines(&l, false).lines()[0], "sessions:   0");
     }
 
     #[test]
     fn exec_off_has_no_sandbox_line() {
         let dir = tempfile::tempdir().unwrap();
         let l = loaded(dir.path(), "[exec]\nenabled = false\n[web]\nenabled = false\n");
-        assert_eq!(exec_lines(&l), ["exec:       off"]);
+        assert_eq!(exec_lines(&l).lines(), ["exec:       off"]);
     }
 }

@@ -10,6 +10,7 @@ mod support;
 mod agent;
 mod cli;
 mod cli_daily;
+mod cli_json;
 mod cron_reference;
 mod daemon;
 mod docs;
