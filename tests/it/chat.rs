@@ -178,3 +178,40 @@ async fn a_piped_chat_reads_plain_lines_and_keeps_no_history() {
     assert!(last_user_text(&fake).contains("from a script"));
     assert!(!Path::new(&home.state.join("chat_history")).exists());
 }
+
+#[tokio::test]
+async fn status_in_the_chat_is_one_block() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = home(&fake);
+    fake.push(Reply::text("noted"));
+    let cfg = home.config.to_str().unwrap();
+    let out =
+        crate::support::setup::bramble(home.path(), &["--config", cfg, "agent"], Some("hello\n/status\nexit\n")).await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let block = stdout.split("bramble> ").find(|b| b.starts_with("bramble ")).expect("a /status block");
+    let block = block.split("you> ").next().unwrap().trim_end();
+    // Each fact once, in one block without a blank line.
+    for label in ["model:", "session", "tokens today", "provider:"] {
+        assert_eq!(block.to_lowercase().matches(label).count(), 1, "`{label}` in:\n{block}");
+    }
+    assert!(block.contains("Model: test-model\n") && block.contains("This session: 2 messages, prompt ≈ "), "{block}");
+    assert!(!block.contains("\n\n"), "{block}");
+}
+
+#[tokio::test]
+async fn a_job_made_in_the_chat_says_its_reports_go_only_to_the_log() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = home(&fake);
+    fake.push(Reply::tool_call("cron", r#"{"action":"add","name":"tea","every":"1h","remind":"Drink tea"}"#));
+    fake.push(Reply::text("done"));
+    let cfg = home.config.to_str().unwrap();
+    let out =
+        crate::support::setup::bramble(home.path(), &["--config", cfg, "agent"], Some("remind me of tea hourly\n"))
+            .await;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // What the tool answered, as the model got it.
+    let sent = fake.last_request().unwrap().to_string();
+    assert!(sent.contains("Scheduled `tea`") && sent.contains("Its reports go only to the log"), "{sent}");
+    assert!(sent.contains("--deliver telegram:<chat id>"), "{sent}");
+}
