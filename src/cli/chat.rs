@@ -172,6 +172,7 @@ async fn repl(agent: &Agent, session: &str, state_dir: &std::path::Path) -> anyh
 enum Input {
     Line(String),
     /// Ctrl-C at the prompt (line editor only).
+    #[cfg_attr(not(feature = "line-editor"), allow(dead_code))]
     Interrupted,
     /// Ctrl-D on an empty line, or the end of the input.
     End,

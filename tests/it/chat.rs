@@ -2,22 +2,31 @@
 //! meets it: the real binary on a pseudo-terminal, keys as a terminal sends
 //! them (VT100/xterm sequences: `ESC [ D` is Left, `ESC [ A` is Up, 0x03 is
 //! Ctrl-C, 0x04 Ctrl-D, CR is Enter), the fake LLM recording what it got.
+//! The terminal tests need the `line-editor` feature (on by default).
 
+#[cfg(feature = "line-editor")]
 use std::io::Write as _;
+#[cfg(feature = "line-editor")]
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
 use serde_json::Value;
 
+#[cfg(feature = "line-editor")]
 use crate::support::daemon::wait_until;
 use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
 use crate::support::setup::TestHome;
 
+#[cfg(feature = "line-editor")]
 const LEFT: &str = "\x1b[D";
+#[cfg(feature = "line-editor")]
 const UP: &str = "\x1b[A";
+#[cfg(feature = "line-editor")]
 const CTRL_C: &str = "\x03";
+#[cfg(feature = "line-editor")]
 const CTRL_D: &str = "\x04";
 
+#[cfg(feature = "line-editor")]
 /// `bramble agent` on a pseudo-terminal.
 struct Chat {
     child: std::process::Child,
@@ -27,6 +36,7 @@ struct Chat {
     seen: usize,
 }
 
+#[cfg(feature = "line-editor")]
 impl Chat {
     fn start(home: &TestHome) -> Chat {
         use std::io::Read as _;
@@ -99,6 +109,7 @@ fn home(fake: &FakeLlm) -> TestHome {
     TestHome::new("openai", &fake.base_url(), "", "", "")
 }
 
+#[cfg(feature = "line-editor")]
 #[tokio::test]
 async fn arrow_left_edits_the_line_and_the_model_gets_the_edited_text() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
@@ -115,6 +126,7 @@ async fn arrow_left_edits_the_line_and_the_model_gets_the_edited_text() {
     assert_eq!(chat.exit_code().await, 0);
 }
 
+#[cfg(feature = "line-editor")]
 #[tokio::test]
 async fn up_recalls_the_last_run_and_the_history_file_is_private_and_skips_space_lines() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
@@ -146,6 +158,7 @@ async fn up_recalls_the_last_run_and_the_history_file_is_private_and_skips_space
     assert_eq!(chat.exit_code().await, 0);
 }
 
+#[cfg(feature = "line-editor")]
 #[tokio::test]
 async fn ctrl_c_at_the_prompt_gives_a_fresh_prompt_and_twice_quits() {
     let fake = FakeLlm::start(Dialect::OpenAi).await;
