@@ -199,13 +199,14 @@ fn stop<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFutu
     })
 }
 
+/// One block: each fact once, the session's details (who answered, the
+/// providers, tokens) under the lines they belong to.
 fn status<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
     Box::pin(async move {
         let provider = match agent.provider_problem() {
             None => "ready".to_string(),
             Some(why) => format!("not usable: {why}"),
         };
-        let messages = agent.sessions().messages(key).map(|m| m.len()).unwrap_or(0);
         let jobs = match agent.command_context().jobs().map(|(store, _)| store.list()) {
             Some(Ok(list)) => {
                 let on = list.iter().filter(|j| j.enabled && !j.state.done).count();
@@ -214,21 +215,62 @@ fn status<'a>(agent: &'a Agent, Sent { key, .. }: Sent<'a>, _: &'a str) -> BoxFu
             Some(Err(e)) => format!("unreadable: {e}"),
             None => "unknown".into(),
         };
-        let session = match agent.session_status(key).await {
-            Ok(s) => s.to_string(),
-            Err(e) => format!("session: {e}\n"),
-        };
         let sandbox = agent.command_context().sandbox_summary().unwrap_or_else(|| "exec is off".into());
-        format!(
-            "bramble {}\nModel: {}\nProvider: {provider}\nThis session: {messages} messages\nJobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\nVoice notes: {}\nImages: {}\n{}",
-            env!("CARGO_PKG_VERSION"),
-            agent.model_label(&agent.session_model(key)),
+        let mut out = format!("bramble {}\n", env!("CARGO_PKG_VERSION"));
+        let session = agent.session_status(key).await;
+        match &session {
+            Ok(st) => session_lines(&mut out, st, &provider),
+            Err(e) => {
+                let messages = agent.sessions().messages(key).map(|m| m.len()).unwrap_or(0);
+                let model = agent.model_label(&agent.session_model(key));
+                out.push_str(&format!(
+                    "Model: {model}\nProvider: {provider}\nThis session: {messages} messages (details unreadable: {e})\n"
+                ));
+            }
+        }
+        out.push_str(&format!(
+            "Jobs: {jobs}\nTurns running or queued: {}\nSandbox: {sandbox}\nVoice notes: {}\nImages: {}",
             agent.active_turns(),
             agent.transcription_summary(),
             agent.vision_summary(),
-            session.trim_end(),
-        )
+        ));
+        if let Ok(st) = &session {
+            if !st.mcp.is_empty() {
+                out.push_str("\nMCP servers:");
+                for line in &st.mcp {
+                    out.push_str(&format!("\n  {line}"));
+                }
+            }
+        }
+        out
     })
+}
+
+/// `/status`'s model, provider, session and token lines.
+fn session_lines(out: &mut String, st: &crate::agent::SessionStatus, provider: &str) {
+    out.push_str(&format!("Model: {}\n", st.model));
+    // With one provider there is no one else to have answered.
+    if let Some(r) = st.answered.as_ref().filter(|_| !st.providers.is_empty()) {
+        match &r.fallback {
+            Some(why) => out.push_str(&format!("  last answer: {} (fallback: {why})\n", r.label())),
+            None => out.push_str(&format!("  last answer: {}\n", r.label())),
+        }
+    }
+    for line in &st.providers {
+        out.push_str(&format!("  {line}\n"));
+    }
+    let consolidated = if st.consolidated { " (older ones consolidated)" } else { "" };
+    let budget = if st.daily_budget == 0 { "no budget".to_string() } else { format!("budget {}", st.daily_budget) };
+    out.push_str(&format!(
+        "Provider: {provider}\nThis session: {} messages{consolidated}, prompt ≈ {} of {} tokens\nTokens today: {} ({budget})\n",
+        st.messages,
+        st.estimated_tokens,
+        st.context_tokens,
+        st.today.total(),
+    ));
+    if st.subagents > 0 {
+        out.push_str(&format!("Sub-agents running: {}\n", st.subagents));
+    }
 }
 
 fn jobs<'a>(agent: &'a Agent, _: Sent<'a>, _: &'a str) -> BoxFuture<'a, String> {
@@ -478,6 +520,26 @@ mod tests {
         }
         assert_eq!(say(&agent, "/hlep").await, "Unknown command /hlep — did you mean /help?");
         assert!(say(&agent, "/status").await.contains("Provider: not usable: no provider in this test"));
+    }
+
+    #[tokio::test]
+    async fn status_is_one_block_that_says_each_fact_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = agent(dir.path());
+        let status = say(&agent, "/status").await;
+        for label in ["model:", "session", "provider:", "tokens today", "jobs:", "sandbox:"] {
+            let times = status.to_lowercase().matches(label).count();
+            assert_eq!(times, 1, "`{label}` {times} times in:\n{status}");
+        }
+        assert!(status.contains("This session: 0 messages, prompt ≈ "), "{status}");
+        assert!(status.contains("\nTokens today: 0 (no budget)\n"), "{status}");
+        // One block: no empty line inside, every line but the first and the
+        // indented details is `Label: value`.
+        assert!(!status.trim_end().contains("\n\n"), "{status}");
+        for line in status.lines().skip(1).filter(|l| !l.starts_with("  ")) {
+            let label = line.split(": ").next().unwrap_or("");
+            assert!(label.starts_with(|c: char| c.is_ascii_uppercase()) && line.contains(": "), "{line:?} in {status}");
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub(super) async fn agent(
         Some(text) => one_turn(&agent, &session, text).await,
         None => {
             sandbox.warm_ahead(); // More commands follow in a chat.
-            repl(&agent, &session).await
+            repl(&agent, &session, &loaded.paths.state_dir).await
         }
     };
     if result.as_ref().is_ok_and(|code| *code == ExitCode::SUCCESS) {
@@ -110,7 +110,7 @@ async fn one_turn(agent: &Agent, session: &str, text: String) -> anyhow::Result<
     }
 }
 
-async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
+async fn repl(agent: &Agent, session: &str, state_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     if let Some(why) = agent.provider_problem() {
         eprintln!("warning: {why}");
     }
@@ -118,19 +118,29 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
         "bramble {} — session `{session}`. Type a message; /help for commands; `exit` or Ctrl-D to quit.",
         env!("CARGO_PKG_VERSION")
     );
+    let mut prompt = Prompt::new(state_dir);
+    // Ctrl-C at the prompt gives a fresh one; a second in a row quits.
+    let mut interrupted = false;
+    let mut told = false;
     loop {
-        print!("you> ");
-        std::io::stdout().flush().ok();
-        let line = tokio::task::spawn_blocking(|| {
-            let mut s = String::new();
-            std::io::stdin().read_line(&mut s).map(|n| (n, s))
-        })
-        .await
-        .context("the terminal reader stopped")?
-        .context("cannot read from the terminal")?;
-        let (n, text) = line;
+        let text = match prompt.read().await? {
+            Input::End => {
+                println!();
+                return Ok(ExitCode::SUCCESS);
+            }
+            Input::Interrupted if interrupted => return Ok(ExitCode::SUCCESS),
+            Input::Interrupted => {
+                interrupted = true;
+                if !std::mem::replace(&mut told, true) {
+                    eprintln!("(Ctrl-C again, Ctrl-D or `exit` quits)");
+                }
+                continue;
+            }
+            Input::Line(text) => text,
+        };
+        interrupted = false;
         let text = text.trim();
-        if n == 0 || matches!(text, "exit" | "quit" | "/exit" | "/quit") {
+        if matches!(text, "exit" | "quit" | "/exit" | "/quit") {
             println!();
             return Ok(ExitCode::SUCCESS);
         }
@@ -156,4 +166,129 @@ async fn repl(agent: &Agent, session: &str) -> anyhow::Result<ExitCode> {
         }
         stop.abort();
     }
+}
+
+/// What one read at the chat's prompt gave.
+enum Input {
+    Line(String),
+    /// Ctrl-C at the prompt (line editor only).
+    #[cfg_attr(not(feature = "line-editor"), allow(dead_code))]
+    Interrupted,
+    /// Ctrl-D on an empty line, or the end of the input.
+    End,
+}
+
+/// How many lines `<state>/chat_history` keeps.
+#[cfg(feature = "line-editor")]
+const HISTORY_LINES: usize = 1000;
+
+/// The chat's prompt: a line editor with history when stdin and stdout are a
+/// terminal (arrow keys edit the line instead of reaching the model as
+/// `\x1b[D`), else plain line reading, as scripts that pipe into the chat expect.
+struct Prompt {
+    #[cfg(feature = "line-editor")]
+    editor: Option<rustyline::DefaultEditor>,
+    /// `<state>/chat_history` (0600), when the editor has one.
+    #[cfg(feature = "line-editor")]
+    history: Option<std::path::PathBuf>,
+}
+
+impl Prompt {
+    #[cfg(not(feature = "line-editor"))]
+    fn new(_state_dir: &std::path::Path) -> Prompt {
+        Prompt {}
+    }
+
+    #[cfg(feature = "line-editor")]
+    fn new(state_dir: &std::path::Path) -> Prompt {
+        use std::io::IsTerminal as _;
+        let plain = Prompt { editor: None, history: None };
+        if !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+            return plain;
+        }
+        let config = rustyline::Config::builder()
+            .max_history_size(HISTORY_LINES)
+            .map(|b| b.history_ignore_space(true).auto_add_history(false).build());
+        let Ok(mut editor) = config.and_then(rustyline::DefaultEditor::with_config) else {
+            return plain;
+        };
+        let history = match open_history(state_dir, &mut editor) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                eprintln!("warning: no chat history this time: {e}");
+                None
+            }
+        };
+        Prompt { editor: Some(editor), history }
+    }
+
+    async fn read(&mut self) -> anyhow::Result<Input> {
+        #[cfg(feature = "line-editor")]
+        if let Some(editor) = self.editor.take() {
+            return self.edit(editor).await;
+        }
+        print!("you> ");
+        std::io::stdout().flush().ok();
+        let (n, text) = tokio::task::spawn_blocking(|| {
+            let mut s = String::new();
+            std::io::stdin().read_line(&mut s).map(|n| (n, s))
+        })
+        .await
+        .context("the terminal reader stopped")?
+        .context("cannot read from the terminal")?;
+        Ok(if n == 0 { Input::End } else { Input::Line(text) })
+    }
+
+    #[cfg(feature = "line-editor")]
+    async fn edit(&mut self, mut editor: rustyline::DefaultEditor) -> anyhow::Result<Input> {
+        use rustyline::error::ReadlineError;
+        let (mut editor, read) = tokio::task::spawn_blocking(move || {
+            let read = editor.readline("you> ");
+            (editor, read)
+        })
+        .await
+        .context("the terminal reader stopped")?;
+        let input = match read {
+            Ok(line) => {
+                if let Some(path) = &self.history {
+                    // A line that starts with a space is not kept, as in shells.
+                    let kept = editor.add_history_entry(line.as_str()).unwrap_or(false);
+                    if let Err(e) = kept.then(|| editor.append_history(path)).transpose() {
+                        eprintln!("warning: cannot write {}: {e}; history is off", path.display());
+                        self.history = None;
+                    }
+                }
+                Input::Line(line)
+            }
+            Err(ReadlineError::Interrupted) => Input::Interrupted,
+            Err(ReadlineError::Eof) => Input::End,
+            Err(e) => return Err(e).context("cannot read from the terminal"),
+        };
+        self.editor = Some(editor);
+        Ok(input)
+    }
+}
+
+/// `<state>/chat_history`, created 0600 if new, loaded into `editor`.
+#[cfg(feature = "line-editor")]
+fn open_history(
+    state_dir: &std::path::Path,
+    editor: &mut rustyline::DefaultEditor,
+) -> anyhow::Result<std::path::PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    // The state dir's own mode, as the daemon makes it.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .with_context(|| format!("cannot create {}", state_dir.display()))?;
+    let path = state_dir.join("chat_history");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    editor.load_history(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(path)
 }

@@ -122,14 +122,17 @@ impl CronTool {
             job.until = Some(u);
         }
         let targets: Vec<String> = job.report_target_names();
+        // Log only by default, not by choice: say so, and where else they could go.
+        let log_only = job.deliver.is_empty() && job.report_targets() == [Target::Log];
         let job = self.store.add(job).map_err(err)?;
+        let reports =
+            if log_only { log_only_notice(ctx.origin) } else { format!("Reports go to {}.", targets.join(", ")) };
         Ok(format!(
-            "Scheduled `{}` (id {}): {}. Next run: {}. Reports go to {}.",
+            "Scheduled `{}` (id {}): {}. Next run: {}. {reports}",
             job.name,
             job.id,
             job.schedule.describe(self.tz.tz()),
             when(job.state.next_run, &job.schedule, &self.tz),
-            targets.join(", ")
         ))
     }
 
@@ -165,6 +168,23 @@ impl CronTool {
         let job = self.store.remove(&key).map_err(err)?;
         Ok(format!("Removed `{}` (id {}).", job.name, job.id))
     }
+}
+
+/// What the answer says of a job whose reports go only to the daemon's log
+/// because the chat it was made in cannot be reached later (the terminal),
+/// with the targets that would reach the user: the model relays it and asks.
+fn log_only_notice(origin: super::Origin) -> String {
+    let why = match origin {
+        super::Origin::Cli => "the terminal chat is not there when the job runs, so ",
+        _ => "this chat cannot be reached when the job runs, so ",
+    };
+    format!(
+        "Its reports go only to the log: {why}nobody will see them unless they read the daemon's log. \
+         To receive them, remove it and add it again with `deliver`: `telegram:<chat id>` (a user of \
+         [telegram] allow_from), `mqtt` (the device's report topic) or `mqtt:<topic>` (within [mqtt] \
+         publish_allow), or `ha:notify.<service>` (a Home Assistant notify service); from a shell, \
+         `bramble cron add ... --deliver telegram:<chat id>`. Ask the user where they want the reports."
+    )
 }
 
 fn err(e: impl std::fmt::Display) -> ToolError {
@@ -339,6 +359,29 @@ mod tests {
         let out = t.execute(json!({"action":"remove","job":"tea"}), &telegram_ctx()).await.unwrap();
         assert!(out.starts_with("Removed `tea`"));
         assert!(JobStore::open(dir.path()).list().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_job_made_in_the_terminal_says_its_reports_go_only_to_the_log_and_offers_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = tool(dir.path());
+        let cli = ToolContext::detached("cli:direct");
+        let out =
+            t.execute(json!({"action":"add","name":"tea","every":"1h","remind":"Drink tea"}), &cli).await.unwrap();
+        assert!(out.starts_with("Scheduled `tea`"), "{out}");
+        assert!(out.contains("go only to the log") && out.contains("terminal chat is not there"), "{out}");
+        assert!(out.contains("`telegram:<chat id>`") && out.contains("--deliver telegram:<chat id>"), "{out}");
+        assert!(!out.contains("Reports go to log."), "{out}");
+        assert_eq!(JobStore::open(dir.path()).get("tea").unwrap().report_targets(), vec![Target::Log]);
+        // Chosen targets, the log included, are simply named.
+        let out =
+            t.execute(json!({"action":"add","every":"1h","remind":"x","deliver":["telegram:7"]}), &cli).await.unwrap();
+        assert!(out.contains("Reports go to telegram:7.") && !out.contains("only to the log"), "{out}");
+        let out = t.execute(json!({"action":"add","every":"1h","remind":"x","deliver":["log"]}), &cli).await.unwrap();
+        assert!(out.contains("Reports go to log.") && !out.contains("only to the log"), "{out}");
+        // A Telegram chat gets its reports back: nothing to say.
+        let out = t.execute(json!({"action":"add","every":"1h","remind":"x"}), &telegram_ctx()).await.unwrap();
+        assert!(out.contains("Reports go to telegram:42.") && !out.contains("only to the log"), "{out}");
     }
 
     #[tokio::test]

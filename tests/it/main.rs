@@ -8,6 +8,7 @@
 mod support;
 
 mod agent;
+mod chat;
 mod cli;
 mod cli_daily;
 mod cli_json;
