@@ -28,50 +28,13 @@ const CTRL_D: &str = "\x04";
 
 #[cfg(feature = "line-editor")]
 /// `bramble agent` on a pseudo-terminal.
-struct Chat {
-    child: std::process::Child,
-    input: std::fs::File,
-    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
-    /// How far [`Chat::after`] has read.
-    seen: usize,
-}
+type Chat = crate::support::pty::Terminal;
 
 #[cfg(feature = "line-editor")]
 impl Chat {
     fn start(home: &TestHome) -> Chat {
-        use std::io::Read as _;
-        let pty = nix::pty::openpty(None, None).expect("openpty");
-        let stdio = || std::process::Stdio::from(pty.slave.try_clone().expect("dup"));
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
-            .args(["--config", home.config.to_str().unwrap(), "agent"])
-            .env_clear()
-            .env("HOME", home.path())
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LANG", "C.UTF-8")
-            .env("TERM", "xterm")
-            .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
-            .stdin(stdio())
-            .stdout(stdio())
-            .stderr(stdio())
-            .spawn()
-            .expect("spawn bramble");
-        drop(pty.slave);
-        let master = std::fs::File::from(pty.master);
-        let input = master.try_clone().expect("dup");
-        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = output.clone();
-        std::thread::spawn(move || {
-            let mut master = master;
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = master.read(&mut buf) {
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Chat { child, input, output, seen: 0 }
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+        let config = home.config.to_str().unwrap();
+        Chat::spawn(home.path(), &["--config", config, "agent"], Some("xterm"))
     }
 
     /// Wait for `what` after what was seen so far.

@@ -224,51 +224,9 @@ async fn doctor_warns_of_an_unset_key_and_a_model_the_server_does_not_list() {
 }
 
 /// A `bramble` process on a pseudo-terminal, as a user at a terminal runs it.
-struct OnTerminal {
-    child: std::process::Child,
-    input: std::fs::File,
-    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
-    /// How far [`OnTerminal::answer`] has read.
-    seen: usize,
-}
+type OnTerminal = crate::support::pty::Terminal;
 
 impl OnTerminal {
-    fn start(home: &Path, args: &[&str]) -> OnTerminal {
-        use std::io::Read as _;
-        let pty = nix::pty::openpty(None, None).expect("openpty");
-        let stdio = || std::process::Stdio::from(pty.slave.try_clone().expect("dup"));
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
-            .args(args)
-            .env_clear()
-            .env("HOME", home)
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("LANG", "C.UTF-8")
-            .env("BRAMBLE_TEST_SYSTEM_ROOT", "/nonexistent-bramble-test-root")
-            .stdin(stdio())
-            .stdout(stdio())
-            .stderr(stdio())
-            .spawn()
-            .expect("spawn bramble");
-        drop(pty.slave);
-        let master = std::fs::File::from(pty.master);
-        let input = master.try_clone().expect("dup");
-        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = output.clone();
-        std::thread::spawn(move || {
-            let mut master = master;
-            let mut buf = [0u8; 4096];
-            // EIO once the child and its copies of the terminal are gone.
-            while let Ok(n @ 1..) = master.read(&mut buf) {
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        OnTerminal { child, input, output, seen: 0 }
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
-    }
-
     /// Wait for `prompt` (after what was answered so far), then type `line`.
     async fn answer(&mut self, prompt: &str, line: &str) {
         use std::io::Write as _;
@@ -312,7 +270,7 @@ async fn init_asks_on_a_terminal_writes_the_answers_and_checks_them() {
         home.path().join("state").display()
     );
     std::fs::write(&config, &own).unwrap();
-    let mut t = OnTerminal::start(home.path(), &["init"]);
+    let mut t = OnTerminal::spawn(home.path(), &["init"], None);
     t.answer("Where is the model?", "5").await;
     t.answer("The server's URL", &format!("{}/v1", models.url())).await;
     t.answer("Model", "my-model").await;

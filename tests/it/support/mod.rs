@@ -24,6 +24,7 @@ pub mod fake_ha;
 pub mod fake_llm;
 pub mod http;
 pub mod mosquitto;
+pub mod pty;
 pub mod python;
 pub mod setup;
 pub mod telegram;
