@@ -159,7 +159,8 @@ pub enum StartError {
 
 /// Run `command` as the `exec` tool would (workspace as cwd, minimal
 /// environment, `[exec] timeout`, capped output), for exec jobs and triggers.
-/// Returns whether it exited with status 0, and the output as the tool renders it.
+/// Returns whether it exited with status 0, and its report: what it printed when it worked
+/// (the reader needs no "Exit code: 0"), the output as the tool renders it when it did not.
 pub async fn run_shell(
     sandbox: &Arc<Sandbox>,
     cfg: &ExecConfig,
@@ -169,7 +170,11 @@ pub async fn run_shell(
     cancel: &tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(bool, String)> {
     let r = run_shell_output(sandbox, cfg, workspace, command, stdin, cancel).await?;
-    Ok((r.ok, r.rendered))
+    Ok(match (r.ok, r.printed.is_empty()) {
+        (true, true) => (true, "Done (the command printed nothing).".to_string()),
+        (true, false) => (true, r.printed),
+        (false, _) => (false, r.rendered),
+    })
 }
 
 /// What a command run by [`run_shell_output`] left.
@@ -181,6 +186,8 @@ pub struct ShellOutput {
     pub stdout: String,
     /// All of it as the tool renders it (stdout, stderr, how it ended).
     pub rendered: String,
+    /// What it printed (stdout, stderr), without how it ended: a job's report when it worked.
+    pub printed: String,
 }
 
 /// [`run_shell`], keeping the standard output apart.
@@ -200,11 +207,23 @@ pub async fn run_shell_output(
         ok: matches!(outcome.state, ExitState::Exited(0)),
         stdout: truncate_middle(outcome.stdout.text.trim_end_matches('\n'), cfg.max_output),
         rendered: render(&outcome, timeout, cfg.max_output),
+        printed: body(&outcome, cfg.max_output),
     })
 }
 
 /// The text the model reads: stdout, `STDERR:` and stderr, then how it ended.
 fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
+    let body = body(outcome, max_chars);
+    let status = ending(outcome, timeout);
+    if body.is_empty() {
+        status
+    } else {
+        format!("{body}\n{status}")
+    }
+}
+
+/// What the command printed: stdout, then `STDERR:` and stderr, capped.
+fn body(outcome: &Outcome, max_chars: usize) -> String {
     let mut parts: Vec<String> = Vec::new();
     let stdout = outcome.stdout.text.trim_end_matches('\n');
     if !stdout.is_empty() {
@@ -214,8 +233,12 @@ fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
     if !stderr.trim().is_empty() {
         parts.push(format!("STDERR:\n{stderr}"));
     }
-    let body = truncate_middle(&parts.join("\n"), max_chars);
-    let status = match outcome.state {
+    truncate_middle(&parts.join("\n"), max_chars)
+}
+
+/// How the command ended, in words.
+fn ending(outcome: &Outcome, timeout: Duration) -> String {
+    match outcome.state {
         ExitState::Exited(code) => format!("Exit code: {code}"),
         ExitState::Signaled(sig) => match nix::sys::signal::Signal::try_from(sig) {
             Ok(name) => format!("Killed by signal {sig} ({})", name.as_str()),
@@ -225,11 +248,6 @@ fn render(outcome: &Outcome, timeout: Duration, max_chars: usize) -> String {
             format!("Timed out after {}s (the command and everything it started were killed)", timeout.as_secs())
         }
         ExitState::Cancelled => "Cancelled (the command and everything it started were killed)".to_string(),
-    };
-    if body.is_empty() {
-        status
-    } else {
-        format!("{body}\n{status}")
     }
 }
 

@@ -84,16 +84,6 @@ pub struct Runner {
     sandbox: Arc<Sandbox>,
 }
 
-/// A command that worked reports what it printed: the model needs "Exit
-/// code: 0" to know, the person reading the report does not.
-fn succeeded(rendered: String) -> String {
-    match rendered.strip_suffix("Exit code: 0") {
-        Some(body) if body.trim().is_empty() => "Done (the command printed nothing).".to_string(),
-        Some(body) => body.trim_end_matches('\n').to_string(),
-        None => rendered,
-    }
-}
-
 impl Runner {
     pub fn new(agent: Arc<Agent>, exec: ExecConfig, workspace: PathBuf, sandbox: Arc<Sandbox>) -> Runner {
         Runner { agent, exec, workspace, sandbox }
@@ -156,7 +146,7 @@ impl Runner {
                 match crate::tools::exec::run_shell(&self.sandbox, &self.exec, &self.workspace, &command, stdin, cancel)
                     .await
                 {
-                    Ok((true, text)) => Ok(Done::text(succeeded(text))),
+                    Ok((true, text)) => Ok(Done::text(text)),
                     Ok((false, text)) => Err(WorkError::Shell(text)),
                     Err(e) => Err(WorkError::Exec(e)),
                 }
