@@ -192,10 +192,36 @@ pub enum PublishFailure {
     Broker(Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// What a channel can carry beyond text. Declared by each channel, read
+/// where a feature would be used: a job's Done / Snooze buttons, progress
+/// shown by editing one message, files sent as files, a typing indicator.
+/// Where a capability is missing the report degrades to text (files are
+/// named, buttons become a line saying how to answer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Files and images sent as such ([`Report::attach`]).
+    pub files: bool,
+    /// Buttons under a report (Done / Snooze) whose press comes back.
+    pub buttons: bool,
+    /// A sent message can be edited (progress of a long turn in one message).
+    pub edits: bool,
+    /// A typing indicator while a turn runs.
+    pub typing: bool,
+}
+
+impl Capabilities {
+    /// Text only: the log, MQTT, a notify service.
+    pub const TEXT: Capabilities = Capabilities { files: false, buttons: false, edits: false, typing: false };
+}
+
 /// Something that can deliver text to some targets.
 pub trait Channel: Send + Sync {
     /// `telegram`, `mqtt`, `log`: matches [`Target::channel`].
     fn name(&self) -> &'static str;
+    /// What it can carry beyond text; text only unless a channel says more.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::TEXT
+    }
     /// Deliver one report. Ok means the other side accepted it.
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>>;
 }

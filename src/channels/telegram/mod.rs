@@ -60,7 +60,7 @@ use crate::agent::SessionActivity;
 use crate::bus::{Conversation, InboundMessage, Target};
 use crate::clients::telegram::{self as api, Api, ApiError, Message, User};
 use crate::config::TelegramConfig;
-use crate::delivery::{Channel, DeliveryError, Report};
+use crate::delivery::{Capabilities, Channel, DeliveryError, Report};
 use crate::policy::pins::{self, Allow, Verdict};
 use crate::util::BoxFuture;
 use crate::work::reminders::Reminders;
@@ -734,6 +734,10 @@ fn delivery_error(e: ApiError) -> DeliveryError {
 impl Channel for TelegramChannel {
     fn name(&self) -> &'static str {
         "telegram"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { files: true, buttons: true, edits: true, typing: true }
     }
 
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
