@@ -24,6 +24,9 @@ pub enum Target {
     Telegram(String),
     /// The device's default MQTT report topic (`None`) or a given topic.
     Mqtt(Option<String>),
+    /// A `[[webhook]]` with a `url`, by name (`webhook:<name>`): a signed
+    /// JSON report POSTed there.
+    Webhook(String),
     /// A Home Assistant notify service (`ha:notify.mobile_app_pixel`): the
     /// service name after `notify.`.
     HomeAssistant(String),
@@ -40,6 +43,9 @@ impl Target {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
             Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
             Channel::Mqtt => Target::Mqtt(None),
+            // A caller is answered `202 Accepted`, not with the turn's answer:
+            // an endpoint's answer goes to its `deliver` targets.
+            Channel::Webhook => Target::Log,
             Channel::Cli => Target::Cli,
             Channel::HomeAssistant | Channel::System | Channel::Other(_) => Target::Log,
         }
@@ -50,6 +56,7 @@ impl Target {
         match self {
             Target::Telegram(_) => "telegram",
             Target::Mqtt(_) => "mqtt",
+            Target::Webhook(_) => "webhook",
             Target::HomeAssistant(_) => "ha",
             Target::Log => "log",
             Target::Cli => "cli",
@@ -63,6 +70,7 @@ impl fmt::Display for Target {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
+            Target::Webhook(name) => write!(f, "webhook:{name}"),
             Target::HomeAssistant(service) => write!(f, "ha:notify.{service}"),
             Target::Log => f.write_str("log"),
             Target::Cli => f.write_str("cli"),
@@ -86,7 +94,8 @@ impl Target {
     /// versions checked (no wildcards), for targets read back from state files.
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
-        let expected = "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `ha:notify.<service>` or `log`";
+        let expected =
+            "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -114,6 +123,18 @@ impl Target {
                     Ok(Target::Mqtt(Some(topic.to_string())))
                 }
             }
+            Some(("webhook", name)) => {
+                let name = name.trim();
+                // Read back from a state file: any name (refused at delivery when unknown).
+                if is_webhook_name(name) || (!strict && !name.is_empty()) {
+                    Ok(Target::Webhook(name.to_string()))
+                } else {
+                    Err(format!(
+                        "`{text}`: a webhook target names a [[webhook]] with a `url`, like `webhook:node_red` \
+                         (1 to 64 of `a-z 0-9 _ -`)"
+                    ))
+                }
+            }
             Some(("ha", rest)) => match rest.trim().strip_prefix("notify.") {
                 Some(service)
                     if !service.is_empty()
@@ -128,6 +149,13 @@ impl Target {
             _ => Err(format!("`{text}` is not a delivery target: {expected}")),
         }
     }
+}
+
+/// A `[[webhook]]` name: 1 to 64 of `a-z 0-9 _ -` (it is a URL path segment
+/// and a session key).
+pub fn is_webhook_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// Read back as earlier versions wrote it: `jobs.json` and the outbox are read
@@ -157,6 +185,8 @@ pub enum Channel {
     Cli,
     Telegram,
     Mqtt,
+    /// `[[webhook]]` endpoints: whoever holds an endpoint's secret.
+    Webhook,
     /// Home Assistant's triggers.
     HomeAssistant,
     /// The scheduler's own sessions: the heartbeat, jobs made outside a chat.
@@ -173,6 +203,7 @@ impl Channel {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
             Channel::Mqtt => "mqtt",
+            Channel::Webhook => "webhook",
             Channel::HomeAssistant => "homeassistant",
             Channel::System => "system",
             Channel::Other(name) => name,
@@ -186,6 +217,7 @@ impl From<&str> for Channel {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
             "mqtt" => Channel::Mqtt,
+            "webhook" => Channel::Webhook,
             "homeassistant" => Channel::HomeAssistant,
             "system" => Channel::System,
             other => Channel::Other(other.to_string()),
@@ -242,14 +274,24 @@ pub enum Source {
     Heartbeat,
     /// `<prefix>/in`: whoever can publish to the broker.
     Mqtt,
+    /// A `[[webhook]]` endpoint's turn: whoever holds its secret, with a
+    /// payload anyone upstream (a form, a sensor) may have written.
+    Webhook,
     /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
     Trigger,
 }
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 6] =
-        [Source::Terminal, Source::Telegram, Source::Job, Source::Heartbeat, Source::Mqtt, Source::Trigger];
+    pub const ALL: [Source; 7] = [
+        Source::Terminal,
+        Source::Telegram,
+        Source::Job,
+        Source::Heartbeat,
+        Source::Mqtt,
+        Source::Webhook,
+        Source::Trigger,
+    ];
 
     /// Its name in `[policy.<name>]`.
     pub fn name(self) -> &'static str {
@@ -259,6 +301,7 @@ impl Source {
             Source::Job => "job",
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
+            Source::Webhook => "webhook",
             Source::Trigger => "trigger",
         }
     }
@@ -281,6 +324,7 @@ impl Source {
             (Channel::Telegram, _) => Source::Telegram,
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
+            (Channel::Webhook, _) => Source::Webhook,
             (Channel::HomeAssistant | Channel::Other(_), _) => Source::Trigger,
         }
     }
@@ -587,6 +631,7 @@ mod tests {
             "telegram:@news",
             "mqtt",
             "mqtt:home/report",
+            "webhook:node_red",
             "log",
             "ha:notify.mobile_app_pixel",
         ] {
@@ -609,6 +654,9 @@ mod tests {
             "ha:notify.",
             "ha:notify.a/b",
             "mqtt:$SYS/broker/load",
+            "webhook:",
+            "webhook:Node Red",
+            "webhook:a/b",
         ] {
             let err = t.parse::<Target>().unwrap_err();
             assert!(err.contains(t.trim()), "{err}");

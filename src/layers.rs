@@ -330,6 +330,8 @@ mod tests {
             "channels/telegram/mod.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
+            // One task per webhook connection: at most `[webhooks] max_connections` (permits), each bounded in time.
+            "channels/webhook/server.rs",
             // One alert write per scheduler pass (missed runs, removed jobs).
             "work/jobs.rs",
             // Forgetting the one warm jail after it idled: one at a time (the slot).

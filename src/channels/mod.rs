@@ -6,3 +6,5 @@
 pub mod homeassistant;
 pub mod mqtt;
 pub mod telegram;
+#[cfg(feature = "webhook")]
+pub mod webhook;

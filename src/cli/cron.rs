@@ -230,6 +230,7 @@ fn added(
             Target::Telegram(_) => loaded.config.telegram.token().is_some(),
             Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
             Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
+            Target::Webhook(name) => loaded.config.has_webhook_target(name),
             Target::Log | Target::Cli => true,
         };
         if !configured {

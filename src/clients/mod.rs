@@ -11,6 +11,8 @@ pub mod ha_rest;
 pub mod ha_ws;
 pub mod mqtt;
 pub mod telegram;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 /// The body of `resp`, at most `cap` bytes; `true` when there was more.
 pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), reqwest::Error> {

@@ -20,6 +20,7 @@ pub mod templates;
 pub mod tools;
 pub mod types;
 pub mod warnings;
+pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,6 +33,7 @@ pub use mcp::{HttpKind, McpConfig, McpServer, McpTransport, StdioServer};
 pub use tools::*;
 pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
 pub use warnings::{security_warnings, warnings};
+pub use webhook::{WebhookAction, WebhookAuth, WebhookConfig, WebhooksConfig};
 
 use crate::bus::Target;
 
@@ -62,6 +64,10 @@ pub struct Config {
     pub homeassistant: HomeAssistantConfig,
     /// `[service]`: what members of the installed service's group may do.
     pub service: ServiceConfig,
+    /// `[webhooks]` and `[[webhook]]` (`webhook.rs`): signed HTTP endpoints and targets.
+    pub webhooks: WebhooksConfig,
+    #[serde(deserialize_with = "webhook::webhooks")]
+    pub webhook: Vec<WebhookConfig>,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -233,6 +239,8 @@ impl Default for Config {
             policy: BTreeMap::new(),
             homeassistant: HomeAssistantConfig::default(),
             service: ServiceConfig::default(),
+            webhooks: WebhooksConfig::default(),
+            webhook: Vec::new(),
         }
     }
 }

@@ -275,6 +275,9 @@ pub struct Daemon {
     pub dead_man: DeadMan,
     pub watcher: StateWatcher,
     pub mcp: super::McpSources,
+    /// `[[webhook]]` endpoints (`None`: none, or the listener may not start as configured).
+    #[cfg(feature = "webhook")]
+    pub webhook: Option<crate::channels::webhook::WebhookServer>,
 }
 
 /// Everything `bramble run` runs for this config.
@@ -302,7 +305,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     };
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, links, &sandbox));
-    let channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
+    #[allow(unused_mut)] // without the `webhook` feature nothing is added
+    let mut channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -311,6 +315,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         activity: agent.activity(),
     });
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
+    #[cfg(feature = "webhook")]
+    let webhook = webhooks(loaded, &mut channels, &work, &scheduler, &jobs);
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
             inbound: bus.inbound_tx.clone(),
@@ -349,7 +355,34 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         ha,
         heartbeat,
         dead_man,
+        #[cfg(feature = "webhook")]
+        webhook,
     })
+}
+
+/// `[[webhook]]`: the `webhook:<name>` targets into `channels`, and the
+/// endpoints' server (`None`: no endpoint, or the listener may not start).
+#[cfg(feature = "webhook")]
+fn webhooks(
+    loaded: &Loaded,
+    channels: &mut Channels,
+    work: &Work,
+    scheduler: &Scheduler,
+    jobs: &JobStore,
+) -> Option<crate::channels::webhook::WebhookServer> {
+    let c = &loaded.config;
+    let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let origin = crate::clients::webhook::instance_id(&host, &loaded.paths.state_dir);
+    if let Some(out) = crate::channels::webhook::WebhookChannel::new(&c.webhook, origin.clone()) {
+        channels.add(Arc::new(out));
+    }
+    let wiring = crate::channels::webhook::Wiring {
+        deps: work.triggers(),
+        jobs: jobs.clone(),
+        scheduler: scheduler.handle(),
+        origin,
+    };
+    crate::channels::webhook::WebhookServer::new(&c.webhooks, &c.webhook, wiring)
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

@@ -41,6 +41,7 @@
 //! | mqtt state | restart | recomputes the retained state from the state files |
 //! | ha events | exit | owns the trigger queue's sending end |
 //! | control socket | exit | owns the bound socket |
+//! | webhooks | restart | binds its address anew (a busy port is tried again with backoff); the calls queued when it ended were answered `202` and are lost with it |
 //! | scheduler | exit | owns the run-now queue and the runs in flight; a fresh start re-reads `jobs.json` |
 //! | heartbeat | restart | anchored on `heartbeat.json`, so a new loop keeps the interval |
 //! | dead-man | restart | the open alerts are in `alerts.json` |
@@ -225,6 +226,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     if let Some(ha) = d.ha {
         tasks.spawn(Service::new("ha triggers", |sd| ha.triggers.run(sd)));
         tasks.spawn(Service::new("ha events", |sd| ha.connection.run(sd)));
+    }
+    #[cfg(feature = "webhook")]
+    if let Some(webhook) = d.webhook {
+        tasks.spawn(Service::restarting("webhooks", move |sd| webhook.clone().run(sd)));
     }
     if let Some(server) = control.and_then(|handler| control_server(loaded, handler, d.scheduler.scheduler.handle())) {
         tasks.spawn(Service::new("control socket", |sd| server.run(sd)));

@@ -101,6 +101,8 @@ pub async fn run_outbox(
                     source: &entry.source,
                     job: entry.job.as_ref(),
                     attach: &entry.attach,
+                    id: entry.id,
+                    created: entry.created,
                 })
                 .await
             {

@@ -63,12 +63,16 @@ pub struct Report<'a> {
     /// Workspace files sent with it (Telegram: a photo or a document; other
     /// channels name them in the text).
     pub attach: &'a [String],
+    /// Its outbox id (0 outside the outbox) and when it was queued: the same
+    /// on every retry, so a receiver can drop a retry's duplicate (webhooks).
+    pub id: u64,
+    pub created: jiff::Timestamp,
 }
 
 impl<'a> Report<'a> {
     /// A report of text only.
     pub fn text(target: &'a Target, text: &'a str, source: &'a ReportSource) -> Report<'a> {
-        Report { target, text, source, job: None, attach: &[] }
+        Report { target, text, source, job: None, attach: &[], id: 0, created: jiff::Timestamp::now() }
     }
 
     /// The text, with the attachments named at the end: for channels that cannot carry files.

@@ -112,7 +112,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
     match target {
         Target::Telegram(chat) if chats.contains(chat) => Ok(()),
         Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
-        Target::HomeAssistant(_) | Target::Log | Target::Mqtt(None) => Ok(()),
+        // A webhook target names a `url` the owner configured, like a notify service.
+        Target::HomeAssistant(_) | Target::Webhook(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),
         Target::Mqtt(Some(topic)) => Err(MemberRefusal::Topic(topic.clone())),
         Target::Cli => Err(MemberRefusal::Terminal),

@@ -59,6 +59,8 @@ pub enum Origin {
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
     Mqtt,
+    /// A `[[webhook]]` endpoint: whoever holds its secret, with a payload from outside.
+    Webhook,
     /// `[[homeassistant.trigger]]` turns: their text carries entity states and
     /// attributes, which any device or integration in Home Assistant can set.
     HomeAssistant,
@@ -75,6 +77,7 @@ impl Origin {
             Channel::Telegram => Origin::Telegram,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
+            Channel::Webhook => Origin::Webhook,
             Channel::HomeAssistant => Origin::HomeAssistant,
             Channel::Other(_) => Origin::Unknown,
         }
@@ -93,6 +96,7 @@ impl Origin {
             Origin::Telegram => "Telegram",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
+            Origin::Webhook => "a webhook",
             Origin::HomeAssistant => "a Home Assistant trigger",
             Origin::Unknown => "an unknown channel",
         }
@@ -247,7 +251,7 @@ pub fn presumed(conversation: &Conversation) -> Principal {
             Ok(id) if id > 0 => Principal::Telegram(id),
             _ => Principal::Anonymous,
         },
-        Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
+        Channel::Mqtt | Channel::Webhook | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
     }
 }
 

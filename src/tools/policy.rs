@@ -44,7 +44,9 @@ impl Source {
     /// change things (commands, files, the broker) for the untrusted ones.
     pub fn default_deny(self) -> &'static [&'static str] {
         match self {
-            Source::Mqtt | Source::Trigger => &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"],
+            Source::Mqtt | Source::Webhook | Source::Trigger => {
+                &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"]
+            }
             _ => &[],
         }
     }
