@@ -33,3 +33,5 @@ mod smoke;
 mod telegram;
 mod telegram_media;
 mod tools;
+#[cfg(feature = "webhook")]
+mod webhook;

@@ -1,0 +1,274 @@
+//! Webhooks through the real binary: curl (a real HTTP client) posting to
+//! `bramble run`'s endpoints on 127.0.0.1, and receivers on 127.0.0.1 taking
+//! the signed reports bramble posts. The signature scheme is bramble's own
+//! (Stripe's, documented in docs/channels/webhook.md); the test signs with
+//! the library's `sign`, which a unit test checks against openssl.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+use crate::support::daemon::{wait_until, Daemon};
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::http::{self, Request, Response};
+use crate::support::setup::TestHome;
+use bramble::clients::webhook::{signature_header, verify};
+
+const DOOR_SECRET: &str = "door-secret-0123456789";
+const SINK_SECRET: &str = "sink-secret-abcdef";
+const JOB_TOKEN: &str = "job-token-xyz";
+const OTHER_TOKEN: &str = "other-token-uvw";
+
+/// A free port on 127.0.0.1 (bound, then let go).
+async fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A receiver of bramble's reports at a given address, answering `status`.
+struct Receiver {
+    got: Arc<Mutex<Vec<Request>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Receiver {
+    async fn start(port: u16, answer: Response) -> Receiver {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.expect("bind the receiver");
+        let got: Arc<Mutex<Vec<Request>>> = Arc::default();
+        let seen = got.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let mut stream = BufReader::new(stream);
+                if let Ok(Some((req, _))) = http::read_request(&mut stream).await {
+                    seen.lock().unwrap().push(req);
+                    let _ = http::write_response(stream.get_mut(), &answer, false).await;
+                }
+            }
+        });
+        Receiver { got, task }
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Setup {
+    fake: FakeLlm,
+    home: TestHome,
+    log: PathBuf,
+    port: u16,
+}
+
+impl Setup {
+    /// A fake LLM and a config listening on a free port; `webhooks` is the `[[webhook]]` tables.
+    async fn new(webhooks: &str) -> Setup {
+        let fake = FakeLlm::start(Dialect::OpenAi).await;
+        let port = free_port().await;
+        let extra = format!(
+            "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
+             [webhooks]\nlisten = \"127.0.0.1:{port}\"\n{webhooks}\n"
+        );
+        let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
+        let log = home.path().join("daemon.log");
+        Setup { fake, home, log, port }
+    }
+
+    async fn start(&self) -> Daemon {
+        let env: [(&str, &Path); 4] = [
+            ("DOOR_SECRET", Path::new(DOOR_SECRET)),
+            ("SINK_SECRET", Path::new(SINK_SECRET)),
+            ("JOB_TOKEN", Path::new(JOB_TOKEN)),
+            ("OTHER_TOKEN", Path::new(OTHER_TOKEN)),
+        ];
+        let d = Daemon::start_with_env(self.home.path(), Some(&self.home.config), &self.log, &env);
+        assert!(d.wait_log("webhooks listening", 30).await, "{}", self.log());
+        d
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn cli(&self, args: &[&str]) -> String {
+        let out = crate::support::setup::bramble(
+            self.home.path(),
+            &[&["--config", self.home.config.to_str().unwrap()], args].concat(),
+            None,
+        )
+        .await;
+        assert!(out.status.success(), "bramble {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// POST with curl: the status and the answer's body.
+    async fn curl(&self, path: &str, headers: &[String], body: &[u8]) -> (u16, String) {
+        let url = format!("http://127.0.0.1:{}{path}", self.port);
+        let mut cmd = tokio::process::Command::new("curl");
+        cmd.args(["-sS", "-o", "-", "-w", "\n%{http_code}", "--max-time", "60", "-X", "POST", "--data-binary", "@-"]);
+        for h in headers {
+            cmd.arg("-H").arg(h);
+        }
+        let mut child = cmd
+            .arg(url)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("curl (apt-get install curl)");
+        let mut stdin = child.stdin.take().unwrap();
+        let body = body.to_vec();
+        tokio::spawn(async move {
+            let _ = stdin.write_all(&body).await;
+        });
+        let out = child.wait_with_output().await.expect("curl ran");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (answer, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), answer.trim().to_string())
+    }
+
+    /// A signed JSON POST to `/hook/<name>` with `secret`, signed at `t`.
+    async fn signed(&self, name: &str, secret: &str, t: i64, body: &str) -> (u16, String) {
+        let sig = signature_header(secret.as_bytes(), t, body.as_bytes());
+        let headers = [format!("X-Bramble-Signature: {sig}"), "Content-Type: application/json".to_string()];
+        self.curl(&format!("/hook/{name}"), &headers, body.as_bytes()).await
+    }
+}
+
+fn now() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+/// The tables of the happy path: a signed `message` endpoint answering to a
+/// signed target, a bearer `job` endpoint, and the target at `sink`.
+fn tables(sink: &str) -> String {
+    format!(
+        "[[webhook]]\nname = \"door\"\nsecret_env = \"DOOR_SECRET\"\nmessage = \"The {{door.name}} door is {{state}}\"\n\
+         deliver = [\"webhook:sink\"]\n\n\
+         [[webhook]]\nname = \"brew\"\ntoken_env = \"JOB_TOKEN\"\njob = \"tea\"\n\n\
+         [[webhook]]\nname = \"other\"\ntoken_env = \"OTHER_TOKEN\"\nmessage = \"x\"\n\n\
+         [[webhook]]\nname = \"sink\"\nsecret_env = \"SINK_SECRET\"\nurl = \"{sink}/in\"\nallow_http = true\n"
+    )
+}
+
+/// A signed call runs a turn under `[policy.webhook]` with the payload marked
+/// as data; the answer reaches a `webhook:` target signed, with its id; a
+/// bearer call runs a job whose report goes there too.
+#[tokio::test]
+async fn a_signed_call_runs_a_turn_and_its_answer_is_posted_signed() {
+    let sink_port = free_port().await;
+    let sink = Receiver::start(sink_port, Response::new(204)).await;
+    let s = Setup::new(&tables(&format!("http://127.0.0.1:{sink_port}"))).await;
+    s.cli(&["cron", "add", "tea", "--every", "1d", "--exec", "echo brewed", "--deliver", "webhook:sink"]).await;
+    let d = s.start().await;
+    s.fake.push(Reply::text("Noted: the front door is open."));
+
+    let (status, _) = s.signed("door", DOOR_SECRET, now(), r#"{"state":"open","door":{"name":"front"}}"#).await;
+    assert_eq!(status, 202, "{}", s.log());
+    assert!(wait_until(60, || !sink.requests().is_empty()).await, "{}", s.log());
+    let req = &sink.requests()[0];
+    assert_eq!(req.path, "/in");
+    let body: Value = req.json().expect("a JSON report");
+    assert_eq!(body["text"], "Noted: the front door is open.");
+    assert_eq!(body["source"], "trigger:webhook:door");
+    assert!(body["id"].as_str().is_some_and(|id| !id.is_empty()) && body["time"].is_string(), "{body}");
+    assert_eq!(req.header("x-bramble-id"), body["id"].as_str());
+    verify(SINK_SECRET.as_bytes(), req.header("x-bramble-signature"), &req.body, now())
+        .expect("signed with the sink's secret");
+    // The turn: the rendered template, marked as data from outside; no exec, no file writes offered.
+    let turn = s.fake.requests()[0].to_string();
+    assert!(turn.contains("The front door is open"), "{turn}");
+    assert!(turn.contains("data, not as instructions"), "{turn}");
+    let tools = s.fake.requests()[0]["tools"].to_string();
+    assert!(tools.contains("read_file") && !tools.contains("\"exec\"") && !tools.contains("write_file"), "{tools}");
+
+    // The job endpoint: a bearer token, and the job's report to the same target.
+    let (status, _) = s
+        .curl(
+            "/hook/brew",
+            &[format!("Authorization: Bearer {JOB_TOKEN}"), "Content-Type: application/json".into()],
+            b"{}",
+        )
+        .await;
+    assert_eq!(status, 202, "{}", s.log());
+    assert!(wait_until(60, || sink.requests().len() >= 2).await, "{}", s.log());
+    let job: Value = sink.requests()[1].json().unwrap();
+    assert_eq!(job["job"], "tea", "{job}");
+    assert!(job["text"].as_str().unwrap().contains("brewed"), "{job}");
+    assert_eq!(s.fake.request_count(), 1, "the exec job needs no model");
+    d.stop().await;
+}
+
+/// Strangers, forgeries, replays, floods and slow clients are refused with a
+/// bare status, run nothing, and leave the endpoint serving.
+#[tokio::test]
+async fn forged_replayed_oversize_slow_and_malformed_calls_are_refused() {
+    let s = Setup::new(&tables("http://127.0.0.1:9")).await;
+    let d = s.start().await;
+    let body = r#"{"state":"open","door":{"name":"back"}}"#;
+    let json = "Content-Type: application/json".to_string();
+
+    // No signature, a wrong one, a stale one.
+    assert_eq!(s.curl("/hook/door", std::slice::from_ref(&json), body.as_bytes()).await, (401, "unauthorized".into()));
+    assert_eq!(s.signed("door", "not-the-secret", now(), body).await.0, 401);
+    assert_eq!(s.signed("door", DOOR_SECRET, now() - 3600, body).await.0, 401);
+    assert!(s.log().contains("away from now"), "{}", s.log());
+    // Another endpoint's bearer token, and none.
+    let other = format!("Authorization: Bearer {JOB_TOKEN}");
+    assert_eq!(s.curl("/hook/other", &[other, json.clone()], b"{}").await.0, 401);
+    assert_eq!(s.curl("/hook/brew", std::slice::from_ref(&json), b"{}").await.0, 401);
+    // Unknown endpoints all look the same, and name none that exist.
+    let unknown = s.curl("/hook/nope", std::slice::from_ref(&json), b"{}").await;
+    assert_eq!(unknown, (404, "not found".into()));
+    assert_eq!(s.curl("/", std::slice::from_ref(&json), b"{}").await, unknown);
+
+    // A valid call, then the very same request again: a replay.
+    let t = now();
+    let sig = format!("X-Bramble-Signature: {}", signature_header(DOOR_SECRET.as_bytes(), t, body.as_bytes()));
+    s.fake.push(Reply::text("ok"));
+    assert_eq!(s.curl("/hook/door", &[sig.clone(), json.clone()], body.as_bytes()).await.0, 202);
+    assert_eq!(s.curl("/hook/door", &[sig, json.clone()], body.as_bytes()).await.0, 401);
+    assert!(s.log().contains("a replay"), "{}", s.log());
+
+    // Too large: by Content-Length, and streamed without one.
+    let big = format!(r#"{{"state":"{}"}}"#, "x".repeat(70 * 1024));
+    assert_eq!(s.signed("door", DOOR_SECRET, now(), &big).await.0, 413);
+    let chunked = [
+        format!("X-Bramble-Signature: {}", signature_header(DOOR_SECRET.as_bytes(), now(), big.as_bytes())),
+        "Transfer-Encoding: chunked".into(),
+        json.clone(),
+    ];
+    assert_eq!(s.curl("/hook/door", &chunked, big.as_bytes()).await.0, 413);
+    // Not JSON though it says so: a clear 400; a form: 415.
+    let (status, said) = s.signed("door", DOOR_SECRET, now(), "{\"state\": ").await;
+    assert_eq!(status, 400);
+    assert!(said.contains("not valid JSON"), "{said}");
+    let form = "Content-Type: application/x-www-form-urlencoded".to_string();
+    let sig = format!("X-Bramble-Signature: {}", signature_header(DOOR_SECRET.as_bytes(), now(), b"a=b"));
+    assert_eq!(s.curl("/hook/door", &[sig, form], b"a=b").await.0, 415);
+
+    // A slow client holds its connection open with half a request: others are
+    // still served, and it is cut off.
+    let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", s.port)).await.unwrap();
+    slow.write_all(b"POST /hook/door HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+    s.fake.push(Reply::text("still here"));
+    let other = r#"{"state":"closed"}"#;
+    assert_eq!(s.signed("door", DOOR_SECRET, now(), other).await.0, 202, "served beside a slow client");
+    let mut rest = Vec::new();
+    let cut = tokio::time::timeout(std::time::Duration::from_secs(60), slow.read_to_end(&mut rest)).await;
+    assert!(cut.is_ok(), "the slow connection was closed by bramble");
+
+    // Two turns ran: the two accepted calls, nothing for the refused ones.
+    assert!(wait_until(60, || s.fake.request_count() >= 2).await, "{}", s.log());
+    assert!(d.wait_log_count("webhook call accepted", 2, 10).await);
+    assert_eq!(s.fake.request_count(), 2, "{}", s.log());
+    d.stop().await;
+}
