@@ -76,7 +76,8 @@ impl Setup {
         let port = free_port().await;
         let extra = format!(
             "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n\
-             [webhooks]\nlisten = \"127.0.0.1:{port}\"\n{webhooks}\n"
+             [webhooks]\nlisten = \"127.0.0.1:{port}\"\n{}\n",
+            webhooks.replace("{PORT}", &port.to_string())
         );
         let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
         let log = home.path().join("daemon.log");
@@ -270,5 +271,76 @@ async fn forged_replayed_oversize_slow_and_malformed_calls_are_refused() {
     assert!(wait_until(60, || s.fake.request_count() >= 2).await, "{}", s.log());
     assert!(d.wait_log_count("webhook call accepted", 2, 10).await);
     assert_eq!(s.fake.request_count(), 2, "{}", s.log());
+    d.stop().await;
+}
+
+/// An answer delivered to a `webhook:` target that posts back into the same
+/// endpoint is refused there as bramble's own (409): one turn, no ping-pong.
+#[tokio::test]
+async fn an_answer_posted_back_into_its_own_endpoint_does_not_loop() {
+    let s = Setup::new(
+        "[[webhook]]\nname = \"echo\"\nsecret_env = \"DOOR_SECRET\"\nmessage = \"{payload}\"\n\
+         deliver = [\"webhook:echo\"]\nurl = \"http://127.0.0.1:{PORT}/hook/echo\"\nallow_http = true\n",
+    )
+    .await;
+    let d = s.start().await;
+    s.fake.push(Reply::text("an answer that would come back"));
+    s.fake.push(Reply::text("a second turn: the loop"));
+    assert_eq!(s.signed("echo", DOOR_SECRET, now(), r#"{"q":"hi"}"#).await.0, 202);
+    assert!(d.wait_log("answering it would loop", 60).await, "{}", s.log());
+    assert!(d.wait_log("report dropped", 30).await, "{}", s.log());
+    assert!(s.log().contains("HTTP 409"), "{}", s.log());
+    assert_eq!(s.fake.request_count(), 1, "one turn only: {}", s.log());
+    d.stop().await;
+}
+
+/// A receiver that is down keeps the report in the outbox; once it is up
+/// the report is delivered, once, with the same id.
+#[tokio::test]
+async fn a_report_waits_for_a_receiver_that_is_down_and_is_delivered_once() {
+    let sink_port = free_port().await;
+    let s = Setup::new(&tables(&format!("http://127.0.0.1:{sink_port}"))).await;
+    s.cli(&["cron", "add", "tea", "--every", "1d", "--exec", "echo brewed", "--deliver", "webhook:sink"]).await;
+    let d = s.start().await;
+    let bearer = [format!("Authorization: Bearer {JOB_TOKEN}"), "Content-Type: application/json".into()];
+    assert_eq!(s.curl("/hook/brew", &bearer, b"{}").await.0, 202);
+    assert!(d.wait_log("delivery failed; will retry", 60).await, "{}", s.log());
+    assert!(s.cli(&["outbox", "list"]).await.contains("webhook:sink"), "kept in the outbox");
+
+    let sink = Receiver::start(sink_port, Response::new(200)).await;
+    s.cli(&["outbox", "retry", "all"]).await;
+    assert!(wait_until(60, || !sink.requests().is_empty()).await, "{}", s.log());
+    let mut done = false;
+    for _ in 0..60 {
+        if s.cli(&["outbox", "list"]).await.contains("no reports waiting") {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert!(done, "recorded as delivered: {}", s.log());
+    assert_eq!(sink.requests().len(), 1, "delivered once");
+    assert!(sink.requests()[0].json().unwrap()["text"].as_str().unwrap().contains("brewed"));
+    d.stop().await;
+}
+
+/// A receiver that redirects to another origin is not followed: the report
+/// and its signature never reach the other host; the report is refused.
+#[tokio::test]
+async fn a_redirect_to_another_origin_is_not_followed_with_the_signature() {
+    let (sink_port, thief_port) = (free_port().await, free_port().await);
+    let thief = Receiver::start(thief_port, Response::new(200)).await;
+    let location = format!("http://127.0.0.1:{thief_port}/steal");
+    let sink = Receiver::start(sink_port, Response::new(307).header("location", location)).await;
+    let s = Setup::new(&tables(&format!("http://127.0.0.1:{sink_port}"))).await;
+    s.cli(&["cron", "add", "tea", "--every", "1d", "--exec", "echo brewed", "--deliver", "webhook:sink"]).await;
+    let d = s.start().await;
+    let bearer = [format!("Authorization: Bearer {JOB_TOKEN}"), "Content-Type: application/json".into()];
+    assert_eq!(s.curl("/hook/brew", &bearer, b"{}").await.0, 202);
+    assert!(d.wait_log("report dropped", 60).await, "{}", s.log());
+    assert!(s.log().contains("another origin"), "{}", s.log());
+    assert_eq!(sink.requests().len(), 1);
+    assert!(sink.requests()[0].header("x-bramble-signature").is_some());
+    assert!(thief.requests().is_empty(), "nothing went to the other origin");
     d.stop().await;
 }
