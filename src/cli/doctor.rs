@@ -163,6 +163,7 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
         Err(e) => r.line(Level::Error, "homeassistant", e),
     }
+    webhooks(&loaded, &mut r);
     if crate::scheduler::engine::clock_synchronized() {
         r.line(Level::Ok, "clock", "synchronised");
     } else {
@@ -190,6 +191,24 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         r.line(level, "service", service);
     }
     r.finish()
+}
+
+/// `[[webhook]]`: the secrets, the listening address, the targets' hosts.
+fn webhooks(loaded: &Loaded, r: &mut Report) {
+    #[cfg(feature = "webhook")]
+    {
+        let running = crate::daemon::daemon_running(&loaded.paths.state_dir);
+        match crate::channels::webhook::status::probe(&loaded.config, running, LIMIT) {
+            Ok(None) => r.line(Level::Skip, "webhooks", "not configured"),
+            Ok(Some(found)) => r.line(Level::Ok, "webhooks", found),
+            Err(e) => r.line(Level::Error, "webhooks", e),
+        }
+    }
+    #[cfg(not(feature = "webhook"))]
+    match loaded.config.webhook.is_empty() {
+        true => r.line(Level::Skip, "webhooks", "not configured"),
+        false => r.line(Level::Error, "webhooks", "this build has no webhooks (cargo feature `webhook`)"),
+    }
 }
 
 /// `bramble init`'s checks after it wrote the answers: the providers and

@@ -486,6 +486,8 @@ struct ChannelPart {
     /// Which sources of turns get which tools, in words.
     policy: String,
     homeassistant: String,
+    /// `[webhooks]` / `[[webhook]]`: where it listens, the endpoints, the targets.
+    webhooks: String,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -501,6 +503,7 @@ impl Section for ChannelPart {
             format!("mqtt:       {}", esc(&self.mqtt)),
             format!("policy:     {}", self.policy),
             format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
+            format!("webhooks:   {}", esc(&self.webhooks)),
         ]
     }
 }
@@ -517,8 +520,19 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         mqtt: crate::channels::mqtt::status_line(&c.mqtt),
         policy: policy_summary(&c.policy),
         homeassistant: ha,
+        webhooks: webhook_status(c),
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },
         ha_configured: c.homeassistant.url.is_some(),
+    }
+}
+
+fn webhook_status(c: &crate::config::Config) -> String {
+    #[cfg(feature = "webhook")]
+    return crate::channels::webhook::status::status_line(c);
+    #[cfg(not(feature = "webhook"))]
+    match c.webhook.is_empty() {
+        true => "not configured".into(),
+        false => "OFF: this build has no webhooks (cargo feature `webhook`)".into(),
     }
 }
 

@@ -111,6 +111,23 @@ impl Setup {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `bramble doctor --json`'s `webhooks` check, with the secrets set.
+    async fn doctor(&self) -> Value {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .args(["--config", self.home.config.to_str().unwrap(), "doctor", "--json"])
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs([("DOOR_SECRET", DOOR_SECRET), ("SINK_SECRET", SINK_SECRET), ("JOB_TOKEN", JOB_TOKEN)])
+            .env("OTHER_TOKEN", OTHER_TOKEN)
+            .output()
+            .await
+            .expect("bramble doctor");
+        let all: Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+        let checks = all["checks"].as_array().expect("checks");
+        checks.iter().find(|c| c["name"] == "webhooks").cloned().expect("a webhooks check")
+    }
+
     /// POST with curl: the status and the answer's body.
     async fn curl(&self, path: &str, headers: &[String], body: &[u8]) -> (u16, String) {
         let url = format!("http://127.0.0.1:{}{path}", self.port);
@@ -205,6 +222,16 @@ async fn a_signed_call_runs_a_turn_and_its_answer_is_posted_signed() {
     assert_eq!(job["job"], "tea", "{job}");
     assert!(job["text"].as_str().unwrap().contains("brewed"), "{job}");
     assert_eq!(s.fake.request_count(), 1, "the exec job needs no model");
+
+    // `status` says where it listens and what each endpoint does; `doctor` checks it all.
+    let status = s.cli(&["status"]).await;
+    let line =
+        format!("webhooks:   http://127.0.0.1:{}/hook/<name> listening; endpoints: door (signed, a turn)", s.port);
+    assert!(status.contains(&line) && status.contains("brew (bearer, runs job tea)"), "{status}");
+    let check = s.doctor().await;
+    assert_eq!(check["status"], "ok", "{check}");
+    let detail = check["detail"].as_str().unwrap();
+    assert!(detail.contains("in use (by the running daemon)") && detail.contains("webhook:sink reachable"), "{detail}");
     d.stop().await;
 }
 

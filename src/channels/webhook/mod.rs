@@ -18,6 +18,7 @@
 
 pub mod channel;
 pub mod server;
+pub mod status;
 
 use std::sync::{Arc, Mutex};
 
