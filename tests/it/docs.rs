@@ -241,7 +241,7 @@ fn every_documented_section_refuses_an_unknown_key() {
     assert!(sections.len() >= 15, "{sections:?}");
     for section in sections {
         let header = match section {
-            "mqtt.trigger" | "homeassistant.trigger" | "mcp.server" => format!("[[{section}]]"),
+            "mqtt.trigger" | "homeassistant.trigger" | "mcp.server" | "webhook" => format!("[[{section}]]"),
             _ => format!("[{}]", section.replace('*', "mqtt")),
         };
         let text = format!("{header}\nno_such_key = 1\n");
