@@ -86,6 +86,38 @@ pub struct Shared {
     origin: String,
     jobs: JobStore,
     scheduler: SchedulerHandle,
+    refusals: Mutex<Refusals>,
+}
+
+/// Refused calls logged: at most [`LOG_PER_MINUTE`] a minute, then one count,
+/// so a flood of forged calls does not flood the journal.
+#[derive(Default)]
+struct Refusals {
+    minute: Option<std::time::Instant>,
+    logged: u32,
+    skipped: u64,
+}
+
+const LOG_PER_MINUTE: u32 = 30;
+
+impl Shared {
+    /// Log a refused call (rate-limited), with the caller's address.
+    fn refused(&self, peer: std::net::SocketAddr, webhook: &str, why: &str) {
+        let mut r = self.refusals.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if r.minute.is_none_or(|m| now.duration_since(m).as_secs() >= 60) {
+            if r.skipped > 0 {
+                tracing::warn!(skipped = r.skipped, "webhooks: {} more refused call(s) were not logged", r.skipped);
+            }
+            *r = Refusals { minute: Some(now), logged: 0, skipped: 0 };
+        }
+        if r.logged < LOG_PER_MINUTE {
+            r.logged += 1;
+            tracing::warn!(%peer, webhook, "webhook call refused: {why}");
+        } else {
+            r.skipped += 1;
+        }
+    }
 }
 
 /// The listener and its runs: a service the daemon supervises (restarted
@@ -141,6 +173,7 @@ impl WebhookServer {
             origin: wiring.origin,
             jobs: wiring.jobs,
             scheduler: wiring.scheduler,
+            refusals: Mutex::default(),
         };
         Some(WebhookServer { settings: settings.clone(), shared: Arc::new(shared), deps: Arc::new(wiring.deps) })
     }

@@ -154,7 +154,7 @@ async fn answer(
             shared.endpoints.iter().enumerate().find(|(_, e)| e.config.name == name && !name.is_empty())
         });
     let Some((index, ep)) = found else {
-        tracing::info!(%peer, path = req.uri().path(), "webhooks: no such endpoint");
+        shared.refused(peer, "-", &format!("no endpoint at {}", req.uri().path().escape_debug()));
         return reply(StatusCode::NOT_FOUND, "not found");
     };
     if req.method() != Method::POST {
@@ -164,7 +164,7 @@ async fn answer(
     }
     let name = ep.config.name.as_str();
     let refuse = |why: &str| {
-        tracing::warn!(%peer, webhook = name, "webhook call refused: {why}");
+        shared.refused(peer, name, why);
         reply(StatusCode::UNAUTHORIZED, "unauthorized")
     };
     let Some(secret) = &ep.secret else { return refuse(&format!("`{}` is not set", ep.config.auth.env())) };
@@ -184,13 +184,13 @@ async fn answer(
     }
     let max = ep.config.max_body;
     if head.length.is_some_and(|l| l > max as u64) {
-        tracing::warn!(%peer, webhook = name, length = head.length, max, "webhook call refused: body too large");
+        shared.refused(peer, name, &format!("a body of {} bytes, over max_body ({max})", head.length.unwrap_or(0)));
         return reply(StatusCode::PAYLOAD_TOO_LARGE, "body too large");
     }
     let body = match read_body(req.into_body(), max).await {
         Ok(body) => body,
         Err((status, why)) => {
-            tracing::warn!(%peer, webhook = name, "webhook call refused: {why}");
+            shared.refused(peer, name, why);
             return reply(status, why);
         }
     };
@@ -234,11 +234,9 @@ fn accept(
 ) -> Response<Full<Bytes>> {
     let name = ep.config.name.as_str();
     if head.origin.as_deref() == Some(shared.origin.as_str()) {
-        tracing::warn!(
-            %peer, webhook = name,
-            "webhook call refused: it is a report this bramble posted (a `webhook:` target pointing back at \
-             its own endpoint); answering it would loop"
-        );
+        let why = "it is a report this bramble posted (a `webhook:` target pointing back at its own endpoint); \
+                   answering it would loop";
+        shared.refused(peer, name, why);
         return reply(StatusCode::CONFLICT, "loop: this is bramble's own report");
     }
     let mime = head.content_type.as_deref().map(|c| c.split(';').next().unwrap_or_default().trim().to_lowercase());
@@ -246,13 +244,13 @@ fn accept(
         Some("application/json") => match serde_json::from_slice::<serde_json::Value>(&body) {
             Ok(v) => Some(v),
             Err(e) => {
-                tracing::warn!(%peer, webhook = name, "webhook call refused: the body is not valid JSON ({e})");
+                shared.refused(peer, name, &format!("the body is not valid JSON ({e})"));
                 return reply(StatusCode::BAD_REQUEST, &format!("the body is not valid JSON: {e}"));
             }
         },
         None | Some("text/plain") => None,
         Some(other) => {
-            tracing::warn!(%peer, webhook = name, content_type = other, "webhook call refused: content type");
+            shared.refused(peer, name, &format!("content type `{}`", other.escape_debug()));
             return reply(StatusCode::UNSUPPORTED_MEDIA_TYPE, "send Content-Type: application/json (or text/plain)");
         }
     };
@@ -264,7 +262,7 @@ fn accept(
             }
             let bytes = body.len();
             if calls.try_send(Call { endpoint: index, body, json }).is_err() {
-                tracing::warn!(%peer, webhook = name, "webhook call refused: too many calls waiting to run");
+                shared.refused(peer, name, "too many calls waiting to run");
                 return reply(StatusCode::TOO_MANY_REQUESTS, "too many calls waiting: try again later");
             }
             tracing::info!(%peer, webhook = name, bytes, "webhook call accepted: a turn in session webhook:{name}");
