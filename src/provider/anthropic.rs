@@ -339,6 +339,7 @@ mod tests {
             max_tokens: 64,
             temperature: Some(0.25),
             tool_choice: Some("t"),
+            scheduled: false,
         });
         assert_eq!(body["tool_choice"], json!({"type": "tool", "name": "t"}));
         assert_eq!(body["system"], "s");
@@ -352,6 +353,7 @@ mod tests {
             max_tokens: 1,
             temperature: None,
             tool_choice: None,
+            scheduled: false,
         });
         assert!(body.get("system").is_none() && body.get("tools").is_none() && body.get("temperature").is_none());
     }

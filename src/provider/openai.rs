@@ -323,7 +323,15 @@ mod tests {
     use crate::provider::{ToolCall, ToolSpec};
 
     fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ChatRequest<'a> {
-        ChatRequest { model: "m", messages, tools, max_tokens: 100, temperature: None, tool_choice: None }
+        ChatRequest {
+            model: "m",
+            messages,
+            tools,
+            max_tokens: 100,
+            temperature: None,
+            tool_choice: None,
+            scheduled: false,
+        }
     }
 
     #[test]

@@ -84,6 +84,7 @@ async fn chat(p: &dyn Provider) -> String {
         max_tokens: 16,
         temperature: None,
         tool_choice: None,
+        scheduled: false,
     };
     p.chat(req).await.expect_err("a redirect is not an answer").to_string()
 }
