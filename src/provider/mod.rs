@@ -16,6 +16,7 @@
 
 pub mod anthropic;
 pub mod chain;
+mod clients;
 pub mod openai;
 pub mod retry;
 pub mod transcribe;

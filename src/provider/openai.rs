@@ -27,7 +27,8 @@ use crate::config::{ProviderConfig, Secret};
 /// A client for one OpenAI-compatible endpoint.
 #[derive(Debug)]
 pub struct OpenAiProvider {
-    client: reqwest::Client,
+    /// One per limit: `timeout`, `job_timeout` ([`super::clients`]).
+    clients: super::clients::Clients,
     /// `{base_url}/chat/completions`.
     url: String,
     headers: HeaderMap,
@@ -53,7 +54,7 @@ impl OpenAiProvider {
             None => Vec::new(),
         };
         Ok(OpenAiProvider {
-            client: super::http_client(cfg.timeout.get())?,
+            clients: super::clients::Clients::new(cfg)?,
             url: format!("{}/chat/completions", cfg.base_url().trim_end_matches('/')),
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
@@ -78,7 +79,10 @@ impl Provider for OpenAiProvider {
                 return Err(ProviderError::NotConfigured(e.clone()));
             }
             let body = request_body(&req);
-            let bytes = post_json(&self.client, &self.url, self.headers.clone(), &body, self.key.as_ref()).await?;
+            let client = self.clients.get(req.scheduled);
+            let bytes = post_json(client, &self.url, self.headers.clone(), &body, self.key.as_ref())
+                .await
+                .map_err(|e| self.clients.explain(e, req.scheduled))?;
             parse_response(&bytes)
         })
     }
@@ -90,7 +94,7 @@ impl Provider for OpenAiProvider {
             if let Some(e) = &self.unset {
                 return Err(ProviderError::NotConfigured(e.clone()));
             }
-            super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await
+            super::probe_models(self.clients.get(false), &url, self.headers.clone(), self.key.as_ref()).await
         })
     }
 }

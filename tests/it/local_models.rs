@@ -178,3 +178,25 @@ async fn the_heartbeat_decides_with_a_tool_call_and_still_reads_heartbeat_ok() {
     assert_eq!(pending.len(), 2);
     assert_eq!(fake.remaining(), 0);
 }
+
+#[tokio::test]
+async fn scheduled_turns_wait_for_a_slow_model_longer_than_chats() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let slow = "timeout = \"1s\"\njob_timeout = \"60s\"\nmax_retries = 0\n";
+    let home = TestHome::new("openai", &fake.base_url(), "", slow, "[heartbeat]\ndeliver = [\"log\"]\n");
+    std::fs::write(home.workspace.join("HEARTBEAT.md"), "## Active Tasks\n- Check the disk\n").unwrap();
+    let three_s = |r: Reply| Reply::Delayed(std::time::Duration::from_secs(3), Box::new(r));
+
+    // A chat gives up after `timeout`, and says which setting set the limit.
+    fake.push(three_s(Reply::text("too late")));
+    let out = agent_m(&home, "hello").await;
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("[provider] timeout = 1s"), "{}", text(&out.stderr));
+
+    // The heartbeat (scheduled) waits up to `job_timeout`.
+    fake.push(three_s(Reply::tool_call("report", r#"{"text":"Slow but here."}"#)));
+    let out = heartbeat(&home).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pending = Outbox::new(&home.state).pending().unwrap();
+    assert_eq!(pending.iter().map(|p| p.text.as_str()).collect::<Vec<_>>(), ["Slow but here."]);
+}

@@ -30,6 +30,7 @@ fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConf
         api_key: key.map(Secret::new),
         api_key_env: None,
         timeout: Dur(Duration::from_secs(10)),
+        job_timeout: Dur(Duration::from_secs(10)),
         max_retries: 3,
         extra_headers: BTreeMap::new(),
     }
