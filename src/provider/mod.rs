@@ -19,6 +19,7 @@ pub mod chain;
 mod clients;
 pub mod openai;
 pub mod retry;
+mod stream;
 pub mod transcribe;
 
 use std::sync::Arc;

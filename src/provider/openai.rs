@@ -7,7 +7,9 @@
 //! string, a tool call without an `id` — so the response types here are
 //! deliberately loose: every field has a default, `null` means "absent", and
 //! anything odd but readable is normalised instead of rejected. Only a 2xx
-//! answer with no `choices[0]` at all is an error.
+//! answer with no `choices[0]` at all is an error. An answer streamed as
+//! server-sent events although none was asked for is read by
+//! [`super::stream`], which refuses one that stopped half-way.
 //!
 //! Requests, on the other hand, are strict OpenAI: `content: null` is sent on an
 //! assistant message that only carries tool calls (OpenAI wants the key), and
@@ -83,6 +85,10 @@ impl Provider for OpenAiProvider {
             let bytes = post_json(client, &self.url, self.headers.clone(), &body, self.key.as_ref())
                 .await
                 .map_err(|e| self.clients.explain(e, req.scheduled))?;
+            // A server that streams although not asked to: put together, and refused when cut.
+            if super::stream::is_event_stream(&bytes) {
+                return super::stream::parse(&bytes, &self.url);
+            }
             parse_response(&bytes)
         })
     }

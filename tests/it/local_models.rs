@@ -200,3 +200,39 @@ async fn scheduled_turns_wait_for_a_slow_model_longer_than_chats() {
     let pending = Outbox::new(&home.state).pending().unwrap();
     assert_eq!(pending.iter().map(|p| p.text.as_str()).collect::<Vec<_>>(), ["Slow but here."]);
 }
+
+#[tokio::test]
+async fn a_streamed_answer_cut_half_way_falls_back_instead_of_being_delivered_cut() {
+    let cloud = FakeLlm::start(Dialect::OpenAi).await;
+    let lan = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &cloud.base_url(), "", "", "");
+    let config = format!(
+        "[agent]\nworkspace = \"{ws}\"\ntimezone = \"UTC\"\nfallback = [\"lan\"]\n\
+         [[provider]]\nname = \"cloud\"\nmodel = \"big\"\nbase_url = \"{cloud}\"\napi_key = \"k\"\nmax_retries = 0\n\
+         [[provider]]\nname = \"lan\"\nmodel = \"small\"\nbase_url = \"{lan}\"\n\
+         [daemon]\nstate_dir = \"{st}\"\n",
+        ws = home.workspace.display(),
+        st = home.state.display(),
+        cloud = cloud.base_url(),
+        lan = lan.base_url(),
+    );
+    std::fs::write(&home.config, config).unwrap();
+    // The stream (OpenAI's chunk format) stops after two deltas: no finish_reason, no [DONE].
+    let chunk =
+        |t: &str| format!("data: {}\n\n", serde_json::json!({"choices": [{"index": 0, "delta": {"content": t}}]}));
+    cloud.push(Reply::Raw { status: 200, body: format!("{}{}", chunk("Your backup"), chunk(" failed bec")) });
+    lan.push(Reply::text("Your backup failed: the disk is full."));
+    let out = agent_m(&home, "how did the backup go?").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("Your backup failed: the disk is full."), "{stdout}");
+    assert!(!stdout.contains("failed bec"), "the cut answer is not delivered: {stdout}");
+    assert!(stdout.contains("lan/small answered") && stdout.contains("stopped half-way"), "{stdout}");
+
+    // A whole stream is an answer like any other.
+    let done = format!("{}{}data: [DONE]\n\n", chunk("All"), chunk(" good."));
+    cloud.push(Reply::Raw { status: 200, body: done });
+    let out = agent_m(&home, "and now?").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "All good.\n");
+}
