@@ -377,6 +377,7 @@ pub async fn summarise(
         max_tokens: max_tokens.max(1024),
         temperature: None,
         tool_choice: Some(SAVE_MEMORY),
+        scheduled: false,
     };
     match provider.chat(req).await {
         Err(e) => Summary { result: Err(SummaryError::Model(e)), usage: Usage::default(), route: None },

@@ -27,6 +27,7 @@
 pub mod commands;
 mod consolidate;
 pub mod context;
+mod decision;
 mod inflight;
 pub mod input;
 pub mod memory;
@@ -38,6 +39,7 @@ mod sessions;
 pub mod skills;
 mod status;
 pub mod subagent;
+mod textcall;
 mod turn;
 mod unanswered;
 pub mod usage;
@@ -153,6 +155,10 @@ pub enum TurnEnd {
     MaxIterations,
     /// The model kept answering with nothing.
     EmptyAnswer,
+    /// A decision turn ([`Agent::decide`]): the model called `report`; the text is the report.
+    Reported,
+    /// A decision turn: the model called `nothing_to_report`.
+    NothingToReport,
 }
 
 /// The result of a turn.

@@ -2,8 +2,9 @@
 //! the results, until it answers in text or a limit is reached. Shared by
 //! turns and sub-agents.
 
-use super::TurnEnd;
-use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, ToolSpec, Usage};
+use super::decision::{self, Decided};
+use super::{textcall, TurnEnd};
+use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, Role, ToolCall, ToolSpec, Usage};
 use crate::tools::{ToolContext, ToolRegistry};
 
 /// Extra model calls when it answers with nothing at all.
@@ -28,6 +29,9 @@ pub(crate) struct LoopSpec<'a> {
     pub progress: Option<&'a dyn ProgressSink>,
     /// The model can see images: those tools return are shown to it.
     pub vision: bool,
+    /// A decision turn: `specs` include [`decision::specs`], and a call of
+    /// either ends the loop with that decision.
+    pub decide: bool,
 }
 
 /// What a loop spent, kept even when it fails.
@@ -97,6 +101,8 @@ pub(crate) async fn run_loop(
             max_tokens: spec.max_tokens,
             temperature: spec.temperature,
             tool_choice: None,
+            // Nobody waits on a scheduled turn or a sub-agent: the provider's `job_timeout` applies.
+            scheduled: spec.tool_ctx.in_job,
         };
         let answer = tokio::select! {
             r = spec.provider.chat(request) => r,
@@ -115,16 +121,19 @@ pub(crate) async fn run_loop(
         };
         stats.count(response.usage, response.route.clone());
 
-        if !response.tool_calls.is_empty() {
+        let (calls, content) = calls_of(spec, messages, response);
+        if !calls.is_empty() {
             rounds += 1;
-            let calls = response.tool_calls;
-            let content = response.content.filter(|c| !c.trim().is_empty());
             messages.push(Message::assistant_tool_calls(content, calls.clone()));
             run_tools(spec, &calls, messages, stats).await?;
-            continue;
+            match decision::of_round(&calls).filter(|_| spec.decide) {
+                Some(Decided::Report(text)) => return Ok((text, TurnEnd::Reported)),
+                Some(Decided::Nothing) => return Ok((String::new(), TurnEnd::NothingToReport)),
+                None => continue,
+            }
         }
 
-        let text = response.content.unwrap_or_default();
+        let text = content.unwrap_or_default();
         if text.trim().is_empty() {
             empty_answers += 1;
             if empty_answers > EMPTY_ANSWER_RETRIES {
@@ -138,6 +147,35 @@ pub(crate) async fn run_loop(
             continue;
         }
         return Ok((text.trim().to_string(), TurnEnd::Answered));
+    }
+}
+
+/// The tool calls of an answer and its text: the calls the API carried, else
+/// those the text spells ([`textcall::recover`], logged), which then has no text.
+fn calls_of(spec: &LoopSpec<'_>, messages: &[Message], response: ChatResponse) -> (Vec<ToolCall>, Option<String>) {
+    let content = response.content.filter(|c| !c.trim().is_empty());
+    if !response.tool_calls.is_empty() {
+        return (response.tool_calls, content);
+    }
+    let Some(text) = content.as_deref() else { return (Vec::new(), None) };
+    // Only the model's own text: a call found in a tool's result is an echo of it.
+    let results: Vec<&str> = messages.iter().filter(|m| m.role == Role::Tool).map(Message::text_content).collect();
+    match textcall::recover(text, spec.specs, &results) {
+        Ok(calls) => {
+            for call in &calls {
+                tracing::info!(
+                    session = %spec.label, model = %spec.model, tool = %call.function.name,
+                    "recovered a tool call the model wrote as text"
+                );
+            }
+            (calls, None)
+        }
+        Err(why) => {
+            if why.looked_like_one() {
+                tracing::info!(session = %spec.label, model = %spec.model, "an answer shaped like a tool call stays text: it {why}");
+            }
+            (Vec::new(), content)
+        }
     }
 }
 
@@ -158,6 +196,10 @@ async fn run_tools(
                 messages.push(Message::tool_result(&c.id, &c.function.name, "Error: not run: the turn was stopped"));
             }
             return Err(LoopFail::Cancelled);
+        }
+        if spec.decide && decision::is_decision(&call.function.name) {
+            messages.push(Message::tool_result(&call.id, &call.function.name, decision::result_text(call)));
+            continue;
         }
         stats.tool_calls += 1;
         if let Some(p) = spec.progress {

@@ -252,6 +252,7 @@ impl Hub {
             label: "subagent",
             progress: None,
             vision: false,
+            decide: false,
         };
         let mut stats = LoopStats::default();
         let result = run_loop(&spec, &mut messages, &mut stats).await;

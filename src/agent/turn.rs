@@ -10,7 +10,7 @@ use super::react::{run_loop, LoopFail, LoopSpec, LoopStats};
 use super::session::{self, StoredMessage};
 use super::sessions::{ActiveTurn, PendingGuard, SessionLock};
 use super::usage::DayUsage;
-use super::{Agent, TurnError, TurnReport, TurnRequest};
+use super::{Agent, TurnEnd, TurnError, TurnReport, TurnRequest};
 use crate::config::ModelFooter;
 use crate::provider::{Message, Provider, Route, Usage};
 use crate::util;
@@ -18,6 +18,24 @@ use crate::util;
 impl Agent {
     /// Run one turn to the end. Turns of the same session queue up behind each other.
     pub async fn turn(&self, req: TurnRequest) -> Result<TurnReport, TurnError> {
+        self.run_turn(req, None).await
+    }
+
+    /// A turn that decides whether there is anything to report (the
+    /// heartbeat): it is offered `report(text)` and `nothing_to_report()`
+    /// besides its tools, and a call of either ends it — [`TurnEnd::Reported`]
+    /// with the report as the text, or [`TurnEnd::NothingToReport`] with
+    /// `quiet` as the text (and in the session). A text answer ends it as any
+    /// turn's does; the caller reads it as before.
+    ///
+    /// [`TurnEnd::Reported`]: super::TurnEnd::Reported
+    /// [`TurnEnd::NothingToReport`]: super::TurnEnd::NothingToReport
+    pub async fn decide(&self, req: TurnRequest, quiet: &str) -> Result<TurnReport, TurnError> {
+        self.run_turn(req, Some(quiet)).await
+    }
+
+    /// A turn; a decision turn when `decide` holds its quiet reply.
+    async fn run_turn(&self, req: TurnRequest, decide: Option<&str>) -> Result<TurnReport, TurnError> {
         let provider = Arc::clone(self.provider.get()?);
         if req.in_job {
             self.check_budget()?;
@@ -58,7 +76,7 @@ impl Agent {
         };
         // Dropped unfinished (the turn's future abandoned): the record stays for the next start.
         let record = record.map(|id| PendingGuard { store: &self.pending, id });
-        let turn = self.turn_queued(provider.as_ref(), &req, held, queued.as_mut());
+        let turn = self.turn_queued(provider.as_ref(), &req, decide, held, queued.as_mut());
         tokio::pin!(turn);
         let result = match &record {
             None => turn.await,
@@ -96,6 +114,7 @@ impl Agent {
         &self,
         provider: &dyn Provider,
         req: &TurnRequest,
+        decide: Option<&str>,
         held: Option<tokio::sync::OwnedMutexGuard<()>>,
         queued: std::pin::Pin<&mut impl std::future::Future<Output = tokio::sync::OwnedMutexGuard<()>>>,
     ) -> Result<TurnReport, TurnError> {
@@ -112,10 +131,15 @@ impl Agent {
             s = self.turn_slots.acquire() => s.map_err(|_| TurnError::Cancelled)?,
             _ = req.cancel.cancelled() => return Err(TurnError::Cancelled),
         };
-        self.turn_locked(provider, req).await
+        self.turn_locked(provider, req, decide).await
     }
 
-    async fn turn_locked(&self, provider: &dyn Provider, req: &TurnRequest) -> Result<TurnReport, TurnError> {
+    async fn turn_locked(
+        &self,
+        provider: &dyn Provider,
+        req: &TurnRequest,
+        decide: Option<&str>,
+    ) -> Result<TurnReport, TurnError> {
         let session_err = |source| TurnError::Session { key: req.conversation.session_key.clone(), source };
         let (model, mut input, mut messages) = self.prepare_turn(provider, req).await?;
         // Everything from the user's message on is this turn's and will be saved.
@@ -123,7 +147,10 @@ impl Agent {
         // The turn's origin (and so what its tools may do) follows from its channel.
         let tool_ctx = req.tool_context();
         // Built per turn: MCP servers' tools come and go with their connections.
-        let specs = self.tools.specs_for(tool_ctx.grant());
+        let mut specs = self.tools.specs_for(tool_ctx.grant());
+        if decide.is_some() {
+            specs.extend(super::decision::specs());
+        }
         let spec = LoopSpec {
             provider,
             tools: &self.tools,
@@ -138,6 +165,7 @@ impl Agent {
             // Chats only: scheduled work reports through the outbox, never a status message.
             progress: if req.in_job { None } else { self.progress.as_deref() },
             vision: self.settings.vision || self.settings.vision_model.as_deref() == Some(model.as_str()),
+            decide: decide.is_some(),
         };
         let mut stats = LoopStats::default();
         let outcome = run_loop(&spec, &mut messages, &mut stats).await;
@@ -147,6 +175,7 @@ impl Agent {
         }
         let today = self.record_usage(&stats);
         let (text, end) = match outcome {
+            Ok((_, end @ TurnEnd::NothingToReport)) => (decide.unwrap_or_default().to_string(), end),
             Ok(done) => done,
             Err(LoopFail::Provider(e)) => return Err(e.into()),
             Err(LoopFail::Cancelled) => {

@@ -429,6 +429,9 @@ pub struct ProviderConfig {
     pub api_key_env: Option<String>,
     /// Limit for one model call, from connect to the end of the answer.
     pub timeout: Dur,
+    /// The same limit for calls nobody waits on (jobs, the heartbeat,
+    /// sub-agents): a slow local model may take minutes. 0: no limit.
+    pub job_timeout: Dur,
     /// Retries after a transient failure (408/409/429/5xx/connection), with 1/2/4 s backoff.
     pub max_retries: u32,
     /// Extra HTTP headers (OpenRouter's `HTTP-Referer`, a proxy's auth, …).
@@ -446,6 +449,7 @@ impl Default for ProviderConfig {
             api_key: None,
             api_key_env: None,
             timeout: Dur::secs(120),
+            job_timeout: Dur::secs(600),
             max_retries: 3,
             extra_headers: BTreeMap::new(),
         }

@@ -33,7 +33,8 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// A client for the Anthropic Messages API (or a proxy of it).
 #[derive(Debug)]
 pub struct AnthropicProvider {
-    client: reqwest::Client,
+    /// One per limit: `timeout`, `job_timeout` ([`super::clients`]).
+    clients: super::clients::Clients,
     /// `{base_url}/v1/messages`.
     url: String,
     headers: HeaderMap,
@@ -59,7 +60,7 @@ impl AnthropicProvider {
             own.push(("x-api-key", k.expose().to_string(), true));
         }
         Ok(AnthropicProvider {
-            client: super::http_client(cfg.timeout.get())?,
+            clients: super::clients::Clients::new(cfg)?,
             url: format!("{}/v1/messages", cfg.base_url().trim_end_matches('/')),
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
@@ -84,7 +85,10 @@ impl Provider for AnthropicProvider {
                 return Err(ProviderError::NotConfigured(e.clone()));
             }
             let body = request_body(&req);
-            let bytes = post_json(&self.client, &self.url, self.headers.clone(), &body, self.key.as_ref()).await?;
+            let client = self.clients.get(req.scheduled);
+            let bytes = post_json(client, &self.url, self.headers.clone(), &body, self.key.as_ref())
+                .await
+                .map_err(|e| self.clients.explain(e, req.scheduled))?;
             parse_response(&bytes)
         })
     }
@@ -95,7 +99,7 @@ impl Provider for AnthropicProvider {
             if let Some(e) = &self.unset {
                 return Err(ProviderError::NotConfigured(e.clone()));
             }
-            super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await
+            super::probe_models(self.clients.get(false), &url, self.headers.clone(), self.key.as_ref()).await
         })
     }
 }
@@ -339,6 +343,7 @@ mod tests {
             max_tokens: 64,
             temperature: Some(0.25),
             tool_choice: Some("t"),
+            scheduled: false,
         });
         assert_eq!(body["tool_choice"], json!({"type": "tool", "name": "t"}));
         assert_eq!(body["system"], "s");
@@ -352,6 +357,7 @@ mod tests {
             max_tokens: 1,
             temperature: None,
             tool_choice: None,
+            scheduled: false,
         });
         assert!(body.get("system").is_none() && body.get("tools").is_none() && body.get("temperature").is_none());
     }

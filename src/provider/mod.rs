@@ -16,8 +16,10 @@
 
 pub mod anthropic;
 pub mod chain;
+mod clients;
 pub mod openai;
 pub mod retry;
+mod stream;
 pub mod transcribe;
 
 use std::sync::Arc;
@@ -183,6 +185,9 @@ pub struct ChatRequest<'a> {
     pub temperature: Option<f32>,
     /// Force a call of this tool (it must be in `tools`); `None` lets the model choose.
     pub tool_choice: Option<&'a str>,
+    /// Nobody is waiting on the answer (a job, the heartbeat, a sub-agent):
+    /// the provider's `job_timeout` applies instead of its `timeout`.
+    pub scheduled: bool,
 }
 
 /// Token counts of one model call (or a sum of them).

@@ -7,7 +7,9 @@
 //! string, a tool call without an `id` — so the response types here are
 //! deliberately loose: every field has a default, `null` means "absent", and
 //! anything odd but readable is normalised instead of rejected. Only a 2xx
-//! answer with no `choices[0]` at all is an error.
+//! answer with no `choices[0]` at all is an error. An answer streamed as
+//! server-sent events although none was asked for is read by
+//! [`super::stream`], which refuses one that stopped half-way.
 //!
 //! Requests, on the other hand, are strict OpenAI: `content: null` is sent on an
 //! assistant message that only carries tool calls (OpenAI wants the key), and
@@ -27,7 +29,8 @@ use crate::config::{ProviderConfig, Secret};
 /// A client for one OpenAI-compatible endpoint.
 #[derive(Debug)]
 pub struct OpenAiProvider {
-    client: reqwest::Client,
+    /// One per limit: `timeout`, `job_timeout` ([`super::clients`]).
+    clients: super::clients::Clients,
     /// `{base_url}/chat/completions`.
     url: String,
     headers: HeaderMap,
@@ -53,7 +56,7 @@ impl OpenAiProvider {
             None => Vec::new(),
         };
         Ok(OpenAiProvider {
-            client: super::http_client(cfg.timeout.get())?,
+            clients: super::clients::Clients::new(cfg)?,
             url: format!("{}/chat/completions", cfg.base_url().trim_end_matches('/')),
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
@@ -78,7 +81,14 @@ impl Provider for OpenAiProvider {
                 return Err(ProviderError::NotConfigured(e.clone()));
             }
             let body = request_body(&req);
-            let bytes = post_json(&self.client, &self.url, self.headers.clone(), &body, self.key.as_ref()).await?;
+            let client = self.clients.get(req.scheduled);
+            let bytes = post_json(client, &self.url, self.headers.clone(), &body, self.key.as_ref())
+                .await
+                .map_err(|e| self.clients.explain(e, req.scheduled))?;
+            // A server that streams although not asked to: put together, and refused when cut.
+            if super::stream::is_event_stream(&bytes) {
+                return super::stream::parse(&bytes, &self.url);
+            }
             parse_response(&bytes)
         })
     }
@@ -90,7 +100,7 @@ impl Provider for OpenAiProvider {
             if let Some(e) = &self.unset {
                 return Err(ProviderError::NotConfigured(e.clone()));
             }
-            super::probe_models(&self.client, &url, self.headers.clone(), self.key.as_ref()).await
+            super::probe_models(self.clients.get(false), &url, self.headers.clone(), self.key.as_ref()).await
         })
     }
 }
@@ -323,7 +333,15 @@ mod tests {
     use crate::provider::{ToolCall, ToolSpec};
 
     fn req<'a>(messages: &'a [Message], tools: &'a [ToolSpec]) -> ChatRequest<'a> {
-        ChatRequest { model: "m", messages, tools, max_tokens: 100, temperature: None, tool_choice: None }
+        ChatRequest {
+            model: "m",
+            messages,
+            tools,
+            max_tokens: 100,
+            temperature: None,
+            tool_choice: None,
+            scheduled: false,
+        }
     }
 
     #[test]

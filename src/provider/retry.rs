@@ -218,6 +218,7 @@ mod tests {
             max_tokens: 10,
             temperature: None,
             tool_choice: None,
+            scheduled: false,
         })
         .await
     }

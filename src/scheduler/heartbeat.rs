@@ -6,8 +6,10 @@
 //!   are not blank, not headings, not HTML comments and not empty checkboxes.
 //!   With none, the tick ends **without any LLM call** — a template or a
 //!   comment-only file costs nothing.
-//! - The agent answers `HEARTBEAT_OK` when there is nothing to report; that
-//!   reply is not delivered (no "All clear." spam).
+//! - The agent decides with a tool call, `report(text)` or
+//!   `nothing_to_report()` (offered in that turn only); a plain reply of
+//!   `HEARTBEAT_OK` still means nothing to report. Nothing is delivered
+//!   then (no "All clear." spam).
 //! - Quiet hours skip the tick entirely.
 //! - The interval is anchored on the last run, persisted in the state
 //!   directory: a daemon restarted every 20 minutes still runs a 30-minute
@@ -98,8 +100,9 @@ pub fn decide(file: Option<&str>, quiet: Option<QuietHours>, local: &jiff::Zoned
 pub fn prompt(tasks: &[String], local: &jiff::Zoned) -> String {
     format!(
         "Heartbeat at {} ({}). These are the periodic tasks from HEARTBEAT.md:\n\n{}\n\n\
-         Do them now with your tools. Then reply with only what the user needs to know. \
-         If there is nothing worth reporting, reply with exactly {HEARTBEAT_OK} and nothing else.",
+         Do them now with your tools. Then finish by calling `report` with only what the user needs to \
+         know, or `nothing_to_report` if there is nothing worth reporting. (Without those tools: reply \
+         with the report, or with exactly {HEARTBEAT_OK} and nothing else.)",
         local.strftime("%Y-%m-%d %H:%M"),
         local.time_zone().iana_name().unwrap_or("local time"),
         tasks.join("\n"),

@@ -1,6 +1,7 @@
 //! The heartbeat's runtime: every `[heartbeat] every`, read `HEARTBEAT.md`,
 //! and when it lists active tasks (outside quiet hours) run one agent turn on
-//! them; a reply other than `HEARTBEAT_OK` is a report. What the file means is
+//! them; the turn decides by calling `report(text)` or `nothing_to_report()`
+//! ([`Agent::decide`]), and a text reply other than `HEARTBEAT_OK` is a report. What the file means is
 //! decided in [`crate::scheduler::heartbeat`]; this is the part that runs it.
 
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{Agent, TurnRequest};
+use crate::agent::{Agent, TurnEnd, TurnRequest};
 use crate::bus::{Conversation, Target};
 use crate::config::{HeartbeatConfig, TzName};
 use crate::delivery::Reports;
@@ -88,9 +89,12 @@ impl Heartbeat {
             attachments: Vec::new(),
             principal: crate::bus::Principal::Owner,
         };
-        let (status, outcome) = match agent.turn(req).await {
+        // The decision is a call of `report` or `nothing_to_report`; a text answer still counts (`HEARTBEAT_OK`).
+        let (status, outcome) = match agent.decide(req, heartbeat::HEARTBEAT_OK).await {
             Err(crate::agent::TurnError::Cancelled) => return HeartbeatOutcome::Cancelled,
-            Ok(r) if heartbeat::is_ok_reply(&r.text) => ("ok", HeartbeatOutcome::NothingToReport),
+            Ok(r) if r.end == TurnEnd::NothingToReport || heartbeat::is_ok_reply(&r.text) => {
+                ("ok", HeartbeatOutcome::NothingToReport)
+            }
             Ok(r) => ("reported", HeartbeatOutcome::Reported { text: r.text, targets: self.config.deliver.clone() }),
             Err(e) => ("error", HeartbeatOutcome::Failed(format!("The heartbeat could not run: {e}"))),
         };

@@ -30,6 +30,7 @@ fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConf
         api_key: key.map(Secret::new),
         api_key_env: None,
         timeout: Dur(Duration::from_secs(10)),
+        job_timeout: Dur(Duration::from_secs(10)),
         max_retries: 3,
         extra_headers: BTreeMap::new(),
     }
@@ -59,8 +60,16 @@ fn exec_tool() -> ToolSpec {
 }
 
 async fn chat(p: &impl Provider, messages: &[Message], tools: &[ToolSpec]) -> Result<ChatResponse, ProviderError> {
-    p.chat(ChatRequest { model: "test-model", messages, tools, max_tokens: 256, temperature: None, tool_choice: None })
-        .await
+    p.chat(ChatRequest {
+        model: "test-model",
+        messages,
+        tools,
+        max_tokens: 256,
+        temperature: None,
+        tool_choice: None,
+        scheduled: false,
+    })
+    .await
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -88,6 +97,7 @@ async fn openai_text_answer_and_request_format() {
             max_tokens: 99,
             temperature: Some(0.5),
             tool_choice: None,
+            scheduled: false,
         })
         .await
         .unwrap();
@@ -621,8 +631,16 @@ fn two(primary_url: &str, lan: &FakeLlm, cooldown: Duration) -> Chain {
 
 async fn ask(p: &Chain, model: &str) -> Result<ChatResponse, ProviderError> {
     let msgs = [Message::user("the 07:00 briefing")];
-    p.chat(ChatRequest { model, messages: &msgs, tools: &[], max_tokens: 64, temperature: None, tool_choice: None })
-        .await
+    p.chat(ChatRequest {
+        model,
+        messages: &msgs,
+        tools: &[],
+        max_tokens: 64,
+        temperature: None,
+        tool_choice: None,
+        scheduled: false,
+    })
+    .await
 }
 
 #[tokio::test]

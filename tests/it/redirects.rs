@@ -70,6 +70,7 @@ fn provider_config(kind: ProviderKind, base_url: &str) -> ProviderConfig {
         api_key: Some(Secret::new(KEY)),
         api_key_env: Some("BRAMBLE_TEST_NO_SUCH_KEY_e41b".into()),
         timeout: Dur(Duration::from_secs(10)),
+        job_timeout: Dur(Duration::from_secs(10)),
         max_retries: 0,
         extra_headers: BTreeMap::new(),
     }
@@ -84,6 +85,7 @@ async fn chat(p: &dyn Provider) -> String {
         max_tokens: 16,
         temperature: None,
         tool_choice: None,
+        scheduled: false,
     };
     p.chat(req).await.expect_err("a redirect is not an answer").to_string()
 }
