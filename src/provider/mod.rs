@@ -19,6 +19,7 @@ pub mod chain;
 pub mod openai;
 pub mod retry;
 pub mod transcribe;
+pub mod window;
 
 use std::sync::Arc;
 

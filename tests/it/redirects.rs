@@ -72,6 +72,7 @@ fn provider_config(kind: ProviderKind, base_url: &str) -> ProviderConfig {
         timeout: Dur(Duration::from_secs(10)),
         max_retries: 0,
         extra_headers: BTreeMap::new(),
+        context_window: None,
     }
 }
 
