@@ -392,6 +392,74 @@ mod tests {
         assert!(!p.contains("uuu"), "total budget used up before USER.md");
     }
 
+    /// A prompt: system, `turns` history turns (a question, a tool call, its
+    /// result of `result_chars`, an answer), the runtime context and the text.
+    fn prompt_with(turns: usize, result_chars: usize) -> Vec<Message> {
+        let mut msgs = vec![Message::system("s".repeat(400))];
+        for i in 0..turns {
+            msgs.push(Message::user(format!("question {i}")));
+            let call = crate::provider::ToolCall::new(format!("c{i}"), "exec", "{}");
+            msgs.push(Message::assistant_tool_calls(None, vec![call]));
+            msgs.push(Message::tool_result(format!("c{i}"), "exec", "r".repeat(result_chars)));
+            msgs.push(Message::assistant(format!("answer {i}")));
+        }
+        msgs.push(Message::user("[Runtime context]"));
+        msgs.push(Message::user("now"));
+        msgs
+    }
+
+    #[test]
+    fn fitting_drops_the_oldest_turns_whole() {
+        let msgs = prompt_with(6, 2000);
+        let before = crate::agent::memory::estimate_tokens(&msgs);
+        assert!(before > 3000, "{before}");
+        let fitted = fit_to(msgs.clone(), 200, 1800);
+        assert!(crate::agent::memory::estimate_tokens(&fitted) + 200 <= 1800);
+        assert_eq!(fitted[0].text_content(), "s".repeat(400), "the system prompt stays");
+        assert_eq!(fitted[fitted.len() - 1].text_content(), "now");
+        assert_eq!(fitted[fitted.len() - 2].text_content(), "[Runtime context]");
+        // The history left starts at a user message and is the newest turns, each whole.
+        assert_eq!(fitted[1].role, Role::User);
+        assert_eq!(fitted[1].text_content(), "question 4");
+        assert_eq!((fitted.len() - 3) % 4, 0, "{}", fitted.len());
+        for (i, m) in fitted.iter().enumerate() {
+            if m.role == Role::Tool {
+                assert!(!fitted[i - 1].tool_calls.is_empty(), "a result without its call at {i}");
+            }
+        }
+        // Enough room: nothing changes; no room at all: the history goes, nothing else.
+        assert_eq!(fit_to(msgs.clone(), 0, 1_000_000).len(), msgs.len());
+        assert_eq!(fit_to(msgs.clone(), 0, 10).len(), 3);
+        // An unknown window changes nothing.
+        let ws = tempfile::tempdir().unwrap();
+        assert_eq!(builder(ws.path(), 1000, 1000).fit(msgs.clone(), 0).len(), msgs.len());
+        let small = builder(ws.path(), 1000, 1000).with_window(Arc::new(WindowProbe::fixed(Some(2400), None)));
+        assert_eq!(small.prompt_budget(), Some(1800));
+        assert_eq!(small.fit(msgs, 200).len(), fitted.len());
+    }
+
+    #[test]
+    fn the_lean_prompt_is_short_and_its_files_are_trimmed() {
+        let ws = tempfile::tempdir().unwrap();
+        std::fs::write(ws.path().join("AGENTS.md"), "a".repeat(5000)).unwrap();
+        std::fs::write(ws.path().join("SOUL.md"), "s".repeat(5000)).unwrap();
+        std::fs::create_dir_all(ws.path().join("skills/long")).unwrap();
+        let description = format!("{} end", "word ".repeat(40));
+        std::fs::write(ws.path().join("skills/long/SKILL.md"), format!("---\ndescription: {description}\n---\nbody\n"))
+            .unwrap();
+        let default = builder(ws.path(), 12_000, 40_000);
+        let lean = default.clone().with_window(Arc::new(WindowProbe::fixed(Some(4096), None)));
+        assert_eq!(lean.profile(), Profile::Lean);
+        let (d, l) = (default.system_prompt(&["exec"]), lean.system_prompt(&["exec"]));
+        assert!(d.contains(&"a".repeat(5000)) && d.contains(" end (skills/long/SKILL.md)"), "{d}");
+        assert!(l.contains(&"a".repeat(LEAN_FILE_CHARS)) && !l.contains(&"a".repeat(LEAN_FILE_CHARS + 1)));
+        assert!(l.contains(&"s".repeat(LEAN_TOTAL_CHARS - LEAN_FILE_CHARS)));
+        assert!(!l.contains(&"s".repeat(LEAN_TOTAL_CHARS - LEAN_FILE_CHARS + 1)));
+        assert!(l.contains("…  (skills/long/SKILL.md)") || l.contains("… (skills/long/SKILL.md)"), "{l}");
+        assert!(l.chars().count() < 2 * LEAN_TOTAL_CHARS, "{}", l.chars().count());
+        assert!(l.contains("Workspace: ") && l.contains("Time zone: Europe/Berlin"), "{l}");
+    }
+
     #[test]
     fn runtime_context_is_a_separate_metadata_message() {
         let ws = tempfile::tempdir().unwrap();

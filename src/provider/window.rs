@@ -215,13 +215,21 @@ pub async fn ask_server(base_url: &str, model: &str) -> Option<Window> {
     let props = format!("{root}/props");
     match async { read_json(client.get(&props).send().await?).await }.await.and_then(|v| from_llamacpp_props(&v)) {
         Ok(tokens) => return Some(Window { tokens, source: WindowSource::Server(props) }),
+        // Down or silent: the second question would wait as long again.
+        Err(AskError::Http(e)) if e.is_connect() || e.is_timeout() => {
+            tracing::debug!("{props}: no context window: {e}");
+            return None;
+        }
+        Err(e @ (AskError::Unbelievable(_) | AskError::TooLong)) => {
+            tracing::warn!("{props}: its context window is ignored: {e}")
+        }
         Err(e) => tracing::debug!("{props}: no context window: {e}"),
     }
     let show = format!("{root}/api/show");
     let ask = async { read_json(client.post(&show).json(&serde_json::json!({ "model": model })).send().await?).await };
     match ask.await.and_then(|v| from_ollama_show(&v)) {
         Ok(tokens) => Some(Window { tokens, source: WindowSource::Server(show) }),
-        Err(e @ (AskError::Unbelievable(_) | AskError::TooLong | AskError::NotJson(_))) => {
+        Err(e @ (AskError::Unbelievable(_) | AskError::TooLong)) => {
             tracing::warn!("{show}: its context window is ignored: {e}");
             None
         }

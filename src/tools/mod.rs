@@ -835,6 +835,78 @@ mod tests {
         );
     }
 
+    struct Wordy(&'static str);
+    impl Tool for Wordy {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn description(&self) -> &str {
+            "Does the thing. Then explains at length how, why, and when it does it."
+        }
+        fn parameters(&self) -> Value {
+            json!({"type": "object", "description": "top", "properties": {
+                "path": {"type": "string", "description": "A long explanation", "default": "x"},
+                "mode": {"type": "string", "enum": ["a", "b"], "title": "Mode"},
+                "list": {"type": "array", "items": {"type": "string", "description": "each"}}
+            }, "required": ["path"]})
+        }
+        fn execute<'a>(&'a self, _: Value, _: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+            Box::pin(async { Ok("o".repeat(50_000)) })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_lean_profile_offers_what_the_task_needs_in_few_words() {
+        use crate::config::Profile;
+        use crate::provider::window::WindowProbe;
+        let names =
+            ["read_file", "write_file", "edit_file", "list_dir", "exec", "web_fetch", "cron", "spawn", "ha_get_state"];
+        let mut r = ToolRegistry::new(16_000);
+        for n in names {
+            r.register(Arc::new(Wordy(n)));
+        }
+        let default = r.without(&[]).with_window(Arc::new(WindowProbe::fixed(Some(131_072), None)));
+        assert_eq!(default.profile(), Profile::Default);
+        assert_eq!(default.specs_for(policy::Source::Terminal).len(), names.len());
+        let lean = r.with_window(Arc::new(WindowProbe::fixed(Some(4096), None)));
+        assert_eq!(lean.profile(), Profile::Lean);
+        let offered = |s: policy::Source| lean.names_for(s);
+        assert_eq!(
+            offered(policy::Source::Terminal),
+            ["read_file", "write_file", "exec", "web_fetch", "cron", "ha_get_state"]
+        );
+        assert_eq!(offered(policy::Source::Job), ["read_file", "write_file", "exec", "web_fetch", "ha_get_state"]);
+        assert_eq!(offered(policy::Source::Heartbeat), ["read_file", "exec", "ha_get_state"]);
+        // The policy still applies on top: no exec for a trigger.
+        assert_eq!(offered(policy::Source::Trigger), ["read_file", "ha_get_state"]);
+        let spec = &lean.specs_for(policy::Source::Terminal)[0];
+        assert_eq!(spec.description, "Does the thing.");
+        assert_eq!(
+            spec.parameters,
+            json!({"type": "object", "properties": {
+                "path": {"type": "string"}, "mode": {"type": "string", "enum": ["a", "b"]},
+                "list": {"type": "array", "items": {"type": "string"}}
+            }, "required": ["path"]})
+        );
+        // Not offered is not forbidden: a call the policy grants still runs.
+        let out = lean.execute(&ToolCall::new("1", "spawn", "{}"), &ToolContext::detached("t")).await;
+        assert!(!out.is_error, "{}", out.text);
+        // A result is cut to a quarter of the window's characters, with a marker.
+        assert!(out.text.chars().count() <= 4096 && out.text.contains("characters truncated"), "{}", out.text.len());
+        let big = default.execute(&ToolCall::new("1", "spawn", "{}"), &ToolContext::detached("t")).await;
+        assert!(big.text.chars().count() > 15_000 && big.text.chars().count() <= 16_000);
+    }
+
+    #[test]
+    fn first_sentences_are_short() {
+        assert_eq!(first_sentence("One. Two."), "One.");
+        assert_eq!(first_sentence("No stop here"), "No stop here");
+        assert_eq!(first_sentence("Version 2.5 is fine. More."), "Version 2.5 is fine.");
+        let long = first_sentence(&"é".repeat(500));
+        assert_eq!(long.chars().count(), BRIEF_CHARS);
+        assert!(long.ends_with('…'));
+    }
+
     #[tokio::test]
     async fn unknown_tool_lists_the_known_ones() {
         let out = call("rm_rf", "{}").await;

@@ -17,6 +17,7 @@ mod daemon;
 mod docs;
 mod firstrun;
 mod homeassistant;
+mod lean;
 mod mcp;
 mod mcp_conformance;
 mod mcp_stream;
