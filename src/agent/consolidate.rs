@@ -126,6 +126,15 @@ impl Agent {
         memory::estimate_tokens(&[Message::system(self.system_prompt().await)]) + self.spec_tokens()
     }
 
+    /// Estimated tokens of the part of a terminal turn's prompt that every
+    /// turn carries: the system prompt and the tool specs, as the profile
+    /// writes them. Blocking (it reads the workspace): for `check` and `doctor`.
+    pub fn fixed_prompt_tokens(&self) -> usize {
+        let names = self.tools.names_for(Source::Terminal);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        memory::estimate_tokens(&[Message::system(self.context.system_prompt(&names))]) + self.spec_tokens()
+    }
+
     /// Summarise the part of the session before the boundary `keep` picks and
     /// replace it by a checkpoint (no checkpoint for [`Keep::Nothing`]). A
     /// session whose `source` may not write memory is archived verbatim

@@ -89,6 +89,11 @@ impl ContextBuilder {
         }
     }
 
+    /// The window as known now, and where the figure came from.
+    pub fn window(&self) -> Option<crate::provider::window::Window> {
+        self.window.as_ref().and_then(|w| w.current())
+    }
+
     /// The window as known now, in tokens.
     pub fn window_tokens(&self) -> Option<usize> {
         self.window.as_ref().and_then(|w| w.current()).map(|w| w.tokens as usize)

@@ -127,3 +127,30 @@ async fn a_window_the_server_lies_about_is_ignored_with_a_log_line() {
         assert_eq!(stderr.contains("/props: its context window is ignored"), logged, "{stderr}");
     }
 }
+
+#[tokio::test]
+async fn check_and_doctor_warn_when_the_fixed_part_takes_over_half_the_window() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "profile = \"default\"", "context_window = 2048", "");
+    let cfg = home.config.to_str().unwrap().to_string();
+    let check = text(&bramble(home.path(), &["--config", &cfg, "check"], None).await.stdout);
+    let warning = check.lines().find(|l| l.contains("the system prompt and tool specs take")).unwrap_or_default();
+    assert!(
+        warning.starts_with("warning: ")
+            && warning.contains("of the model's 2048 tokens ([provider] context_window; profile default)")
+            && warning.contains("more than half")
+            && warning.contains("profile = \"lean\""),
+        "{check}"
+    );
+    let doctor = text(&bramble(home.path(), &["--config", &cfg, "doctor"], None).await.stdout);
+    let line = doctor.lines().find(|l| l.contains("context")).unwrap_or_default();
+    assert!(line.starts_with("warning") && line.contains("more than half"), "{doctor}");
+    // The lean profile fits the same window: no warning, and doctor says what it found.
+    let lean = std::fs::read_to_string(&home.config).unwrap().replace("profile = \"default\"", "profile = \"lean\"");
+    std::fs::write(&home.config, lean).unwrap();
+    let check = text(&bramble(home.path(), &["--config", &cfg, "check"], None).await.stdout);
+    assert!(!check.contains("tool specs take"), "{check}");
+    let doctor = text(&bramble(home.path(), &["--config", &cfg, "doctor"], None).await.stdout);
+    let line = doctor.lines().find(|l| l.contains("context")).unwrap_or_default();
+    assert!(line.starts_with("ok") && line.contains("profile lean"), "{doctor}");
+}
