@@ -68,10 +68,16 @@ async fn the_lean_first_prompt_is_smaller_than_the_default_and_within_its_budget
 /// A provider that is llama.cpp's server: `GET /props` says `props`, the chat
 /// endpoint answers "ok" (OpenAI's chat-completion object); chat bodies recorded.
 async fn llama_server(props: Response) -> (TestServer, Arc<Mutex<Vec<Value>>>) {
+    server_with(move |req| (req.path_only() == "/props").then(|| props.clone())).await
+}
+
+/// An OpenAI-compatible server whose other routes `extra` answers (404 where it says nothing).
+async fn server_with(
+    extra: impl Fn(&crate::support::http::Request) -> Option<Response> + Send + Sync + 'static,
+) -> (TestServer, Arc<Mutex<Vec<Value>>>) {
     let chats = Arc::new(Mutex::new(Vec::new()));
     let seen = chats.clone();
     let server = TestServer::start(move |req| match req.path_only() {
-        "/props" => props.clone(),
         "/v1/chat/completions" => {
             seen.lock().unwrap().push(req.json().unwrap_or(Value::Null));
             Response::json(
@@ -81,14 +87,17 @@ async fn llama_server(props: Response) -> (TestServer, Arc<Mutex<Vec<Value>>>) {
                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}),
             )
         }
-        _ => Response::new(404),
+        _ => extra(&req).unwrap_or(Response::new(404)),
     })
     .await;
     (server, chats)
 }
 
 async fn turn_against(props: Response) -> (Value, String) {
-    let (server, chats) = llama_server(props).await;
+    turn_on(llama_server(props).await).await
+}
+
+async fn turn_on((server, chats): (TestServer, Arc<Mutex<Vec<Value>>>)) -> (Value, String) {
     let home = TestHome::new("openai", &format!("{}/v1", server.url()), "", "", "");
     let cfg = home.config.to_str().unwrap().to_string();
     let out = bramble(home.path(), &["--config", &cfg, "agent", "-m", "hi"], None).await;
@@ -153,4 +162,38 @@ async fn check_and_doctor_warn_when_the_fixed_part_takes_over_half_the_window() 
     let doctor = text(&bramble(home.path(), &["--config", &cfg, "doctor"], None).await.stdout);
     let line = doctor.lines().find(|l| l.contains("context")).unwrap_or_default();
     assert!(line.starts_with("ok") && line.contains("profile lean"), "{doctor}");
+}
+
+#[tokio::test]
+async fn ollamas_show_answer_gives_the_window_and_a_redirect_is_not_followed() {
+    // Ollama's `POST /api/show` (docs/api.md): `parameters` as Modelfile lines, `model_info` from the GGUF.
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    let ollama = server_with(move |req| {
+        (req.path_only() == "/api/show").then(|| {
+            seen.lock().unwrap().push((req.method.clone(), req.json().unwrap_or(Value::Null)));
+            Response::json(
+                200,
+                &json!({"parameters": "stop \"<|im_end|>\"\nnum_ctx                        2048",
+                        "model_info": {"general.architecture": "qwen2", "qwen2.context_length": 32768}}),
+            )
+        })
+    })
+    .await;
+    let (first, _) = turn_on(ollama).await;
+    assert_eq!(*asked.lock().unwrap(), [("POST".to_string(), json!({"model": "test-model"}))]);
+    assert!(tool_names(&first).len() <= 5, "a 2048-token window is lean: {:?}", tool_names(&first));
+
+    // A `/props` that redirects elsewhere: not followed (the other server hears nothing), the default profile.
+    let elsewhere_hits = Arc::new(Mutex::new(0));
+    let hits = elsewhere_hits.clone();
+    let elsewhere = TestServer::start(move |_| {
+        *hits.lock().unwrap() += 1;
+        Response::json(200, &json!({"default_generation_settings": {"n_ctx": 1024}}))
+    })
+    .await;
+    let to = format!("{}/props", elsewhere.url());
+    let (first, _) = turn_against(Response::new(302).header("location", to)).await;
+    assert_eq!(*elsewhere_hits.lock().unwrap(), 0);
+    assert!(tool_names(&first).contains(&"spawn".to_string()), "{:?}", tool_names(&first));
 }
