@@ -2,8 +2,12 @@
 first call of a turn asks for the `exec` tool (`true`), the call after the
 tool result answers in text. Stateless: it looks at the request's messages
 after the last user message. Streams (server-sent events) when asked to,
-as nanobot does."""
-import http.server, json, sys
+as nanobot does. With FAKE_LLM_RECORD=<file>, each request is appended to
+that file as one line, {"path", "chars" (characters of the body as sent),
+"body"} (the first-prompt-size measurement reads it)."""
+import http.server, json, os, sys
+
+RECORD = os.environ.get("FAKE_LLM_RECORD")
 
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -16,7 +20,13 @@ class H(http.server.BaseHTTPRequestHandler):
         self.reply(body)
     def do_POST(self):
         n = int(self.headers.get("content-length", 0))
-        req = json.loads(self.rfile.read(n) or b"{}")
+        raw = self.rfile.read(n)
+        if RECORD:
+            text = raw.decode("utf-8", "replace")
+            line = {"path": self.path, "chars": len(text), "body": json.loads(raw or b"{}")}
+            with open(RECORD, "ab") as f:
+                f.write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+        req = json.loads(raw or b"{}")
         msgs = req.get("messages", [])
         last_user = max((i for i, m in enumerate(msgs) if m.get("role") == "user"), default=-1)
         if any(m.get("role") == "tool" for m in msgs[last_user + 1:]):

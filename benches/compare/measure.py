@@ -9,9 +9,15 @@ nanobot-ai 0.3.5 and passes the paths. Figures:
 2. the idle daemon (`bramble run` / `nanobot gateway`, no channels, heartbeat
    off): RSS and anonymous memory 30 s after start (bramble releases its
    start-up pages at 20 s), and wake-ups per minute as the context switches
-   of all its threads over the idle window.
+   of all its threads over the idle window;
+3. the first prompt (issue 43): the FIRST request body of the same turn as a
+   second fake (fake_llm.py with FAKE_LLM_RECORD) received it, in tokens
+   estimated as characters / 4 (no tokenizer: the same estimate for all),
+   with its tool count and the bytes of its tool schemas; bramble with the
+   default and the lean profile, and nanobot.
 
-Prints a Markdown table with the ratios (nanobot / bramble).
+Prints Markdown tables with the ratios (nanobot / bramble). COMPARE_ONLY=prompt
+measures the first prompt only (seconds instead of minutes).
 """
 import json, os, signal, statistics, subprocess, sys, tempfile, time
 
@@ -71,15 +77,49 @@ def idle(argv, env, settle, window):
         except subprocess.TimeoutExpired:
             p.kill()
 
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+def first_prompt(argv, env, record):
+    """The first chat request of one turn: (tokens, tools, schema bytes)."""
+    open(record, "w").close()
+    run_once(argv, env)
+    for line in open(record):
+        r = json.loads(line)
+        if "messages" in r["body"]:
+            tools = r["body"].get("tools") or []
+            schema = len(json.dumps(tools, ensure_ascii=False, separators=(",", ":")).encode())
+            return r["chars"] // 4, len(tools), schema
+    sys.exit(f"{argv}: no chat request recorded")
+
+def prompts(runs, record, port):
+    """First-prompt figures, against a recording fake of its own on `port`."""
+    fake = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "fake_llm.py"), str(port)],
+                            env=dict(os.environ, FAKE_LLM_RECORD=record))
+    try:
+        time.sleep(0.5)
+        return [(name, first_prompt(argv, env, record)) for name, argv, env in runs]
+    finally:
+        fake.terminate()
+        fake.wait()
+
+def bramble_config(path, tmp, base, profile=""):
+    with open(path, "w") as f:
+        f.write(f'[agent]\nmodel = "m"\nworkspace = "{tmp}/bws"\n{profile}\n[provider]\nbase_url = "{base}"\napi_key = "k"\n'
+                f'max_retries = 0\n[heartbeat]\nenabled = false\n[daemon]\nstate_dir = "{tmp}/bstate"\nlog_level = "warn"\n')
+
 def main():
     bramble, nanobot, fake_port, n, window = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     base = f"http://127.0.0.1:{fake_port}/v1"
     tmp = tempfile.mkdtemp(prefix="compare-")
     # bramble
     bconf = os.path.join(tmp, "bramble.toml")
-    with open(bconf, "w") as f:
-        f.write(f'[agent]\nmodel = "m"\nworkspace = "{tmp}/bws"\n[provider]\nbase_url = "{base}"\napi_key = "k"\n'
-                f'max_retries = 0\n[heartbeat]\nenabled = false\n[daemon]\nstate_dir = "{tmp}/bstate"\nlog_level = "warn"\n')
+    bramble_config(bconf, tmp, base)
     benv = dict(os.environ, HOME=tmp, RUST_LOG="warn")
     subprocess.run([bramble, "--config", bconf, "init"], env=benv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # nanobot
@@ -90,6 +130,33 @@ def main():
                    "providers": {"custom": {"apiKey": "k", "apiBase": base}},
                    "gateway": {"heartbeat": {"enabled": False}}}, f)
     nenv = dict(os.environ, HOME=nhome)
+    # The first prompt, against a recording fake of its own (the timed runs are not slowed by the recording).
+    pport = free_port()
+    pbase = f"http://127.0.0.1:{pport}/v1"
+    pconf, lconf = os.path.join(tmp, "prompt.toml"), os.path.join(tmp, "lean.toml")
+    bramble_config(pconf, tmp, pbase)
+    bramble_config(lconf, tmp, pbase, 'profile = "lean"')
+    pnhome = os.path.join(tmp, "pnhome")
+    os.makedirs(os.path.join(pnhome, ".nanobot"))
+    with open(os.path.join(nhome, ".nanobot", "config.json")) as f:
+        ncfg = json.load(f)
+    ncfg["providers"]["custom"]["apiBase"] = pbase
+    ncfg["agents"]["defaults"]["workspace"] = f"{pnhome}/ws"
+    with open(os.path.join(pnhome, ".nanobot", "config.json"), "w") as f:
+        json.dump(ncfg, f)
+    record = os.path.join(tmp, "requests.jsonl")
+    runs = [("bramble, default profile", [bramble, "--config", pconf, "agent", "-m", "run true", "-s", "p1"], benv),
+            ("bramble, lean profile", [bramble, "--config", lconf, "agent", "-m", "run true", "-s", "p2"], benv)]
+    if nanobot != "-":
+        runs.append(("nanobot 0.3.5", [nanobot, "agent", "-m", "run true", "-s", "p3"], dict(os.environ, HOME=pnhome)))
+    figures = prompts(runs, record, pport)
+    print("| first request of a CLI turn with one exec call | tokens (characters / 4) | tools | bytes of tool schemas |")
+    print("|---|---|---|---|")
+    for name, (tokens, tools, schema) in figures:
+        print(f"| {name} | {tokens:,} | {tools} | {schema:,} |")
+    print()
+    if os.environ.get("COMPARE_ONLY") == "prompt" or nanobot == "-":
+        return
     b_turn = turns([bramble, "--config", bconf, "agent", "-m", "run true", "-s"], benv, n)
     n_turn = turns([nanobot, "agent", "-m", "run true", "-s"], nenv, n)
     b_idle = idle([bramble, "--config", bconf, "run"], benv, 30, window)

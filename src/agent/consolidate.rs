@@ -10,6 +10,10 @@
 //! ([`memory::mark_source`]). Any other session is archived verbatim in the
 //! history journal (its entry carries the source too): nothing is lost,
 //! nothing reaches a prompt it did not come from, and no model is asked.
+//!
+//! With a known context window ([`crate::provider::window`]), consolidation
+//! starts before the prompt overflows it: the threshold is the smaller of
+//! `context_tokens` and the window's prompt budget (three quarters of it).
 
 use super::react::LoopStats;
 use super::sessions::SessionLock;
@@ -64,13 +68,33 @@ impl std::fmt::Display for Consolidation {
 }
 
 impl Agent {
-    /// Whether the prompt passes `[agent] context_tokens`, or the session has
-    /// more messages than the history window holds (they would drop out of the
-    /// prompt without being remembered).
+    /// Estimated tokens above which a session is consolidated:
+    /// `[agent] context_tokens`, or less when the context window is smaller.
+    pub(super) fn consolidation_threshold(&self) -> usize {
+        let budget = self.context.prompt_budget().unwrap_or(usize::MAX);
+        self.settings.context_tokens.min(budget)
+    }
+
+    /// Estimated tokens of the tool specs a prompt carries: those of a chat
+    /// from the terminal (the largest set), as the profile writes them.
+    fn spec_tokens(&self) -> usize {
+        memory::estimate_spec_tokens(&self.tools.specs_for(Source::Terminal))
+    }
+
+    /// A turn's first messages fitted to the context window with the specs
+    /// it is offered ([`super::context::ContextBuilder::fit`]).
+    pub(super) fn fit_to_window(&self, req: &super::TurnRequest, messages: Vec<Message>) -> Vec<Message> {
+        let specs = self.tools.specs_for(req.tool_context().grant());
+        self.context.fit(messages, memory::estimate_spec_tokens(&specs))
+    }
+
+    /// Whether the prompt passes [`Self::consolidation_threshold`], or the
+    /// session has more messages than the history window holds (they would
+    /// drop out of the prompt without being remembered).
     pub(super) fn needs_consolidation(&self, key: &str, prompt: &[Message]) -> bool {
         let count = self.sessions.load(key).map(|s| s.messages.len() + s.skipped).unwrap_or(0);
-        let estimate = memory::estimate_tokens(prompt) + memory::estimate_spec_tokens(&self.tools.specs());
-        count > self.settings.history_messages || estimate > self.settings.context_tokens
+        let estimate = memory::estimate_tokens(prompt) + self.spec_tokens();
+        count > self.settings.history_messages || estimate > self.consolidation_threshold()
     }
 
     /// Consolidate the older part of a session before a turn. Failures are
@@ -85,10 +109,10 @@ impl Agent {
         // What every prompt carries besides the history: system prompt, tools, runtime context, the new text.
         let fixed = prompt.first().map_or(0, |m| memory::estimate_tokens(std::slice::from_ref(m)))
             + prompt.iter().rev().take(2).map(|m| memory::estimate_tokens(std::slice::from_ref(m))).sum::<usize>()
-            + memory::estimate_spec_tokens(&self.tools.specs());
+            + self.spec_tokens();
         let keep = Keep::Recent {
             messages: (self.settings.history_messages / 2).max(1),
-            tokens: self.settings.context_tokens.saturating_sub(fixed) / 2,
+            tokens: self.consolidation_threshold().saturating_sub(fixed) / 2,
         };
         tracing::info!(session = %key, "consolidating the session's older part");
         match self.consolidate_locked(Some(provider), model, (key, source), keep).await {
@@ -99,8 +123,16 @@ impl Agent {
 
     /// Estimated tokens of what every prompt carries: the system prompt and the tool specs.
     pub(super) async fn base_prompt_tokens(&self) -> usize {
-        memory::estimate_tokens(&[Message::system(self.system_prompt().await)])
-            + memory::estimate_spec_tokens(&self.tools.specs())
+        memory::estimate_tokens(&[Message::system(self.system_prompt().await)]) + self.spec_tokens()
+    }
+
+    /// Estimated tokens of the part of a terminal turn's prompt that every
+    /// turn carries: the system prompt and the tool specs, as the profile
+    /// writes them. Blocking (it reads the workspace): for `check` and `doctor`.
+    pub fn fixed_prompt_tokens(&self) -> usize {
+        let names = self.tools.names_for(Source::Terminal);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        memory::estimate_tokens(&[Message::system(self.context.system_prompt(&names))]) + self.spec_tokens()
     }
 
     /// Summarise the part of the session before the boundary `keep` picks and

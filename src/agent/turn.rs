@@ -344,10 +344,13 @@ fn footer(setting: ModelFooter, route: &Route) -> Option<String> {
 impl Agent {
     /// The messages of a turn's first model call.
     async fn prompt(&self, req: &TurnRequest, text: &str) -> std::io::Result<Vec<Message>> {
+        // The window (and so the profile) first: asked of the server once per process.
+        self.context.resolve_window().await;
         // The system prompt lists the tools this turn is offered (`[policy.*]`).
         let system = self.system_prompt_with(self.tools.names_for(req.tool_context().grant())).await;
         let history = self.sessions.history(&req.conversation.session_key, self.settings.history_messages)?;
-        Ok(self.context.build(system, history, text, &req.conversation, jiff::Timestamp::now()))
+        let messages = self.context.build(system, history, text, &req.conversation, jiff::Timestamp::now());
+        Ok(self.fit_to_window(req, messages))
     }
 
     /// The system prompt, read from the workspace off the runtime thread: the

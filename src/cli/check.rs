@@ -40,6 +40,9 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
     for w in crate::channels::homeassistant::check_warnings(&loaded.config) {
         println!("warning: {w}");
     }
+    if let Some((true, line)) = context_line(&agent_for(&loaded)) {
+        println!("warning: {line}");
+    }
     let (skills, errors) = crate::agent::skills::load(&loaded.paths.workspace);
     for s in skills.iter().filter(|s| !s.available()) {
         println!("warning: skill {} is unavailable: missing {}", s.name, s.missing.join(", "));
@@ -51,6 +54,43 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// The agent as `bramble agent` builds it, for a look at its prompt (nothing is run or connected).
+pub(super) fn agent_for(loaded: &config::Loaded) -> crate::agent::Agent {
+    let (tx, _rx) = tokio::sync::mpsc::channel(1);
+    let sandbox = crate::daemon::assemble::sandbox(loaded);
+    crate::daemon::assemble::agent(loaded, crate::daemon::assemble::AgentLinks::outside_daemon(tx), &sandbox)
+}
+
+/// The context window against the part of every prompt that is fixed (the
+/// system prompt and the tool specs of a terminal turn, characters / 4):
+/// `(true, …)` when that part alone takes more than half of the window, so
+/// little is left for the history, the tool results and the answer. `None`
+/// when the window is unknown (`check` knows it from the config and the
+/// model's name; `doctor` asks the server first).
+pub(super) fn context_line(agent: &crate::agent::Agent) -> Option<(bool, String)> {
+    let window = agent.context().window()?;
+    let fixed = agent.fixed_prompt_tokens();
+    let profile = agent.context().profile();
+    let tokens = window.tokens as usize;
+    let what = format!(
+        "the system prompt and tool specs take ≈ {fixed} of the model's {tokens} tokens ({}; profile {})",
+        window.source,
+        profile.name()
+    );
+    if fixed * 2 <= tokens {
+        return Some((false, what));
+    }
+    let fix = match profile {
+        config::Profile::Default => {
+            "set [agent] profile = \"lean\", shorten AGENTS.md and SOUL.md, or serve the model with a larger window"
+        }
+        config::Profile::Lean => {
+            "shorten AGENTS.md, SOUL.md and MEMORY.md, drop MCP servers, or serve the model with a larger window"
+        }
+    };
+    Some((true, format!("{what}: more than half, little is left for the conversation; {fix}")))
 }
 
 /// Print an error on stderr. Under systemd (`ExecReload=bramble check

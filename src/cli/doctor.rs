@@ -152,6 +152,14 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
     let where_ = loaded.path.as_ref().map_or("none: all defaults".to_string(), |p| p.display().to_string());
     r.line(Level::Ok, "config", format!("{where_} is valid"));
     providers(&loaded, &mut r).await;
+    // The context window (asked of the server) against the fixed part of every prompt.
+    let agent = super::check::agent_for(&loaded);
+    agent.context().resolve_window().await;
+    match super::check::context_line(&agent) {
+        Some((true, line)) => r.line(Level::Warning, "context", line),
+        Some((false, line)) => r.line(Level::Ok, "context", line),
+        None => r.line(Level::Skip, "context", "the model's context window is unknown ([provider] context_window)"),
+    }
     telegram(&loaded, &mut r).await;
     match crate::channels::mqtt::probe(&loaded.config.mqtt, LIMIT).await {
         Ok(None) => r.line(Level::Skip, "mqtt", "not configured"),

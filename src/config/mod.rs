@@ -31,7 +31,7 @@ pub use channels::*;
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use mcp::{HttpKind, McpConfig, McpServer, McpTransport, StdioServer};
 pub use tools::*;
-pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
+pub use types::{Cidr, ContextWindow, Dur, HttpUrl, Profile, QuietHours, Secret, TzName};
 pub use warnings::{security_warnings, warnings};
 pub use webhook::{WebhookAction, WebhookAuth, WebhookConfig, WebhooksConfig};
 
@@ -320,6 +320,8 @@ pub struct AgentConfig {
     /// The model for turns that carry an image (`provider/model`), when the
     /// usual one cannot see; it falls back like any other.
     pub vision_model: Option<String>,
+    /// `lean` or `default` (unset: `lean` when the context window is at most 8192 tokens).
+    pub profile: Option<Profile>,
 }
 
 /// `[agent] model_footer`.
@@ -367,6 +369,7 @@ impl Default for AgentConfig {
             model_footer: ModelFooter::Fallback,
             vision: true,
             vision_model: None,
+            profile: None,
         }
     }
 }
@@ -436,6 +439,9 @@ pub struct ProviderConfig {
     pub max_retries: u32,
     /// Extra HTTP headers (OpenRouter's `HTTP-Referer`, a proxy's auth, …).
     pub extra_headers: BTreeMap<String, String>,
+    /// Tokens the model reads at most. Unset: asked of the server (Ollama,
+    /// llama.cpp), else known for common local models by name, else unknown.
+    pub context_window: Option<ContextWindow>,
 }
 
 impl Default for ProviderConfig {
@@ -452,6 +458,7 @@ impl Default for ProviderConfig {
             job_timeout: Dur::secs(600),
             max_retries: 3,
             extra_headers: BTreeMap::new(),
+            context_window: None,
         }
     }
 }

@@ -339,6 +339,74 @@ impl<'de> Deserialize<'de> for HttpUrl {
     }
 }
 
+/// `[provider] context_window`: how many tokens the model reads at most
+/// (prompt and answer together). A plain integer; below 512 no prompt fits
+/// and above 10 million no model exists, so both are refused as typos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ContextWindow(pub u32);
+
+impl ContextWindow {
+    /// The smallest and the largest window accepted, from the config or a server.
+    pub const MIN: u32 = 512;
+    pub const MAX: u32 = 10_000_000;
+
+    /// `tokens` if it is a believable window.
+    pub fn checked(tokens: u64) -> Option<ContextWindow> {
+        u32::try_from(tokens).ok().filter(|t| (Self::MIN..=Self::MAX).contains(t)).map(ContextWindow)
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for ContextWindow {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = i64::deserialize(d)
+            .map_err(|_: D::Error| serde::de::Error::custom("expected a number of tokens, like 8192 (no quotes)"))?;
+        u64::try_from(n).ok().and_then(ContextWindow::checked).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "`{n}` is not a context window: expected tokens between {} and {}, like 8192",
+                ContextWindow::MIN,
+                ContextWindow::MAX
+            ))
+        })
+    }
+}
+
+/// `[agent] profile`: how much the prompt carries. `lean` is for small local
+/// models: the fewest tools for the task, one-line descriptions, compact
+/// schemas, shorter bootstrap files. Unset: `lean` when the context window
+/// is at most [`Profile::LEAN_WINDOW`] tokens, else `default`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    #[default]
+    Default,
+    Lean,
+}
+
+impl Profile {
+    /// The window at or below which an unset profile is `lean`.
+    pub const LEAN_WINDOW: u32 = 8192;
+
+    /// The profile for `setting` (the config's) and a known `window`.
+    pub fn choose(setting: Option<Profile>, window: Option<u32>) -> Profile {
+        match (setting, window) {
+            (Some(p), _) => p,
+            (None, Some(w)) if w <= Self::LEAN_WINDOW => Profile::Lean,
+            (None, _) => Profile::Default,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Default => "default",
+            Profile::Lean => "lean",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -423,6 +491,25 @@ mod tests {
         assert!(!day.contains(13 * 60));
         assert!("25:00-07:00".parse::<QuietHours>().is_err());
         assert!("late".parse::<QuietHours>().is_err());
+    }
+
+    #[test]
+    fn context_windows_and_profiles() {
+        #[derive(Deserialize)]
+        struct W {
+            w: ContextWindow,
+        }
+        let w = |t: &str| toml::from_str::<W>(&format!("w = {t}")).map(|w| w.w.get()).map_err(|e| e.to_string());
+        assert_eq!(w("8192"), Ok(8192));
+        for bad in ["0", "-1", "100", "99999999999", "\"8k\"", "8192.5"] {
+            assert!(w(bad).is_err(), "{bad}");
+        }
+        assert!(w("1").unwrap_err().contains("between 512 and 10000000"));
+        assert_eq!(Profile::choose(None, Some(8192)), Profile::Lean);
+        assert_eq!(Profile::choose(None, Some(8193)), Profile::Default);
+        assert_eq!(Profile::choose(None, None), Profile::Default);
+        assert_eq!(Profile::choose(Some(Profile::Default), Some(2048)), Profile::Default);
+        assert_eq!(Profile::choose(Some(Profile::Lean), Some(128_000)), Profile::Lean);
     }
 
     #[test]

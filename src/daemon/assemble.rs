@@ -89,14 +89,17 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
             .map(|chain| Arc::new(chain.with_meter(Arc::new(usage.clone()))) as Arc<dyn crate::provider::Provider>),
     );
     let jobs = links.jobs.unwrap_or_else(|| JobStore::open(state));
-    let mut tools = tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox, jobs.clone());
+    // The context window (asked of the server at the first turn) and the profile it chooses.
+    let window = Arc::new(crate::provider::window::WindowProbe::for_config(c));
+    let mut tools =
+        tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox, jobs.clone()).with_window(window.clone());
     let (_, skill_errors) = skills::load(&ws);
     for e in &skill_errors {
         tracing::warn!("skill left out: {e}");
     }
     let limits =
         ContextLimits { per_file_chars: c.agent.bootstrap_max_chars, total_chars: c.agent.bootstrap_total_chars };
-    let context = ContextBuilder::new(ws, c.timezone(), limits);
+    let context = ContextBuilder::new(ws, c.timezone(), limits).with_window(window);
     let settings = settings(c);
     let inflight = InFlight::default();
     // Sub-agents get the tools registered so far (not `spawn` itself).

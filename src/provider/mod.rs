@@ -21,6 +21,7 @@ pub mod openai;
 pub mod retry;
 mod stream;
 pub mod transcribe;
+pub mod window;
 
 use std::sync::Arc;
 

@@ -287,6 +287,26 @@ impl Tool for CronTool {
         })
     }
 
+    fn brief(&self) -> String {
+        "Jobs. add: one of every (\"2h\"), cron (\"0 9 * * 1-5\"), at (\"YYYY-MM-DD HH:MM\"), and remind \
+         (text sent as is) or message (a task for you then). list. remove: job."
+            .to_string()
+    }
+
+    /// The lean schema: the properties a plain reminder, a recurring task and
+    /// a removal need (the others still work when given).
+    fn lean_parameters(&self) -> Value {
+        let s = json!({"type": "string"});
+        json!({
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["add", "list", "remove"]},
+                "remind": s, "message": s, "every": s, "cron": s, "at": s, "job": s
+            },
+            "required": ["action"]
+        })
+    }
+
     fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
         Box::pin(async move {
             let a: Args = parse_args("cron", args)?;

@@ -16,6 +16,16 @@
 //!   known only once a server is connected, so the registry asks for them per turn.
 //! - [`homeassistant`]: `ha_call_service` and `ha_get_state`, limited to `[homeassistant] allow`.
 //!
+//! ## The lean profile
+//!
+//! A small local model reads the whole prompt before its first word (on a
+//! Pi's CPU ~160 tokens a second), and its window may be 4k. Under
+//! `[agent] profile = "lean"` ([`crate::provider::window::WindowProbe::profile`])
+//! a turn is offered the fewest tools its kind needs ([`lean_tools`]), each
+//! with a one-line description ([`Tool::brief`]) and a compact schema
+//! ([`Tool::lean_parameters`]: no descriptions inside the properties). Only
+//! what is offered changes: a call to any tool the policy grants still runs.
+//!
 //! ## Who is asking: [`Origin`]
 //!
 //! A turn's tools act with bramble's own rights, outside the sandbox, so what
@@ -275,6 +285,14 @@ pub trait Tool: Send + Sync {
     fn description(&self) -> &str;
     /// JSON schema of the arguments object.
     fn parameters(&self) -> Value;
+    /// One line for the lean profile: by default the description's first sentence.
+    fn brief(&self) -> String {
+        first_sentence(self.description())
+    }
+    /// The schema for the lean profile: by default [`compact_schema`] of [`Tool::parameters`].
+    fn lean_parameters(&self) -> Value {
+        compact_schema(self.parameters())
+    }
     /// Run it. `args` is always a JSON object (the registry checks).
     fn execute<'a>(&'a self, args: Value, ctx: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>>;
     /// [`execute`](Tool::execute), with images for a model that can see them
@@ -331,10 +349,80 @@ pub trait ToolSource: Send + Sync {
     fn status(&self) -> Vec<String>;
 }
 
+/// Characters of a description's first sentence at most.
+const BRIEF_CHARS: usize = 120;
+
+/// The first sentence of `text` (to a `. ` or the end), at most [`BRIEF_CHARS`] characters.
+pub fn first_sentence(text: &str) -> String {
+    let text = text.trim();
+    let end = text.find(". ").map_or(text.len(), |i| i + 1);
+    let first = text[..end].trim();
+    if first.chars().count() <= BRIEF_CHARS {
+        return first.to_string();
+    }
+    let cut: String = first.chars().take(BRIEF_CHARS - 1).collect();
+    format!("{}…", cut.trim_end())
+}
+
+/// `schema` without what only explains: every `description`, `title`,
+/// `examples` and `default` below the top level (types, enums, bounds and
+/// `required` stay: they are what a call is checked against).
+pub fn compact_schema(mut schema: Value) -> Value {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for key in ["description", "title", "examples", "default"] {
+                    map.remove(key);
+                }
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        for (_, p) in props.iter_mut() {
+            strip(p);
+        }
+    }
+    if let Some(map) = schema.as_object_mut() {
+        map.remove("description");
+        map.remove("title");
+        map.remove("$schema");
+    }
+    schema
+}
+
+/// The built-in tools a lean turn from `source` is offered: what its kind
+/// of work needs. A chat gets a small core set; a job's turn (a `message`
+/// job: a task carried out when due) what a task needs, and no `cron` (a job
+/// schedules no more work); the heartbeat and triggers what a check needs,
+/// and the `report` / `nothing_to_report` decision pair where it is
+/// registered. Reminders and `exec` jobs never reach the model (no prompt,
+/// no tools: a reminder's text is delivered as it is, a command runs in the
+/// sandbox). The integrations the owner configured on purpose (Home
+/// Assistant, `mqtt_publish`, MCP servers' tools) are offered as well.
+pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
+    use policy::Source;
+    match source {
+        Source::Terminal | Source::Telegram | Source::Mqtt => &["exec", "read_file", "write_file", "cron", "web_fetch"],
+        Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
+        Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
+    }
+}
+
+/// Built-in tools a lean turn keeps whatever its source: integrations the
+/// owner configured on purpose.
+fn configured_integration(name: &str) -> bool {
+    name.starts_with("ha_") || name == "mqtt_publish"
+}
+
 /// The set of tools offered in a turn.
 pub struct ToolRegistry {
     tools: Vec<Arc<dyn Tool>>,
     sources: Vec<Arc<dyn ToolSource>>,
+    /// The context window and the profile it chooses (`None`: the default profile, no window).
+    window: Option<Arc<crate::provider::window::WindowProbe>>,
     max_result_chars: usize,
     /// Which tools each source of turns is offered (`[policy.*]`).
     policy: Arc<policy::ToolPolicy>,
@@ -348,6 +436,7 @@ impl ToolRegistry {
         ToolRegistry {
             tools: Vec::new(),
             sources: Vec::new(),
+            window: None,
             max_result_chars: max_result_chars.max(256),
             policy: Arc::new(policy::ToolPolicy::default()),
             audit: None,
@@ -371,6 +460,30 @@ impl ToolRegistry {
         &self.policy
     }
 
+    /// Offer tools by the profile `window` chooses, and cut results to fit it.
+    pub fn with_window(mut self, window: Arc<crate::provider::window::WindowProbe>) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// The profile turns are offered tools by.
+    pub fn profile(&self) -> crate::config::Profile {
+        self.window.as_ref().map_or(crate::config::Profile::Default, |w| w.profile())
+    }
+
+    /// Characters of one result at most: `[agent] max_tool_result_chars`,
+    /// and no more than a quarter of the context window (at ~4 characters a
+    /// token), so one `cat` cannot push the prompt out of a 4k window.
+    pub fn result_cap(&self) -> usize {
+        let window = self.window.as_ref().and_then(|w| w.current()).map_or(usize::MAX, |w| w.tokens as usize);
+        self.max_result_chars.min(window).max(256)
+    }
+
+    /// Whether a lean turn under `grant` is offered the built-in tool `name`.
+    fn lean_offers(grant: policy::Grant, name: &str) -> bool {
+        lean_tools(grant.source).contains(&name) || configured_integration(name)
+    }
+
     /// Add a tool; a tool with the same name replaces the earlier one.
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
         self.tools.retain(|t| t.name() != tool.name());
@@ -387,6 +500,7 @@ impl ToolRegistry {
         ToolRegistry {
             tools: self.tools.iter().filter(|t| !names.contains(&t.name())).cloned().collect(),
             sources: self.sources.clone(),
+            window: self.window.clone(),
             max_result_chars: self.max_result_chars,
             policy: Arc::clone(&self.policy),
             audit: self.audit.clone(),
@@ -396,15 +510,32 @@ impl ToolRegistry {
     /// Every tool offered now: the registered ones, then the sources' (a
     /// source's tool whose name is taken is left out).
     fn all(&self) -> Vec<Arc<dyn Tool>> {
-        let mut all = self.tools.clone();
+        self.all_marked().into_iter().map(|(t, _)| t).collect()
+    }
+
+    /// [`Self::all`], each marked whether it is a run-time source's (an MCP server's).
+    fn all_marked(&self) -> Vec<(Arc<dyn Tool>, bool)> {
+        let mut all: Vec<(Arc<dyn Tool>, bool)> = self.tools.iter().map(|t| (Arc::clone(t), false)).collect();
         for source in &self.sources {
             for tool in source.tools() {
-                if !all.iter().any(|t| t.name() == tool.name()) {
-                    all.push(tool);
+                if !all.iter().any(|(t, _)| t.name() == tool.name()) {
+                    all.push((tool, true));
                 }
             }
         }
         all
+    }
+
+    /// The tools a turn under `grant` is offered: its policy's, and under
+    /// the lean profile only those [`lean_tools`] names (and the MCP servers').
+    fn offered(&self, grant: policy::Grant) -> Vec<Arc<dyn Tool>> {
+        let lean = self.profile() == crate::config::Profile::Lean;
+        self.all_marked()
+            .into_iter()
+            .filter(|(t, from_source)| !lean || *from_source || Self::lean_offers(grant, t.name()))
+            .map(|(t, _)| t)
+            .filter(|t| self.policy.grants(grant, t.name()))
+            .collect()
     }
 
     pub fn names(&self) -> Vec<String> {
@@ -413,8 +544,7 @@ impl ToolRegistry {
 
     /// The names of the tools a turn under `grant` is offered.
     pub fn names_for(&self, grant: impl Into<policy::Grant>) -> Vec<String> {
-        let grant = grant.into();
-        self.all().iter().map(|t| t.name().to_string()).filter(|n| self.policy.grants(grant, n)).collect()
+        self.offered(grant.into()).iter().map(|t| t.name().to_string()).collect()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
@@ -453,10 +583,23 @@ impl ToolRegistry {
         self.specs_where(|_| true)
     }
 
-    /// The specs offered to a turn under `grant` (`[policy.*]`).
+    /// The specs offered to a turn under `grant` (`[policy.*]`), as the
+    /// profile writes them (lean: one-line descriptions, compact schemas).
     pub fn specs_for(&self, grant: impl Into<policy::Grant>) -> Vec<ToolSpec> {
-        let grant = grant.into();
-        self.specs_where(|name| self.policy.grants(grant, name))
+        let lean = self.profile() == crate::config::Profile::Lean;
+        self.offered(grant.into())
+            .iter()
+            .map(|t| match lean {
+                true => {
+                    ToolSpec { name: t.name().to_string(), description: t.brief(), parameters: t.lean_parameters() }
+                }
+                false => ToolSpec {
+                    name: t.name().to_string(),
+                    description: t.description().to_string(),
+                    parameters: t.parameters(),
+                },
+            })
+            .collect()
     }
 
     fn specs_where(&self, offered: impl Fn(&str) -> bool) -> Vec<ToolSpec> {
@@ -516,15 +659,11 @@ impl ToolRegistry {
         match result {
             Ok(mut out) => {
                 out.images.truncate(MAX_TOOL_IMAGES);
-                ToolOutcome {
-                    text: truncate_middle(&out.text, self.max_result_chars),
-                    is_error: false,
-                    images: out.images,
-                }
+                ToolOutcome { text: truncate_middle(&out.text, self.result_cap()), is_error: false, images: out.images }
             }
             Err(e) => {
                 tracing::debug!(tool = name, error = %e, "tool call failed");
-                error_outcome(truncate_middle(&e.0, self.max_result_chars))
+                error_outcome(truncate_middle(&e.0, self.result_cap()))
             }
         }
     }
@@ -698,6 +837,78 @@ mod tests {
             r.without(&[]).execute(&ToolCall::new("1", "exec", "{}"), &mqtt).await.is_error,
             "copies keep the policy"
         );
+    }
+
+    struct Wordy(&'static str);
+    impl Tool for Wordy {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn description(&self) -> &str {
+            "Does the thing. Then explains at length how, why, and when it does it."
+        }
+        fn parameters(&self) -> Value {
+            json!({"type": "object", "description": "top", "properties": {
+                "path": {"type": "string", "description": "A long explanation", "default": "x"},
+                "mode": {"type": "string", "enum": ["a", "b"], "title": "Mode"},
+                "list": {"type": "array", "items": {"type": "string", "description": "each"}}
+            }, "required": ["path"]})
+        }
+        fn execute<'a>(&'a self, _: Value, _: &'a ToolContext) -> BoxFuture<'a, Result<String, ToolError>> {
+            Box::pin(async { Ok("o".repeat(50_000)) })
+        }
+    }
+
+    #[tokio::test]
+    async fn the_lean_profile_offers_what_the_task_needs_in_few_words() {
+        use crate::config::Profile;
+        use crate::provider::window::WindowProbe;
+        let names =
+            ["read_file", "write_file", "edit_file", "list_dir", "exec", "web_fetch", "cron", "spawn", "ha_get_state"];
+        let mut r = ToolRegistry::new(16_000);
+        for n in names {
+            r.register(Arc::new(Wordy(n)));
+        }
+        let default = r.without(&[]).with_window(Arc::new(WindowProbe::fixed(Some(131_072), None)));
+        assert_eq!(default.profile(), Profile::Default);
+        assert_eq!(default.specs_for(policy::Source::Terminal).len(), names.len());
+        let lean = r.with_window(Arc::new(WindowProbe::fixed(Some(4096), None)));
+        assert_eq!(lean.profile(), Profile::Lean);
+        let offered = |s: policy::Source| lean.names_for(s);
+        assert_eq!(
+            offered(policy::Source::Terminal),
+            ["read_file", "write_file", "exec", "web_fetch", "cron", "ha_get_state"]
+        );
+        assert_eq!(offered(policy::Source::Job), ["read_file", "write_file", "exec", "web_fetch", "ha_get_state"]);
+        assert_eq!(offered(policy::Source::Heartbeat), ["read_file", "exec", "ha_get_state"]);
+        // The policy still applies on top: no exec for a trigger.
+        assert_eq!(offered(policy::Source::Trigger), ["read_file", "ha_get_state"]);
+        let spec = &lean.specs_for(policy::Source::Terminal)[0];
+        assert_eq!(spec.description, "Does the thing.");
+        assert_eq!(
+            spec.parameters,
+            json!({"type": "object", "properties": {
+                "path": {"type": "string"}, "mode": {"type": "string", "enum": ["a", "b"]},
+                "list": {"type": "array", "items": {"type": "string"}}
+            }, "required": ["path"]})
+        );
+        // Not offered is not forbidden: a call the policy grants still runs.
+        let out = lean.execute(&ToolCall::new("1", "spawn", "{}"), &ToolContext::detached("t")).await;
+        assert!(!out.is_error, "{}", out.text);
+        // A result is cut to a quarter of the window's characters, with a marker.
+        assert!(out.text.chars().count() <= 4096 && out.text.contains("characters truncated"), "{}", out.text.len());
+        let big = default.execute(&ToolCall::new("1", "spawn", "{}"), &ToolContext::detached("t")).await;
+        assert!(big.text.chars().count() > 15_000 && big.text.chars().count() <= 16_000);
+    }
+
+    #[test]
+    fn first_sentences_are_short() {
+        assert_eq!(first_sentence("One. Two."), "One.");
+        assert_eq!(first_sentence("No stop here"), "No stop here");
+        assert_eq!(first_sentence("Version 2.5 is fine. More."), "Version 2.5 is fine.");
+        let long = first_sentence(&"é".repeat(500));
+        assert_eq!(long.chars().count(), BRIEF_CHARS);
+        assert!(long.ends_with('…'));
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@ mod daemon;
 mod docs;
 mod firstrun;
 mod homeassistant;
+mod lean;
 mod local_models;
 mod mcp;
 mod mcp_conformance;

@@ -33,6 +33,7 @@ fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConf
         job_timeout: Dur(Duration::from_secs(10)),
         max_retries: 3,
         extra_headers: BTreeMap::new(),
+        context_window: None,
     }
 }
 

@@ -73,6 +73,7 @@ fn provider_config(kind: ProviderKind, base_url: &str) -> ProviderConfig {
         job_timeout: Dur(Duration::from_secs(10)),
         max_retries: 0,
         extra_headers: BTreeMap::new(),
+        context_window: None,
     }
 }
 

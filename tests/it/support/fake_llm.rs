@@ -195,6 +195,11 @@ impl FakeLlm {
 
 /// Record the request, validate it, and pick the answer (and how long to wait first).
 fn handle(dialect: Dialect, state: &Mutex<State>, req: Request) -> (Response, Option<Duration>) {
+    // The context-window probe (llama.cpp's `/props`, Ollama's `/api/show`) is
+    // no model call: answered 404 as a plain OpenAI server does, not recorded.
+    if matches!(req.path_only(), "/props" | "/api/show") {
+        return (Response::new(404), None);
+    }
     let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
     let body = req.json();
     st.requests.push(body.clone().unwrap_or(Value::Null));
