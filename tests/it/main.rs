@@ -19,6 +19,7 @@ mod firstrun;
 mod homeassistant;
 mod mcp;
 mod mcp_conformance;
+mod mcp_oauth;
 mod mcp_stream;
 mod memory;
 mod mqtt;

@@ -99,6 +99,8 @@ pub struct Auth {
 
 #[derive(Default)]
 struct Slot {
+    /// The token file's modification time when it was read (or written) last.
+    seen: Option<std::time::SystemTime>,
     loaded: bool,
     record: Option<Record>,
 }
@@ -134,16 +136,19 @@ impl Auth {
         Ok(self.http.get_or_init(|| c))
     }
 
+    /// Read the token file the first time, and again when it changed (a
+    /// `bramble mcp login` or `logout` while the daemon runs).
     fn load(&self, slot: &mut Slot) {
-        if slot.loaded {
+        let Some(file) = &self.file else { return };
+        let mtime = std::fs::metadata(file).and_then(|m| m.modified()).ok();
+        if slot.loaded && mtime == slot.seen {
             return;
         }
         slot.loaded = true;
-        if let Some(file) = &self.file {
-            match store::load(file) {
-                Ok(r) => slot.record = r,
-                Err(e) => tracing::warn!("mcp: {}: {e}", self.name),
-            }
+        slot.seen = mtime;
+        match store::load(file) {
+            Ok(r) => slot.record = r,
+            Err(e) => tracing::warn!("mcp: {}: {e}", self.name),
         }
     }
 
@@ -153,8 +158,9 @@ impl Auth {
             kept.client.client_secret = None; // a configured secret stays in its variable
         }
         if let Some(file) = &self.file {
-            if let Err(e) = store::save(file, &kept) {
-                tracing::warn!("mcp: {}: the grant is kept in memory only: {e}", self.name);
+            match store::save(file, &kept) {
+                Ok(()) => slot.seen = std::fs::metadata(file).and_then(|m| m.modified()).ok(),
+                Err(e) => tracing::warn!("mcp: {}: the grant is kept in memory only: {e}", self.name),
             }
         }
         slot.record = Some(record);
