@@ -182,7 +182,7 @@ impl Auth {
 
     /// The server refused a request (`status` 401 or 403) that carried `sent`:
     /// `Ok(true)` when there is a new token to retry with, `Ok(false)` when the
-    /// refusal is not about authorization (a plain 403).
+    /// refusal is not OAuth's (a plain 403, a 401 without a Bearer challenge).
     pub async fn challenged(
         &self,
         status: StatusCode,
@@ -192,6 +192,10 @@ impl Auth {
         let challenge = discover::challenge(headers);
         let insufficient = challenge.as_ref().and_then(|c| c.error.as_deref()) == Some("insufficient_scope");
         if status == StatusCode::FORBIDDEN && !insufficient {
+            return Ok(false);
+        }
+        // A 401 without a Bearer challenge is not OAuth's (a key header, a proxy): shown as it is.
+        if challenge.is_none() && sent.is_none() {
             return Ok(false);
         }
         let mut slot = self.grant.lock().await;
