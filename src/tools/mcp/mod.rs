@@ -22,7 +22,7 @@
 //! elicitation (refused by design) and `private_key_jwt` client
 //! authentication (`tests/it/mcp_conformance.rs`). OAuth is where `rmcp`
 //! (through `oauth2`) would have saved code; done here ([`auth`]) it is
-//! about 900 lines over reqwest (discovery, registration, PKCE with ring's
+//! about 1,400 lines over reqwest (discovery, registration, PKCE with ring's
 //! SHA-256, already in the tree; refresh; the loopback callback), which does
 //! not outweigh the rest. Decision: keep our own.
 //!
