@@ -113,6 +113,9 @@ pub enum Command {
     /// Reports waiting to be delivered: list them, retry one now, or drop one that never can be
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Remote MCP servers' OAuth: log in (the URL is opened on any device), log out, list each server's state
+    #[command(subcommand)]
+    Mcp(McpCommand),
     /// Let a new Telegram user in: print a one-time code (10 minutes) they send as `/pair <code>`
     Pair {
         /// List the users added by pairing
@@ -150,6 +153,24 @@ pub enum OutboxCommand {
     Drop {
         /// The report's id (from `bramble outbox list`)
         id: String,
+    },
+}
+
+/// `bramble mcp …`.
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Each configured MCP server, its address and its authorization state (connects to nothing)
+    List,
+    /// Authorize bramble with a server that asks for OAuth: print the URL to open in a browser on any
+    /// device, then take the browser's redirect (to this machine) or its address pasted here
+    Login {
+        /// The server's `name` in [[mcp.server]]
+        name: String,
+    },
+    /// Forget a server's OAuth grant (its token file): it asks for a login again
+    Logout {
+        /// The server's `name` in [[mcp.server]]
+        name: String,
     },
 }
 
@@ -306,6 +327,8 @@ impl Command {
             | Command::Outbox(_)
             | Command::Pair { .. } => true,
             Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
+            // login talks to servers and its loopback: EPIPE stays an error there.
+            Command::Mcp(c) => !matches!(c, McpCommand::Login { .. }),
             Command::Run | Command::Agent { .. } | Command::Heartbeat { .. } => false,
         }
     }

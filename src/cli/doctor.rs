@@ -193,6 +193,12 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
     } else {
         r.line(Level::Skip, "sandbox", "exec is off");
     }
+    // MCP servers' OAuth grants: one whose refresh was refused needs the owner.
+    for (name, ok, text) in super::mcp::auth_lines(&loaded) {
+        let (level, hint) =
+            if ok { (Level::Ok, None) } else { (Level::Warning, Some(format!("run `bramble mcp login {name}`"))) };
+        r.hinted(level, "mcp", format!("{name}: {text}"), hint);
+    }
     storage(&loaded, &mut r);
     if let Some(service) = super::status::service_line() {
         let level = if service.contains(" active") { Level::Ok } else { Level::Warning };

@@ -16,6 +16,7 @@ mod doctor;
 mod heartbeat;
 mod init;
 mod logs;
+mod mcp;
 mod outbox;
 mod service;
 mod status;
@@ -24,7 +25,7 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
-pub use args::{AddArgs, Cli, Command, CronCommand, OutboxCommand};
+pub use args::{AddArgs, Cli, Command, CronCommand, McpCommand, OutboxCommand};
 
 use crate::config;
 
@@ -99,6 +100,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pair { list, revoke } => pair(&loaded, list, revoke).await,
         Command::Audit { since, json } => audit(&loaded, &since, json),
         Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
+        Command::Mcp(cmd) => mcp::mcp(&loaded, cmd).await,
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }

@@ -44,9 +44,11 @@ impl McpConfig {
         let mut out = Vec::new();
         for s in &self.server {
             let vars = match &s.transport {
-                McpTransport::Http { headers_env, .. } => {
-                    headers_env.values().map(|v| ("headers_env", header_from_env(v).1)).collect::<Vec<_>>()
-                }
+                McpTransport::Http { headers_env, .. } => headers_env
+                    .values()
+                    .map(|v| ("headers_env", header_from_env(v).1))
+                    .chain(s.oauth.client_secret_env.as_deref().map(|v| ("client_secret_env", v)))
+                    .collect::<Vec<_>>(),
                 McpTransport::Stdio(st) => st.env_from.values().map(|v| ("env_from", v.as_str())).collect(),
             };
             for (key, var) in vars {
@@ -95,6 +97,32 @@ pub struct McpServer {
     pub timeout: Dur,
     /// Whether untrusted turns (MQTT, unknown channels) may call its tools.
     pub allow_untrusted: bool,
+    /// OAuth 2.1 settings of a `url` server (all optional: discovery does the rest).
+    pub oauth: OAuthSettings,
+}
+
+/// How bramble authorizes with a `url` server that asks for OAuth (a 401 naming its metadata).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OAuthSettings {
+    /// A client registered beforehand with the authorization server (else: dynamic registration).
+    pub client_id: Option<String>,
+    /// The environment variable (or credential) holding that client's secret.
+    pub client_secret_env: Option<String>,
+    /// A client ID metadata document's https URL, used as the client id where the server supports that.
+    pub client_metadata_url: Option<String>,
+    /// `authorization_code` (a person logs in once, `bramble mcp login`) or `client_credentials` (machine).
+    pub grant_type: GrantType,
+    /// Scopes to ask for (space-separated), instead of the server's.
+    pub scope: Option<String>,
+}
+
+/// `grant_type` of a `url` server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantType {
+    #[default]
+    AuthorizationCode,
+    ClientCredentials,
 }
 
 /// How a server is reached.
@@ -183,6 +211,11 @@ struct RawServer {
     timeout: Option<Dur>,
     #[serde(default)]
     allow_untrusted: bool,
+    client_id: Option<String>,
+    client_secret_env: Option<String>,
+    client_metadata_url: Option<String>,
+    grant_type: Option<GrantType>,
+    scope: Option<String>,
 }
 
 /// Whether `name` may name a server: 1 to 32 of `A-Z a-z 0-9 - _` (no path characters, no dots).
@@ -195,6 +228,8 @@ impl TryFrom<RawServer> for McpServer {
     type Error = String;
     fn try_from(r: RawServer) -> Result<Self, String> {
         let name_span = r.name.span();
+        let oauth = oauth_settings(r.name.get_ref(), &r)?;
+        let oauth_set = oauth_key(&r);
         let name = r.name.into_inner();
         if !valid_server_name(&name) {
             return Err(format!(
@@ -216,6 +251,7 @@ impl TryFrom<RawServer> for McpServer {
             ("transport", r.transport.is_some()),
             ("headers", !r.headers.is_empty()),
             ("headers_env", !r.headers_env.is_empty()),
+            oauth_set.map_or(("client_id", false), |k| (k, true)),
         ];
         let transport = match (r.url, r.command) {
             (Some(url), None) => {
@@ -286,8 +322,61 @@ impl TryFrom<RawServer> for McpServer {
         if timeout.get().is_zero() {
             return Err(format!("MCP server `{name}`: `timeout` must be more than 0s"));
         }
-        Ok(McpServer { name, name_span, transport, tools: r.tools, timeout, allow_untrusted: r.allow_untrusted })
+        Ok(McpServer { name, name_span, transport, tools: r.tools, timeout, allow_untrusted: r.allow_untrusted, oauth })
     }
+}
+
+/// The first OAuth key a table sets (they are for `url` servers only).
+fn oauth_key(r: &RawServer) -> Option<&'static str> {
+    [
+        ("client_id", r.client_id.is_some()),
+        ("client_secret_env", r.client_secret_env.is_some()),
+        ("client_metadata_url", r.client_metadata_url.is_some()),
+        ("grant_type", r.grant_type.is_some()),
+        ("scope", r.scope.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(k, set)| set.then_some(k))
+}
+
+/// The OAuth keys of a table, checked: what they name must be usable.
+fn oauth_settings(name: &str, r: &RawServer) -> Result<OAuthSettings, String> {
+    let grant_type = r.grant_type.unwrap_or_default();
+    if let Some(var) = &r.client_secret_env {
+        if var.trim().is_empty() || var.contains(['=', '\0', '/', ' ']) {
+            return Err(format!(
+                "MCP server `{name}`: client_secret_env `{var}` is not an environment variable's name"
+            ));
+        }
+    }
+    if grant_type == GrantType::ClientCredentials && (r.client_id.is_none() || r.client_secret_env.is_none()) {
+        return Err(format!(
+            "MCP server `{name}`: grant_type = \"client_credentials\" needs `client_id` and `client_secret_env` (the \
+             client registered with the authorization server for this machine)"
+        ));
+    }
+    if r.client_secret_env.is_some() && r.client_id.is_none() {
+        return Err(format!("MCP server `{name}`: `client_secret_env` needs `client_id` (whose secret it is)"));
+    }
+    if let Some(url) = &r.client_metadata_url {
+        let ok = reqwest::Url::parse(url).is_ok_and(|u| u.scheme() == "https" && u.path() != "/" && u.host().is_some());
+        if !ok {
+            return Err(format!(
+                "MCP server `{name}`: client_metadata_url `{url}` must be an https:// URL with a path (where the \
+                 client's metadata document is published)"
+            ));
+        }
+    }
+    if r.client_id.as_deref().is_some_and(|id| id.trim().is_empty()) {
+        return Err(format!("MCP server `{name}`: `client_id` is empty"));
+    }
+    Ok(OAuthSettings {
+        client_id: r.client_id.clone(),
+        client_secret_env: r.client_secret_env.clone(),
+        client_metadata_url: r.client_metadata_url.clone(),
+        grant_type,
+        scope: r.scope.clone().filter(|s| !s.trim().is_empty()),
+    })
 }
 
 #[cfg(test)]
@@ -369,6 +458,20 @@ allow_untrusted = true
                 "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntransport = \"websocket\"\n",
                 "unknown variant `websocket`",
             ),
+            ("[[mcp.server]]\nname = \"x\"\ncommand = \"y\"\nclient_id = \"c\"\n", "`client_id` is for a `url`"),
+            (
+                "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ngrant_type = \"client_credentials\"\n",
+                "needs `client_id` and `client_secret_env`",
+            ),
+            ("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\nclient_secret_env = \"S\"\n", "needs `client_id`"),
+            (
+                "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\nclient_metadata_url = \"http://m/c.json\"\n",
+                "must be an https:// URL with a path",
+            ),
+            (
+                "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ngrant_type = \"password\"\n",
+                "unknown variant `password`",
+            ),
         ];
         for (text, want) in cases {
             let err = parse(text).unwrap_err();
@@ -378,6 +481,22 @@ allow_untrusted = true
         // A bad value points at its line.
         let err = parse("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ntimeout = \"soon\"\n").unwrap_err();
         assert!(err.starts_with("/c.toml:4:"), "{err}");
+    }
+
+    #[test]
+    fn oauth_keys_parse() {
+        let c = parse(
+            "[[mcp.server]]\nname = \"m\"\nurl = \"https://a/mcp\"\nclient_id = \"bramble-pi\"\n\
+             client_secret_env = \"M_SECRET\"\ngrant_type = \"client_credentials\"\nscope = \"read write\"\n\
+             [[mcp.server]]\nname = \"n\"\nurl = \"https://b/mcp\"\nclient_metadata_url = \"https://me.example/c.json\"\n",
+        )
+        .unwrap();
+        let [m, n] = c.mcp.server.as_slice() else { panic!("two servers") };
+        assert_eq!(m.oauth.grant_type, GrantType::ClientCredentials);
+        assert_eq!(m.oauth.client_secret_env.as_deref(), Some("M_SECRET"));
+        assert_eq!(m.oauth.scope.as_deref(), Some("read write"));
+        assert_eq!(n.oauth.grant_type, GrantType::AuthorizationCode);
+        assert_eq!(n.oauth.client_metadata_url.as_deref(), Some("https://me.example/c.json"));
     }
 
     #[test]

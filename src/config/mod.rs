@@ -29,7 +29,7 @@ use serde::Deserialize;
 
 pub use channels::*;
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
-pub use mcp::{HttpKind, McpConfig, McpServer, McpTransport, StdioServer};
+pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
 pub use tools::*;
 pub use types::{Cidr, ContextWindow, Dur, HttpUrl, Profile, QuietHours, Secret, TzName};
 pub use warnings::{security_warnings, warnings};

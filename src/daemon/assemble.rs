@@ -192,7 +192,8 @@ fn tools(
     ));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
-    if let Some(hub) = crate::tools::mcp::McpHub::new(&c.mcp, &c.exec, &ws, Arc::clone(sandbox)) {
+    let auth = crate::tools::mcp::AuthEnv { state_dir: Some(state.clone()), agent: None };
+    if let Some(hub) = crate::tools::mcp::McpHub::with_auth(&c.mcp, &c.exec, &ws, Arc::clone(sandbox), auth) {
         tools.register_source(hub);
     }
     tools

@@ -21,6 +21,7 @@ mod lean;
 mod local_models;
 mod mcp;
 mod mcp_conformance;
+mod mcp_oauth;
 mod mcp_stream;
 mod memory;
 mod mqtt;

@@ -126,8 +126,32 @@ fn the_official_conformance_suite_in_client_mode() {
         String::from_utf8_lossy(&out.stderr)
     );
     // The scenarios bramble supports ran and passed (not merely absent).
-    for passed in ["✓ initialize", "✓ tools_call", "✓ sse-retry"] {
-        assert!(summary.contains(passed), "{passed} missing:\n{summary}");
+    let supported = [
+        "initialize",
+        "tools_call",
+        "sse-retry",
+        // OAuth 2.1 (src/tools/mcp/auth): 20 of the suite's 21 auth scenarios.
+        "auth/metadata-default",
+        "auth/metadata-var1",
+        "auth/metadata-var2",
+        "auth/metadata-var3",
+        "auth/basic-cimd",
+        "auth/scope-from-www-authenticate",
+        "auth/scope-from-scopes-supported",
+        "auth/scope-omitted-when-undefined",
+        "auth/scope-step-up",
+        "auth/scope-retry-limit",
+        "auth/token-endpoint-auth-basic",
+        "auth/token-endpoint-auth-post",
+        "auth/token-endpoint-auth-none",
+        "auth/resource-mismatch",
+        "auth/pre-registration",
+        "auth/2025-03-26-oauth-metadata-backcompat",
+        "auth/2025-03-26-oauth-endpoint-fallback",
+        "auth/client-credentials-basic",
+    ];
+    for passed in supported.map(|s| format!("✓ {s}:")) {
+        assert!(summary.contains(&passed), "{passed} missing:\n{summary}");
     }
 }
 

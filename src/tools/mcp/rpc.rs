@@ -54,6 +54,9 @@ pub enum McpError {
     /// The turn was stopped.
     #[error("the call was cancelled")]
     Cancelled,
+    /// The server wants authorization bramble could not get (OAuth: see [`super::auth`]).
+    #[error("{0}")]
+    Auth(String),
 }
 
 impl McpError {

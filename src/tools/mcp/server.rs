@@ -20,6 +20,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::auth::Auth;
 use super::client::Connection;
 use super::content;
 use super::schema;
@@ -75,6 +76,8 @@ pub struct Shared {
     pub sandbox: Arc<crate::sandbox::Sandbox>,
     /// The HTTP client, made at the first HTTP connection.
     pub client: std::sync::OnceLock<reqwest::Client>,
+    /// Where OAuth grants are kept (`None`: in memory only) and who shows a login URL.
+    pub auth: super::AuthEnv,
 }
 
 impl Shared {
@@ -88,9 +91,25 @@ impl Shared {
     }
 }
 
+/// The OAuth of `cfg`, if it may need one: streamable HTTP (or `auto`)
+/// without an `Authorization` header of its own.
+fn auth_for(cfg: &McpServer, env: &super::AuthEnv) -> Option<Auth> {
+    let crate::config::McpTransport::Http { url, kind, headers, headers_env } = &cfg.transport else { return None };
+    if *kind == crate::config::HttpKind::Sse
+        || super::auth::has_own_authorization(headers.keys().chain(headers_env.keys()))
+    {
+        return None;
+    }
+    let url = reqwest::Url::parse(url.as_str()).ok()?;
+    let file = env.state_dir.as_deref().map(|d| super::auth::store::path(d, &cfg.name));
+    Some(Auth::new(&cfg.name, url, cfg.oauth.clone(), file, cfg.timeout.get(), env.agent.clone()))
+}
+
 /// One configured server.
 pub struct Server {
     pub cfg: McpServer,
+    /// OAuth for a streamable HTTP server without its own `Authorization` header.
+    pub auth: Option<Arc<Auth>>,
     shared: Arc<Shared>,
     state: watch::Sender<State>,
     kick: Notify,
@@ -107,8 +126,10 @@ impl Server {
             left_out: Arc::new(Vec::new()),
             settled: false,
         };
+        let auth = auth_for(&cfg, &shared.auth).map(Arc::new);
         Arc::new(Server {
             cfg,
+            auth,
             shared,
             state: watch::Sender::new(state),
             kick: Notify::new(),
@@ -253,6 +274,7 @@ impl Server {
             workspace: &self.shared.workspace,
             sandbox: &self.shared.sandbox,
             client,
+            auth: self.auth.as_ref(),
             cancel: &self.cancel,
         };
         let conn = Connection::open(&self.cfg, &env).await.map_err(|e| e.to_string())?;

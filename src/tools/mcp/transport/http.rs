@@ -20,6 +20,8 @@
 //!
 //! No redirect is followed (the client is [`crate::provider::http_client`]'s):
 //! the headers carry secrets, and a 3xx is an error naming where it pointed.
+//! A server without its own `Authorization` header gets OAuth's
+//! ([`super::super::auth`]): a 401 is authorized and the message sent again.
 //! What a server answers is scrubbed of those secrets before anyone sees it.
 //!
 //! Every body is read with a cap ([`MAX_MESSAGE`]): a JSON body by bytes, an
@@ -28,11 +30,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{StatusCode, Url};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::super::auth::Auth;
 use super::super::rpc::{self, McpError, Peer, MAX_MESSAGE};
 use super::super::sse;
 use super::stream;
@@ -42,6 +45,8 @@ const VERSION: &str = "mcp-protocol-version";
 const LAST_EVENT_ID: &str = "last-event-id";
 /// Characters of an HTTP error body shown.
 const EXCERPT: usize = 300;
+/// New grants tried for one message at most (a server that refuses every token is not looped on).
+const AUTH_RETRIES: u32 = 2;
 
 /// Headers every request of a server carries (its own and the resolved `*_env` secrets).
 pub fn build_headers(
@@ -154,6 +159,8 @@ pub struct Endpoint {
     pub(super) headers: HeaderMap,
     session: Mutex<Option<HeaderValue>>,
     protocol: Mutex<Option<HeaderValue>>,
+    /// OAuth, for a server without its own `Authorization` header.
+    auth: Option<Arc<Auth>>,
 }
 
 impl Endpoint {
@@ -171,19 +178,43 @@ impl Endpoint {
     }
 
     /// POST one message; the response, and whether a session id was sent.
+    /// A 401 (or 403 `insufficient_scope`) is authorized ([`Auth::challenged`])
+    /// and the message sent again, at most [`AUTH_RETRIES`] times.
     async fn post(&self, body: &Value) -> Result<(reqwest::Response, bool), McpError> {
-        let req = self
-            .client
-            .post(self.url.clone())
-            .headers(self.headers.clone())
-            .header(ACCEPT, "application/json, text/event-stream")
-            .json(body);
-        let (req, had_session) = self.stamp(req);
-        let resp = req.send().await.map_err(|e| McpError::Connection(describe(&e, &self.headers)))?;
-        if let Some(s) = resp.headers().get(SESSION) {
-            *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
+        let mut retries = 0;
+        loop {
+            let bearer = match &self.auth {
+                Some(auth) => auth.bearer().await,
+                None => None,
+            };
+            let mut req = self
+                .client
+                .post(self.url.clone())
+                .headers(self.headers.clone())
+                .header(ACCEPT, "application/json, text/event-stream")
+                .json(body);
+            if let Some(b) = &bearer {
+                req = req.header(AUTHORIZATION, b.clone());
+            }
+            let (req, had_session) = self.stamp(req);
+            let resp = req.send().await.map_err(|e| McpError::Connection(describe(&e, &self.headers)))?;
+            if let Some(s) = resp.headers().get(SESSION) {
+                *self.session.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
+            }
+            let status = resp.status();
+            let refused = status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN;
+            if let (Some(auth), true) = (&self.auth, refused && retries < AUTH_RETRIES) {
+                match auth.challenged(status, resp.headers(), bearer.as_ref()).await {
+                    Ok(true) => {
+                        retries += 1;
+                        continue;
+                    }
+                    Ok(false) => {}
+                    Err(e) => return Err(McpError::Auth(e.to_string())),
+                }
+            }
+            return Ok((resp, had_session));
         }
-        Ok((resp, had_session))
     }
 
     /// Send a notification or a reply (the server answers 202 with no body).
@@ -198,7 +229,14 @@ impl Endpoint {
     /// GET the event stream (the server's own, or a resumed one after `last_id`);
     /// the response as it came, and whether a session id was sent.
     pub async fn get(&self, last_id: Option<&str>) -> Result<(reqwest::Response, bool), McpError> {
-        let req = self.client.get(self.url.clone()).headers(self.headers.clone()).header(ACCEPT, "text/event-stream");
+        let mut req =
+            self.client.get(self.url.clone()).headers(self.headers.clone()).header(ACCEPT, "text/event-stream");
+        if let Some(b) = match &self.auth {
+            Some(auth) => auth.bearer().await,
+            None => None,
+        } {
+            req = req.header(AUTHORIZATION, b);
+        }
         let (mut req, had_session) = self.stamp(req);
         if let Some(id) = last_id {
             let value = HeaderValue::from_str(id)
@@ -227,8 +265,14 @@ impl Drop for Streamable {
 }
 
 impl Streamable {
-    pub fn new(client: reqwest::Client, url: Url, headers: HeaderMap, cancel: &CancellationToken) -> Streamable {
-        let endpoint = Endpoint { client, url, headers, session: Mutex::new(None), protocol: Mutex::new(None) };
+    pub fn new(
+        client: reqwest::Client,
+        url: Url,
+        headers: HeaderMap,
+        auth: Option<Arc<Auth>>,
+        cancel: &CancellationToken,
+    ) -> Streamable {
+        let endpoint = Endpoint { client, url, headers, session: Mutex::new(None), protocol: Mutex::new(None), auth };
         Streamable {
             endpoint: Arc::new(endpoint),
             peer: Arc::new(Peer::default()),

@@ -33,6 +33,8 @@ pub struct Env<'a> {
     /// Where stdio servers run (the composition root's sandbox).
     pub sandbox: &'a Arc<crate::sandbox::Sandbox>,
     pub client: &'a reqwest::Client,
+    /// The server's OAuth (streamable HTTP only).
+    pub auth: Option<&'a Arc<super::auth::Auth>>,
     /// Stops the transport's tasks and child (bramble is stopping).
     pub cancel: &'a CancellationToken,
 }
@@ -83,7 +85,14 @@ impl Transport {
                 let headers = http::build_headers(headers, headers_env)?;
                 match kind {
                     HttpKind::Auto | HttpKind::StreamableHttp => {
-                        Ok(Transport::Streamable(http::Streamable::new(env.client.clone(), url, headers, env.cancel)))
+                        let auth = env.auth.cloned();
+                        Ok(Transport::Streamable(http::Streamable::new(
+                            env.client.clone(),
+                            url,
+                            headers,
+                            auth,
+                            env.cancel,
+                        )))
                     }
                     HttpKind::Sse => {
                         Ok(Transport::Sse(http::LegacySse::open(env.client.clone(), url, headers, env.cancel).await?))
