@@ -405,7 +405,9 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Mqtt => &["exec", "read_file", "write_file", "cron", "web_fetch"],
+        Source::Terminal | Source::Telegram | Source::Mqtt | Source::Webhook => {
+            &["exec", "read_file", "write_file", "cron", "web_fetch"]
+        }
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }
