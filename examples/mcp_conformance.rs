@@ -16,7 +16,7 @@
 //! browser ([`Headless`]): it GETs the authorization URL and follows its
 //! redirect to bramble's loopback callback, as a browser would. What the
 //! suite hands over in `MCP_CONFORMANCE_CONTEXT` (a pre-registered client)
-//! becomes the server's `client_id` / `client_secret_env`, as an owner would
+//! becomes the server's `client_id` / `client_secret_env` / `client_key_env`, as an owner would
 //! configure it; `auth/client-credentials-*` sets `grant_type`, and
 //! `auth/basic-cimd` a `client_metadata_url`.
 
@@ -98,8 +98,9 @@ fn oauth_keys(scenario: &str) -> anyhow::Result<String> {
         std::env::set_var("CONFORMANCE_CLIENT_SECRET", secret);
         keys.push_str("client_secret_env = \"CONFORMANCE_CLIENT_SECRET\"\n");
     }
-    if context.get("private_key_pem").is_some() {
-        anyhow::bail!("private_key_jwt client authentication is not supported");
+    if let Some(pem) = context.get("private_key_pem").and_then(Value::as_str) {
+        std::env::set_var("CONFORMANCE_CLIENT_KEY", pem);
+        keys.push_str("client_key_env = \"CONFORMANCE_CLIENT_KEY\"\n");
     }
     if scenario.starts_with("auth/client-credentials") {
         keys.push_str("grant_type = \"client_credentials\"\n");

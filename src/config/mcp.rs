@@ -48,6 +48,7 @@ impl McpConfig {
                     .values()
                     .map(|v| ("headers_env", header_from_env(v).1))
                     .chain(s.oauth.client_secret_env.as_deref().map(|v| ("client_secret_env", v)))
+                    .chain(s.oauth.client_key_env.as_deref().map(|v| ("client_key_env", v)))
                     .collect::<Vec<_>>(),
                 McpTransport::Stdio(st) => st.env_from.values().map(|v| ("env_from", v.as_str())).collect(),
             };
@@ -108,6 +109,8 @@ pub struct OAuthSettings {
     pub client_id: Option<String>,
     /// The environment variable (or credential) holding that client's secret.
     pub client_secret_env: Option<String>,
+    /// The variable (or credential) holding that client's EC P-256 private key (PKCS#8 PEM): `private_key_jwt`.
+    pub client_key_env: Option<String>,
     /// A client ID metadata document's https URL, used as the client id where the server supports that.
     pub client_metadata_url: Option<String>,
     /// `authorization_code` (a person logs in once, `bramble mcp login`) or `client_credentials` (machine).
@@ -213,6 +216,7 @@ struct RawServer {
     allow_untrusted: bool,
     client_id: Option<String>,
     client_secret_env: Option<String>,
+    client_key_env: Option<String>,
     client_metadata_url: Option<String>,
     grant_type: Option<GrantType>,
     scope: Option<String>,
@@ -331,6 +335,7 @@ fn oauth_key(r: &RawServer) -> Option<&'static str> {
     [
         ("client_id", r.client_id.is_some()),
         ("client_secret_env", r.client_secret_env.is_some()),
+        ("client_key_env", r.client_key_env.is_some()),
         ("client_metadata_url", r.client_metadata_url.is_some()),
         ("grant_type", r.grant_type.is_some()),
         ("scope", r.scope.is_some()),
@@ -342,21 +347,27 @@ fn oauth_key(r: &RawServer) -> Option<&'static str> {
 /// The OAuth keys of a table, checked: what they name must be usable.
 fn oauth_settings(name: &str, r: &RawServer) -> Result<OAuthSettings, String> {
     let grant_type = r.grant_type.unwrap_or_default();
-    if let Some(var) = &r.client_secret_env {
-        if var.trim().is_empty() || var.contains(['=', '\0', '/', ' ']) {
-            return Err(format!(
-                "MCP server `{name}`: client_secret_env `{var}` is not an environment variable's name"
-            ));
+    for (key, var) in [("client_secret_env", &r.client_secret_env), ("client_key_env", &r.client_key_env)] {
+        if let Some(var) = var.as_deref().filter(|v| v.trim().is_empty() || v.contains(['=', '\0', '/', ' '])) {
+            return Err(format!("MCP server `{name}`: {key} `{var}` is not an environment variable's name"));
         }
     }
-    if grant_type == GrantType::ClientCredentials && (r.client_id.is_none() || r.client_secret_env.is_none()) {
+    let credential = r.client_secret_env.is_some() || r.client_key_env.is_some();
+    if grant_type == GrantType::ClientCredentials && (r.client_id.is_none() || !credential) {
         return Err(format!(
-            "MCP server `{name}`: grant_type = \"client_credentials\" needs `client_id` and `client_secret_env` (the \
-             client registered with the authorization server for this machine)"
+            "MCP server `{name}`: grant_type = \"client_credentials\" needs `client_id` and `client_secret_env` (or \
+             `client_key_env`): the client registered with the authorization server for this machine"
         ));
     }
-    if r.client_secret_env.is_some() && r.client_id.is_none() {
-        return Err(format!("MCP server `{name}`: `client_secret_env` needs `client_id` (whose secret it is)"));
+    if credential && r.client_id.is_none() {
+        return Err(format!(
+            "MCP server `{name}`: `client_secret_env` / `client_key_env` need `client_id` (whose they are)"
+        ));
+    }
+    if r.client_secret_env.is_some() && r.client_key_env.is_some() {
+        return Err(format!(
+            "MCP server `{name}`: `client_secret_env` and `client_key_env` are two ways to authenticate: pick one"
+        ));
     }
     if let Some(url) = &r.client_metadata_url {
         let ok = reqwest::Url::parse(url).is_ok_and(|u| u.scheme() == "https" && u.path() != "/" && u.host().is_some());
@@ -373,6 +384,7 @@ fn oauth_settings(name: &str, r: &RawServer) -> Result<OAuthSettings, String> {
     Ok(OAuthSettings {
         client_id: r.client_id.clone(),
         client_secret_env: r.client_secret_env.clone(),
+        client_key_env: r.client_key_env.clone(),
         client_metadata_url: r.client_metadata_url.clone(),
         grant_type,
         scope: r.scope.clone().filter(|s| !s.trim().is_empty()),
@@ -463,7 +475,7 @@ allow_untrusted = true
                 "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\ngrant_type = \"client_credentials\"\n",
                 "needs `client_id` and `client_secret_env`",
             ),
-            ("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\nclient_secret_env = \"S\"\n", "needs `client_id`"),
+            ("[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\nclient_secret_env = \"S\"\n", "need `client_id`"),
             (
                 "[[mcp.server]]\nname = \"x\"\nurl = \"http://a\"\nclient_metadata_url = \"http://m/c.json\"\n",
                 "must be an https:// URL with a path",

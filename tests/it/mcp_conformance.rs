@@ -130,7 +130,7 @@ fn the_official_conformance_suite_in_client_mode() {
         "initialize",
         "tools_call",
         "sse-retry",
-        // OAuth 2.1 (src/tools/mcp/auth): 20 of the suite's 21 auth scenarios.
+        // OAuth 2.1 (src/tools/mcp/auth): all 21 of the suite's auth scenarios.
         "auth/metadata-default",
         "auth/metadata-var1",
         "auth/metadata-var2",
@@ -149,6 +149,7 @@ fn the_official_conformance_suite_in_client_mode() {
         "auth/2025-03-26-oauth-metadata-backcompat",
         "auth/2025-03-26-oauth-endpoint-fallback",
         "auth/client-credentials-basic",
+        "auth/client-credentials-jwt",
     ];
     for passed in supported.map(|s| format!("✓ {s}:")) {
         assert!(summary.contains(&passed), "{passed} missing:\n{summary}");

@@ -19,8 +19,7 @@
 //! sandboxing of stdio servers and the caps on what is read. Ours — the
 //! transports, the session and JSON-RPC, ~1,850 lines without tests — adds
 //! no crate and passes every client scenario of the conformance suite but
-//! elicitation (refused by design) and `private_key_jwt` client
-//! authentication (`tests/it/mcp_conformance.rs`). OAuth is where `rmcp`
+//! elicitation (refused by design; `tests/it/mcp_conformance.rs`). OAuth is where `rmcp`
 //! (through `oauth2`) would have saved code; done here ([`auth`]) it is
 //! about 1,400 lines over reqwest (discovery, registration, PKCE with ring's
 //! SHA-256, already in the tree; refresh; the loopback callback), which does

@@ -239,6 +239,8 @@ fn strings(v: Option<&Value>) -> Vec<String> {
 /// An authorization server's metadata (the fields bramble uses).
 #[derive(Debug, Clone)]
 pub struct Server {
+    /// Its `issuer` (the audience of a client assertion).
+    pub issuer: Option<String>,
     pub authorization_endpoint: Url,
     pub token_endpoint: Url,
     pub registration_endpoint: Option<Url>,
@@ -294,6 +296,7 @@ pub fn parse_server(doc: &Value) -> Result<Server, AuthError> {
         None => None,
     };
     Ok(Server {
+        issuer: doc.get("issuer").and_then(Value::as_str).map(str::to_string),
         authorization_endpoint: endpoint("authorization_endpoint")?,
         token_endpoint: endpoint("token_endpoint")?,
         registration_endpoint,
@@ -315,6 +318,7 @@ pub fn default_endpoints(server: &Url) -> Result<Server, AuthError> {
         require_secure(u.as_str(), "the server's default OAuth endpoint")
     };
     Ok(Server {
+        issuer: None,
         authorization_endpoint: at("/authorize")?,
         token_endpoint: at("/token")?,
         registration_endpoint: Some(at("/register")?),

@@ -154,7 +154,12 @@ pub async fn register(
         Some(m) => m.to_string(),
         None => auth_method(server, secret.is_some()),
     };
-    Ok(ClientInfo { client_id: client_id.to_string(), client_secret: secret, auth_method: method })
+    Ok(ClientInfo {
+        client_id: client_id.to_string(),
+        client_secret: secret,
+        auth_method: method,
+        ..ClientInfo::default()
+    })
 }
 
 /// A token endpoint's answer.
@@ -173,6 +178,7 @@ pub async fn token(
     client: &ClientInfo,
     params: &[(&str, &str)],
 ) -> Result<Tokens, AuthError> {
+    let assertion: String;
     let mut pairs: Vec<(&str, &str)> = params.to_vec();
     let mut req = http.post(endpoint.clone()).header(reqwest::header::ACCEPT, "application/json");
     let secret = client.client_secret.as_deref();
@@ -191,6 +197,13 @@ pub async fn token(
         ("client_secret_post", Some(secret)) => {
             pairs.push(("client_id", &client.client_id));
             pairs.push(("client_secret", secret));
+        }
+        ("private_key_jwt", _) => {
+            let audience = client.audience.clone().unwrap_or_else(|| endpoint.to_string());
+            assertion = client_assertion(client, &audience)?;
+            pairs.push(("client_id", &client.client_id));
+            pairs.push(("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"));
+            pairs.push(("client_assertion", &assertion));
         }
         _ => pairs.push(("client_id", &client.client_id)),
     }
@@ -220,6 +233,34 @@ pub async fn token(
         expires_in: doc.get("expires_in").and_then(Value::as_u64),
         scope: doc.get("scope").and_then(Value::as_str).map(str::to_string),
     })
+}
+
+/// A signed JWT (ES256) authenticating `client` at `audience` (RFC 7523 §2.2; `private_key_jwt`).
+pub fn client_assertion(client: &ClientInfo, audience: &str) -> Result<String, AuthError> {
+    use ring::signature::{EcdsaKeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
+    let pem =
+        client.key_pem.as_deref().ok_or_else(|| AuthError::Failed("the client's private key is not set".into()))?;
+    let der: String = pem.lines().filter(|l| !l.starts_with("-----")).map(str::trim).collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(der)
+        .map_err(|_| AuthError::Failed("the client's private key is not a PEM document".into()))?;
+    let rng = ring::rand::SystemRandom::new();
+    let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &der, &rng).map_err(|_| {
+        AuthError::Failed(
+            "the client's private key is not an EC P-256 key in PKCS#8 (`-----BEGIN PRIVATE KEY-----`)".into(),
+        )
+    })?;
+    let now = super::store::now();
+    let header = json!({"alg": "ES256", "typ": "JWT"});
+    let claims = json!({
+        "iss": client.client_id, "sub": client.client_id, "aud": audience,
+        "iat": now, "exp": now + 300, "jti": random(16)?,
+    });
+    let input = format!("{}.{}", b64(header.to_string().as_bytes()), b64(claims.to_string().as_bytes()));
+    let sig = key
+        .sign(&rng, input.as_bytes())
+        .map_err(|_| AuthError::Failed("signing the client assertion failed".into()))?;
+    Ok(format!("{input}.{}", b64(sig.as_ref())))
 }
 
 /// `error: description` of an OAuth error answer (RFC 6749 §5.2), or the status.
@@ -276,12 +317,31 @@ pub fn configured_client(
             ),
             None => None,
         };
+        if let Some(var) = &settings.client_key_env {
+            let pem = crate::config::secret_from_env(var).ok_or_else(|| {
+                AuthError::Failed(format!(
+                    "client_key_env names {var}, which is not set (or put it in the service's credentials)"
+                ))
+            })?;
+            return Ok(Some(ClientInfo {
+                client_id: id.clone(),
+                client_secret: None,
+                auth_method: "private_key_jwt".into(),
+                audience: Some(server.issuer.clone().unwrap_or_else(|| server.token_endpoint.to_string())),
+                key_pem: Some(pem.expose().to_string()),
+            }));
+        }
         let method = auth_method(server, secret.is_some());
-        return Ok(Some(ClientInfo { client_id: id.clone(), client_secret: secret, auth_method: method }));
+        return Ok(Some(ClientInfo {
+            client_id: id.clone(),
+            client_secret: secret,
+            auth_method: method,
+            ..ClientInfo::default()
+        }));
     }
     if let Some(url) = settings.client_metadata_url.as_ref().filter(|_| server.client_id_metadata_documents) {
         discover::require_secure(url, "client_metadata_url")?;
-        return Ok(Some(ClientInfo { client_id: url.clone(), client_secret: None, auth_method: "none".into() }));
+        return Ok(Some(ClientInfo { client_id: url.clone(), auth_method: "none".into(), ..ClientInfo::default() }));
     }
     Ok(None)
 }
@@ -298,5 +358,35 @@ mod tests {
         assert_eq!(p.verifier.len(), 43);
         assert_ne!(p.verifier, Pkce::new().unwrap().verifier);
         assert_eq!(form(&[("a", "b c&d"), ("e", "é")]), "a=b+c%26d&e=%C3%A9");
+    }
+
+    #[test]
+    fn client_assertions_are_es256_jwts_for_the_issuer() {
+        use ring::signature::{EcdsaKeyPair, KeyPair as _, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED};
+        let rng = ring::rand::SystemRandom::new();
+        let der = EcdsaKeyPair::generate_pkcs8(&ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let public = EcdsaKeyPair::from_pkcs8(&ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING, der.as_ref(), &rng)
+            .unwrap()
+            .public_key()
+            .as_ref()
+            .to_vec();
+        let b64std = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+        let pem = format!("-----BEGIN PRIVATE KEY-----\n{b64std}\n-----END PRIVATE KEY-----\n");
+        let client = ClientInfo { client_id: "pi".into(), key_pem: Some(pem), ..ClientInfo::default() };
+        let jwt = client_assertion(&client, "https://as.example").unwrap();
+        let (input, sig) = jwt.rsplit_once('.').unwrap();
+        let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(sig).unwrap();
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &public).verify(input.as_bytes(), &sig).unwrap();
+        let claims = input.split('.').nth(1).unwrap();
+        let claims: Value =
+            serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(claims).unwrap()).unwrap();
+        assert_eq!((claims["iss"].as_str(), claims["sub"].as_str()), (Some("pi"), Some("pi")));
+        assert_eq!(claims["aud"], "https://as.example");
+        // A key that is not one: a clear error, no panic.
+        let bad = ClientInfo {
+            key_pem: Some("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----".into()),
+            ..client
+        };
+        assert!(client_assertion(&bad, "x").unwrap_err().to_string().contains("not an EC P-256 key"));
     }
 }

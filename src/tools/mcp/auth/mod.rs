@@ -351,6 +351,9 @@ impl Auth {
         if let Some(var) = &self.settings.client_secret_env {
             client.client_secret = crate::config::secret_from_env(var).map(|s| s.expose().to_string());
         }
+        if let Some(var) = &self.settings.client_key_env {
+            client.key_pem = crate::config::secret_from_env(var).map(|s| s.expose().to_string());
+        }
         let mut params = vec![("resource", rec.resource.as_str())];
         match (&rec.refresh_token, rec.grant_type.as_str()) {
             (Some(rt), _) => params.extend([("grant_type", "refresh_token"), ("refresh_token", rt.as_str())]),

@@ -23,8 +23,14 @@ pub struct ClientInfo {
     /// A registered client's secret (dynamic registration); a configured one stays in its variable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_secret: Option<String>,
-    /// `none`, `client_secret_basic` or `client_secret_post`.
+    /// `none`, `client_secret_basic`, `client_secret_post` or `private_key_jwt`.
     pub auth_method: String,
+    /// `private_key_jwt`: the assertion's audience (the authorization server's issuer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audience: Option<String>,
+    /// `private_key_jwt`: the private key (PKCS#8 PEM), from its variable; never written.
+    #[serde(skip)]
+    pub key_pem: Option<String>,
 }
 
 impl std::fmt::Debug for ClientInfo {
@@ -155,12 +161,15 @@ mod tests {
                 client_id: "c".into(),
                 client_secret: Some("cs-SECRET".into()),
                 auth_method: "none".into(),
+                audience: None,
+                key_pem: Some("KEY-SECRET".into()),
             },
             ..Record::default()
         };
         save(&p, &rec).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::metadata(p.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(!std::fs::read_to_string(&p).unwrap().contains("KEY-SECRET"), "a private key was written");
         let back = load(&p).unwrap().unwrap();
         assert_eq!(back.refresh_token.as_deref(), Some("rt-SECRET"));
         assert!(!format!("{back:?}").contains("SECRET"), "{back:?}");
