@@ -8,6 +8,7 @@
 mod support;
 
 mod agent;
+mod agent_eval;
 mod chat;
 mod cli;
 mod cli_daily;

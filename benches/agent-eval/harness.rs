@@ -1,0 +1,243 @@
+//! The agent eval's harness: a case is a request a user would type and the
+//! job it should make; the harness runs one real agent turn on it (a fresh
+//! home, the real tools, any OpenAI-compatible `base_url`) and scores what
+//! happened, from the outside: the session file and the job store.
+//!
+//! Scores per case: a **well-formed call** (a tool call whose arguments are
+//! a JSON object; a call the model wrote as text and bramble recovered
+//! counts, and is flagged), the **right tool**, the **right arguments** (the
+//! job's kind and text, and its schedule compared by its next three fire
+//! times, not by its text: `0 7 * * 1-5` and `0 7 * * MON-FRI` are the same
+//! job), and the **loop ended** (the turn answered in text). A case that
+//! expects no tool scores right when none was called.
+//!
+//! Shared by `main.rs` (the runner) and `tests/it/agent_eval.rs` (the CI
+//! test, against a scripted provider: it tests the harness, not a model).
+
+use std::path::Path;
+
+use jiff::{SignedDuration, Timestamp};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::support::setup::TestHome;
+use bramble::agent::{TurnEnd, TurnRequest};
+use bramble::scheduler::{JobKind, JobStore, Schedule};
+
+/// Fire times may differ this much (a model rounds "in 20 minutes" to its clock's minute).
+const TOLERANCE: SignedDuration = SignedDuration::from_secs(120);
+/// Fire times compared.
+const FIRES: usize = 3;
+
+/// One case, one line of `cases.jsonl`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Case {
+    pub id: String,
+    #[serde(default)]
+    pub lang: String,
+    pub request: String,
+    pub expect: Expect,
+}
+
+/// What the turn should do.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Expect {
+    /// The tool to call; `null`: no tool at all.
+    pub tool: Option<String>,
+    /// `remind` or `message`, for a job.
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub schedule: Option<When>,
+    /// Text the job's reminder or task must contain (case-insensitive).
+    #[serde(default)]
+    pub contains: Option<String>,
+}
+
+/// An expected schedule: a cron expression (in the home's zone, UTC), an
+/// interval from the job's creation, or one time that long after it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum When {
+    Cron(String),
+    Every(String),
+    In(String),
+}
+
+/// How one case went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Score {
+    pub id: String,
+    pub well_formed: bool,
+    /// The call was written as text and recovered.
+    pub recovered: bool,
+    pub right_tool: bool,
+    pub right_args: bool,
+    pub ended: bool,
+    /// What went wrong, for the table.
+    pub note: String,
+}
+
+/// The cases in a JSON-lines file (blank lines and `#` lines skipped).
+pub fn load(path: &Path) -> Result<Vec<Case>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|(i, l)| serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1)))
+        .collect()
+}
+
+/// Run `case` as one turn against `base_url` with `model`, and score it.
+pub async fn run_case(case: &Case, base_url: &str, model: &str) -> Score {
+    let home = TestHome::new("openai", base_url, "", "", "");
+    let (agent, _out) = home.agent();
+    let mut req = TurnRequest::cli("cli:eval", case.request.clone());
+    req.model = Some(model.to_string());
+    let mut score = Score { id: case.id.clone(), ..Score::default() };
+    let report = match agent.turn(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            score.note = format!("turn failed: {e}");
+            return score;
+        }
+    };
+    score.ended = report.end == TurnEnd::Answered;
+    let calls = session_calls(&home);
+    let first = calls.first();
+    score.well_formed = first.is_some_and(|c| c.1.is_object());
+    score.recovered = first.is_some_and(|c| c.0.starts_with("call_text_"));
+    match (&case.expect.tool, first) {
+        (None, None) => {
+            score.right_tool = true;
+            score.right_args = true;
+            score.well_formed = true;
+        }
+        (None, Some(c)) => score.note = format!("called {} but no tool was expected", c.2),
+        (Some(want), None) => score.note = format!("no tool call (expected {want})"),
+        (Some(want), Some(c)) => {
+            score.right_tool = c.2 == *want;
+            if !score.right_tool {
+                score.note = format!("called {} (expected {want})", c.2);
+            } else {
+                match check_job(&case.expect, &JobStore::open(&home.state)) {
+                    Ok(()) => score.right_args = true,
+                    Err(why) => score.note = why,
+                }
+            }
+        }
+    }
+    score
+}
+
+/// `(id, arguments, name)` of every tool call in the eval session, in order.
+fn session_calls(home: &TestHome) -> Vec<(String, Value, String)> {
+    let path = home.state.join("sessions");
+    let Ok(dir) = std::fs::read_dir(&path) else { return Vec::new() };
+    let mut calls = Vec::new();
+    for entry in dir.flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines() {
+            let Ok(m) = serde_json::from_str::<Value>(line) else { continue };
+            for c in m["tool_calls"].as_array().into_iter().flatten() {
+                let args =
+                    serde_json::from_str(c["function"]["arguments"].as_str().unwrap_or("")).unwrap_or(Value::Null);
+                let name = c["function"]["name"].as_str().unwrap_or_default().to_string();
+                calls.push((c["id"].as_str().unwrap_or_default().to_string(), args, name));
+            }
+        }
+    }
+    calls
+}
+
+/// The one job made, against what was expected.
+fn check_job(expect: &Expect, store: &JobStore) -> Result<(), String> {
+    let jobs = store.list().map_err(|e| format!("cannot read the jobs: {e}"))?;
+    let [job] = jobs.as_slice() else { return Err(format!("{} jobs made, expected 1", jobs.len())) };
+    let (kind, text) = match &job.kind {
+        JobKind::Remind { text } => ("remind", text),
+        JobKind::Message { text } => ("message", text),
+        JobKind::Exec { command } => ("exec", command),
+    };
+    if let Some(want) = &expect.kind {
+        if kind != want {
+            return Err(format!("a {kind} job (expected {want})"));
+        }
+    }
+    if let Some(want) = &expect.contains {
+        if !text.to_lowercase().contains(&want.to_lowercase()) {
+            return Err(format!("its text {text:?} lacks {want:?}"));
+        }
+    }
+    let Some(when) = &expect.schedule else { return Ok(()) };
+    let want = expected(when, job.created)?;
+    let (got, wanted) = (fires(&job.schedule, job.created), fires(&want, job.created));
+    let close =
+        got.len() == wanted.len() && got.iter().zip(&wanted).all(|(a, b)| a.duration_since(*b).abs() <= TOLERANCE);
+    if close {
+        Ok(())
+    } else {
+        Err(format!("fires at {} (expected {})", list(&got), list(&wanted)))
+    }
+}
+
+fn expected(when: &When, created: Timestamp) -> Result<Schedule, String> {
+    let dur = |d: &str| bramble::scheduler::parse_every(d).map_err(|e| format!("bad case: {e}"));
+    Ok(match when {
+        When::Cron(expr) => bramble::scheduler::parse_cron(expr, None).map_err(|e| format!("bad case: {e}"))?,
+        When::Every(d) => Schedule::Every { every: dur(d)?, anchor: created },
+        When::In(d) => {
+            let d = SignedDuration::try_from(dur(d)?.get()).map_err(|e| format!("bad case: {e}"))?;
+            Schedule::at(created.checked_add(d).map_err(|e| format!("bad case: {e}"))?)
+        }
+    })
+}
+
+/// The first [`FIRES`] fire times after `from` (UTC, the home's zone).
+fn fires(s: &Schedule, from: Timestamp) -> Vec<Timestamp> {
+    let mut out = Vec::new();
+    let mut t = from;
+    while out.len() < FIRES {
+        match s.next_after(t, &jiff::tz::TimeZone::UTC) {
+            Some(next) => {
+                out.push(next);
+                t = next;
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+fn list(ts: &[Timestamp]) -> String {
+    ts.iter().map(|t| t.strftime("%a %m-%d %H:%M").to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// The table the runner prints, and its totals line.
+pub fn table(scores: &[Score]) -> String {
+    let mark = |b: bool| if b { "yes" } else { "-" };
+    let mut out = String::from("case                     call  text  tool  args  ended  note\n");
+    for s in scores {
+        out.push_str(&format!(
+            "{:<24} {:<5} {:<5} {:<5} {:<5} {:<6} {}\n",
+            s.id,
+            mark(s.well_formed),
+            mark(s.recovered),
+            mark(s.right_tool),
+            mark(s.right_args),
+            mark(s.ended),
+            s.note
+        ));
+    }
+    let n = scores.len();
+    let count = |f: fn(&Score) -> bool| scores.iter().filter(|s| f(s)).count();
+    out.push_str(&format!(
+        "total {n}: well-formed {}, recovered from text {}, right tool {}, right arguments {}, loop ended {}\n",
+        count(|s| s.well_formed),
+        count(|s| s.recovered),
+        count(|s| s.right_tool),
+        count(|s| s.right_args),
+        count(|s| s.ended)
+    ));
+    out
+}

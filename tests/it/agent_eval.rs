@@ -1,0 +1,100 @@
+//! The agent eval's harness (`benches/agent-eval/`) against a scripted
+//! provider: it tests the harness (parsing the cases, running the turn,
+//! reading calls and jobs, comparing schedules by fire times, scoring), not a
+//! model. Each scripted answer is chosen to make one score right or wrong.
+
+#[path = "../../benches/agent-eval/harness.rs"]
+mod harness;
+
+use serde_json::{json, Value};
+
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+
+fn cron_add(args: Value) -> Reply {
+    let mut a = args;
+    a["action"] = json!("add");
+    Reply::tool_call("cron", a.to_string())
+}
+
+/// The scripted model: a fixed answer per request, `Done.` after any tool result.
+fn script(request: &Value) -> Option<Reply> {
+    let messages = request["messages"].as_array()?;
+    let last = messages.last()?;
+    if last["role"] == "tool" {
+        return Some(Reply::text("Done."));
+    }
+    let in_20m = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(20))
+        .ok()?
+        .strftime("%Y-%m-%d %H:%M")
+        .to_string();
+    Some(match last["content"].as_str()? {
+        // Right in every way (another spelling of the same cron schedule).
+        "Remind me every weekday at 7 to take the pills." => {
+            cron_add(json!({"cron": "0 7 * * MON-FRI", "remind": "Take the pills"}))
+        }
+        // Right, but written as text: recovered.
+        "In 20 minutes tell me to check the oven." => Reply::text(format!(
+            "```json\n{}\n```",
+            json!({"name": "cron", "arguments": {"action": "add", "at": in_20m, "remind": "Check the oven"}})
+        )),
+        // The right tool with the wrong interval.
+        "Remind me to drink water every 2 hours." => cron_add(json!({"every": "1h", "remind": "Drink water"})),
+        // The wrong tool.
+        "Every day at 9am remind me to stand up and stretch." => Reply::tool_call("exec", r#"{"command":"true"}"#),
+        // No tool, as expected.
+        "What is a cron expression?" => Reply::text("Five fields: minute, hour, day, month, weekday."),
+        "每周一早上九点提醒我交周报" => cron_add(json!({"cron": "0 9 * * 1", "remind": "交周报"})),
+        // A call where none was expected.
+        "你好，你是谁？" => cron_add(json!({"every": "1d", "remind": "你好"})),
+        _ => return None,
+    })
+}
+
+#[tokio::test]
+async fn the_harness_scores_what_the_turn_did() {
+    let file = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/agent-eval/cases.jsonl"));
+    let cases = harness::load(file).unwrap();
+    assert_eq!(cases.len(), 20, "every line parses");
+    assert_eq!(cases.iter().filter(|c| c.lang == "zh").count(), 9);
+
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    fake.route(script);
+    let mut scores = Vec::new();
+    for id in [
+        "en-pills-weekdays",
+        "en-oven-20m",
+        "en-water-2h",
+        "en-daily-9",
+        "en-no-call",
+        "zh-weekly-report",
+        "zh-no-call",
+    ] {
+        let case = cases.iter().find(|c| c.id == id).unwrap();
+        scores.push(harness::run_case(case, &fake.base_url(), "scripted").await);
+    }
+    let table = harness::table(&scores);
+    // (well-formed, recovered, right tool, right args, ended) per case.
+    let got: Vec<(&str, [bool; 5])> = scores
+        .iter()
+        .map(|s| (s.id.as_str(), [s.well_formed, s.recovered, s.right_tool, s.right_args, s.ended]))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("en-pills-weekdays", [true, false, true, true, true]),
+            ("en-oven-20m", [true, true, true, true, true]),
+            ("en-water-2h", [true, false, true, false, true]),
+            ("en-daily-9", [true, false, false, false, true]),
+            ("en-no-call", [true, false, true, true, true]),
+            ("zh-weekly-report", [true, false, true, true, true]),
+            ("zh-no-call", [true, false, false, false, true]),
+        ],
+        "{table}"
+    );
+    assert!(scores[2].note.contains("fires at"), "the schedule is compared by fire times: {table}");
+    assert!(
+        table.contains("total 7: well-formed 7, recovered from text 1, right tool 5, right arguments 4"),
+        "{table}"
+    );
+}
