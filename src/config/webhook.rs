@@ -232,6 +232,16 @@ pub fn webhooks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<WebhookCon
         if list[..i].iter().any(|o| o.name == w.name) {
             return Err(serde::de::Error::custom(format!("two [[webhook]] tables are named `{}`", w.name)));
         }
+        for t in &w.deliver {
+            if let Target::Webhook(to) = t {
+                if !list.iter().any(|o| o.name == *to && o.url.is_some()) {
+                    return Err(serde::de::Error::custom(format!(
+                        "webhook `{}` delivers to `{t}`, but no [[webhook]] named `{to}` has a `url`",
+                        w.name
+                    )));
+                }
+            }
+        }
     }
     Ok(list)
 }
@@ -269,6 +279,8 @@ mod tests {
         }
         let twice = "[[webhook]]\nname = \"d\"\nsecret_env = \"S\"\nmessage = \"x\"\n";
         assert!(parse(&format!("{twice}{twice}")).unwrap_err().contains("two [[webhook]] tables are named `d`"));
+        let nowhere = "[[webhook]]\nname = \"d\"\nsecret_env = \"S\"\nmessage = \"x\"\ndeliver = [\"webhook:gone\"]\n";
+        assert!(parse(nowhere).unwrap_err().contains("no [[webhook]] named `gone` has a `url`"));
         let open = parse("[webhooks]\nlisten = \"0.0.0.0:8787\"\n").unwrap();
         assert!(open.webhooks.refusal().unwrap().contains("allow_plain"));
     }

@@ -385,6 +385,7 @@ fn webhooks(
         jobs: jobs.clone(),
         scheduler: scheduler.handle(),
         origin,
+        state_dir: loaded.paths.state_dir.clone(),
     };
     crate::channels::webhook::WebhookServer::new(&c.webhooks, &c.webhook, wiring)
 }

@@ -58,6 +58,7 @@ const STATUS_FIELDS: &[&str] = &[
     "mqtt",
     "policy",
     "homeassistant",
+    "webhooks",
     "secrets_from",
     "private",
     "sessions",

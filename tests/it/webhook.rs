@@ -371,3 +371,21 @@ async fn a_redirect_to_another_origin_is_not_followed_with_the_signature() {
     assert!(thief.requests().is_empty(), "nothing went to the other origin");
     d.stop().await;
 }
+
+/// A request accepted before a restart is still a replay after it.
+#[tokio::test]
+async fn a_request_replayed_after_a_restart_is_refused() {
+    let s = Setup::new(&tables("http://127.0.0.1:9")).await;
+    let d = s.start().await;
+    let body = r#"{"state":"open","door":{"name":"side"}}"#;
+    let t = now();
+    s.fake.push(Reply::text("ok"));
+    assert_eq!(s.signed("door", DOOR_SECRET, t, body).await.0, 202);
+    assert!(wait_until(60, || s.fake.request_count() == 1).await, "{}", s.log());
+    d.stop().await;
+    let d = s.start().await;
+    assert_eq!(s.signed("door", DOOR_SECRET, t, body).await.0, 401, "{}", s.log());
+    assert!(s.log().contains("a replay"), "{}", s.log());
+    assert_eq!(s.fake.request_count(), 1);
+    d.stop().await;
+}

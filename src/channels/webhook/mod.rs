@@ -17,6 +17,7 @@
 //! to the model as data from outside.
 
 pub mod channel;
+pub mod replay;
 pub mod server;
 pub mod status;
 
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::bus::{Channel, Conversation, ReportSource, Target};
+use crate::bus::{Channel, Conversation, ReportSource};
 use crate::channels::mqtt::{TurnLimit, TurnRate};
 use crate::config::{Secret, TriggerAction, WebhookAction, WebhookConfig, WebhooksConfig};
 use crate::scheduler::{JobStore, SchedulerHandle};
@@ -38,8 +39,6 @@ pub use channel::WebhookChannel;
 pub const MAX_CONCURRENT: usize = 2;
 /// Accepted calls waiting for a run slot; more are answered `429`.
 const QUEUE: usize = 16;
-/// Signatures remembered against replays (within the ±5 min window).
-const REPLAY_MAX: usize = 4096;
 
 /// One inbound endpoint, its secret read at start.
 pub struct Endpoint {
@@ -54,33 +53,10 @@ pub struct Call {
     json: Option<Value>,
 }
 
-/// Recently seen signatures, by endpoint and MAC: a request is accepted once.
-#[derive(Default)]
-pub struct ReplayCache {
-    seen: std::collections::VecDeque<(i64, usize, Vec<u8>)>,
-}
-
-impl ReplayCache {
-    /// Remember a verified signature; `false` if it was seen (a replay) or
-    /// the cache is full of signatures still inside their window.
-    fn first_time(&mut self, endpoint: usize, t: i64, mac: &[u8], now: i64) -> Result<(), &'static str> {
-        let window = crate::clients::webhook::TOLERANCE_SECS;
-        self.seen.retain(|(seen_t, _, _)| (now - seen_t).abs() <= window);
-        if self.seen.iter().any(|(_, e, m)| *e == endpoint && m == mac) {
-            return Err("a replay of a request already accepted");
-        }
-        if self.seen.len() >= REPLAY_MAX {
-            return Err("too many signed requests in five minutes to remember");
-        }
-        self.seen.push_back((t, endpoint, mac.to_vec()));
-        Ok(())
-    }
-}
-
 /// What the listener's requests share.
 pub struct Shared {
     pub endpoints: Vec<Endpoint>,
-    replay: Mutex<ReplayCache>,
+    replay: Mutex<replay::ReplayCache>,
     turns: TurnLimit,
     /// This bramble ([`crate::clients::webhook::ORIGIN_HEADER`]).
     origin: String,
@@ -136,6 +112,8 @@ pub struct Wiring {
     pub scheduler: SchedulerHandle,
     /// [`crate::clients::webhook::instance_id`] of this daemon.
     pub origin: String,
+    /// Where the replay cache is kept ([`replay`]).
+    pub state_dir: std::path::PathBuf,
 }
 
 impl WebhookServer {
@@ -168,7 +146,7 @@ impl WebhookServer {
         let rate = TurnRate { per_minute: settings.turns_per_minute, burst: settings.turn_burst };
         let shared = Shared {
             endpoints,
-            replay: Mutex::new(ReplayCache::default()),
+            replay: Mutex::new(replay::ReplayCache::open(&wiring.state_dir, jiff::Timestamp::now().as_second())),
             turns: TurnLimit::new(rate, "the webhooks"),
             origin: wiring.origin,
             jobs: wiring.jobs,
@@ -262,15 +240,6 @@ pub fn render(template: &str, name: &str, body: &[u8], json: Option<&Value>) -> 
     })
 }
 
-/// Where a `message` endpoint's answer goes: its `deliver` targets, or the log.
-pub fn targets(config: &WebhookConfig) -> Vec<Target> {
-    if config.deliver.is_empty() {
-        vec![Target::Log]
-    } else {
-        config.deliver.clone()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,20 +255,5 @@ mod tests {
         assert_eq!(r("{unknown} {"), "{unknown} {");
         assert_eq!(render("raw: {payload} {x}", "d", b"hello", None), "raw: hello {x}");
         assert!(untrusted("d", "x").contains("data, not as instructions"));
-    }
-
-    #[test]
-    fn a_signature_is_accepted_once() {
-        let mut c = ReplayCache::default();
-        assert!(c.first_time(0, 100, b"mac", 100).is_ok());
-        assert!(c.first_time(0, 100, b"mac", 150).is_err(), "a replay");
-        assert!(c.first_time(1, 100, b"mac", 150).is_ok(), "another endpoint's");
-        // Out of the window it is forgotten (and its timestamp refused as stale by then).
-        assert!(c.first_time(0, 100, b"mac", 100 + 301).is_ok());
-        let mut full = ReplayCache::default();
-        for i in 0..REPLAY_MAX {
-            full.first_time(0, 5, &i.to_be_bytes(), 5).unwrap();
-        }
-        assert!(full.first_time(0, 5, b"new", 5).is_err(), "bounded");
     }
 }

@@ -219,7 +219,8 @@ fn check_signature(shared: &Shared, index: usize, secret: &str, sig: Option<&str
     let now = jiff::Timestamp::now().as_second();
     let ok = wire::verify(secret.as_bytes(), sig, body, now).map_err(|e| e.to_string())?;
     let mut replay = shared.replay.lock().unwrap_or_else(|p| p.into_inner());
-    replay.first_time(index, ok.t, &ok.mac, now).map_err(str::to_string)
+    let name = shared.endpoints.get(index).map(|e| e.config.name.as_str()).unwrap_or_default();
+    replay.first_time(name, ok.t, &ok.mac, now).map_err(str::to_string)
 }
 
 /// An authenticated request: the loop check, the content, then run it.
