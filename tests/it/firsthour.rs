@@ -1,0 +1,79 @@
+//! What a new owner meets in the first hour, through the real binary: a dead
+//! provider fails at once with one warning and the way to find out why.
+
+use crate::support::fake_llm::{Dialect, FakeLlm, Reply};
+use crate::support::http::refused_url;
+use crate::support::setup::{bramble, TestHome};
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The log lines at `WARN` in what the binary wrote to stderr.
+fn warnings(stderr: &str) -> Vec<&str> {
+    stderr.lines().filter(|l| l.contains(" WARN ")).collect()
+}
+
+/// Nothing listens at the provider's port: the turn fails without retries
+/// (retrying within the turn cannot start the server), one warning is
+/// logged, and the error ends with where the cause is looked for.
+#[tokio::test]
+async fn a_dead_provider_fails_at_once_in_one_warning_with_doctors_hint() {
+    let dead = refused_url().await;
+    let home = TestHome::new("openai", &format!("{dead}/v1"), "", "max_retries = 3", "");
+    let config = home.config.to_str().unwrap();
+    let out = bramble(home.path(), &["--config", config, "agent", "-m", "hello"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("bramble: error: could not reach the provider at "), "{err}");
+    assert!(last.contains(&format!("{dead}/v1/chat/completions")), "names the URL it tried: {err}");
+    assert!(last.to_lowercase().contains("connection refused"), "{err}");
+    assert!(last.ends_with("Is the server running and `base_url` right? `bramble doctor` checks it"), "{err}");
+    assert!(!err.contains("gave up after"), "not retried: {err}");
+    assert_eq!(warnings(&err).len(), 1, "one warning, not one per attempt: {err}");
+}
+
+/// A server that answers 503 is still retried (it may be back in a second),
+/// and the retries are one warning too.
+#[tokio::test]
+async fn an_overloaded_provider_is_still_retried_in_one_warning() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "max_retries = 1", "");
+    fake.push(Reply::error(503, "overloaded"));
+    fake.push(Reply::error(503, "overloaded"));
+    let config = home.config.to_str().unwrap();
+    let out = bramble(home.path(), &["--config", config, "agent", "-m", "hello"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert_eq!(fake.request_count(), 2, "one retry: {err}");
+    assert!(err.contains("gave up after 2 attempts: the provider answered HTTP 503: overloaded"), "{err}");
+    assert!(!err.contains("bramble doctor"), "a server that answers is reachable: {err}");
+    assert_eq!(warnings(&err).len(), 1, "{err}");
+}
+
+/// A fallback chain whose every server is down: one warning per model, the
+/// hint once, at the end.
+#[tokio::test]
+async fn a_chain_of_dead_providers_gives_the_hint_once_at_the_end() {
+    let (cloud, lan) = (refused_url().await, refused_url().await);
+    let home = TestHome::new("openai", "http://127.0.0.1:1", "", "", "");
+    let config = format!(
+        "[agent]\nworkspace = \"{ws}\"\nfallback = [\"lan\"]\n\
+         [[provider]]\nname = \"cloud\"\nmodel = \"big\"\nbase_url = \"{cloud}/v1\"\napi_key = \"k\"\n\
+         [[provider]]\nname = \"lan\"\nmodel = \"small\"\nbase_url = \"{lan}/v1\"\n\
+         [daemon]\nstate_dir = \"{st}\"\n",
+        ws = home.workspace.display(),
+        st = home.state.display(),
+    );
+    std::fs::write(&home.config, config).unwrap();
+    let out = bramble(home.path(), &["--config", home.config.to_str().unwrap(), "agent", "-m", "hello"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("bramble: error: no model could answer: cloud/big: could not reach"), "{err}");
+    assert!(last.contains(&format!("; lan/small: could not reach the provider at {lan}/v1/chat/completions")), "{err}");
+    assert_eq!(last.matches("bramble doctor").count(), 1, "{err}");
+    assert!(last.ends_with("`bramble doctor` checks each"), "{err}");
+    assert_eq!(warnings(&err).len(), 2, "one per model: {err}");
+}
