@@ -77,3 +77,56 @@ async fn a_chain_of_dead_providers_gives_the_hint_once_at_the_end() {
     assert!(last.ends_with("`bramble doctor` checks each"), "{err}");
     assert_eq!(warnings(&err).len(), 2, "one per model: {err}");
 }
+
+/// `bramble ARGS` with `COLUMNS` set and stdout a pipe: its stdout, after a success.
+fn help(args: &[&str], columns: u16) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+        .args(args)
+        .env_clear()
+        .env("COLUMNS", columns.to_string())
+        .output()
+        .expect("run bramble");
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Help is wrapped to the terminal's width (`COLUMNS` when stdout is not a
+/// terminal; never wider than 100), and `-h` at every level gives the global
+/// `--config` one short line: where the file is looked for is `--help`'s.
+#[test]
+fn help_wraps_to_the_terminal_and_dash_h_is_short_at_every_level() {
+    let levels: [&[&str]; 6] = [&[], &["cron"], &["cron", "add"], &["audit"], &["status"], &["agent"]];
+    for level in levels {
+        for (flag, columns) in [("-h", 60), ("--help", 60), ("-h", 200)] {
+            let args = [level, &[flag]].concat();
+            let out = help(&args, columns);
+            let width = columns.min(100) as usize;
+            // clap does not wrap the usage line: it fits 100 columns, not every width.
+            for line in out.lines().filter(|l| columns >= 100 || !l.starts_with("Usage: ")) {
+                assert!(line.chars().count() <= width, "{args:?} at {columns} columns: {line:?}\n{out}");
+            }
+            assert!(out.contains("--config <PATH>"), "{args:?}: {out}");
+            if flag == "-h" {
+                assert!(out.contains("Config file [default: see --help]"), "{args:?}: {out}");
+                assert!(!out.contains("XDG_CONFIG_HOME"), "{args:?}: {out}");
+            } else {
+                assert!(out.contains("$XDG_CONFIG_HOME/bramble/config.toml"), "{args:?}: {out}");
+            }
+        }
+    }
+    // Wide enough, a line is not broken: `-h` at 200 columns is at most 100 wide, and some line uses them.
+    let out = help(&["cron", "add", "-h"], 200);
+    assert!(out.lines().any(|l| l.chars().count() > 90), "{out}");
+}
+
+/// `audit --help` names one default for --since (in words), not two.
+#[test]
+fn audit_help_names_one_default() {
+    for flag in ["-h", "--help"] {
+        let out = help(&["audit", flag], 100);
+        let since = out.split("--since <WHEN>").nth(1).and_then(|rest| rest.split("--json").next()).unwrap_or_default();
+        let since = since.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(since.matches("[default:").count(), 1, "{out}");
+        assert!(since.contains("[default: the last day]"), "{out}");
+    }
+}
