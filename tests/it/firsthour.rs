@@ -130,3 +130,40 @@ fn audit_help_names_one_default() {
         assert!(since.contains("[default: the last day]"), "{out}");
     }
 }
+
+/// `bramble status` says what `[exec] network` means here, not only its
+/// name: `auto` is the public internet through the proxy where the jail
+/// works, else the host's whole network, and the sandbox line agrees.
+#[tokio::test]
+async fn status_says_what_the_exec_network_setting_means() {
+    let home = TestHome::new("openai", "http://127.0.0.1:1/v1", "", "", "");
+    let base = std::fs::read_to_string(&home.config).unwrap();
+    let config = home.config.to_str().unwrap();
+    let exec_line = |stdout: &str| -> (String, String) {
+        let exec = stdout.lines().find(|l| l.starts_with("exec:")).unwrap_or_else(|| panic!("{stdout}")).to_string();
+        let sandbox = stdout.lines().find(|l| l.starts_with("sandbox:")).unwrap_or_else(|| panic!("{stdout}"));
+        (exec, sandbox.rsplit("; network: ").next().unwrap_or_default().to_string())
+    };
+    let out = bramble(home.path(), &["--config", config, "status"], None).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (exec, reach) = exec_line(&text(&out.stdout));
+    let (setting, means) = exec.split_once(", which here means: ").unwrap_or_else(|| panic!("{exec}"));
+    assert!(setting.ends_with(r#", network "auto""#), "{exec}");
+    assert!(
+        means == "public internet only, through bramble's proxy (no LAN, not this machine)"
+            || means == "the host's whole network (LAN and this machine's own services included)",
+        "{exec}"
+    );
+    assert!(reach.starts_with(means), "the exec line and the sandbox line agree: {exec} / {reach}");
+
+    for (written, said) in [
+        ("\"none\"", r#"network "none", which here means: no network"#),
+        ("true", r#"network "all", which here means: the host's whole network"#),
+    ] {
+        std::fs::write(&home.config, format!("{base}\n[exec]\nnetwork = {written}\n")).unwrap();
+        let out = bramble(home.path(), &["--config", config, "status"], None).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let (exec, _) = exec_line(&text(&out.stdout));
+        assert!(exec.contains(said), "{written}: {exec}");
+    }
+}
