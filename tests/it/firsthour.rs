@@ -167,3 +167,38 @@ async fn status_says_what_the_exec_network_setting_means() {
         assert!(exec.contains(said), "{written}: {exec}");
     }
 }
+
+/// `[daemon] log_file`: a daemon started from a shell keeps its log in a
+/// file (created with its directory, 0600, appended to, rotated at 10 MiB),
+/// and stderr, not a terminal here, is left quiet (cron would mail it).
+#[tokio::test]
+async fn the_daemon_keeps_its_log_in_log_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("logs/bramble.log");
+    let extra = format!("log_file = \"{}\"", log.display());
+    let home = TestHome::new("openai", "http://127.0.0.1:1/v1", "", "", &extra);
+    let daemon = crate::support::daemon::Daemon::start(home.path(), Some(&home.config));
+    let in_file = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(crate::support::daemon::wait_until(20, || in_file().contains("scheduler sleeping")).await, "{}", in_file());
+    let (_, stderr) = daemon.stop().await;
+    assert!(in_file().contains(" INFO "), "{}", in_file());
+    assert!(!stderr.contains(" INFO "), "stderr is not a terminal: the file has the lines: {stderr}");
+    assert_eq!(std::fs::metadata(&log).unwrap().permissions().mode() & 0o777, 0o600);
+
+    // Started again: appended; a file at its cap becomes bramble.log.1.
+    let first = in_file();
+    let daemon = crate::support::daemon::Daemon::start(home.path(), Some(&home.config));
+    assert!(crate::support::daemon::wait_until(20, || in_file().matches("scheduler sleeping").count() >= 2).await);
+    daemon.stop().await;
+    assert!(in_file().starts_with(&first), "appended, not truncated");
+    let mut full = in_file().into_bytes();
+    full.resize(10 * 1024 * 1024, b'x');
+    std::fs::write(&log, &full).unwrap();
+    let daemon = crate::support::daemon::Daemon::start(home.path(), Some(&home.config));
+    assert!(crate::support::daemon::wait_until(20, || in_file().contains("scheduler sleeping")).await, "{}", in_file());
+    daemon.stop().await;
+    let old = std::fs::read(dir.path().join("logs/bramble.log.1")).unwrap();
+    assert_eq!(old.len(), 10 * 1024 * 1024, "the full file, as it was");
+    assert!(in_file().len() < 1024 * 1024 && !in_file().contains("xxxx"), "a fresh file");
+}
