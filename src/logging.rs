@@ -15,6 +15,12 @@
 //! `log_level` ([`set_level`]). Secrets never reach a log line: they live in
 //! [`crate::config::Secret`], whose `Debug` prints `***`.
 //!
+//! Without systemd (a shell, tmux, cron `@reboot`) nothing keeps stderr:
+//! `[daemon] log_file` makes `bramble run` append its lines to a file as
+//! well ([`LogFile`]: mode 0600, created with its directory, renamed to
+//! `<file>.1` at [`LOG_FILE_CAP`] so an SD card never fills with it); stderr
+//! then gets them only when it is a terminal (cron would mail them).
+//!
 //! Log lines carry text from outside (a refused command an MQTT publisher
 //! asked for, a server's error): on stderr, which is often a terminal, every
 //! message and field value is written with its control characters escaped
@@ -23,9 +29,11 @@
 //! `journalctl` shows a value with control characters as `[blob data]`
 //! unless asked for `--all`: that path is left as it is.
 
-use std::os::unix::fs::MetadataExt;
-
-use std::sync::OnceLock;
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
@@ -40,7 +48,11 @@ static FILTER: OnceLock<(reload::Handle<Targets, Registry>, String)> = OnceLock:
 /// Filters are `level` or `target=level` lists (`info`, `bramble=debug,warn`):
 /// `tracing_subscriber`'s `Targets`, which needs no regex engine (that would
 /// add about 300 KB to the binary for span filters nobody uses here).
-pub fn init(config_level: Option<&str>, default_level: &str) {
+///
+/// `log_file`: also append every line to this file ([`LogFile`]); stderr then
+/// gets them only when it is a terminal. A file that cannot be opened is
+/// said on stderr, and logging goes on without it.
+pub fn init(config_level: Option<&str>, default_level: &str, log_file: Option<&Path>) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -55,19 +67,113 @@ pub fn init(config_level: Option<&str>, default_level: &str) {
     let journald = stderr_is_journal().then(|| tracing_journald::layer().ok()).flatten().map(|l| {
         l.with_syslog_identifier("bramble".into()).with_field_prefix(None).with_priority_mappings(priorities())
     });
-    let fmt = journald.is_none().then(|| {
+    let file = log_file.and_then(|path| match LogFile::open(path) {
+        Ok(file) => Some(file),
+        Err(e) => {
+            eprintln!("bramble: warning: cannot write the log file {} ([daemon] log_file): {e}", path.display());
+            None
+        }
+    });
+    let has_file = file.is_some();
+    let to_file = file.map(|file| {
+        tracing_subscriber::fmt::layer()
+            .fmt_fields(escaped_fields())
+            .with_writer(file)
+            .with_target(false)
+            .with_ansi(false)
+    });
+    let stderr_terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = (journald.is_none() && (!has_file || stderr_terminal)).then(|| {
         tracing_subscriber::fmt::layer()
             .fmt_fields(escaped_fields())
             .with_writer(std::io::stderr)
             .with_target(false)
-            .with_ansi(colour(
-                std::io::IsTerminal::is_terminal(&std::io::stderr()),
-                std::env::var_os("NO_COLOR").as_deref(),
-            ))
+            .with_ansi(colour(stderr_terminal, std::env::var_os("NO_COLOR").as_deref()))
     });
     let (targets, handle) = reload::Layer::new(targets);
-    if tracing_subscriber::registry().with(targets).with(journald).with(fmt).try_init().is_ok() {
+    if tracing_subscriber::registry().with(targets).with(journald).with(fmt).with(to_file).try_init().is_ok() {
         let _ = FILTER.set((handle, default_level.to_string()));
+    }
+}
+
+/// A log file grows to this size, then becomes `<file>.1` (the one before
+/// it is dropped): at most twice this on the disk.
+pub const LOG_FILE_CAP: u64 = 10 * 1024 * 1024;
+
+/// `[daemon] log_file`: appended to, 0600, rotated at [`LOG_FILE_CAP`].
+/// Each event is one `write` (the formatter writes a whole line at once), so
+/// a line is never split between two files.
+pub struct LogFile {
+    path: PathBuf,
+    /// The open file and its length; `None` after a failed rotation (the
+    /// next line tries to open it again).
+    state: Mutex<Option<(File, u64)>>,
+    cap: u64,
+}
+
+impl LogFile {
+    /// Open (or create, with its directory, 0700) `path` for appending, mode 0600.
+    pub fn open(path: &Path) -> std::io::Result<LogFile> {
+        LogFile::with_cap(path, LOG_FILE_CAP)
+    }
+
+    fn with_cap(path: &Path, cap: u64) -> std::io::Result<LogFile> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        }
+        let file = open_append(path)?;
+        let len = file.metadata()?.len();
+        Ok(LogFile { path: path.to_path_buf(), state: Mutex::new(Some((file, len))), cap })
+    }
+
+    /// Append `line`, first moving a full file to `<file>.1`.
+    fn append(&self, line: &[u8]) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let full = state.as_ref().is_some_and(|(_, len)| *len > 0 && len + line.len() as u64 > self.cap);
+        if full || state.is_none() {
+            *state = None;
+            if full {
+                let mut old = self.path.clone().into_os_string();
+                old.push(".1");
+                std::fs::rename(&self.path, old)?;
+            }
+            let file = open_append(&self.path)?;
+            let len = file.metadata()?.len();
+            *state = Some((file, len));
+        }
+        let Some((file, len)) = state.as_mut() else { return Ok(()) };
+        file.write_all(line)?;
+        *len += line.len() as u64;
+        Ok(())
+    }
+}
+
+/// `path` opened for appending, created 0600; an existing file is set to 0600 too.
+fn open_append(path: &Path) -> std::io::Result<File> {
+    let file = std::fs::OpenOptions::new().append(true).create(true).mode(0o600).open(path)?;
+    if file.metadata()?.permissions().mode() & 0o777 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(file)
+}
+
+/// One event's line, written to a [`LogFile`] at once.
+pub struct LogLine<'a>(&'a LogFile);
+
+impl std::io::Write for LogLine<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.append(buf)?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogFile {
+    type Writer = LogLine<'a>;
+    fn make_writer(&'a self) -> LogLine<'a> {
+        LogLine(self)
     }
 }
 
@@ -187,6 +293,33 @@ mod tests {
         assert_eq!(text.lines().count(), 1, "one event, one line: {text:?}");
         assert!(text.contains("audit: exec refused: ls \\x1b]52;c;ZXZpbA==\\x07\\u{9b}2J\\nINFO forged"), "{text}");
         assert!(text.contains("detail=ls \\x1b]52") && text.contains(r#"session="mqtt:x\nFAKE""#), "{text}");
+    }
+
+    #[test]
+    fn the_log_file_is_private_appended_to_and_rotated_at_its_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("logs/deeper/bramble.log");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "from before\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let file = LogFile::with_cap(&path, 40).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600, "made private");
+        file.append(b"line one\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "from before\nline one\n", "appended");
+        file.append(b"a line that does not fit any more\n").unwrap();
+        let old = std::fs::read_to_string(dir.path().join("logs/deeper/bramble.log.1")).unwrap();
+        assert_eq!(old, "from before\nline one\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a line that does not fit any more\n");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        // A line longer than the cap still goes into a file of its own; only one `.1` is kept.
+        file.append(&[b'x'; 100]).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap().len(), 100);
+        assert!(std::fs::read_to_string(dir.path().join("logs/deeper/bramble.log.1")).unwrap().starts_with("a line"));
+        assert!(!dir.path().join("logs/deeper/bramble.log.2").exists());
+        // A directory that does not exist yet is created, private.
+        let fresh = dir.path().join("new/dir/b.log");
+        LogFile::open(&fresh).unwrap();
+        assert_eq!(std::fs::metadata(fresh.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
     }
 
     #[test]

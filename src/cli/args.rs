@@ -15,8 +15,16 @@ use clap::{Parser, Subcommand};
     max_term_width = 100
 )]
 pub struct Cli {
-    /// Config file [default: $XDG_CONFIG_HOME/bramble/config.toml, /etc/bramble/config.toml under systemd]
-    #[arg(long, global = true, env = "BRAMBLE_CONFIG", value_name = "PATH")]
+    // Global: shown at every level, so `-h` gets one short line; `--help` says where it is looked for.
+    #[arg(
+        long,
+        global = true,
+        env = "BRAMBLE_CONFIG",
+        value_name = "PATH",
+        help = "Config file [default: see --help]",
+        long_help = "Config file [default: $XDG_CONFIG_HOME/bramble/config.toml, \
+                     /etc/bramble/config.toml under systemd]"
+    )]
     pub config: Option<PathBuf>,
 
     #[command(subcommand)]
@@ -57,8 +65,10 @@ pub enum Command {
     },
     /// Show provider, paths, tools and sessions
     Status {
-        /// One JSON object instead of the text (stable names, fields only ever added; times RFC 3339
-        /// UTC; null when unknown or private to the service): `source` (`daemon`|`shell`),
+        /// One JSON object instead of the text (`--help` lists its fields)
+        ///
+        /// Stable names, fields only ever added; times RFC 3339 UTC; null when unknown or private
+        /// to the service. The fields: `source` (`daemon`|`shell`),
         /// `daemon_pid`, `config`, `env_file`, `env_file_daemon`, `providers` [{`name`, `kind`,
         /// `base_url`, `model`, `key` {`state`: `set`|`unset`|`not_needed`, `env`}, `key_from`,
         /// `tokens_today`, `daily_token_budget`}], `model`, `fallback`, `fallback_cooldown`,
@@ -77,7 +87,9 @@ pub enum Command {
     /// Check what users ask about: config, keys, provider (one GET of its model list, no tokens),
     /// Telegram (getMe), MQTT (one CONNECT), clock, sandbox, disk, service
     Doctor {
-        /// One JSON object instead of the text: `result` (`ok`|`warn`|`fail`), `errors`, `warnings`,
+        /// One JSON object instead of the text (`--help` lists its fields)
+        ///
+        /// The fields: `result` (`ok`|`warn`|`fail`), `errors`, `warnings`,
         /// `checks` [{`name`, `status` (`ok`|`warn`|`fail`|`skip`), `detail`, `hint` (or null)}];
         /// the exit status is the text's (1 when a check failed)
         #[arg(long)]
@@ -254,6 +266,10 @@ pub struct AddArgs {
 #[derive(Debug, Subcommand)]
 pub enum CronCommand {
     /// Add a job (a running daemon picks it up at once)
+    // The generated usage names every value (140 columns): this one fits 100.
+    #[command(
+        override_usage = "bramble cron add [OPTIONS] <NAME> <--every|--cron|--at|--in> <--message|--remind|--exec>"
+    )]
     Add(AddArgs),
     /// List jobs with their next run, in each job's zone (done one-shots with --all)
     List {

@@ -79,7 +79,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         service::Acting::Service(_) | service::Acting::Own => {}
     }
     let default_level = if matches!(cli.command, Command::Run) { "info" } else { "warn" };
-    crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level);
+    // The log file is the daemon's: a one-shot command's warnings are its own terminal's.
+    let log_file = loaded.config.daemon.log_file.as_deref().filter(|_| matches!(cli.command, Command::Run));
+    let log_file = log_file.map(|p| config::expand_tilde(p, &config::home_dir()));
+    crate::logging::init(loaded.config.daemon.log_level.as_deref(), default_level, log_file.as_deref());
     if let Some((path, applied)) = &env_file {
         let kept = if applied.kept.is_empty() {
             String::new()

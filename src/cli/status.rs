@@ -428,6 +428,9 @@ struct ExecFacts {
     enabled: bool,
     timeout: Option<String>,
     network: Option<String>,
+    /// What `network` comes to on this system, in words (`auto` differs with the jail).
+    #[serde(skip)]
+    network_means: Option<String>,
     /// The sandbox's layers, in words (null: exec is off).
     sandbox: Option<String>,
 }
@@ -446,7 +449,9 @@ impl Section for ExecPart {
         let mut lines = Vec::new();
         match (&e.timeout, &e.network, &e.sandbox) {
             (Some(timeout), Some(network), Some(sandbox)) if e.enabled => {
-                lines.push(format!("exec:       timeout {timeout}, network {network}"));
+                let setting = if network.starts_with('[') { network.clone() } else { format!("\"{network}\"") };
+                let means = e.network_means.as_deref().map(|m| format!(", which here means: {m}")).unwrap_or_default();
+                lines.push(format!("exec:       timeout {timeout}, network {setting}{means}"));
                 lines.push(format!("sandbox:    {sandbox}"));
             }
             _ => lines.push("exec:       off".into()),
@@ -463,13 +468,18 @@ impl Section for ExecPart {
 fn exec_lines(loaded: &Loaded) -> ExecPart {
     let c = &loaded.config;
     let exec = match c.exec.enabled {
-        true => ExecFacts {
-            enabled: true,
-            timeout: Some(c.exec.timeout.to_string()),
-            network: Some(c.exec.network.as_str().to_string()),
-            sandbox: Some(crate::sandbox::Sandbox::for_config(loaded).layers_summary(&c.exec)),
-        },
-        false => ExecFacts { enabled: false, timeout: None, network: None, sandbox: None },
+        true => {
+            let sandbox = crate::sandbox::Sandbox::for_config(loaded);
+            let reach = crate::sandbox::network_reach(&c.exec, &sandbox.probe());
+            ExecFacts {
+                enabled: true,
+                timeout: Some(c.exec.timeout.to_string()),
+                network: Some(c.exec.network.as_str().to_string()),
+                network_means: Some(reach.describe().to_string()),
+                sandbox: Some(sandbox.layers_summary(&c.exec)),
+            }
+        }
+        false => ExecFacts { enabled: false, timeout: None, network: None, network_means: None, sandbox: None },
     };
     let web_search = c.web.enabled.then(|| {
         let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));

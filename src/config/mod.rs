@@ -517,6 +517,9 @@ pub struct DaemonConfig {
     pub state_dir: Option<PathBuf>,
     /// `error`, `warn`, `info`, `debug`, `trace`, or a tracing filter; `RUST_LOG` wins.
     pub log_level: Option<String>,
+    /// `bramble run` also appends its log here (0600; at 10 MiB it becomes
+    /// `<file>.1`): for a daemon started without systemd (a shell, tmux, cron `@reboot`).
+    pub log_file: Option<PathBuf>,
     /// How long after start cron and `at` jobs wait for the system clock to report
     /// NTP synchronisation (a Pi has no battery clock and boots with a stale time)
     /// before trusting it anyway. `0s`: trust it at once.
@@ -525,7 +528,7 @@ pub struct DaemonConfig {
 
 impl Default for DaemonConfig {
     fn default() -> Self {
-        DaemonConfig { state_dir: None, log_level: None, clock_sync_wait: Dur::secs(600) }
+        DaemonConfig { state_dir: None, log_level: None, log_file: None, clock_sync_wait: Dur::secs(600) }
     }
 }
 

@@ -203,8 +203,9 @@ impl Chain {
         }
         let order: Vec<usize> = fresh.iter().copied().chain(cooling.iter().map(|(i, _)| *i)).collect();
         if order.is_empty() {
-            return Err(self.exhausted(&candidates, failures));
+            return Err(self.exhausted(&candidates, failures, false));
         }
+        let mut unreachable = false;
         for (k, &i) in order.iter().enumerate() {
             let c = &candidates[i];
             let backend = &self.backends[c.backend];
@@ -227,10 +228,17 @@ impl Chain {
                     resp.route = Some(Route { provider: backend.name.clone(), model: c.model.clone(), fallback });
                     return Ok(resp);
                 }
-                Err(e) if single || !e.falls_back() => return Err(e),
+                Err(e) if single || !e.falls_back() => {
+                    if e.falls_back() {
+                        // The call's one warning (its retries were `info`): the provider failed, not our request.
+                        tracing::warn!(model = %self.label_of(c), error = %e, "model failed");
+                    }
+                    return Err(e);
+                }
                 Err(e) => {
                     let wait = self.cooldown.max(e.retry_after().unwrap_or_default());
                     let reason = short(&e);
+                    unreachable |= matches!(e, ProviderError::Unreachable { .. });
                     let mut all = self.cooling();
                     all.insert(c.backend, Cooling { until: Instant::now() + wait, reason: reason.clone() });
                     drop(all);
@@ -248,7 +256,7 @@ impl Chain {
                 }
             }
         }
-        Err(self.exhausted(&candidates, failures))
+        Err(self.exhausted(&candidates, failures, unreachable))
     }
 
     /// Why the model asked for did not answer.
@@ -268,11 +276,21 @@ impl Chain {
         }
     }
 
-    fn exhausted(&self, candidates: &[Candidate], mut failures: Vec<(usize, String)>) -> ProviderError {
+    /// Every candidate failed: why, each; when one could not be reached, the
+    /// last reason ends with where to look (`bramble doctor`).
+    fn exhausted(
+        &self,
+        candidates: &[Candidate],
+        mut failures: Vec<(usize, String)>,
+        unreachable: bool,
+    ) -> ProviderError {
         failures.sort_by_key(|(i, _)| *i);
-        ProviderError::Exhausted(
-            failures.into_iter().map(|(i, why)| format!("{}: {why}", self.label_of(&candidates[i]))).collect(),
-        )
+        let mut reasons: Vec<String> =
+            failures.into_iter().map(|(i, why)| format!("{}: {why}", self.label_of(&candidates[i]))).collect();
+        if let Some(last) = reasons.last_mut().filter(|_| unreachable) {
+            last.push_str(". Are the servers running and their `base_url` right? `bramble doctor` checks each");
+        }
+        ProviderError::Exhausted(reasons)
     }
 }
 
@@ -289,6 +307,8 @@ fn named_in<'a>(providers: impl Iterator<Item = (&'a str, bool, &'a str)>, text:
 /// An error as a short reason: the last of a retried one, with the attempts.
 fn short(e: &ProviderError) -> String {
     match e {
+        // Without the `doctor` hint: [`Chain::exhausted`] gives it once, at the end.
+        ProviderError::Unreachable { url, message } => format!("could not reach the provider at {url}: {message}"),
         ProviderError::GaveUp { attempts, last } => format!("{last} (after {attempts} attempts)"),
         other => other.to_string(),
     }

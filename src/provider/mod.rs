@@ -248,9 +248,17 @@ pub enum ProviderError {
     /// Any other HTTP error status from the server.
     #[error("the provider answered HTTP {status}: {message}")]
     Http { status: u16, message: String, retry_after: Option<std::time::Duration> },
-    /// Connection refused, DNS, TLS, reset.
+    /// The connection broke after it was made (reset, closed early): retried.
     #[error("could not reach the provider at {url}: {message}")]
     Transport { url: String, message: String },
+    /// No connection could be made: refused, no such host (DNS), no route,
+    /// a TLS handshake that failed. Not retried: the server is down or
+    /// `base_url` is wrong, and trying again within the turn changes neither.
+    #[error(
+        "could not reach the provider at {url}: {message}. Is the server running and `base_url` right? \
+         `bramble doctor` checks it"
+    )]
+    Unreachable { url: String, message: String },
     /// No (whole) answer within `[provider] timeout`: a hung socket, a model
     /// still loading. Retried, except when a fallback is waiting.
     #[error("the provider at {url} did not answer in time: {message}")]
@@ -287,6 +295,7 @@ impl ProviderError {
             ProviderError::GaveUp { .. }
             | ProviderError::Auth { .. }
             | ProviderError::NotConfigured(_)
+            | ProviderError::Unreachable { .. }
             | ProviderError::Decode(_) => true,
             // 404: no such model; 3xx: a redirect we do not follow (the server moved).
             ProviderError::Http { status: 404 | 300..=399, .. } => true,
@@ -572,10 +581,12 @@ async fn post_body(
     }
     let sent = secrets_sent(&headers, secret);
     let transport = |e: reqwest::Error| {
-        let timed_out = e.is_timeout();
+        let (timed_out, unreachable) = (e.is_timeout(), e.is_connect());
         let message = redact_sent(&transport_message(e), &sent);
         if timed_out {
             ProviderError::Timeout { url: url.to_string(), message }
+        } else if unreachable {
+            ProviderError::Unreachable { url: url.to_string(), message }
         } else {
             ProviderError::Transport { url: url.to_string(), message }
         }

@@ -3,11 +3,15 @@
 //! Rate limits (429), overload (529, 503) and dropped connections are routine
 //! with hosted LLMs, and a daemon that runs scheduled jobs unattended should
 //! ride them out rather than fail a turn. Backends stay retry-free; this
-//! wrapper decides, using [`ProviderError::is_retryable`]: auth failures and
-//! bad requests come back at once and unchanged, transient ones are retried
+//! wrapper decides, using [`ProviderError::is_retryable`]: auth failures,
+//! bad requests and a host that cannot be reached at all (refused, no such
+//! host: [`ProviderError::Unreachable`]; a retry ladder would only delay the
+//! error by 7 s) come back at once and unchanged, transient ones are retried
 //! with exponential backoff (1 s, 2 s, 4 s by default), or after the server's
 //! `Retry-After` when it gave one. When the retries run out the caller gets
-//! [`ProviderError::GaveUp`] with the last error inside.
+//! [`ProviderError::GaveUp`] with the last error inside. Each retry is logged
+//! at `info`; the one warning of a failed call is the caller's (the
+//! [`super::chain`]), so a dead provider is one line in the log, not four.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,14 +133,15 @@ pub async fn call<P: Provider + ?Sized>(
             if retry == 0 {
                 return Err(err);
             }
-            tracing::warn!(provider = inner.name(), attempts = retry + 1, error = %err, "giving up");
+            tracing::debug!(provider = inner.name(), attempts = retry + 1, error = %err, "giving up");
             return Err(ProviderError::GaveUp { attempts: retry + 1, last: Box::new(err) });
         }
         let status = match &err {
             ProviderError::Http { status, .. } => Some(*status),
             _ => None,
         };
-        tracing::warn!(
+        // One warning per call, from whoever gives up (the fallback chain): each retry is news only at `info`.
+        tracing::info!(
             provider = inner.name(),
             status,
             attempt = retry + 1,
@@ -284,6 +289,7 @@ mod tests {
             http(400, None),
             Err(ProviderError::Auth { status: 401, message: "bad key".into() }),
             Err(ProviderError::Decode("x".into())),
+            Err(ProviderError::Unreachable { url: "u".into(), message: "Connection refused".into() }),
         ] {
             let p = Retrying::new(Scripted::new(vec![err, ok("never")]), RetryPolicy::default());
             let start = tokio::time::Instant::now();

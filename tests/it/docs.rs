@@ -394,7 +394,9 @@ fn the_command_line_reference_names_every_command_and_option() {
                 continue;
             }
             let first = line.split_whitespace().next().unwrap_or("");
-            if section == "Commands" && first != "help" {
+            // Help is wrapped: a continued description is indented deeper than a command or option.
+            let indent = line.len() - line.trim_start().len();
+            if section == "Commands" && first != "help" && indent == 2 {
                 let sub = [path.clone(), vec![first.to_string()]].concat();
                 seen += 1;
                 let named =
@@ -404,7 +406,7 @@ fn the_command_line_reference_names_every_command_and_option() {
                 }
                 todo.push(sub);
             }
-            if section == "Options" && line.trim_start().starts_with('-') {
+            if section == "Options" && line.trim_start().starts_with('-') && indent <= 6 {
                 let spec = line.trim_start().split("  ").next().unwrap_or("");
                 for word in spec.split([' ', ',']).filter(|w| w.starts_with("--")) {
                     seen += 1;

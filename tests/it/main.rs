@@ -16,6 +16,7 @@ mod cli_json;
 mod cron_reference;
 mod daemon;
 mod docs;
+mod firsthour;
 mod firstrun;
 mod homeassistant;
 mod lean;
