@@ -91,9 +91,16 @@ impl Agent {
     /// Whether the prompt passes [`Self::consolidation_threshold`], or the
     /// session has more messages than the history window holds (they would
     /// drop out of the prompt without being remembered).
+    ///
+    /// `prompt` may have been fitted to the window already (its oldest turns
+    /// left out): the estimate counts the session's whole history window, so
+    /// what fitting left out is consolidated, not lost.
     pub(super) fn needs_consolidation(&self, key: &str, prompt: &[Message]) -> bool {
         let count = self.sessions.load(key).map(|s| s.messages.len() + s.skipped).unwrap_or(0);
-        let estimate = memory::estimate_tokens(prompt) + self.spec_tokens();
+        let history = self.sessions.history(key, self.settings.history_messages).unwrap_or_default();
+        let around = prompt.first().into_iter().chain(prompt.iter().rev().take(2).filter(|_| prompt.len() > 2));
+        let around: Vec<Message> = around.cloned().collect();
+        let estimate = memory::estimate_tokens(&around) + memory::estimate_tokens(&history) + self.spec_tokens();
         count > self.settings.history_messages || estimate > self.consolidation_threshold()
     }
 

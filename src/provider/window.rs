@@ -80,10 +80,10 @@ struct Family {
 /// - Qwen2.5 / Qwen2.5-Coder / Qwen3: their Hugging Face model cards, "Context
 ///   Length: Full 32,768 tokens" (131,072 only with YaRN turned on by hand);
 /// - Llama 3.1 / 3.2 / 3.3: Meta's model cards, 128K; Llama 3: 8K;
-/// - Gemma 3: Google's model card, 128K, 32K for the 1B (and 270M);
+/// - Gemma 3: Google's model card, 128K, 32K for the 1B (and 270M); Gemma 3n: its card, 32K;
 ///   Gemma 2: its config.json, 8,192;
 /// - Phi-4-mini-instruct: Microsoft's model card, 128K; Phi-4: 16K;
-///   Phi-3 mini as Ollama ships it (`phi3`): the 4K variant;
+///   Phi-3.5-mini: its card, 128K; Phi-3 mini as Ollama ships it (`phi3`): the 4K variant;
 /// - Mistral NeMo: Mistral's announcement, 128K; Mistral 7B Instruct v0.3: its card, 32K;
 /// - SmolLM2: its model card, 8K; TinyLlama: its card, 2,048.
 const FAMILIES: &[Family] = &[
@@ -95,12 +95,14 @@ const FAMILIES: &[Family] = &[
     Family { prefix: "llama31", size: None, tokens: 131_072, name: "Llama 3.1" },
     Family { prefix: "llama3", size: None, tokens: 8_192, name: "Llama 3" },
     Family { prefix: "metallama3", size: None, tokens: 8_192, name: "Llama 3" },
+    Family { prefix: "gemma3n", size: None, tokens: 32_768, name: "Gemma 3n" },
     Family { prefix: "gemma3", size: Some("1b"), tokens: 32_768, name: "Gemma 3 1B" },
     Family { prefix: "gemma3", size: Some("270m"), tokens: 32_768, name: "Gemma 3 270M" },
     Family { prefix: "gemma3", size: None, tokens: 131_072, name: "Gemma 3" },
     Family { prefix: "gemma2", size: None, tokens: 8_192, name: "Gemma 2" },
     Family { prefix: "phi4mini", size: None, tokens: 131_072, name: "Phi-4-mini" },
     Family { prefix: "phi4", size: None, tokens: 16_384, name: "Phi-4" },
+    Family { prefix: "phi35", size: None, tokens: 131_072, name: "Phi-3.5-mini" },
     Family { prefix: "phi3", size: None, tokens: 4_096, name: "Phi-3 mini (4k)" },
     Family { prefix: "mistralnemo", size: None, tokens: 131_072, name: "Mistral NeMo" },
     Family { prefix: "mistral", size: None, tokens: 32_768, name: "Mistral 7B" },
@@ -340,6 +342,9 @@ mod tests {
         assert_eq!(t("phi4-mini"), Some(131_072));
         assert_eq!(t("phi-4"), Some(16_384));
         assert_eq!(t("mistral:7b"), Some(32_768));
+        assert_eq!(t("phi3.5:3.8b"), Some(131_072));
+        assert_eq!(t("phi3:mini"), Some(4_096));
+        assert_eq!(t("gemma3n:e2b"), Some(32_768));
         assert_eq!(t("mistral-nemo"), Some(131_072));
         assert_eq!(t("gpt-4.1-mini"), None);
         assert_eq!(t(""), None);

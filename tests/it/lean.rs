@@ -197,3 +197,28 @@ async fn ollamas_show_answer_gives_the_window_and_a_redirect_is_not_followed() {
     assert_eq!(*elsewhere_hits.lock().unwrap(), 0);
     assert!(tool_names(&first).contains(&"spawn".to_string()), "{:?}", tool_names(&first));
 }
+
+#[tokio::test]
+async fn a_small_window_starts_consolidation_before_the_prompt_overflows_it() {
+    use bramble::agent::TurnRequest;
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    // `[agent] context_tokens` stays at its 24,000: the 4,096-token window (a
+    // prompt budget of 3,072) is what starts consolidation.
+    let home = TestHome::new("openai", &fake.base_url(), "", "context_window = 4096", "");
+    let (agent, _out) = home.agent();
+    // Messages of ~1,000 tokens: the third turn's prompt would pass the budget.
+    let big = |c: char| c.to_string().repeat(4000);
+    for c in ['a', 'b'] {
+        fake.push(Reply::text("ok"));
+        agent.turn(TurnRequest::cli("s", big(c))).await.unwrap();
+    }
+    assert_eq!(fake.request_count(), 2, "still under the budget");
+    let summary = json!({"history_entry": "[2026-05-01 10:00] Two long messages.", "memory_update": ""});
+    fake.push(Reply::tool_call("save_memory", summary.to_string()));
+    fake.push(Reply::text("ok"));
+    agent.turn(TurnRequest::cli("s", big('c'))).await.unwrap();
+    let reqs = fake.requests();
+    assert!(reqs[2].get("tool_choice").is_some(), "the third turn consolidated first: {}", reqs[2]);
+    assert!(tokens(&reqs[3]) <= 3072, "the turn's prompt fits the budget: {}", tokens(&reqs[3]));
+    assert!(tool_names(&reqs[3]).len() <= 5, "4,096 tokens choose the lean profile");
+}
