@@ -12,6 +12,7 @@
 
 pub mod channels;
 mod diagnose;
+pub mod email;
 pub mod env;
 pub mod homeassistant;
 pub mod keys;
@@ -62,6 +63,8 @@ pub struct Config {
     pub homeassistant: HomeAssistantConfig,
     /// `[service]`: what members of the installed service's group may do.
     pub service: ServiceConfig,
+    /// `[email]` (`email.rs`): IMAP in, SMTP out.
+    pub email: email::EmailConfig,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -233,6 +236,7 @@ impl Default for Config {
             policy: BTreeMap::new(),
             homeassistant: HomeAssistantConfig::default(),
             service: ServiceConfig::default(),
+            email: email::EmailConfig::default(),
         }
     }
 }
@@ -590,6 +594,7 @@ impl Config {
         let mut found: Vec<diagnose::Found> = Vec::new();
         found.extend(config.check_models(text).err());
         found.extend(config.mcp.check().err());
+        found.extend(config.email.check(text).err());
         if !found.is_empty() {
             return Err(all(found));
         }

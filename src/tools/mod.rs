@@ -55,6 +55,8 @@ pub enum Origin {
     Cli,
     /// A Telegram chat, started by an `allow_from` user.
     Telegram,
+    /// Mail from an `[email] allow_from` sender the receiving server authenticated.
+    Email,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -73,6 +75,7 @@ impl Origin {
         match channel {
             Channel::Cli => Origin::Cli,
             Channel::Telegram => Origin::Telegram,
+            Channel::Email => Origin::Email,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::HomeAssistant => Origin::HomeAssistant,
@@ -83,7 +86,7 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::System)
+        matches!(self, Origin::Cli | Origin::Telegram | Origin::Email | Origin::System)
     }
 
     /// The name used in refusals and logs.
@@ -91,6 +94,7 @@ impl Origin {
         match self {
             Origin::Cli => "the terminal",
             Origin::Telegram => "Telegram",
+            Origin::Email => "email",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::HomeAssistant => "a Home Assistant trigger",
@@ -126,6 +130,17 @@ impl Origin {
                 true => Ok(()),
                 false => Err(ToolError::new(format!(
                     "this turn came from {} (an untrusted origin): it cannot send to {target}",
+                    self.name()
+                ))),
+            };
+        }
+        if let crate::bus::Target::Email(t) = target {
+            // A model turn mails only `[email] allow_from` addresses, whoever asked.
+            return match self.trusted() && chats.allows_email(&t.address) {
+                true => Ok(()),
+                false => Err(ToolError::new(format!(
+                    "email:{} is not in [email] allow_from (or this turn came from {}): mail goes only to allowed addresses",
+                    t.address,
                     self.name()
                 ))),
             };
@@ -247,7 +262,10 @@ pub fn presumed(conversation: &Conversation) -> Principal {
             Ok(id) if id > 0 => Principal::Telegram(id),
             _ => Principal::Anonymous,
         },
-        Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
+        Channel::Email if crate::bus::is_plain_address(&conversation.chat_id) => {
+            Principal::Email(conversation.chat_id.clone())
+        }
+        Channel::Email | Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
     }
 }
 

@@ -15,6 +15,8 @@ mod cli_json;
 mod cron_reference;
 mod daemon;
 mod docs;
+#[cfg(feature = "email")]
+mod email;
 mod firstrun;
 mod homeassistant;
 mod mcp;
