@@ -109,7 +109,7 @@ impl Target {
                 }
             }
             Some(("email", rest)) => EmailTarget::parse(rest.trim()).map(Target::Email).map_err(|why| {
-                format!("`{text}`: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
+                format!("`{text}` is not a delivery target: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
             }),
             Some(("mqtt", topic)) => {
                 let topic = topic.trim();
@@ -721,6 +721,35 @@ mod tests {
         assert_eq!(old, Target::Mqtt(Some("$SYS/x\0".into())));
         assert!(serde_json::from_str::<Target>("\"mqtt:a/#\"").is_err());
         assert_eq!("ha:notify.mobile_app_x".parse::<Target>().unwrap().channel(), "ha");
+    }
+
+    #[test]
+    fn email_targets_are_one_plain_address_and_maybe_a_digest_time() {
+        for t in ["email:me@example.org", "email:me+bot@mail.example.org?digest=07:00"] {
+            assert_eq!(t.parse::<Target>().unwrap().to_string(), t);
+        }
+        let t: Target = "email:me@example.org?digest=23:59".parse().unwrap();
+        assert_eq!(t, Target::Email(EmailTarget { address: "me@example.org".into(), digest: Some((23, 59)) }));
+        assert_eq!(t.channel(), "email");
+        // Nothing a header could be split on, no second address, no other option.
+        for bad in [
+            "email:me@example.org\r\nBcc: x@y.z",
+            "email:a@b.c,d@e.f",
+            "email:<me@example.org>",
+            "email:me@localhost",
+            "email:me@example.org?digest=7:00",
+            "email:me@example.org?digest=24:00",
+            "email:me@example.org?cc=x@y.z",
+        ] {
+            let err = bad.parse::<Target>().unwrap_err();
+            assert!(err.contains("not a delivery target"), "{bad}: {err}");
+        }
+        let c = Conversation::new(Channel::Email, "me@example.org", "email:me@example.org:1");
+        assert_eq!(c.reply_target().to_string(), "email:me@example.org");
+        assert_eq!(Source::of(&c, false), Source::Email);
+        assert_eq!(Source::of(&c, true), Source::Job);
+        assert_eq!("email:me@example.org".parse::<Principal>().unwrap(), Principal::Email("me@example.org".into()));
+        assert!("email:nobody".parse::<Principal>().is_err());
     }
 
     #[test]

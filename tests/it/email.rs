@@ -110,3 +110,123 @@ async fn a_trusted_mail_is_answered_in_its_thread_and_marked_seen() {
     assert!(mark.contains("\"last_uid\":1"), "{mark}");
     drop(daemon);
 }
+
+#[tokio::test]
+async fn forged_strange_automatic_oversize_and_looping_mail_is_never_answered() {
+    let s = setup("imaps", "max_mail_mb = 1\n").await;
+    // The malformed mail and the last one are the sender's: both answered.
+    s.llm.push(Reply::text("Only you."));
+    s.llm.push(Reply::text("Only you."));
+    let real_but_failed =
+        "Authentication-Results: mx.home.example; dkim=none; spf=softfail smtp.mailfrom=evil.example\r\n";
+    let forged_below = "Authentication-Results: mx.home.example; dkim=pass header.d=example.org\r\n";
+    let other_server = "Authentication-Results: mx.evil.example; dkim=pass header.d=example.org\r\n";
+    let stranger_ar = "Authentication-Results: mx.home.example; dkim=pass header.d=example.org\r\n";
+    let big = "x".repeat(1_200_000);
+    for m in [
+        // A forged From, no verdict at all.
+        mail("", "me@example.org", "f1@evil.example", "hi", "forged 1", ""),
+        // Another server's verdict.
+        mail(other_server, "me@example.org", "f2@evil.example", "hi", "forged 2", ""),
+        // The real stamp says no; a pass forged below it (under the receiving server's Received line).
+        mail(real_but_failed, "me@example.org", "f3@evil.example", "hi", "forged 3", forged_below),
+        // A stranger, authenticated for their own domain.
+        mail(stranger_ar, "you@example.org", "s1@example.org", "hi", "stranger", ""),
+        // Our own mail coming back, and a mail carrying one of our Message-IDs.
+        mail(AR_PASS, "bot@home.example", "x1@home.example", "hi", "own 1", ""),
+        mail(AR_PASS, "me@example.org", "bramble.1.2.3@home.example", "Re: hi", "own 2", ""),
+        // An out-of-office answer and a list's mail.
+        mail(AR_PASS, "me@example.org", "a1@example.org", "Away", "auto 1", "Auto-Submitted: auto-replied\r\n"),
+        mail(AR_PASS, "me@example.org", "a2@example.org", "News", "auto 2", "Precedence: bulk\r\n"),
+        // Over max_mail_mb.
+        mail(AR_PASS, "me@example.org", "big@example.org", "big", &big, ""),
+        // Malformed MIME from the trusted sender: read as far as it goes, no crash.
+        mail(
+            AR_PASS,
+            "me@example.org",
+            "mal@example.org",
+            "broken",
+            "--b\r\n\x01\x02",
+            "MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=\"b\r\n",
+        ),
+    ] {
+        s.imap.deliver(&m).await;
+    }
+    s.imap.deliver(&mail(AR_PASS, "me@example.org", "ok@example.org", "last", "the last one", "")).await;
+    let daemon = s.daemon();
+    let answers = s.smtp.wait_for(2).await;
+    // Mail is read in order: once the last one is answered, every earlier one was decided.
+    assert!(daemon.wait_log_count("mail accepted", 2, 30).await);
+    let asked = asked(&s.llm);
+    assert!(asked.iter().any(|t| t.contains("the last one")), "{asked:?}");
+    for bad in ["forged", "stranger", "own ", "auto ", "xxxx"] {
+        assert!(!asked.iter().any(|t| t.contains(bad)), "{bad} reached the model: {asked:?}");
+    }
+    assert!(answers.iter().all(|m| m.contains("To: me@example.org")), "{answers:?}");
+    let log = daemon.log();
+    for why in [
+        "no Authentication-Results header of mx.home.example",
+        "mx.home.example said dkim=none, spf=softfail",
+        "not in [email] allow_from",
+        "our own mail came back",
+        "Auto-Submitted: auto-replied",
+        "Precedence: bulk",
+        "over [email] max_mail_mb",
+    ] {
+        assert!(log.contains(why), "no log line saying {why:?}:\n{log}");
+    }
+    let seen = s.imap.seen().await;
+    assert_eq!(seen.len(), 11);
+    assert!(seen.iter().all(|(_, seen)| *seen), "every mail is marked seen: {seen:?}");
+    // Nobody but the allowed sender got mail: the strangers and forgers got no answer.
+    let mails = s.smtp.mails();
+    assert_eq!(mails.len(), 2, "{mails:?}");
+    assert_eq!(s.llm.request_count(), 2);
+}
+
+#[tokio::test]
+async fn a_dead_server_and_a_restart_neither_lose_nor_double_a_mail() {
+    // STARTTLS on the plain port this time.
+    let mut s = setup("imap", "").await;
+    for answer in ["one", "two", "three"] {
+        s.llm.push(Reply::text(format!("answer {answer}")));
+    }
+    s.imap.deliver(&mail(AR_PASS, "me@example.org", "r1@example.org", "first", "question one", "")).await;
+    let daemon = s.daemon();
+    s.smtp.wait_for(1).await;
+    // The server dies and comes back: the reader reconnects, the next mail is read once.
+    s.imap.kill();
+    assert!(daemon.wait_log("IMAP failed; reconnecting", 60).await, "{}", daemon.log());
+    s.imap.restart().await;
+    s.imap.deliver(&mail(AR_PASS, "me@example.org", "r2@example.org", "second", "question two", "")).await;
+    s.smtp.wait_for(2).await;
+    // A restart of bramble: the mail that came meanwhile is read, the old ones are not.
+    daemon.stop().await;
+    s.imap.deliver(&mail(AR_PASS, "me@example.org", "r3@example.org", "third", "question three", "")).await;
+    let daemon = s.daemon();
+    let mails = s.smtp.wait_for(3).await;
+    assert!(daemon.wait_log("IMAP connected", 30).await);
+    let asked = asked(&s.llm);
+    for q in ["question one", "question two", "question three"] {
+        assert_eq!(asked.iter().filter(|t| t.contains(q)).count(), 1, "{q}: {asked:?}");
+    }
+    assert!(mails[2].contains("In-Reply-To: <r3@example.org>"), "{}", mails[2]);
+    assert_eq!(s.imap.seen().await, vec![(1, true), (2, true), (3, true)]);
+    daemon.stop().await;
+    assert_eq!(s.smtp.mails().len(), 3);
+}
+
+#[tokio::test]
+async fn with_the_smtp_server_down_the_answer_waits_in_the_outbox() {
+    let mut s = setup("imaps", "").await;
+    s.llm.push(Reply::text("kept for later"));
+    s.smtp.kill();
+    s.imap.deliver(&mail(AR_PASS, "me@example.org", "d1@example.org", "later", "are you there", "")).await;
+    let daemon = s.daemon();
+    assert!(daemon.wait_log("cannot send through the SMTP server", 60).await, "{}", daemon.log());
+    let s = Setup { smtp: s.smtp.restart().await, ..s };
+    let mails = s.smtp.wait_for(1).await;
+    assert!(mails[0].contains("kept for later"), "{}", mails[0]);
+    assert!(mails[0].contains("In-Reply-To: <d1@example.org>"), "{}", mails[0]);
+    drop(daemon);
+}
