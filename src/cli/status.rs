@@ -486,6 +486,9 @@ struct ChannelPart {
     /// Which sources of turns get which tools, in words.
     policy: String,
     homeassistant: String,
+    /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
+    #[serde(skip)]
+    email: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -496,12 +499,14 @@ impl Section for ChannelPart {
     fn lines(&self) -> Vec<String> {
         let from = source(self.secrets_from);
         let ha_from = if self.ha_configured { format!(" {from}") } else { String::new() };
-        vec![
+        let mut lines = vec![
             format!("telegram:   {} {from}", esc(&self.telegram)),
             format!("mqtt:       {}", esc(&self.mqtt)),
             format!("policy:     {}", self.policy),
             format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
-        ]
+        ];
+        lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
+        lines
     }
 }
 
@@ -517,6 +522,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         mqtt: crate::channels::mqtt::status_line(&c.mqtt),
         policy: policy_summary(&c.policy),
         homeassistant: ha,
+        #[cfg(feature = "email")]
+        email: Some(crate::channels::email::check::status_line(&c.email, &loaded.paths.state_dir)),
+        #[cfg(not(feature = "email"))]
+        email: None,
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },
         ha_configured: c.homeassistant.url.is_some(),
     }

@@ -230,3 +230,70 @@ async fn with_the_smtp_server_down_the_answer_waits_in_the_outbox() {
     assert!(mails[0].contains("In-Reply-To: <d1@example.org>"), "{}", mails[0]);
     drop(daemon);
 }
+
+impl Setup {
+    /// `bramble <args>` on this home's config, with the mail password set.
+    async fn cli(&self, args: &[&str]) -> String {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"))
+            .arg("--config")
+            .arg(&self.home.config)
+            .args(args)
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("BRAMBLE_EMAIL_PASSWORD", &self.imap.password)
+            .env("SSL_CERT_FILE", self.imap.ca())
+            .output()
+            .await
+            .expect("bramble");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() || args[0] == "doctor", "bramble {args:?}: {text}");
+        text
+    }
+}
+
+#[tokio::test]
+async fn a_digest_is_collected_on_disk_across_a_restart_and_sent_once_at_its_time() {
+    let s = setup("imaps", "").await;
+    let now = jiff::Timestamp::now().as_second();
+    // The digest's time: the first whole minute at least 40 s away, so both reports are collected before it.
+    let due = (now + 100) - (now + 100) % 60;
+    let hhmm = jiff::Timestamp::from_second(due).unwrap().strftime("%H:%M").to_string();
+    let target = format!("email:me@example.org?digest={hhmm}");
+    for (name, at, text) in [("one", now + 2, "first report"), ("two", now + 3, "second report")] {
+        let at = jiff::Timestamp::from_second(at).unwrap().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        s.cli(&["cron", "add", name, "--at", &at, "--remind", text, "--deliver", &target]).await;
+    }
+    let daemon = s.daemon();
+    let dir = s.home.state.join("email-digest");
+    let collected = || {
+        std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default().lines().count())
+            .sum::<usize>()
+    };
+    assert!(
+        crate::support::daemon::wait_until(60, || collected() == 2).await,
+        "both reports wait on disk: {}",
+        daemon.log()
+    );
+    assert!(s.smtp.mails().is_empty(), "nothing is sent before its time");
+    // A restart keeps them: they are in the state directory, not in memory.
+    daemon.stop().await;
+    let daemon = s.daemon();
+    let mails = s.smtp.wait_for_secs(1, 180).await;
+    assert_eq!(mails.len(), 1, "{mails:?}");
+    let m = &mails[0];
+    for want in ["To: me@example.org", "Subject: bramble: daily digest (2 reports)", "first report", "second report"] {
+        assert!(m.contains(want), "{want} missing in:\n{m}");
+    }
+    assert!(crate::support::daemon::wait_until(30, || collected() == 0).await, "a sent digest is forgotten");
+    // The doctor logs in to both servers; status names the channel.
+    let doctor = s.cli(&["doctor"]).await;
+    assert!(doctor.lines().any(|l| l.starts_with("ok") && l.contains("email") && l.contains("logged in")), "{doctor}");
+    let status = s.cli(&["status"]).await;
+    assert!(status.contains("email:      bot@home.example; reads localhost"), "{status}");
+    drop(daemon);
+}

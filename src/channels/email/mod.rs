@@ -31,6 +31,7 @@
 //! refusal by the server (5xx) is counted against the report, anything else
 //! retried. Digest targets are collected on disk ([`digest`]).
 
+pub mod check;
 pub mod digest;
 pub mod inbound;
 pub mod state;

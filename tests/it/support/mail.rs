@@ -331,7 +331,12 @@ impl SmtpSink {
 
     /// Wait until `n` mails have been taken (up to 60 s); them.
     pub async fn wait_for(&self, n: usize) -> Vec<String> {
-        for _ in 0..600 {
+        self.wait_for_secs(n, 60).await
+    }
+
+    /// Wait until `n` mails have been taken (up to `secs`); them.
+    pub async fn wait_for_secs(&self, n: usize, secs: u64) -> Vec<String> {
+        for _ in 0..secs * 10 {
             let m = self.mails();
             if m.len() >= n {
                 return m;
