@@ -297,3 +297,63 @@ async fn a_digest_is_collected_on_disk_across_a_restart_and_sent_once_at_its_tim
     assert!(status.contains("email:      bot@home.example; reads localhost"), "{status}");
     drop(daemon);
 }
+
+#[tokio::test]
+async fn files_come_in_to_the_inbox_and_go_out_attached_on_a_server_without_idle() {
+    let llm = FakeLlm::start(Dialect::OpenAi).await;
+    // A server that does not offer IDLE: bramble polls.
+    let imap = Dovecot::start_with("imap_capability = IMAP4rev1 LITERAL+ SASL-IR UIDPLUS\n").await;
+    let smtp = SmtpSink::start().await;
+    let home = TestHome::new(
+        "openai",
+        &llm.base_url(),
+        "",
+        "max_retries = 0\n",
+        &format!(
+            "[heartbeat]\nenabled = false\n[email]\naddress = \"bot@home.example\"\n\
+             password_env = \"BRAMBLE_EMAIL_PASSWORD\"\nimap = \"imaps://localhost:{}\"\n\
+             smtp = \"smtp+plain://127.0.0.1:{}\"\nallow_from = [\"me@example.org\"]\n\
+             authserv_id = \"mx.home.example\"\npoll_every = \"10s\"\n",
+            imap.tls_port, smtp.port
+        ),
+    );
+    let s = Setup { llm, imap, smtp, home, log: tempfile::tempdir().expect("log dir") };
+    std::fs::write(s.home.workspace.join("report.csv"), "a,b\n1,2\n").unwrap();
+    s.llm.push(Reply::tool_call("message", r#"{"content": "Here it is.", "attach": ["report.csv"]}"#));
+    s.llm.push(Reply::text("Sent."));
+    let daemon = s.daemon();
+    assert!(daemon.wait_log("IMAP connected", 30).await, "{}", daemon.log());
+    assert!(daemon.log().contains("idle=false"), "{}", daemon.log());
+    // Arrives after the first look: found by the next poll.
+    let body = "--b1\r\nContent-Type: text/plain\r\n\r\nPlease look at the photo.\r\n--b1\r\n\
+                Content-Type: image/png\r\nContent-Disposition: attachment; filename=\"../../etc/cat.png\"\r\n\
+                Content-Transfer-Encoding: base64\r\n\r\niVBORw0KGgo=\r\n--b1--";
+    let m = mail(AR_PASS, "me@example.org", "att@example.org", "photo", body, "MIME-Version: 1.0\r\n").replace(
+        "Content-Type: text/plain; charset=utf-8\r\n\r\n",
+        "Content-Type: multipart/mixed; boundary=\"b1\"\r\n\r\n",
+    );
+    s.imap.deliver(&m).await;
+    let mails = s.smtp.wait_for(2).await;
+    let first = s.llm.requests()[0].to_string();
+    assert!(first.contains("Please look at the photo."), "{first}");
+    let saved: Vec<_> = walk(&s.home.workspace.join("inbox"));
+    assert_eq!(saved.len(), 1, "{saved:?}");
+    assert!(saved[0].ends_with("cat.png") && !saved[0].contains(".."), "{saved:?}");
+    assert_eq!(std::fs::read(&saved[0]).unwrap(), [0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a]);
+    let with_file = mails.iter().find(|m| m.contains("Here it is.")).expect("the message tool's mail");
+    assert!(with_file.contains("filename=\"report.csv\"") || with_file.contains("filename=report.csv"), "{with_file}");
+    assert!(with_file.contains("In-Reply-To: <att@example.org>"), "{with_file}");
+    drop(daemon);
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path().display().to_string());
+        }
+    }
+    out
+}

@@ -88,6 +88,11 @@ pub struct Dovecot {
 
 impl Dovecot {
     pub async fn start() -> Dovecot {
+        Dovecot::start_with("").await
+    }
+
+    /// Like [`start`](Dovecot::start), with more config lines (`imap_capability = …` to hide IDLE).
+    pub async fn start_with(extra: &str) -> Dovecot {
         let bin = ["/usr/sbin/dovecot", "/usr/bin/dovecot"].into_iter().find(|p| Path::new(p).exists()).unwrap_or_else(
             || panic!("the email tests need a real IMAP server and dovecot is not installed: {INSTALL}"),
         );
@@ -113,7 +118,7 @@ impl Dovecot {
              mail_location = maildir:~/Maildir\n\
              service imap-login {{\n  inet_listener imap {{\n    port = {port}\n  }}\n  \
              inet_listener imaps {{\n    port = {tls_port}\n    ssl = yes\n  }}\n}}\n\
-             service anvil {{\n  chroot =\n}}\nservice stats {{\n  inet_listener http {{\n    port = 0\n  }}\n}}\n"
+             service anvil {{\n  chroot =\n}}\nservice stats {{\n  inet_listener http {{\n    port = 0\n  }}\n}}\n{extra}\n"
         );
         std::fs::write(d.join("dovecot.conf"), conf).expect("dovecot.conf");
         let child = std::process::Command::new(bin)
