@@ -527,4 +527,33 @@ mod tests {
         let err = conn.read_line().await.unwrap_err().to_string();
         assert!(err.contains("5000"), "{err}");
     }
+
+    /// A server that slips a response in after its STARTTLS `OK` (to be read
+    /// as if it came over TLS) is refused; one that offers no STARTTLS is not
+    /// logged in to in the clear.
+    #[tokio::test]
+    async fn starttls_is_required_and_not_injected_into() {
+        let serve = |script: &'static [u8]| async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            tokio::spawn(async move {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                sock.write_all(script).await.unwrap();
+                let mut buf = [0u8; 256];
+                while let Ok(n) = sock.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+            MailServer { host: "127.0.0.1".into(), port, tls: MailTls::StartTls }
+        };
+        let pw = Secret::new("pw");
+        let server = serve(b"* OK [CAPABILITY IMAP4rev1 STARTTLS] hi\r\nb1 OK go\r\n* OK injected\r\n").await;
+        let err = Imap::connect(&server, "u", &pw, 1024).await.err().unwrap();
+        assert!(matches!(err, ImapError::Injected), "{err}");
+        let server = serve(b"* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] hi\r\n").await;
+        let err = Imap::connect(&server, "u", &pw, 1024).await.err().unwrap();
+        assert!(matches!(err, ImapError::NoStartTls), "{err}");
+    }
 }

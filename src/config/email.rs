@@ -202,6 +202,30 @@ impl<'de> Deserialize<'de> for MailServer {
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> Result<crate::config::Config, String> {
+        crate::config::Config::parse(text, std::path::Path::new("/etc/bramble/config.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn bramble_check_points_at_the_line() {
+        let err = parse("[agent]\n[email]\naddress = \"bot@example.org\"\nsmtp = \"smtp+plain://mail.example.org\"\n")
+            .unwrap_err();
+        assert!(err.contains("config.toml:4:") && err.contains("only to 127.0.0.1"), "{err}");
+        let err = parse("[email]\naddress = \"bot\"\n").unwrap_err();
+        assert!(err.contains(":2:") && err.contains("not one plain mail address"), "{err}");
+        let err = parse("[email]\naddress = \"b@example.org\"\nimap = \"imaps://x.example.org\"\nallow_from = [\"me@example.org\"]\n")
+            .unwrap_err();
+        assert!(err.contains(":4:") && err.contains("authserv_id"), "{err}");
+        let err = parse("[email]\nimap = \"imaps://x.example.org\"\n").unwrap_err();
+        assert!(err.contains("needs `address`"), "{err}");
+        let ok = parse(
+            "[email]\naddress = \"b@example.org\"\nimap = \"imaps://x.example.org\"\n\
+                        allow_from = [\"Me@Example.org\"]\nauthserv_id = \"mx.example.org\"\n",
+        )
+        .unwrap();
+        assert!(ok.email.enabled() && ok.email.allows("me@example.org"));
+    }
+
     #[test]
     fn servers_say_how_they_are_protected() {
         let s = MailServer::parse("imaps://mail.example.org").unwrap();
