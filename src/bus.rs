@@ -22,6 +22,8 @@ pub const BUS_CAPACITY: usize = 64;
 pub enum Target {
     /// A Telegram chat.
     Telegram(String),
+    /// A mailbox (`email:<address>`), or its daily digest (`?digest=HH:MM`).
+    Email(EmailTarget),
     /// The device's default MQTT report topic (`None`) or a given topic.
     Mqtt(Option<String>),
     /// A `[[webhook]]` with a `url`, by name (`webhook:<name>`): a signed
@@ -41,6 +43,7 @@ impl Target {
     pub fn origin(channel: &Channel, chat_id: &str) -> Target {
         match channel {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
+            Channel::Email => Target::Email(EmailTarget { address: chat_id.to_string(), digest: None }),
             Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
             Channel::Mqtt => Target::Mqtt(None),
             // A caller is answered `202 Accepted`, not with the turn's answer:
@@ -55,6 +58,7 @@ impl Target {
     pub fn channel(&self) -> &'static str {
         match self {
             Target::Telegram(_) => "telegram",
+            Target::Email(_) => "email",
             Target::Mqtt(_) => "mqtt",
             Target::Webhook(_) => "webhook",
             Target::HomeAssistant(_) => "ha",
@@ -68,6 +72,7 @@ impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
+            Target::Email(t) => write!(f, "email:{t}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
             Target::Webhook(name) => write!(f, "webhook:{name}"),
@@ -95,7 +100,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -111,6 +116,9 @@ impl Target {
                     Err(format!("`{text}`: a Telegram target needs a numeric chat id (or @channelname), like `telegram:123456789`"))
                 }
             }
+            Some(("email", rest)) => EmailTarget::parse(rest.trim()).map(Target::Email).map_err(|why| {
+                format!("`{text}` is not a delivery target: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
+            }),
             Some(("mqtt", topic)) => {
                 let topic = topic.trim();
                 if topic.is_empty() || topic.contains(['+', '#']) {
@@ -158,6 +166,73 @@ pub fn is_webhook_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
+/// An `email:` target: an address, and for a daily digest the local time it is sent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EmailTarget {
+    /// `me@example.org`: checked to be one plain address (nothing a mail
+    /// header could be split on).
+    pub address: String,
+    /// `?digest=07:00`: reports are collected and sent once a day at this (hour, minute).
+    pub digest: Option<(i8, i8)>,
+}
+
+impl EmailTarget {
+    /// `addr` or `addr?digest=HH:MM`; the error says what is wrong.
+    fn parse(text: &str) -> Result<EmailTarget, &'static str> {
+        let (address, query) = match text.split_once('?') {
+            Some((a, q)) => (a, Some(q)),
+            None => (text, None),
+        };
+        let digest = match query {
+            None => None,
+            Some(q) => {
+                let time = q.strip_prefix("digest=").ok_or("the only option is `?digest=HH:MM`")?;
+                Some(hh_mm(time).ok_or("a digest time is `HH:MM` (24 h)")?)
+            }
+        };
+        if !is_plain_address(address) {
+            return Err("an email target needs one plain address");
+        }
+        Ok(EmailTarget { address: address.to_string(), digest })
+    }
+}
+
+impl fmt::Display for EmailTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.address)?;
+        match self.digest {
+            Some((h, m)) => write!(f, "?digest={h:02}:{m:02}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `HH:MM` (24 h) as (hour, minute).
+fn hh_mm(text: &str) -> Option<(i8, i8)> {
+    let (h, m) = text.split_once(':')?;
+    if h.len() != 2 || m.len() != 2 {
+        return None;
+    }
+    let (h, m) = (h.parse::<i8>().ok()?, m.parse::<i8>().ok()?);
+    ((0..24).contains(&h) && (0..60).contains(&m)).then_some((h, m))
+}
+
+/// `local@domain.tld`, printable ASCII without what splits or quotes a
+/// header (spaces, `<>()[],;:\"`): what an address in a target or an
+/// allow-list may be.
+pub fn is_plain_address(text: &str) -> bool {
+    let Some((local, domain)) = text.split_once('@') else { return false };
+    let ok = |c: char| c.is_ascii_graphic() && !"<>()[],;:\\\"@".contains(c);
+    !local.is_empty()
+        && local.len() <= 64
+        && domain.len() <= 253
+        && local.chars().all(ok)
+        && domain.contains('.')
+        && !domain.starts_with('.')
+        && !domain.ends_with('.')
+        && domain.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+}
+
 /// Read back as earlier versions wrote it: `jobs.json` and the outbox are read
 /// whole, and a stricter rule here would make one old target cost every job
 /// or report in the file. What cannot be delivered is refused where it is
@@ -184,6 +259,8 @@ pub enum Channel {
     /// `bramble agent`: the terminal.
     Cli,
     Telegram,
+    /// Mail from an allow-listed sender the receiving server authenticated.
+    Email,
     Mqtt,
     /// `[[webhook]]` endpoints: whoever holds an endpoint's secret.
     Webhook,
@@ -202,6 +279,7 @@ impl Channel {
         match self {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
+            Channel::Email => "email",
             Channel::Mqtt => "mqtt",
             Channel::Webhook => "webhook",
             Channel::HomeAssistant => "homeassistant",
@@ -216,6 +294,7 @@ impl From<&str> for Channel {
         match name {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
+            "email" => Channel::Email,
             "mqtt" => Channel::Mqtt,
             "webhook" => Channel::Webhook,
             "homeassistant" => Channel::HomeAssistant,
@@ -268,6 +347,8 @@ pub enum Source {
     Terminal,
     /// A chat with an `allow_from` user.
     Telegram,
+    /// Mail from an `[email] allow_from` sender, authenticated by DKIM or SPF.
+    Email,
     /// A scheduled job's turn (made by a trusted origin).
     Job,
     /// The heartbeat.
@@ -283,9 +364,10 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 7] = [
+    pub const ALL: [Source; 8] = [
         Source::Terminal,
         Source::Telegram,
+        Source::Email,
         Source::Job,
         Source::Heartbeat,
         Source::Mqtt,
@@ -298,6 +380,7 @@ impl Source {
         match self {
             Source::Terminal => "terminal",
             Source::Telegram => "telegram",
+            Source::Email => "email",
             Source::Job => "job",
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
@@ -319,9 +402,10 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
-            (Channel::Cli | Channel::Telegram | Channel::System, _) if in_job => Source::Job,
+            (Channel::Cli | Channel::Telegram | Channel::Email | Channel::System, _) if in_job => Source::Job,
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
+            (Channel::Email, _) => Source::Email,
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
             (Channel::Webhook, _) => Source::Webhook,
@@ -388,6 +472,9 @@ pub enum Principal {
     /// A Telegram user, by id: an `allow_from` user or a paired one. Their
     /// rights end when they are revoked or leave `allow_from`.
     Telegram(i64),
+    /// A mail sender, by address: an `[email] allow_from` address whose mail
+    /// the receiving server authenticated (DKIM or SPF).
+    Email(String),
     /// A member of the installed service's group, by user name (`bramble
     /// cron …` through the control socket): `[service] members` says what
     /// they may do.
@@ -402,6 +489,7 @@ impl fmt::Display for Principal {
         match self {
             Principal::Owner => f.write_str("owner"),
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
+            Principal::Email(addr) => write!(f, "email:{addr}"),
             Principal::Member(user) => write!(f, "member:{user}"),
             Principal::Anonymous => f.write_str("anonymous"),
         }
@@ -417,9 +505,10 @@ impl FromStr for Principal {
             Some(("telegram", id)) => {
                 id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
             }
+            Some(("email", addr)) if is_plain_address(addr) => Ok(Principal::Email(addr.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `email:<address>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -673,6 +762,35 @@ mod tests {
         assert_eq!(old, Target::Mqtt(Some("$SYS/x\0".into())));
         assert!(serde_json::from_str::<Target>("\"mqtt:a/#\"").is_err());
         assert_eq!("ha:notify.mobile_app_x".parse::<Target>().unwrap().channel(), "ha");
+    }
+
+    #[test]
+    fn email_targets_are_one_plain_address_and_maybe_a_digest_time() {
+        for t in ["email:me@example.org", "email:me+bot@mail.example.org?digest=07:00"] {
+            assert_eq!(t.parse::<Target>().unwrap().to_string(), t);
+        }
+        let t: Target = "email:me@example.org?digest=23:59".parse().unwrap();
+        assert_eq!(t, Target::Email(EmailTarget { address: "me@example.org".into(), digest: Some((23, 59)) }));
+        assert_eq!(t.channel(), "email");
+        // Nothing a header could be split on, no second address, no other option.
+        for bad in [
+            "email:me@example.org\r\nBcc: x@y.z",
+            "email:a@b.c,d@e.f",
+            "email:<me@example.org>",
+            "email:me@localhost",
+            "email:me@example.org?digest=7:00",
+            "email:me@example.org?digest=24:00",
+            "email:me@example.org?cc=x@y.z",
+        ] {
+            let err = bad.parse::<Target>().unwrap_err();
+            assert!(err.contains("not a delivery target"), "{bad}: {err}");
+        }
+        let c = Conversation::new(Channel::Email, "me@example.org", "email:me@example.org:1");
+        assert_eq!(c.reply_target().to_string(), "email:me@example.org");
+        assert_eq!(Source::of(&c, false), Source::Email);
+        assert_eq!(Source::of(&c, true), Source::Job);
+        assert_eq!("email:me@example.org".parse::<Principal>().unwrap(), Principal::Email("me@example.org".into()));
+        assert!("email:nobody".parse::<Principal>().is_err());
     }
 
     #[test]

@@ -166,6 +166,12 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         Ok(Some(found)) => r.line(Level::Ok, "mqtt", found),
         Err(e) => r.line(Level::Error, "mqtt", e),
     }
+    #[cfg(feature = "email")]
+    match crate::channels::email::check::probe(&loaded.config.email, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "email", "not configured"),
+        Ok(Some(found)) => r.line(Level::Ok, "email", found),
+        Err(e) => r.line(Level::Error, "email", e),
+    }
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),

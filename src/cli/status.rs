@@ -498,6 +498,9 @@ struct ChannelPart {
     homeassistant: String,
     /// `[webhooks]` / `[[webhook]]`: where it listens, the endpoints, the targets.
     webhooks: String,
+    /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
+    #[serde(skip)]
+    email: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -508,13 +511,15 @@ impl Section for ChannelPart {
     fn lines(&self) -> Vec<String> {
         let from = source(self.secrets_from);
         let ha_from = if self.ha_configured { format!(" {from}") } else { String::new() };
-        vec![
+        let mut lines = vec![
             format!("telegram:   {} {from}", esc(&self.telegram)),
             format!("mqtt:       {}", esc(&self.mqtt)),
             format!("policy:     {}", self.policy),
             format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
             format!("webhooks:   {}", esc(&self.webhooks)),
-        ]
+        ];
+        lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
+        lines
     }
 }
 
@@ -531,6 +536,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         policy: policy_summary(&c.policy),
         homeassistant: ha,
         webhooks: webhook_status(c),
+        #[cfg(feature = "email")]
+        email: Some(crate::channels::email::check::status_line(&c.email, &loaded.paths.state_dir)),
+        #[cfg(not(feature = "email"))]
+        email: None,
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },
         ha_configured: c.homeassistant.url.is_some(),
     }

@@ -9,7 +9,12 @@
 
 pub mod ha_rest;
 pub mod ha_ws;
+/// IMAP in and SMTP out, for the email channel (feature `email`).
+#[cfg(feature = "email")]
+pub mod imap;
 pub mod mqtt;
+#[cfg(feature = "email")]
+pub mod smtp;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;

@@ -12,6 +12,7 @@
 
 pub mod channels;
 mod diagnose;
+pub mod email;
 pub mod env;
 pub mod homeassistant;
 pub mod keys;
@@ -68,6 +69,8 @@ pub struct Config {
     pub webhooks: WebhooksConfig,
     #[serde(deserialize_with = "webhook::webhooks")]
     pub webhook: Vec<WebhookConfig>,
+    /// `[email]` (`email.rs`): IMAP in, SMTP out.
+    pub email: email::EmailConfig,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -241,6 +244,7 @@ impl Default for Config {
             service: ServiceConfig::default(),
             webhooks: WebhooksConfig::default(),
             webhook: Vec::new(),
+            email: email::EmailConfig::default(),
         }
     }
 }
@@ -612,6 +616,7 @@ impl Config {
         let mut found: Vec<diagnose::Found> = Vec::new();
         found.extend(config.check_models(text).err());
         found.extend(config.mcp.check().err());
+        found.extend(config.email.check(text).err());
         if !found.is_empty() {
             return Err(all(found));
         }

@@ -168,7 +168,8 @@ fn tools(
             tools.register(Arc::new(search));
         }
     }
-    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
+    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
+        .with_email(c.email.allow_from.iter().map(|a| a.0.clone()));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -226,6 +227,7 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         c.service.members,
         &c.mqtt.publish_allow,
     )
+    .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -267,6 +269,9 @@ pub struct Daemon {
     /// The scheduler, handing due jobs to the job runner (and its observers).
     pub scheduler: SchedulerLoop<ObservedRunner>,
     pub telegram: Option<TelegramPoller>,
+    /// The email reader and digest sender (`None`: `[email]` not configured).
+    #[cfg(feature = "email")]
+    pub email: Option<crate::channels::email::EmailPoller>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -309,8 +314,14 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     };
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, links, &sandbox));
-    #[allow(unused_mut)] // without the `webhook` feature nothing is added
+    #[allow(unused_mut)] // without the `webhook` and `email` features nothing is added
     let mut channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
+    // The email channel: delivery for `email:` targets, and its loops.
+    #[cfg(feature = "email")]
+    let email = email(loaded).map(|e| {
+        channels.add(e.channel());
+        e.poller(bus.inbound_tx.clone())
+    });
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -355,6 +366,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         sandbox,
         scheduler,
         telegram,
+        #[cfg(feature = "email")]
+        email,
         mqtt,
         ha,
         heartbeat,
@@ -388,6 +401,20 @@ fn webhooks(
         state_dir: loaded.paths.state_dir.clone(),
     };
     crate::channels::webhook::WebhookServer::new(&c.webhooks, &c.webhook, wiring)
+}
+
+/// The email channel for this config (`None`: not configured, or its SMTP server unusable, logged).
+#[cfg(feature = "email")]
+fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
+    let c = &loaded.config;
+    let tz = c.timezone().tz().clone();
+    match crate::channels::email::Email::from_config(&c.email, &loaded.paths.state_dir, &loaded.paths.workspace, tz) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!("{e}; the email channel is off");
+            None
+        }
+    }
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

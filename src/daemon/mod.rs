@@ -31,6 +31,7 @@
 //! | task | policy | why |
 //! |---|---|---|
 //! | telegram poller | ends | it ends by itself only when Telegram refuses the token, and says so; a restart cannot help until the config changes, and an exit would keep the whole daemon down (a refused token is fatal at start) |
+//! | email | exit | owns its inbound sender and the digest wake-up; it reconnects by itself and ends only when stopped |
 //! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
 //! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
 //! | bus server | exit | owns the bus's inbound end |
@@ -208,6 +209,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     let mut tasks = Supervisor::new(d.shutdown.clone());
     if let Some(poller) = d.telegram {
         tasks.spawn(Service::ends("telegram poller", |sd| poller.run(sd)));
+    }
+    #[cfg(feature = "email")]
+    if let Some(email) = d.email {
+        tasks.spawn(Service::new("email", |sd| email.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));

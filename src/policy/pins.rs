@@ -178,11 +178,24 @@ pub fn pins_summary(allow_from: &[String], state_dir: &Path) -> Option<String> {
 pub struct AllowedChats {
     allow: Allow,
     state_dir: PathBuf,
+    /// `[email] allow_from`, lower case: the addresses a turn may mail.
+    email: Vec<String>,
 }
 
 impl AllowedChats {
     pub fn new(allow_from: &[String], state_dir: &Path) -> AllowedChats {
-        AllowedChats { allow: Allow::new(allow_from), state_dir: state_dir.to_path_buf() }
+        AllowedChats { allow: Allow::new(allow_from), state_dir: state_dir.to_path_buf(), email: Vec::new() }
+    }
+
+    /// The addresses of `[email] allow_from`: the only ones a turn may mail.
+    pub fn with_email(mut self, allow_from: impl IntoIterator<Item = String>) -> AllowedChats {
+        self.email = allow_from.into_iter().map(|a| a.to_ascii_lowercase()).collect();
+        self
+    }
+
+    /// Whether `address` is in `[email] allow_from`.
+    pub fn allows_email(&self, address: &str) -> bool {
+        self.email.iter().any(|a| a.eq_ignore_ascii_case(address))
     }
 
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.

@@ -31,6 +31,12 @@ impl Standing {
         Standing { telegram: AllowedChats::new(allow_from, state_dir), members, publish_allow: publish_allow.to_vec() }
     }
 
+    /// The addresses of `[email] allow_from`: whose jobs still run, where members' reminders may go.
+    pub fn with_email(mut self, allow_from: impl IntoIterator<Item = String>) -> Standing {
+        self.telegram = self.telegram.with_email(allow_from);
+        self
+    }
+
     /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
     /// (reads the paired users): call it off the runtime thread.
     pub fn check(&self, job: &Job) -> Result<(), StandingError> {
@@ -38,6 +44,8 @@ impl Standing {
             Principal::Owner => Ok(()),
             Principal::Telegram(id) if self.telegram.contains(&id.to_string()) => Ok(()),
             Principal::Telegram(id) => Err(StandingError::Revoked(id)),
+            Principal::Email(addr) if self.telegram.allows_email(&addr) => Ok(()),
+            Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
             Principal::Member(user) => member_may(self.members, job)
                 .and_then(|()| match self.members {
                     Members::Jobs => Ok(()),
@@ -60,6 +68,8 @@ impl Standing {
 pub enum StandingError {
     #[error("its creator, Telegram user {0}, is no longer allowed (revoked, or not in [telegram] allow_from)")]
     Revoked(i64),
+    #[error("its creator, {0}, is no longer in [email] allow_from")]
+    MailRevoked(String),
     #[error("its creator, {user} (a member of the service's group), {why}")]
     Member { user: String, why: MemberRefusal },
     #[error("it was made by nobody bramble knows (an untrusted source)")]
@@ -77,6 +87,8 @@ pub enum MemberRefusal {
     Attachments,
     #[error("telegram:{0} is not the chat of a user bramble serves: members' reminders go to those chats only")]
     Chat(String),
+    #[error("email:{0} is not in [email] allow_from: members' reminders go to those addresses only")]
+    Mail(String),
     #[error(
         "mqtt:{0} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
          topic or the topics the owner allows"
@@ -112,6 +124,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
     match target {
         Target::Telegram(chat) if chats.contains(chat) => Ok(()),
         Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
+        Target::Email(t) if chats.allows_email(&t.address) => Ok(()),
+        Target::Email(t) => Err(MemberRefusal::Mail(t.address.clone())),
         // A webhook target names a `url` the owner configured, like a notify service.
         Target::HomeAssistant(_) | Target::Webhook(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),

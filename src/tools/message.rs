@@ -159,7 +159,7 @@ pub(crate) async fn check_delivery(
     targets: &[Target],
     chats: &AllowedChats,
 ) -> Result<(), ToolError> {
-    if !targets.iter().any(|t| matches!(t, Target::Telegram(_) | Target::HomeAssistant(_))) {
+    if !targets.iter().any(|t| matches!(t, Target::Telegram(_) | Target::Email(_) | Target::HomeAssistant(_))) {
         return Ok(());
     }
     let (ctx, targets, chats) = (ctx.clone(), targets.to_vec(), chats.clone());
@@ -228,6 +228,26 @@ mod tests {
         assert!(err.0.contains("untrusted origin"), "{err}");
         tool.execute(json!({"content": "x"}), &mqtt).await.unwrap();
         assert_eq!(rx.recv().await.unwrap().target, Target::Mqtt(None));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn mail_goes_only_to_allowed_addresses_whoever_asks() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let chats = AllowedChats::new(&[], std::path::Path::new("/nonexistent")).with_email(["Me@Example.org".into()]);
+        let tool = MessageTool::new(tx, Vec::new(), chats);
+        let cli = ToolContext::detached("cli:direct");
+        tool.execute(json!({"content": "x", "target": "email:me@example.org?digest=07:00"}), &cli).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target.to_string(), "email:me@example.org?digest=07:00");
+        // Not even the owner's terminal turn mails an address outside [email] allow_from.
+        let err = tool.execute(json!({"content": "x", "target": "email:boss@example.org"}), &cli).await.unwrap_err();
+        assert!(err.0.contains("not in [email] allow_from"), "{err}");
+        // A mail turn answers into its own thread; an MQTT turn mails nobody.
+        let mail = ToolContext::detached("email:me@example.org:1").from_chat("email", "me@example.org");
+        tool.execute(json!({"content": "x"}), &mail).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target.to_string(), "email:me@example.org");
+        let mqtt = ToolContext::detached("mqtt:in").from_chat("mqtt", "");
+        assert!(tool.execute(json!({"content": "x", "target": "email:me@example.org"}), &mqtt).await.is_err());
         assert!(rx.try_recv().is_err());
     }
 }

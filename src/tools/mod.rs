@@ -65,6 +65,8 @@ pub enum Origin {
     Cli,
     /// A Telegram chat, started by an `allow_from` user.
     Telegram,
+    /// Mail from an `[email] allow_from` sender the receiving server authenticated.
+    Email,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -85,6 +87,7 @@ impl Origin {
         match channel {
             Channel::Cli => Origin::Cli,
             Channel::Telegram => Origin::Telegram,
+            Channel::Email => Origin::Email,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
@@ -96,7 +99,7 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::System)
+        matches!(self, Origin::Cli | Origin::Telegram | Origin::Email | Origin::System)
     }
 
     /// The name used in refusals and logs.
@@ -104,6 +107,7 @@ impl Origin {
         match self {
             Origin::Cli => "the terminal",
             Origin::Telegram => "Telegram",
+            Origin::Email => "email",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
@@ -140,6 +144,17 @@ impl Origin {
                 true => Ok(()),
                 false => Err(ToolError::new(format!(
                     "this turn came from {} (an untrusted origin): it cannot send to {target}",
+                    self.name()
+                ))),
+            };
+        }
+        if let crate::bus::Target::Email(t) = target {
+            // A model turn mails only `[email] allow_from` addresses, whoever asked.
+            return match self.trusted() && chats.allows_email(&t.address) {
+                true => Ok(()),
+                false => Err(ToolError::new(format!(
+                    "email:{} is not in [email] allow_from (or this turn came from {}): mail goes only to allowed addresses",
+                    t.address,
                     self.name()
                 ))),
             };
@@ -261,7 +276,12 @@ pub fn presumed(conversation: &Conversation) -> Principal {
             Ok(id) if id > 0 => Principal::Telegram(id),
             _ => Principal::Anonymous,
         },
-        Channel::Mqtt | Channel::Webhook | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
+        Channel::Email if crate::bus::is_plain_address(&conversation.chat_id) => {
+            Principal::Email(conversation.chat_id.clone())
+        }
+        Channel::Email | Channel::Mqtt | Channel::Webhook | Channel::HomeAssistant | Channel::Other(_) => {
+            Principal::Anonymous
+        }
     }
 }
 
@@ -405,7 +425,7 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Mqtt | Source::Webhook => {
+        Source::Terminal | Source::Telegram | Source::Email | Source::Mqtt | Source::Webhook => {
             &["exec", "read_file", "write_file", "cron", "web_fetch"]
         }
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],

@@ -37,6 +37,7 @@ impl Source {
         match principal {
             Principal::Owner | Principal::Member(_) | Principal::Anonymous => None,
             Principal::Telegram(_) => Some(Source::Telegram),
+            Principal::Email(_) => Some(Source::Email),
         }
     }
 
@@ -47,6 +48,8 @@ impl Source {
             Source::Mqtt | Source::Webhook | Source::Trigger => {
                 &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"]
             }
+            // A mail account is more often phished than a phone: no commands by default.
+            Source::Email => &["exec"],
             _ => &[],
         }
     }
@@ -55,7 +58,7 @@ impl Source {
     /// config says nothing: not the untrusted ones (nor any source added
     /// later without saying so).
     pub fn default_memory(self) -> bool {
-        matches!(self, Source::Terminal | Source::Telegram | Source::Job | Source::Heartbeat)
+        matches!(self, Source::Terminal | Source::Telegram | Source::Email | Source::Job | Source::Heartbeat)
     }
 }
 
@@ -281,7 +284,8 @@ mod tests {
     fn only_trusted_sources_write_memory_by_default() {
         let p = ToolPolicy::default();
         for s in Source::ALL {
-            let trusted = matches!(s, Source::Terminal | Source::Telegram | Source::Job | Source::Heartbeat);
+            let trusted =
+                matches!(s, Source::Terminal | Source::Telegram | Source::Email | Source::Job | Source::Heartbeat);
             assert_eq!(p.remembers(s), trusted, "{s:?}");
         }
         assert!(p.describe(Source::Mqtt).ends_with(" (no memory writes)"));

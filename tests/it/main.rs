@@ -16,6 +16,8 @@ mod cli_json;
 mod cron_reference;
 mod daemon;
 mod docs;
+#[cfg(feature = "email")]
+mod email;
 mod firsthour;
 mod firstrun;
 mod homeassistant;

@@ -191,7 +191,7 @@ pub fn safe_name(raw: &str) -> String {
 
 /// Write `data` as `inbox/<today>/<name>` without replacing anything: the
 /// first free of `name`, `stem-1.ext`, `stem-2.ext`, … Returns the path written.
-fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, SaveError> {
+pub fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, SaveError> {
     let day = jiff::Zoned::now().date();
     let (stem, ext) = match name.rsplit_once('.') {
         Some((s, e)) if !s.is_empty() => (s, format!(".{e}")),
@@ -211,7 +211,7 @@ fn save_new(ws: &Workspace, name: &str, data: &[u8]) -> Result<String, SaveError
 
 /// Why a file that came with a message was not saved in the inbox.
 #[derive(Debug, thiserror::Error)]
-enum SaveError {
+pub enum SaveError {
     #[error(transparent)]
     Write(crate::workspace::PathError),
     #[error("100 files named like {name} are already in inbox/{day}")]

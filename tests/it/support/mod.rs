@@ -23,6 +23,7 @@ pub mod env;
 pub mod fake_ha;
 pub mod fake_llm;
 pub mod http;
+pub mod mail;
 pub mod mosquitto;
 pub mod pty;
 pub mod python;
