@@ -22,6 +22,8 @@ pub const BUS_CAPACITY: usize = 64;
 pub enum Target {
     /// A Telegram chat.
     Telegram(String),
+    /// A Matrix room, by id (`!abc:server`) or alias (`#room:server`, resolved when delivered).
+    Matrix(String),
     /// The device's default MQTT report topic (`None`) or a given topic.
     Mqtt(Option<String>),
     /// A Home Assistant notify service (`ha:notify.mobile_app_pixel`): the
@@ -38,6 +40,7 @@ impl Target {
     pub fn origin(channel: &Channel, chat_id: &str) -> Target {
         match channel {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
+            Channel::Matrix => Target::Matrix(chat_id.to_string()),
             Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
             Channel::Mqtt => Target::Mqtt(None),
             Channel::Cli => Target::Cli,
@@ -49,6 +52,7 @@ impl Target {
     pub fn channel(&self) -> &'static str {
         match self {
             Target::Telegram(_) => "telegram",
+            Target::Matrix(_) => "matrix",
             Target::Mqtt(_) => "mqtt",
             Target::HomeAssistant(_) => "ha",
             Target::Log => "log",
@@ -61,6 +65,7 @@ impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
+            Target::Matrix(room) => write!(f, "matrix:{room}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
             Target::HomeAssistant(service) => write!(f, "ha:notify.{service}"),
@@ -86,7 +91,8 @@ impl Target {
     /// versions checked (no wildcards), for targets read back from state files.
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
-        let expected = "expected `telegram:<chat_id>`, `mqtt`, `mqtt:<topic>`, `ha:notify.<service>` or `log`";
+        let expected =
+            "expected `telegram:<chat_id>`, `matrix:<room>`, `mqtt`, `mqtt:<topic>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -102,6 +108,14 @@ impl Target {
                     Err(format!("`{text}`: a Telegram target needs a numeric chat id (or @channelname), like `telegram:123456789`"))
                 }
             }
+            Some(("matrix", room)) => match room.trim() {
+                room if is_matrix_room(room) => Ok(Target::Matrix(room.to_string())),
+                // Read back leniently: an odd room is refused where it is delivered.
+                room if !strict && !room.is_empty() => Ok(Target::Matrix(room.to_string())),
+                _ => Err(format!(
+                    "`{text}`: a Matrix target is a room id or alias, like `matrix:!abc:example.org` or `matrix:#room:example.org`"
+                )),
+            },
             Some(("mqtt", topic)) => {
                 let topic = topic.trim();
                 if topic.is_empty() || topic.contains(['+', '#']) {
@@ -156,6 +170,8 @@ pub enum Channel {
     /// `bramble agent`: the terminal.
     Cli,
     Telegram,
+    /// A Matrix room.
+    Matrix,
     Mqtt,
     /// Home Assistant's triggers.
     HomeAssistant,
@@ -172,6 +188,7 @@ impl Channel {
         match self {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
+            Channel::Matrix => "matrix",
             Channel::Mqtt => "mqtt",
             Channel::HomeAssistant => "homeassistant",
             Channel::System => "system",
@@ -185,6 +202,7 @@ impl From<&str> for Channel {
         match name {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
+            "matrix" => Channel::Matrix,
             "mqtt" => Channel::Mqtt,
             "homeassistant" => Channel::HomeAssistant,
             "system" => Channel::System,
@@ -236,6 +254,8 @@ pub enum Source {
     Terminal,
     /// A chat with an `allow_from` user.
     Telegram,
+    /// A Matrix room message from a `[matrix] allow_from` user.
+    Matrix,
     /// A scheduled job's turn (made by a trusted origin).
     Job,
     /// The heartbeat.
@@ -248,14 +268,22 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 6] =
-        [Source::Terminal, Source::Telegram, Source::Job, Source::Heartbeat, Source::Mqtt, Source::Trigger];
+    pub const ALL: [Source; 7] = [
+        Source::Terminal,
+        Source::Telegram,
+        Source::Matrix,
+        Source::Job,
+        Source::Heartbeat,
+        Source::Mqtt,
+        Source::Trigger,
+    ];
 
     /// Its name in `[policy.<name>]`.
     pub fn name(self) -> &'static str {
         match self {
             Source::Terminal => "terminal",
             Source::Telegram => "telegram",
+            Source::Matrix => "matrix",
             Source::Job => "job",
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
@@ -276,9 +304,10 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
-            (Channel::Cli | Channel::Telegram | Channel::System, _) if in_job => Source::Job,
+            (Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::System, _) if in_job => Source::Job,
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
+            (Channel::Matrix, _) => Source::Matrix,
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
             (Channel::HomeAssistant | Channel::Other(_), _) => Source::Trigger,
@@ -335,7 +364,7 @@ impl Conversation {
 /// channel that authenticated them, never from text in the message.
 ///
 /// On disk it is one string: `owner`, `telegram:<user id>`,
-/// `member:<unix user>`, `anonymous`.
+/// `matrix:<@user:server>`, `member:<unix user>`, `anonymous`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Principal {
     /// The owner: the terminal, root or the service's user at the CLI, the
@@ -344,6 +373,9 @@ pub enum Principal {
     /// A Telegram user, by id: an `allow_from` user or a paired one. Their
     /// rights end when they are revoked or leave `allow_from`.
     Telegram(i64),
+    /// A Matrix user, by id (`@owner:example.org`): a `[matrix] allow_from`
+    /// user. Their rights end when they leave `allow_from`.
+    Matrix(String),
     /// A member of the installed service's group, by user name (`bramble
     /// cron …` through the control socket): `[service] members` says what
     /// they may do.
@@ -358,6 +390,7 @@ impl fmt::Display for Principal {
         match self {
             Principal::Owner => f.write_str("owner"),
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
+            Principal::Matrix(id) => write!(f, "matrix:{id}"),
             Principal::Member(user) => write!(f, "member:{user}"),
             Principal::Anonymous => f.write_str("anonymous"),
         }
@@ -373,9 +406,10 @@ impl FromStr for Principal {
             Some(("telegram", id)) => {
                 id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
             }
+            Some(("matrix", user)) if is_matrix_user(user) => Ok(Principal::Matrix(user.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `matrix:<@user:server>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -391,6 +425,24 @@ impl Serialize for Principal {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
+}
+
+/// A Matrix user id: `@local:server`.
+pub fn is_matrix_user(id: &str) -> bool {
+    id.strip_prefix('@').and_then(|r| r.split_once(':')).is_some_and(|(l, s)| matrix_part(l) && matrix_part(s))
+}
+
+/// A Matrix room id (`!opaque:server`; from room version 12 on, `!opaque`
+/// alone) or alias (`#alias:server`).
+pub fn is_matrix_room(room: &str) -> bool {
+    if let Some(id) = room.strip_prefix('!') {
+        return matrix_part(id);
+    }
+    room.strip_prefix('#').and_then(|r| r.split_once(':')).is_some_and(|(l, s)| matrix_part(l) && matrix_part(s))
+}
+
+fn matrix_part(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 255 && !p.chars().any(|c| c.is_whitespace() || c.is_control() || c == '/')
 }
 
 /// What produced a report: decoded from its stored string once, here, so a
@@ -585,6 +637,9 @@ mod tests {
             "telegram:123456",
             "telegram:-100123",
             "telegram:@news",
+            "matrix:!abc:example.org",
+            "matrix:#ops:example.org",
+            "matrix:!ppGSUgfWKuR7zlCFFkXAVXRQAsm0h8KECeOS-AACohQ",
             "mqtt",
             "mqtt:home/report",
             "log",
@@ -600,6 +655,12 @@ mod tests {
         for t in [
             "telegram:",
             "telegram:abc",
+            "matrix:",
+            "matrix:room",
+            "matrix:@owner:example.org",
+            "matrix:#a",
+            "matrix:!a b",
+            "matrix:#a b:x",
             "mqtt:a/+/b",
             "mqtt:",
             "email:me",
@@ -635,13 +696,18 @@ mod tests {
         assert_eq!(c.channel, Channel::Telegram);
         assert_eq!(serde_json::to_string(&c).unwrap(), old);
         // A channel from a newer build is kept as it is, and trusted with nothing.
-        let new = r#"{"channel":"matrix","chat_id":"!room","session_key":"matrix:!room"}"#;
+        let new = r#"{"channel":"xmpp","chat_id":"room","session_key":"xmpp:room"}"#;
         let c: Conversation = serde_json::from_str(new).unwrap();
-        assert_eq!(c.channel, Channel::Other("matrix".into()));
+        assert_eq!(c.channel, Channel::Other("xmpp".into()));
         assert_eq!(serde_json::to_string(&c).unwrap(), new);
         assert_eq!(Source::of(&c, false), Source::Trigger);
         assert_eq!(Source::of(&c, true), Source::Trigger);
         assert_eq!(c.reply_target(), Target::Log);
+        // A Matrix room is its own channel: trusted as a chat, answered in the room.
+        let m: Conversation =
+            serde_json::from_str(r#"{"channel":"matrix","chat_id":"!r:x","session_key":"matrix:!r:x"}"#).unwrap();
+        assert_eq!((Source::of(&m, false), Source::of(&m, true)), (Source::Matrix, Source::Job));
+        assert_eq!(m.reply_target(), Target::Matrix("!r:x".into()));
     }
 
     #[test]
@@ -681,12 +747,18 @@ mod tests {
 
     #[test]
     fn principals_round_trip_as_one_string() {
-        for p in [Principal::Owner, Principal::Telegram(42), Principal::Member("ann".into()), Principal::Anonymous] {
+        for p in [
+            Principal::Owner,
+            Principal::Telegram(42),
+            Principal::Matrix("@ann:example.org".into()),
+            Principal::Member("ann".into()),
+            Principal::Anonymous,
+        ] {
             let json = serde_json::to_string(&p).unwrap();
             assert_eq!(serde_json::from_str::<Principal>(&json).unwrap(), p);
         }
         assert_eq!(serde_json::to_string(&Principal::Telegram(-5)).unwrap(), "\"telegram:-5\"");
-        for bad in ["", "root", "telegram:x", "member:", "telegram"] {
+        for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann"] {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
     }

@@ -4,5 +4,7 @@
 //! onto the bus; the outbox ([`crate::delivery`]) calls `deliver` and retries.
 
 pub mod homeassistant;
+#[cfg(feature = "matrix")]
+pub mod matrix;
 pub mod mqtt;
 pub mod telegram;

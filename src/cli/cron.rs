@@ -228,6 +228,7 @@ fn added(
     for t in &job.deliver {
         let configured = match t {
             Target::Telegram(_) => loaded.config.telegram.token().is_some(),
+            Target::Matrix(_) => loaded.config.matrix.homeserver.is_some(),
             Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
             Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
             Target::Log | Target::Cli => true,

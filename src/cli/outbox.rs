@@ -102,6 +102,7 @@ fn configured(loaded: &Loaded, target: &crate::bus::Target) -> bool {
     let c = &loaded.config;
     match target {
         Target::Telegram(_) => c.telegram.token().is_some(),
+        Target::Matrix(_) => c.matrix.homeserver.is_some(),
         Target::Mqtt(_) => c.mqtt.url.is_some(),
         Target::HomeAssistant(_) => c.homeassistant.url.is_some(),
         Target::Log | Target::Cli => true,

@@ -9,6 +9,8 @@
 
 pub mod ha_rest;
 pub mod ha_ws;
+#[cfg(feature = "matrix")]
+pub mod matrix;
 pub mod mqtt;
 pub mod telegram;
 

@@ -15,6 +15,7 @@ mod diagnose;
 pub mod env;
 pub mod homeassistant;
 pub mod keys;
+pub mod matrix;
 pub mod mcp;
 pub mod templates;
 pub mod tools;
@@ -28,6 +29,7 @@ use serde::Deserialize;
 
 pub use channels::*;
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
+pub use matrix::MatrixConfig;
 pub use mcp::{HttpKind, McpConfig, McpServer, McpTransport, StdioServer};
 pub use tools::*;
 pub use types::{Cidr, Dur, HttpUrl, QuietHours, Secret, TzName};
@@ -49,6 +51,8 @@ pub struct Config {
     pub exec: ExecConfig,
     pub web: WebConfig,
     pub telegram: TelegramConfig,
+    /// `[matrix]` (`matrix.rs`).
+    pub matrix: MatrixConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
@@ -225,6 +229,7 @@ impl Default for Config {
             exec: ExecConfig::default(),
             web: WebConfig::default(),
             telegram: TelegramConfig::default(),
+            matrix: MatrixConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
@@ -619,6 +624,9 @@ impl Config {
                     self.telegram.tomorrow_at
                 ),
             ));
+        }
+        if let Some(why) = self.matrix.problem() {
+            return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

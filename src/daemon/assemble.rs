@@ -165,7 +165,8 @@ fn tools(
             tools.register(Arc::new(search));
         }
     }
-    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state);
+    let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
+        .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -222,6 +223,11 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         c.service.members,
         &c.mqtt.publish_allow,
     )
+    .with_matrix(crate::policy::matrix::MatrixPolicy::new(
+        &c.matrix.allow_from,
+        &c.matrix.rooms,
+        &loaded.paths.state_dir,
+    ))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -263,6 +269,9 @@ pub struct Daemon {
     /// The scheduler, handing due jobs to the job runner (and its observers).
     pub scheduler: SchedulerLoop<ObservedRunner>,
     pub telegram: Option<TelegramPoller>,
+    /// `[matrix]`'s sync loop (`None`: not configured).
+    #[cfg(feature = "matrix")]
+    pub matrix: Option<crate::channels::matrix::MatrixPoller>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -291,6 +300,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
     let telegram =
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
+    #[cfg(feature = "matrix")]
+    let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
     let ha = ha_rest(c);
     let links = AgentLinks {
         ha: ha.clone(),
@@ -302,7 +313,13 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     };
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, links, &sandbox));
-    let channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
+    #[allow(unused_mut)]
+    let mut channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
+    #[cfg(feature = "matrix")]
+    let matrix = matrix.map(|matrix| {
+        channels.add(matrix.channel());
+        crate::channels::matrix::MatrixPoller { matrix, inbound: bus.inbound_tx.clone(), activity: agent.activity() }
+    });
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -345,11 +362,36 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         sandbox,
         scheduler,
         telegram,
+        #[cfg(feature = "matrix")]
+        matrix,
         mqtt,
         ha,
         heartbeat,
         dead_man,
     })
+}
+
+/// Done / Snooze over the job store, for a channel's report answers.
+#[cfg(feature = "matrix")]
+fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
+    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
+    crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
+}
+
+/// The Matrix channel for `[matrix]` (`None`: not configured, or unusable: logged).
+#[cfg(feature = "matrix")]
+fn matrix_channel(
+    loaded: &Loaded,
+    reminders: crate::work::reminders::Reminders,
+) -> Option<crate::channels::matrix::Matrix> {
+    let (c, state) = (&loaded.config.matrix, &loaded.paths.state_dir);
+    match crate::channels::matrix::Matrix::from_config(c, state, &loaded.paths.workspace, Some(reminders)) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!("Matrix is off: {e}");
+            None
+        }
+    }
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

@@ -178,11 +178,23 @@ pub fn pins_summary(allow_from: &[String], state_dir: &Path) -> Option<String> {
 pub struct AllowedChats {
     allow: Allow,
     state_dir: PathBuf,
+    /// `[matrix]`'s users and rooms (empty: no Matrix room is allowed).
+    matrix: super::matrix::MatrixPolicy,
 }
 
 impl AllowedChats {
     pub fn new(allow_from: &[String], state_dir: &Path) -> AllowedChats {
-        AllowedChats { allow: Allow::new(allow_from), state_dir: state_dir.to_path_buf() }
+        AllowedChats { allow: Allow::new(allow_from), state_dir: state_dir.to_path_buf(), matrix: Default::default() }
+    }
+
+    /// With `[matrix]`'s users and rooms.
+    pub fn with_matrix(self, matrix: super::matrix::MatrixPolicy) -> AllowedChats {
+        AllowedChats { matrix, ..self }
+    }
+
+    /// The Matrix users served and rooms allowed.
+    pub fn matrix(&self) -> &super::matrix::MatrixPolicy {
+        &self.matrix
     }
 
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.

@@ -31,6 +31,11 @@ impl Standing {
         Standing { telegram: AllowedChats::new(allow_from, state_dir), members, publish_allow: publish_allow.to_vec() }
     }
 
+    /// With `[matrix]`'s users (their jobs run while they stay in `allow_from`) and rooms.
+    pub fn with_matrix(self, matrix: super::matrix::MatrixPolicy) -> Standing {
+        Standing { telegram: self.telegram.with_matrix(matrix), ..self }
+    }
+
     /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
     /// (reads the paired users): call it off the runtime thread.
     pub fn check(&self, job: &Job) -> Result<(), StandingError> {
@@ -38,6 +43,8 @@ impl Standing {
             Principal::Owner => Ok(()),
             Principal::Telegram(id) if self.telegram.contains(&id.to_string()) => Ok(()),
             Principal::Telegram(id) => Err(StandingError::Revoked(id)),
+            Principal::Matrix(user) if self.telegram.matrix().allows(&user) => Ok(()),
+            Principal::Matrix(user) => Err(StandingError::MatrixRevoked(user)),
             Principal::Member(user) => member_may(self.members, job)
                 .and_then(|()| match self.members {
                     Members::Jobs => Ok(()),
@@ -60,6 +67,8 @@ impl Standing {
 pub enum StandingError {
     #[error("its creator, Telegram user {0}, is no longer allowed (revoked, or not in [telegram] allow_from)")]
     Revoked(i64),
+    #[error("its creator, Matrix user {0}, is no longer in [matrix] allow_from")]
+    MatrixRevoked(String),
     #[error("its creator, {user} (a member of the service's group), {why}")]
     Member { user: String, why: MemberRefusal },
     #[error("it was made by nobody bramble knows (an untrusted source)")]
@@ -77,6 +86,8 @@ pub enum MemberRefusal {
     Attachments,
     #[error("telegram:{0} is not the chat of a user bramble serves: members' reminders go to those chats only")]
     Chat(String),
+    #[error("matrix:{0} is not a room of [matrix] rooms nor one an allowed user invited bramble to")]
+    Room(String),
     #[error(
         "mqtt:{0} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
          topic or the topics the owner allows"
@@ -112,6 +123,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
     match target {
         Target::Telegram(chat) if chats.contains(chat) => Ok(()),
         Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
+        Target::Matrix(room) if chats.matrix().room_allowed(room) => Ok(()),
+        Target::Matrix(room) => Err(MemberRefusal::Room(room.clone())),
         Target::HomeAssistant(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),
         Target::Mqtt(Some(topic)) => Err(MemberRefusal::Topic(topic.clone())),

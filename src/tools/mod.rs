@@ -55,6 +55,8 @@ pub enum Origin {
     Cli,
     /// A Telegram chat, started by an `allow_from` user.
     Telegram,
+    /// A Matrix room, started by a `[matrix] allow_from` user.
+    Matrix,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -73,6 +75,7 @@ impl Origin {
         match channel {
             Channel::Cli => Origin::Cli,
             Channel::Telegram => Origin::Telegram,
+            Channel::Matrix => Origin::Matrix,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::HomeAssistant => Origin::HomeAssistant,
@@ -83,7 +86,7 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::System)
+        matches!(self, Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::System)
     }
 
     /// The name used in refusals and logs.
@@ -91,6 +94,7 @@ impl Origin {
         match self {
             Origin::Cli => "the terminal",
             Origin::Telegram => "Telegram",
+            Origin::Matrix => "Matrix",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::HomeAssistant => "a Home Assistant trigger",
@@ -130,6 +134,9 @@ impl Origin {
                 ))),
             };
         }
+        if let crate::bus::Target::Matrix(room) = target {
+            return self.check_matrix_room(ctx, room, chats);
+        }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
             return Err(ToolError::new(format!(
@@ -146,6 +153,29 @@ impl Origin {
         }
         Err(ToolError::new(format!(
             "telegram:{chat} is not the chat of a user in [telegram] allow_from: messages go only to allowed users"
+        )))
+    }
+
+    /// [`Origin::check_delivery`] for a Matrix room: trusted turns only, to
+    /// the room the turn came from, a configured room, or one an allowed user
+    /// invited bramble to.
+    fn check_matrix_room(
+        self,
+        ctx: &ToolContext,
+        room: &str,
+        chats: &crate::policy::AllowedChats,
+    ) -> Result<(), ToolError> {
+        if !self.trusted() {
+            return Err(ToolError::new(format!(
+                "this turn came from {} (an untrusted origin): it cannot send to Matrix rooms",
+                self.name()
+            )));
+        }
+        if (self == Origin::Matrix && room == ctx.conversation.chat_id) || chats.matrix().room_allowed(room) {
+            return Ok(());
+        }
+        Err(ToolError::new(format!(
+            "matrix:{room} is not a room of [matrix] rooms nor one a user in [matrix] allow_from invited bramble to"
         )))
     }
 
@@ -247,7 +277,8 @@ pub fn presumed(conversation: &Conversation) -> Principal {
             Ok(id) if id > 0 => Principal::Telegram(id),
             _ => Principal::Anonymous,
         },
-        Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
+        // A room's id says nothing of who wrote in it.
+        Channel::Matrix | Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_) => Principal::Anonymous,
     }
 }
 

@@ -37,6 +37,7 @@ impl Source {
         match principal {
             Principal::Owner | Principal::Member(_) | Principal::Anonymous => None,
             Principal::Telegram(_) => Some(Source::Telegram),
+            Principal::Matrix(_) => Some(Source::Matrix),
         }
     }
 
@@ -53,7 +54,7 @@ impl Source {
     /// config says nothing: not the untrusted ones (nor any source added
     /// later without saying so).
     pub fn default_memory(self) -> bool {
-        matches!(self, Source::Terminal | Source::Telegram | Source::Job | Source::Heartbeat)
+        matches!(self, Source::Terminal | Source::Telegram | Source::Matrix | Source::Job | Source::Heartbeat)
     }
 }
 
@@ -279,7 +280,8 @@ mod tests {
     fn only_trusted_sources_write_memory_by_default() {
         let p = ToolPolicy::default();
         for s in Source::ALL {
-            let trusted = matches!(s, Source::Terminal | Source::Telegram | Source::Job | Source::Heartbeat);
+            let trusted =
+                matches!(s, Source::Terminal | Source::Telegram | Source::Matrix | Source::Job | Source::Heartbeat);
             assert_eq!(p.remembers(s), trusted, "{s:?}");
         }
         assert!(p.describe(Source::Mqtt).ends_with(" (no memory writes)"));

@@ -17,6 +17,8 @@ mod daemon;
 mod docs;
 mod firstrun;
 mod homeassistant;
+#[cfg(feature = "matrix")]
+mod matrix;
 mod mcp;
 mod mcp_conformance;
 mod mcp_stream;
