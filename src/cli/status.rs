@@ -483,6 +483,8 @@ fn exec_lines(loaded: &Loaded) -> ExecPart {
 struct ChannelPart {
     telegram: String,
     mqtt: String,
+    /// `[matrix]`, in words (`not configured` without the feature).
+    matrix: String,
     /// Which sources of turns get which tools, in words.
     policy: String,
     homeassistant: String,
@@ -499,6 +501,7 @@ impl Section for ChannelPart {
         vec![
             format!("telegram:   {} {from}", esc(&self.telegram)),
             format!("mqtt:       {}", esc(&self.mqtt)),
+            format!("matrix:     {}", esc(&self.matrix)),
             format!("policy:     {}", self.policy),
             format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
         ]
@@ -515,6 +518,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
     ChannelPart {
         telegram: telegram_summary(&c.telegram, token, &loaded.paths.state_dir),
         mqtt: crate::channels::mqtt::status_line(&c.mqtt),
+        #[cfg(feature = "matrix")]
+        matrix: crate::channels::matrix::status::status_line(&c.matrix, &loaded.paths.state_dir),
+        #[cfg(not(feature = "matrix"))]
+        matrix: "not in this build (cargo feature `matrix`)".into(),
         policy: policy_summary(&c.policy),
         homeassistant: ha,
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },

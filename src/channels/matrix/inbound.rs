@@ -280,7 +280,11 @@ impl Handler {
                 }
             }
             // m.notice is what bots send: never a command (no bot-to-bot loops).
-            _ => return Some(false),
+            "m.notice" => return Some(false),
+            other => {
+                tracing::info!(room, event = %e.event_id, "a Matrix message of type {other} was skipped");
+                return Some(false);
+            }
         };
         let reply_to = e.content["m.relates_to"]["m.in_reply_to"]["event_id"].as_str();
         if let Some(action) = reply_to.and_then(|_| Action::from_reply(&text)) {

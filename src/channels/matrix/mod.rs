@@ -43,6 +43,7 @@
 pub mod deliver;
 pub mod inbound;
 pub mod state;
+pub mod status;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
