@@ -359,3 +359,19 @@ async fn the_token_never_follows_a_redirect_to_another_origin() {
     }
     assert!(seen.lock().unwrap().is_empty(), "a request followed the redirect");
 }
+
+#[tokio::test]
+async fn bramble_check_names_the_line_of_a_bad_matrix_section() {
+    let home = TestHome::new(
+        "openai",
+        "http://127.0.0.1:9",
+        "",
+        "",
+        "[matrix]\nhomeserver = \"http://127.0.0.1:9\"\naccess_token_env = \"T\"\nallow_from = [\"owner\"]\n",
+    );
+    let out =
+        crate::support::setup::bramble(home.path(), &["--config", home.config.to_str().unwrap(), "check"], None).await;
+    let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("config.toml:") && err.contains("`owner` is not a Matrix user id"), "{err}");
+}
