@@ -314,6 +314,7 @@ async fn a_report_waits_in_the_outbox_while_the_homeserver_is_down_and_is_delive
     std::fs::write(&s.home.config, through).unwrap();
     let daemon = s.daemon("dead.log");
     let room = s.dm(&daemon).await;
+    assert!(daemon.wait_log("joined a Matrix room on an allowed user's invite", 30).await, "{}", daemon.log());
     relay.set(false);
     remind_job(&s.home, "tea", "tea time", &format!("matrix:{room}"));
     assert!(

@@ -32,6 +32,9 @@ pub enum Outcome {
     Quiet,
     /// Something was handled: save the position now.
     Handled,
+    /// An invite could not be answered (the homeserver is away): keep the
+    /// position and what was handled, sync the same batch again after a pause.
+    Later,
     /// Stopping (or the bus is gone) before the batch was done.
     Stopped,
 }
@@ -95,8 +98,9 @@ impl Handler {
         let mut outcome = Outcome::Quiet;
         let mut rooms = super::load_rooms(&self.shared().state_dir).await;
         let before = rooms.clone();
+        let mut later = false;
         for (room, invite) in &sync.rooms.invite {
-            self.invite(room, &invite.invite_state.read(), &mut rooms).await;
+            later |= !self.invite(room, &invite.invite_state.read(), &mut rooms).await;
         }
         for room in sync.rooms.leave.keys() {
             rooms.rooms.remove(room);
@@ -130,30 +134,46 @@ impl Handler {
             super::save_rooms(&self.shared().state_dir, rooms).await;
             outcome = Outcome::Handled;
         }
+        if later {
+            return Outcome::Later;
+        }
         outcome
     }
 
     /// An invite: taken from an allowed user, refused from anyone else.
-    async fn invite(&mut self, room: &str, state: &[Event], rooms: &mut Rooms) {
+    /// `false`: the homeserver could not be reached; try the batch again.
+    async fn invite(&mut self, room: &str, state: &[Event], rooms: &mut Rooms) -> bool {
         let inviter = state
             .iter()
             .find(|e| e.kind == "m.room.member" && e.state_key.as_deref() == Some(self.me.as_str()))
             .map(|e| e.sender.clone())
             .unwrap_or_default();
         if self.matrix.policy.allows(&inviter) {
-            match self.client().join(room).await {
+            // Recorded first: a join that happened but whose answer was lost is still ours.
+            rooms
+                .rooms
+                .insert(room.to_string(), RoomRecord { invited_by: Some(inviter.clone()), ..Default::default() });
+            return match self.client().join(room).await {
                 Ok(id) => {
                     tracing::info!(room = %id, inviter, "joined a Matrix room on an allowed user's invite");
-                    rooms.rooms.insert(id, RoomRecord { invited_by: Some(inviter), ..Default::default() });
+                    true
                 }
-                Err(e) => tracing::warn!(room, error = %e, "cannot join a Matrix room we were invited to"),
-            }
-            return;
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(room, error = %e, "cannot join a Matrix room we were invited to yet; trying again");
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(room, error = %e, "cannot join a Matrix room we were invited to");
+                    rooms.rooms.remove(room);
+                    true
+                }
+            };
         }
         self.stranger(&inviter, "an invite");
         if let Err(e) = self.client().leave(room).await {
             tracing::warn!(room, error = %e, "cannot refuse a Matrix invite");
         }
+        true
     }
 
     /// Whether `room` is one we should be in: recorded, or configured; any

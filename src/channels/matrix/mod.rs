@@ -292,6 +292,13 @@ async fn run(
             save(&file, &position);
             return;
         }
+        if outcome == inbound::Outcome::Later {
+            save(&file, &position);
+            if sleep_or_stop(backoff.next_wait(), stop).await {
+                return;
+            }
+            continue;
+        }
         let moved = position.since.as_deref() != Some(sync.next_batch.as_str()) && !sync.next_batch.is_empty();
         if moved {
             position.since = Some(sync.next_batch.clone());
