@@ -231,7 +231,10 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A client for `homeserver`; `token` may come later ([`Client::set_token`], after a password login).
     pub fn new(homeserver: &str, token: Option<Secret>) -> Result<Client, MatrixError> {
+        // No idle timeout on pooled connections (as the Telegram client): hyper checks it with a
+        // timer task started whenever the long poll hands its connection back, wake-ups for nothing.
         let http = crate::provider::http_client_builder(Duration::ZERO)
+            .pool_idle_timeout(None)
             .pool_max_idle_per_host(2)
             .build()
             .map_err(|e| MatrixError::Transport(format!("cannot build the HTTP client: {e}")))?;
