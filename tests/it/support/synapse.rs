@@ -47,7 +47,15 @@ impl Synapse {
         let req = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synapse/requirements.txt");
         let python = super::python::venv("synapse", &req);
         let register = python.with_file_name("register_new_matrix_user");
-        // Not a TempDir: it lives as long as the process (statics are not dropped).
+        // Not a TempDir: it lives as long as the process (statics are not dropped). Those of
+        // test processes that are gone are removed here instead.
+        for old in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = old.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix("bramble-synapse-").and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
         let dir = std::env::temp_dir().join(format!("bramble-synapse-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("synapse dir");
