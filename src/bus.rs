@@ -24,6 +24,8 @@ pub enum Target {
     Telegram(String),
     /// A mailbox (`email:<address>`), or its daily digest (`?digest=HH:MM`).
     Email(EmailTarget),
+    /// A Matrix room, by id (`!abc:server`) or alias (`#room:server`, resolved when delivered).
+    Matrix(String),
     /// The device's default MQTT report topic (`None`) or a given topic.
     Mqtt(Option<String>),
     /// A `[[webhook]]` with a `url`, by name (`webhook:<name>`): a signed
@@ -44,6 +46,7 @@ impl Target {
         match channel {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
             Channel::Email => Target::Email(EmailTarget { address: chat_id.to_string(), digest: None }),
+            Channel::Matrix => Target::Matrix(chat_id.to_string()),
             Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
             Channel::Mqtt => Target::Mqtt(None),
             // A caller is answered `202 Accepted`, not with the turn's answer:
@@ -59,6 +62,7 @@ impl Target {
         match self {
             Target::Telegram(_) => "telegram",
             Target::Email(_) => "email",
+            Target::Matrix(_) => "matrix",
             Target::Mqtt(_) => "mqtt",
             Target::Webhook(_) => "webhook",
             Target::HomeAssistant(_) => "ha",
@@ -73,6 +77,7 @@ impl fmt::Display for Target {
         match self {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
             Target::Email(t) => write!(f, "email:{t}"),
+            Target::Matrix(room) => write!(f, "matrix:{room}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
             Target::Webhook(name) => write!(f, "webhook:{name}"),
@@ -100,7 +105,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `matrix:<room>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -119,6 +124,14 @@ impl Target {
             Some(("email", rest)) => EmailTarget::parse(rest.trim()).map(Target::Email).map_err(|why| {
                 format!("`{text}` is not a delivery target: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
             }),
+            Some(("matrix", room)) => match room.trim() {
+                room if is_matrix_room(room) => Ok(Target::Matrix(room.to_string())),
+                // Read back leniently: an odd room is refused where it is delivered.
+                room if !strict && !room.is_empty() => Ok(Target::Matrix(room.to_string())),
+                _ => Err(format!(
+                    "`{text}`: a Matrix target is a room id or alias, like `matrix:!abc:example.org` or `matrix:#room:example.org`"
+                )),
+            },
             Some(("mqtt", topic)) => {
                 let topic = topic.trim();
                 if topic.is_empty() || topic.contains(['+', '#']) {
@@ -261,6 +274,8 @@ pub enum Channel {
     Telegram,
     /// Mail from an allow-listed sender the receiving server authenticated.
     Email,
+    /// A Matrix room.
+    Matrix,
     Mqtt,
     /// `[[webhook]]` endpoints: whoever holds an endpoint's secret.
     Webhook,
@@ -280,6 +295,7 @@ impl Channel {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
             Channel::Email => "email",
+            Channel::Matrix => "matrix",
             Channel::Mqtt => "mqtt",
             Channel::Webhook => "webhook",
             Channel::HomeAssistant => "homeassistant",
@@ -295,6 +311,7 @@ impl From<&str> for Channel {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
             "email" => Channel::Email,
+            "matrix" => Channel::Matrix,
             "mqtt" => Channel::Mqtt,
             "webhook" => Channel::Webhook,
             "homeassistant" => Channel::HomeAssistant,
@@ -349,6 +366,8 @@ pub enum Source {
     Telegram,
     /// Mail from an `[email] allow_from` sender, authenticated by DKIM or SPF.
     Email,
+    /// A Matrix room message from a `[matrix] allow_from` user.
+    Matrix,
     /// A scheduled job's turn (made by a trusted origin).
     Job,
     /// The heartbeat.
@@ -364,9 +383,10 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 8] = [
+    pub const ALL: [Source; 9] = [
         Source::Terminal,
         Source::Telegram,
+        Source::Matrix,
         Source::Email,
         Source::Job,
         Source::Heartbeat,
@@ -381,6 +401,7 @@ impl Source {
             Source::Terminal => "terminal",
             Source::Telegram => "telegram",
             Source::Email => "email",
+            Source::Matrix => "matrix",
             Source::Job => "job",
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
@@ -402,9 +423,12 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
-            (Channel::Cli | Channel::Telegram | Channel::Email | Channel::System, _) if in_job => Source::Job,
+            (Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::Email | Channel::System, _) if in_job => {
+                Source::Job
+            }
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
+            (Channel::Matrix, _) => Source::Matrix,
             (Channel::Email, _) => Source::Email,
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
@@ -463,7 +487,7 @@ impl Conversation {
 /// channel that authenticated them, never from text in the message.
 ///
 /// On disk it is one string: `owner`, `telegram:<user id>`,
-/// `member:<unix user>`, `anonymous`.
+/// `matrix:<@user:server>`, `member:<unix user>`, `anonymous`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Principal {
     /// The owner: the terminal, root or the service's user at the CLI, the
@@ -475,6 +499,9 @@ pub enum Principal {
     /// A mail sender, by address: an `[email] allow_from` address whose mail
     /// the receiving server authenticated (DKIM or SPF).
     Email(String),
+    /// A Matrix user, by id (`@owner:example.org`): a `[matrix] allow_from`
+    /// user. Their rights end when they leave `allow_from`.
+    Matrix(String),
     /// A member of the installed service's group, by user name (`bramble
     /// cron …` through the control socket): `[service] members` says what
     /// they may do.
@@ -490,6 +517,7 @@ impl fmt::Display for Principal {
             Principal::Owner => f.write_str("owner"),
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
             Principal::Email(addr) => write!(f, "email:{addr}"),
+            Principal::Matrix(id) => write!(f, "matrix:{id}"),
             Principal::Member(user) => write!(f, "member:{user}"),
             Principal::Anonymous => f.write_str("anonymous"),
         }
@@ -506,9 +534,10 @@ impl FromStr for Principal {
                 id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
             }
             Some(("email", addr)) if is_plain_address(addr) => Ok(Principal::Email(addr.to_string())),
+            Some(("matrix", user)) if is_matrix_user(user) => Ok(Principal::Matrix(user.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `email:<address>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `matrix:<@user:server>`, `email:<address>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -524,6 +553,24 @@ impl Serialize for Principal {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
+}
+
+/// A Matrix user id: `@local:server`.
+pub fn is_matrix_user(id: &str) -> bool {
+    id.strip_prefix('@').and_then(|r| r.split_once(':')).is_some_and(|(l, s)| matrix_part(l) && matrix_part(s))
+}
+
+/// A Matrix room id (`!opaque:server`; from room version 12 on, `!opaque`
+/// alone) or alias (`#alias:server`).
+pub fn is_matrix_room(room: &str) -> bool {
+    if let Some(id) = room.strip_prefix('!') {
+        return matrix_part(id);
+    }
+    room.strip_prefix('#').and_then(|r| r.split_once(':')).is_some_and(|(l, s)| matrix_part(l) && matrix_part(s))
+}
+
+fn matrix_part(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 255 && !p.chars().any(|c| c.is_whitespace() || c.is_control() || c == '/')
 }
 
 /// What produced a report: decoded from its stored string once, here, so a
@@ -718,6 +765,9 @@ mod tests {
             "telegram:123456",
             "telegram:-100123",
             "telegram:@news",
+            "matrix:!abc:example.org",
+            "matrix:#ops:example.org",
+            "matrix:!ppGSUgfWKuR7zlCFFkXAVXRQAsm0h8KECeOS-AACohQ",
             "mqtt",
             "mqtt:home/report",
             "webhook:node_red",
@@ -734,6 +784,12 @@ mod tests {
         for t in [
             "telegram:",
             "telegram:abc",
+            "matrix:",
+            "matrix:room",
+            "matrix:@owner:example.org",
+            "matrix:#a",
+            "matrix:!a b",
+            "matrix:#a b:x",
             "mqtt:a/+/b",
             "mqtt:",
             "email:me",
@@ -801,13 +857,18 @@ mod tests {
         assert_eq!(c.channel, Channel::Telegram);
         assert_eq!(serde_json::to_string(&c).unwrap(), old);
         // A channel from a newer build is kept as it is, and trusted with nothing.
-        let new = r#"{"channel":"matrix","chat_id":"!room","session_key":"matrix:!room"}"#;
+        let new = r#"{"channel":"xmpp","chat_id":"room","session_key":"xmpp:room"}"#;
         let c: Conversation = serde_json::from_str(new).unwrap();
-        assert_eq!(c.channel, Channel::Other("matrix".into()));
+        assert_eq!(c.channel, Channel::Other("xmpp".into()));
         assert_eq!(serde_json::to_string(&c).unwrap(), new);
         assert_eq!(Source::of(&c, false), Source::Trigger);
         assert_eq!(Source::of(&c, true), Source::Trigger);
         assert_eq!(c.reply_target(), Target::Log);
+        // A Matrix room is its own channel: trusted as a chat, answered in the room.
+        let m: Conversation =
+            serde_json::from_str(r#"{"channel":"matrix","chat_id":"!r:x","session_key":"matrix:!r:x"}"#).unwrap();
+        assert_eq!((Source::of(&m, false), Source::of(&m, true)), (Source::Matrix, Source::Job));
+        assert_eq!(m.reply_target(), Target::Matrix("!r:x".into()));
     }
 
     #[test]
@@ -847,12 +908,18 @@ mod tests {
 
     #[test]
     fn principals_round_trip_as_one_string() {
-        for p in [Principal::Owner, Principal::Telegram(42), Principal::Member("ann".into()), Principal::Anonymous] {
+        for p in [
+            Principal::Owner,
+            Principal::Telegram(42),
+            Principal::Matrix("@ann:example.org".into()),
+            Principal::Member("ann".into()),
+            Principal::Anonymous,
+        ] {
             let json = serde_json::to_string(&p).unwrap();
             assert_eq!(serde_json::from_str::<Principal>(&json).unwrap(), p);
         }
         assert_eq!(serde_json::to_string(&Principal::Telegram(-5)).unwrap(), "\"telegram:-5\"");
-        for bad in ["", "root", "telegram:x", "member:", "telegram"] {
+        for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann"] {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
     }

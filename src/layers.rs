@@ -207,7 +207,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = Vec::new();
         sources(&root, &mut files);
-        let names = ["cli", "telegram", "mqtt", "system", "homeassistant"];
+        let names = ["cli", "telegram", "matrix", "mqtt", "system", "homeassistant"];
         let mut wrong = Vec::new();
         for file in files.iter().filter(|f| !f.ends_with("bus.rs") && !f.ends_with("layers.rs")) {
             let text = std::fs::read_to_string(file).unwrap();
@@ -328,6 +328,8 @@ mod tests {
             "agent/usage.rs",
             // The typing indicator: at most one per chat, ending with the chat's turn or the stop.
             "channels/telegram/mod.rs",
+            // The same in a Matrix room.
+            "channels/matrix/inbound.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
             // One task per webhook connection: at most `[webhooks] max_connections` (permits), each bounded in time.

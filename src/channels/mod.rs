@@ -7,6 +7,8 @@
 #[cfg(feature = "email")]
 pub mod email;
 pub mod homeassistant;
+#[cfg(feature = "matrix")]
+pub mod matrix;
 pub mod mqtt;
 pub mod telegram;
 #[cfg(feature = "webhook")]

@@ -74,7 +74,7 @@ pub enum Command {
         /// `tokens_today`, `daily_token_budget`}], `model`, `fallback`, `fallback_cooldown`,
         /// `time_zone`, `workspace`, `workspace_exists`, `state_dir`, `daemon`, `service`, `tools`,
         /// `channels`, `mcp`, `channels_error`, `exec` {`enabled`, `timeout`, `network`, `sandbox`},
-        /// `web_search`, `telegram`, `mqtt`, `policy`, `homeassistant`, `webhooks`, `secrets_from`,
+        /// `web_search`, `telegram`, `mqtt`, `matrix`, `policy`, `homeassistant`, `webhooks`, `secrets_from`,
         /// `private`, `sessions`, `tokens_today`, `daily_token_budget`, `skills`, `skills_available`,
         /// `skills_with_errors`, `clock`, `heartbeat` {`enabled`, `every`, `active_tasks`,
         /// `last_run`}, `job_count`, `jobs` [the objects of `cron list --json`], `jobs_error`,

@@ -229,6 +229,7 @@ fn added(
         let configured = match t {
             Target::Telegram(_) => loaded.config.telegram.token().is_some(),
             Target::Email(_) => cfg!(feature = "email") && loaded.config.email.smtp.is_some(),
+            Target::Matrix(_) => cfg!(feature = "matrix") && loaded.config.matrix.homeserver.is_some(),
             Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
             Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
             Target::Webhook(name) => loaded.config.has_webhook_target(name),

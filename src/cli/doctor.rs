@@ -172,6 +172,8 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         Ok(Some(found)) => r.line(Level::Ok, "email", found),
         Err(e) => r.line(Level::Error, "email", e),
     }
+    #[cfg(feature = "matrix")]
+    matrix(&loaded, &mut r).await;
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
@@ -347,6 +349,22 @@ async fn telegram(loaded: &Loaded, r: &mut Report) {
         }
         Ok(Err(e)) => r.line(Level::Error, "telegram", e.to_string()),
         Err(_) => r.line(Level::Error, "telegram", format!("no answer within {} s", LIMIT.as_secs())),
+    }
+}
+
+/// `[matrix]`: the login, and the rooms bramble cannot read.
+#[cfg(feature = "matrix")]
+async fn matrix(loaded: &Loaded, r: &mut Report) {
+    let state = &loaded.paths.state_dir;
+    match crate::channels::matrix::status::probe(&loaded.config.matrix, state, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "matrix", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "matrix", found);
+            for w in warnings {
+                r.line(Level::Warning, "matrix", w);
+            }
+        }
+        Err(e) => r.line(Level::Error, "matrix", e),
     }
 }
 

@@ -493,6 +493,8 @@ fn exec_lines(loaded: &Loaded) -> ExecPart {
 struct ChannelPart {
     telegram: String,
     mqtt: String,
+    /// `[matrix]`, in words (`not configured` without the feature).
+    matrix: String,
     /// Which sources of turns get which tools, in words.
     policy: String,
     homeassistant: String,
@@ -514,6 +516,7 @@ impl Section for ChannelPart {
         let mut lines = vec![
             format!("telegram:   {} {from}", esc(&self.telegram)),
             format!("mqtt:       {}", esc(&self.mqtt)),
+            format!("matrix:     {}", esc(&self.matrix)),
             format!("policy:     {}", self.policy),
             format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
             format!("webhooks:   {}", esc(&self.webhooks)),
@@ -533,6 +536,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
     ChannelPart {
         telegram: telegram_summary(&c.telegram, token, &loaded.paths.state_dir),
         mqtt: crate::channels::mqtt::status_line(&c.mqtt),
+        #[cfg(feature = "matrix")]
+        matrix: crate::channels::matrix::status::status_line(&c.matrix, &loaded.paths.state_dir),
+        #[cfg(not(feature = "matrix"))]
+        matrix: "not in this build (cargo feature `matrix`)".into(),
         policy: policy_summary(&c.policy),
         homeassistant: ha,
         webhooks: webhook_status(c),

@@ -12,6 +12,8 @@ pub mod ha_ws;
 /// IMAP in and SMTP out, for the email channel (feature `email`).
 #[cfg(feature = "email")]
 pub mod imap;
+#[cfg(feature = "matrix")]
+pub mod matrix;
 pub mod mqtt;
 #[cfg(feature = "email")]
 pub mod smtp;

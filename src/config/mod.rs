@@ -16,6 +16,7 @@ pub mod email;
 pub mod env;
 pub mod homeassistant;
 pub mod keys;
+pub mod matrix;
 pub mod mcp;
 pub mod templates;
 pub mod tools;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 
 pub use channels::*;
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
+pub use matrix::MatrixConfig;
 pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
 pub use tools::*;
 pub use types::{Cidr, ContextWindow, Dur, HttpUrl, Profile, QuietHours, Secret, TzName};
@@ -52,6 +54,8 @@ pub struct Config {
     pub exec: ExecConfig,
     pub web: WebConfig,
     pub telegram: TelegramConfig,
+    /// `[matrix]` (`matrix.rs`).
+    pub matrix: MatrixConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
@@ -234,6 +238,7 @@ impl Default for Config {
             exec: ExecConfig::default(),
             web: WebConfig::default(),
             telegram: TelegramConfig::default(),
+            matrix: MatrixConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
@@ -646,6 +651,9 @@ impl Config {
                     self.telegram.tomorrow_at
                 ),
             ));
+        }
+        if let Some(why) = self.matrix.problem() {
+            return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

@@ -169,7 +169,8 @@ fn tools(
         }
     }
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
-        .with_email(c.email.allow_from.iter().map(|a| a.0.clone()));
+        .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
+        .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -228,6 +229,11 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         &c.mqtt.publish_allow,
     )
     .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
+    .with_matrix(crate::policy::matrix::MatrixPolicy::new(
+        &c.matrix.allow_from,
+        &c.matrix.rooms,
+        &loaded.paths.state_dir,
+    ))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -272,6 +278,9 @@ pub struct Daemon {
     /// The email reader and digest sender (`None`: `[email]` not configured).
     #[cfg(feature = "email")]
     pub email: Option<crate::channels::email::EmailPoller>,
+    /// `[matrix]`'s sync loop (`None`: not configured).
+    #[cfg(feature = "matrix")]
+    pub matrix: Option<crate::channels::matrix::MatrixPoller>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -303,6 +312,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
     let telegram =
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
+    #[cfg(feature = "matrix")]
+    let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
     let ha = ha_rest(c);
     let links = AgentLinks {
         ha: ha.clone(),
@@ -321,6 +332,11 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let email = email(loaded).map(|e| {
         channels.add(e.channel());
         e.poller(bus.inbound_tx.clone())
+    });
+    #[cfg(feature = "matrix")]
+    let matrix = matrix.map(|matrix| {
+        channels.add(matrix.channel());
+        crate::channels::matrix::MatrixPoller { matrix, inbound: bus.inbound_tx.clone(), activity: agent.activity() }
     });
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -368,6 +384,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         telegram,
         #[cfg(feature = "email")]
         email,
+        #[cfg(feature = "matrix")]
+        matrix,
         mqtt,
         ha,
         heartbeat,
@@ -412,6 +430,29 @@ fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
         Ok(e) => e,
         Err(e) => {
             tracing::error!("{e}; the email channel is off");
+            None
+        }
+    }
+}
+
+/// Done / Snooze over the job store, for a channel's report answers.
+#[cfg(feature = "matrix")]
+fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
+    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
+    crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
+}
+
+/// The Matrix channel for `[matrix]` (`None`: not configured, or unusable: logged).
+#[cfg(feature = "matrix")]
+fn matrix_channel(
+    loaded: &Loaded,
+    reminders: crate::work::reminders::Reminders,
+) -> Option<crate::channels::matrix::Matrix> {
+    let (c, state) = (&loaded.config.matrix, &loaded.paths.state_dir);
+    match crate::channels::matrix::Matrix::from_config(c, state, &loaded.paths.workspace, Some(reminders)) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!("Matrix is off: {e}");
             None
         }
     }

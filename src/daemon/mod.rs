@@ -32,6 +32,7 @@
 //! |---|---|---|
 //! | telegram poller | ends | it ends by itself only when Telegram refuses the token, and says so; a restart cannot help until the config changes, and an exit would keep the whole daemon down (a refused token is fatal at start) |
 //! | email | exit | owns its inbound sender and the digest wake-up; it reconnects by itself and ends only when stopped |
+//! | matrix poller | ends | the same for a refused Matrix login |
 //! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
 //! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
 //! | bus server | exit | owns the bus's inbound end |
@@ -93,6 +94,9 @@ pub async fn run(
     let _lock = lock_state_dir(&first.paths.state_dir)?;
     // A refused Telegram token is fatal at start; an unreachable Telegram is not.
     crate::channels::telegram::check_token(&first.config.telegram).await?;
+    // The same for a Matrix access token.
+    #[cfg(feature = "matrix")]
+    crate::channels::matrix::check_login(&first.config.matrix).await?;
     let mut loaded = first;
     let mut previous: Option<crate::config::Loaded> = None;
     loop {
@@ -213,6 +217,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     #[cfg(feature = "email")]
     if let Some(email) = d.email {
         tasks.spawn(Service::new("email", |sd| email.run(sd)));
+    }
+    #[cfg(feature = "matrix")]
+    if let Some(poller) = d.matrix {
+        tasks.spawn(Service::ends("matrix poller", |sd| poller.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));

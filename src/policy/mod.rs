@@ -4,6 +4,7 @@
 //!   used them, and [`AllowedChats`], the chats a turn may send to. The
 //!   Telegram poller decides with it who is served; the `message` and `cron`
 //!   tools decide with it where a report may go.
+//! - [`matrix`]: `[matrix] allow_from`, and the rooms a turn may post to.
 //! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
 //! - [`standing`]: whether a job's creator may still have it run (revoked
 //!   users' jobs stop), and where members' reminders may go.
@@ -11,6 +12,7 @@
 //! Below the tools and the channels, above the configuration (see
 //! `ARCHITECTURE.md`, "Layers").
 
+pub mod matrix;
 pub mod pairing;
 pub mod pins;
 pub mod standing;

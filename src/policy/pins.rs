@@ -180,11 +180,18 @@ pub struct AllowedChats {
     state_dir: PathBuf,
     /// `[email] allow_from`, lower case: the addresses a turn may mail.
     email: Vec<String>,
+    /// `[matrix]`'s users and rooms (empty: no Matrix room is allowed).
+    matrix: super::matrix::MatrixPolicy,
 }
 
 impl AllowedChats {
     pub fn new(allow_from: &[String], state_dir: &Path) -> AllowedChats {
-        AllowedChats { allow: Allow::new(allow_from), state_dir: state_dir.to_path_buf(), email: Vec::new() }
+        AllowedChats {
+            allow: Allow::new(allow_from),
+            state_dir: state_dir.to_path_buf(),
+            email: Vec::new(),
+            matrix: Default::default(),
+        }
     }
 
     /// The addresses of `[email] allow_from`: the only ones a turn may mail.
@@ -196,6 +203,16 @@ impl AllowedChats {
     /// Whether `address` is in `[email] allow_from`.
     pub fn allows_email(&self, address: &str) -> bool {
         self.email.iter().any(|a| a.eq_ignore_ascii_case(address))
+    }
+
+    /// With `[matrix]`'s users and rooms.
+    pub fn with_matrix(self, matrix: super::matrix::MatrixPolicy) -> AllowedChats {
+        AllowedChats { matrix, ..self }
+    }
+
+    /// The Matrix users served and rooms allowed.
+    pub fn matrix(&self) -> &super::matrix::MatrixPolicy {
+        &self.matrix
     }
 
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.

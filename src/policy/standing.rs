@@ -37,6 +37,11 @@ impl Standing {
         self
     }
 
+    /// With `[matrix]`'s users (their jobs run while they stay in `allow_from`) and rooms.
+    pub fn with_matrix(self, matrix: super::matrix::MatrixPolicy) -> Standing {
+        Standing { telegram: self.telegram.with_matrix(matrix), ..self }
+    }
+
     /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
     /// (reads the paired users): call it off the runtime thread.
     pub fn check(&self, job: &Job) -> Result<(), StandingError> {
@@ -46,6 +51,8 @@ impl Standing {
             Principal::Telegram(id) => Err(StandingError::Revoked(id)),
             Principal::Email(addr) if self.telegram.allows_email(&addr) => Ok(()),
             Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
+            Principal::Matrix(user) if self.telegram.matrix().allows(&user) => Ok(()),
+            Principal::Matrix(user) => Err(StandingError::MatrixRevoked(user)),
             Principal::Member(user) => member_may(self.members, job)
                 .and_then(|()| match self.members {
                     Members::Jobs => Ok(()),
@@ -70,6 +77,8 @@ pub enum StandingError {
     Revoked(i64),
     #[error("its creator, {0}, is no longer in [email] allow_from")]
     MailRevoked(String),
+    #[error("its creator, Matrix user {0}, is no longer in [matrix] allow_from")]
+    MatrixRevoked(String),
     #[error("its creator, {user} (a member of the service's group), {why}")]
     Member { user: String, why: MemberRefusal },
     #[error("it was made by nobody bramble knows (an untrusted source)")]
@@ -89,6 +98,8 @@ pub enum MemberRefusal {
     Chat(String),
     #[error("email:{0} is not in [email] allow_from: members' reminders go to those addresses only")]
     Mail(String),
+    #[error("matrix:{0} is not a room of [matrix] rooms nor one an allowed user invited bramble to")]
+    Room(String),
     #[error(
         "mqtt:{0} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
          topic or the topics the owner allows"
@@ -126,6 +137,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
         Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
         Target::Email(t) if chats.allows_email(&t.address) => Ok(()),
         Target::Email(t) => Err(MemberRefusal::Mail(t.address.clone())),
+        Target::Matrix(room) if chats.matrix().room_allowed(room) => Ok(()),
+        Target::Matrix(room) => Err(MemberRefusal::Room(room.clone())),
         // A webhook target names a `url` the owner configured, like a notify service.
         Target::HomeAssistant(_) | Target::Webhook(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),

@@ -159,7 +159,10 @@ pub(crate) async fn check_delivery(
     targets: &[Target],
     chats: &AllowedChats,
 ) -> Result<(), ToolError> {
-    if !targets.iter().any(|t| matches!(t, Target::Telegram(_) | Target::Email(_) | Target::HomeAssistant(_))) {
+    if !targets
+        .iter()
+        .any(|t| matches!(t, Target::Telegram(_) | Target::Matrix(_) | Target::Email(_) | Target::HomeAssistant(_)))
+    {
         return Ok(());
     }
     let (ctx, targets, chats) = (ctx.clone(), targets.to_vec(), chats.clone());
@@ -249,5 +252,35 @@ mod tests {
         let mqtt = ToolContext::detached("mqtt:in").from_chat("mqtt", "");
         assert!(tool.execute(json!({"content": "x", "target": "email:me@example.org"}), &mqtt).await.is_err());
         assert!(rx.try_recv().is_err());
+    }
+
+    #[tokio::test]
+    async fn matrix_rooms_only_configured_invited_or_the_turns_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, mut rx) = mpsc::channel(4);
+        let policy = crate::policy::matrix::MatrixPolicy::new(&["@o:x".into()], &["#ops:x".into()], dir.path());
+        let mut rooms = crate::policy::matrix::Rooms::default();
+        let by = |u: &str| crate::policy::matrix::RoomRecord { invited_by: Some(u.into()), ..Default::default() };
+        rooms.rooms.insert("!dm:x".into(), by("@o:x"));
+        rooms.rooms.insert("!theirs:x".into(), by("@mallory:x"));
+        rooms.save(dir.path()).unwrap();
+        let chats = AllowedChats::new(&[], dir.path()).with_matrix(policy);
+        let tool = MessageTool::new(tx, Vec::new(), chats);
+        let cli = ToolContext::detached("cli:direct");
+        for t in ["matrix:#ops:x", "matrix:!dm:x"] {
+            tool.execute(json!({"content": "x", "target": t}), &cli).await.unwrap();
+            assert_eq!(rx.recv().await.unwrap().target.to_string(), t);
+        }
+        for t in ["matrix:!theirs:x", "matrix:!elsewhere:x", "matrix:#other:x"] {
+            let err = tool.execute(json!({"content": "x", "target": t}), &cli).await.unwrap_err();
+            assert!(err.0.contains("not a room of [matrix] rooms"), "{t}: {err}");
+        }
+        // The room a Matrix turn came from is its own reply target; an MQTT turn reaches no room.
+        let room = ToolContext::detached("matrix:!new:x").from_chat("matrix", "!new:x");
+        tool.execute(json!({"content": "x"}), &room).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().target, Target::Matrix("!new:x".into()));
+        let mqtt = ToolContext::detached("mqtt:in").from_chat("mqtt", "");
+        let err = tool.execute(json!({"content": "x", "target": "matrix:!dm:x"}), &mqtt).await.unwrap_err();
+        assert!(err.0.contains("untrusted origin"), "{err}");
     }
 }

@@ -67,6 +67,8 @@ pub enum Origin {
     Telegram,
     /// Mail from an `[email] allow_from` sender the receiving server authenticated.
     Email,
+    /// A Matrix room, started by a `[matrix] allow_from` user.
+    Matrix,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -88,6 +90,7 @@ impl Origin {
             Channel::Cli => Origin::Cli,
             Channel::Telegram => Origin::Telegram,
             Channel::Email => Origin::Email,
+            Channel::Matrix => Origin::Matrix,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
@@ -99,7 +102,7 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::Email | Origin::System)
+        matches!(self, Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Email | Origin::System)
     }
 
     /// The name used in refusals and logs.
@@ -108,6 +111,7 @@ impl Origin {
             Origin::Cli => "the terminal",
             Origin::Telegram => "Telegram",
             Origin::Email => "email",
+            Origin::Matrix => "Matrix",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
@@ -159,6 +163,9 @@ impl Origin {
                 ))),
             };
         }
+        if let crate::bus::Target::Matrix(room) = target {
+            return self.check_matrix_room(ctx, room, chats);
+        }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
             return Err(ToolError::new(format!(
@@ -175,6 +182,29 @@ impl Origin {
         }
         Err(ToolError::new(format!(
             "telegram:{chat} is not the chat of a user in [telegram] allow_from: messages go only to allowed users"
+        )))
+    }
+
+    /// [`Origin::check_delivery`] for a Matrix room: trusted turns only, to
+    /// the room the turn came from, a configured room, or one an allowed user
+    /// invited bramble to.
+    fn check_matrix_room(
+        self,
+        ctx: &ToolContext,
+        room: &str,
+        chats: &crate::policy::AllowedChats,
+    ) -> Result<(), ToolError> {
+        if !self.trusted() {
+            return Err(ToolError::new(format!(
+                "this turn came from {} (an untrusted origin): it cannot send to Matrix rooms",
+                self.name()
+            )));
+        }
+        if (self == Origin::Matrix && room == ctx.conversation.chat_id) || chats.matrix().room_allowed(room) {
+            return Ok(());
+        }
+        Err(ToolError::new(format!(
+            "matrix:{room} is not a room of [matrix] rooms nor one a user in [matrix] allow_from invited bramble to"
         )))
     }
 
@@ -279,9 +309,13 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         Channel::Email if crate::bus::is_plain_address(&conversation.chat_id) => {
             Principal::Email(conversation.chat_id.clone())
         }
-        Channel::Email | Channel::Mqtt | Channel::Webhook | Channel::HomeAssistant | Channel::Other(_) => {
-            Principal::Anonymous
-        }
+        // A room's id says nothing of who wrote in it.
+        Channel::Matrix
+        | Channel::Email
+        | Channel::Mqtt
+        | Channel::Webhook
+        | Channel::HomeAssistant
+        | Channel::Other(_) => Principal::Anonymous,
     }
 }
 
@@ -425,7 +459,7 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Email | Source::Mqtt | Source::Webhook => {
+        Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Mqtt | Source::Webhook => {
             &["exec", "read_file", "write_file", "cron", "web_fetch"]
         }
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],

@@ -38,6 +38,7 @@ impl Source {
             Principal::Owner | Principal::Member(_) | Principal::Anonymous => None,
             Principal::Telegram(_) => Some(Source::Telegram),
             Principal::Email(_) => Some(Source::Email),
+            Principal::Matrix(_) => Some(Source::Matrix),
         }
     }
 
@@ -58,7 +59,10 @@ impl Source {
     /// config says nothing: not the untrusted ones (nor any source added
     /// later without saying so).
     pub fn default_memory(self) -> bool {
-        matches!(self, Source::Terminal | Source::Telegram | Source::Email | Source::Job | Source::Heartbeat)
+        matches!(
+            self,
+            Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Job | Source::Heartbeat
+        )
     }
 }
 
@@ -284,8 +288,10 @@ mod tests {
     fn only_trusted_sources_write_memory_by_default() {
         let p = ToolPolicy::default();
         for s in Source::ALL {
-            let trusted =
-                matches!(s, Source::Terminal | Source::Telegram | Source::Email | Source::Job | Source::Heartbeat);
+            let trusted = matches!(
+                s,
+                Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Job | Source::Heartbeat
+            );
             assert_eq!(p.remembers(s), trusted, "{s:?}");
         }
         assert!(p.describe(Source::Mqtt).ends_with(" (no memory writes)"));

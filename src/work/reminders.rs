@@ -12,7 +12,9 @@
 
 use jiff::{tz::TimeZone, Timestamp, ToSpan};
 
-use crate::bus::{Conversation, Target};
+use crate::bus::Conversation;
+#[cfg(test)]
+use crate::bus::Target;
 use crate::scheduler::{Job, JobKind, JobStore, RunRecord, RunStatus, Schedule, StoreError};
 
 /// When a snoozed report comes back.
@@ -60,6 +62,19 @@ impl Reminders {
         when: Snooze,
         now: Timestamp,
     ) -> Result<String, ReminderError> {
+        let conversation = Conversation::new(crate::bus::Channel::Telegram, chat, format!("telegram:{chat}"));
+        self.snooze_in(id, text, conversation, when, now)
+    }
+
+    /// [`Reminders::snooze`] for any chat: the new one-shot reports back to `conversation`.
+    pub fn snooze_in(
+        &self,
+        id: &str,
+        text: &str,
+        conversation: Conversation,
+        when: Snooze,
+        now: Timestamp,
+    ) -> Result<String, ReminderError> {
         let original = self.get(id)?;
         let text = text.trim();
         if text.is_empty() {
@@ -72,12 +87,12 @@ impl Reminders {
             &name,
             Schedule::at(at),
             JobKind::Remind { text: text.to_string() },
-            vec![Target::Telegram(chat.to_string())],
+            vec![conversation.reply_target()],
             now,
             &self.tz,
         )
         .map_err(ReminderError::Job)?;
-        job.origin = Some(Conversation::new(crate::bus::Channel::Telegram, chat, format!("telegram:{chat}")));
+        job.origin = Some(conversation);
         self.store.add(job).map_err(ReminderError::Save)?;
         let day = if local.date() == now.to_zoned(self.tz.clone()).date() { "" } else { "tomorrow " };
         Ok(format!("Snoozed until {day}{}", local.strftime("%H:%M")))

@@ -56,6 +56,7 @@ const STATUS_FIELDS: &[&str] = &[
     "web_search",
     "telegram",
     "mqtt",
+    "matrix",
     "policy",
     "homeassistant",
     "webhooks",

@@ -23,6 +23,8 @@ mod firstrun;
 mod homeassistant;
 mod lean;
 mod local_models;
+#[cfg(feature = "matrix")]
+mod matrix;
 mod mcp;
 mod mcp_conformance;
 mod mcp_oauth;
