@@ -82,9 +82,26 @@ zig_ok || { echo "no zig $(pinned ziglang) in $venv: run $0 --install $arch" >&2
 export PATH="$venv/bin:/usr/bin:$PATH"
 export RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target-cross}"
+# zig's lld takes one linker script (the last -T wins, measured): build.rs's
+# two (cross/no-unwind.ld, cross/idle-order.ld) go in as one, given to the
+# binary alone (`rustc -- …` changes no dependency's fingerprint). With
+# -Zbuild-std there are no self-contained musl start files in the sysroot:
+# zig supplies crt1.o and the rest (link-self-contained=no).
+script="$CARGO_TARGET_DIR/$triple/release-link.ld"
+mkdir -p "$(dirname "$script")"
+cat cross/no-unwind.ld cross/idle-order.ld >"$script.new"
+cmp -s "$script.new" "$script" && rm "$script.new" || mv "$script.new" "$script"
+export BRAMBLE_NO_IDLE_ORDER=1 BRAMBLE_KEEP_UNWIND_TABLES=1
 echo "building $triple: std from $(readlink -f /usr/lib/rustlib/src/rust) ($(rustc -V)), linked by zig $(python-zig version)"
-cargo-zigbuild build --release --locked --target "$triple" -Zbuild-std=std,panic_abort
+cargo-zigbuild rustc --release --locked --target "$triple" -Zbuild-std=std,panic_abort --bin bramble \
+    -- -C link-self-contained=no -C "link-arg=-Wl,-T,$(readlink -f "$script")"
 
 bin="$CARGO_TARGET_DIR/$triple/release/bramble"
+# The one script reached the linker: the idle daemon's code together, no unwind tables.
+readelf -SW "$bin" | grep -q ' \.text\.idle ' || { echo "error: $bin has no .text.idle: $script was not applied" >&2; exit 1; }
+if readelf -SW "$bin" | grep -E ' \.(eh_frame|gcc_except_table|ARM\.exidx|ARM\.extab) ' >/dev/null; then
+    echo "error: $bin has unwind tables: $script was not applied" >&2
+    exit 1
+fi
 cross/check-board.sh "$arch" "$bin"
 ls -l "$bin"
