@@ -77,7 +77,12 @@ grep -q "tool said: .*42" <<<"$out" || { echo "error: the turn did not run the e
 t=$(for _ in 1 2 3; do ms run --config "$work/config.toml" agent -m 'SMOKE-EXEC echo $((40+2))'; done | median)
 echo "agent -m turn with an exec call, wall, median of 3: $t ms"
 
-run --config "$work/config.toml" run >"$work/daemon.log" 2>&1 &
+# Started directly (not through run()): $! must be the emulator's own pid.
+if [ "${#runner[@]}" = 0 ]; then
+    "$bin" --config "$work/config.toml" run >"$work/daemon.log" 2>&1 &
+else
+    "${runner[@]}" -B "$(printf '0x%x' "$base")" "$bin" --config "$work/config.toml" run >"$work/daemon.log" 2>&1 &
+fi
 daemon=$!
 sleep 30
 kill -0 "$daemon" 2>/dev/null || { cat "$work/daemon.log" >&2; echo "error: the daemon exited" >&2; exit 1; }
