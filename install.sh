@@ -5,7 +5,8 @@
 #   sudo sh install.sh
 #
 # It picks bramble_<version>_<arch>.deb for `dpkg --print-architecture` (else
-# `uname -m`), downloads it and the release's SHA256SUMS, checks the file
+# `uname -m`): amd64, arm64, armhf (the ARMv6 build: every 32-bit Raspberry Pi
+# OS board, the Pi Zero W and Pi 1 included) or riscv64; downloads it and the release's SHA256SUMS, checks the file
 # against its line there (`sha256sum --check`), and installs it with apt (which
 # fetches the dependencies). A file whose checksum does not match is deleted
 # and nothing is installed. The release workflow (.github/workflows/release.yml)
@@ -16,7 +17,7 @@
 #   --base-url URL        where the release's files are (a directory holding SHA256SUMS)
 #   --download-only DIR   download and verify into DIR; install nothing
 #   --dry-run             download and verify, then print the install command
-#   --arch ARCH           amd64, arm64 or armhf instead of this machine's
+#   --arch ARCH           amd64, arm64, armhf or riscv64 instead of this machine's
 set -eu
 
 BASE_URL="${BRAMBLE_RELEASE_URL:-@RELEASE_URL@}"
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
         --base-url) [ $# -ge 2 ] || die "--base-url needs a URL"; BASE_URL="$2"; shift 2 ;;
         --download-only) [ $# -ge 2 ] || die "--download-only needs a directory"; DEST="$2"; shift 2 ;;
         --dry-run) DRY_RUN=1; shift ;;
-        --arch) [ $# -ge 2 ] || die "--arch needs amd64, arm64 or armhf"; ARCH="$2"; shift 2 ;;
+        --arch) [ $# -ge 2 ] || die "--arch needs amd64, arm64, armhf or riscv64"; ARCH="$2"; shift 2 ;;
         -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) die "unknown option $1 (see --help)" ;;
     esac
@@ -50,19 +51,17 @@ if [ -z "$ARCH" ]; then
         case "$(uname -m)" in
             x86_64) ARCH=amd64 ;;
             aarch64|arm64) ARCH=arm64 ;;
-            armv7l|armv8l) ARCH=armhf ;;
+            armv6l|armv7l|armv8l) ARCH=armhf ;;
+            riscv64) ARCH=riscv64 ;;
             *) ARCH="$(uname -m)" ;;
         esac
     fi
 fi
 case "$ARCH" in
-    amd64|arm64|armhf) ;;
-    armel|armv6l) die "no build for ARMv6 (Raspberry Pi 1 and Zero): build from source (cross/README.md)" ;;
-    *) die "no build for the architecture $ARCH: the releases have amd64, arm64 and armhf" ;;
+    amd64|arm64|armhf|riscv64) ;;
+    armel) die "no armel package (soft float): on an ARMv6 board with VFP, the release's bramble-<version>-armv6-linux-musleabihf.tar.gz runs as it is (static)" ;;
+    *) die "no build for the architecture $ARCH: the releases have amd64, arm64, armhf (ARMv6 and up) and riscv64" ;;
 esac
-if [ "$ARCH" = armhf ] && [ "$(uname -m)" = armv6l ]; then
-    die "this is an ARMv6 board (Raspberry Pi 1 or Zero): the armhf build needs ARMv7; build from source"
-fi
 
 if command -v curl >/dev/null 2>&1; then
     fetch() { curl -fsSL --proto '=https,http' -o "$2" "$1"; }

@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# Cross-build release binaries for Raspberry Pi boards on a Debian 12 x86-64
-# machine, with Debian's own Rust (rustc-web) and multiarch standard libraries:
+# Cross-build release binaries for Raspberry Pi (and RISC-V) boards on a Debian
+# 12 x86-64 machine, with Debian's own Rust (rustc-web):
 #
 #   cross/build.sh aarch64     # Pi 3/4/5, Zero 2 W on 64-bit Raspberry Pi OS
-#   cross/build.sh armv7       # 32-bit Raspberry Pi OS on ARMv7 boards (Pi 2/3/4)
-#   cross/build.sh --install aarch64   # first install the toolchain (root, apt-get)
+#   cross/build.sh armv7       # 32-bit Raspberry Pi OS on ARMv7 boards (Pi 2/3/4), glibc
+#   cross/build.sh armv6       # every 32-bit Raspberry Pi OS board, Pi Zero W and Pi 1
+#                              # included: ARMv6 + VFPv2, static (musl)
+#   cross/build.sh riscv64     # RISC-V boards (riscv64gc), static (musl)
+#   cross/build.sh --install aarch64   # first install the toolchain (root, apt-get; pip for zig)
 #   cross/build.sh --rustup armv7      # rustup's compiler and std instead of Debian's
 #                                      # (rustup target add; only the cross gcc from apt)
+#
+# aarch64 and armv7 link against Debian's multiarch glibc with its standard
+# library (libstd-rust-web-dev:<arch>). armv6 and riscv64 have no Debian std
+# (Debian's armhf std is ARMv7; Debian 12 has no riscv64 port): their standard
+# library is built from Debian's rust-web-src (the same version as rustc-web)
+# with -Zbuild-std, and zig (PyPI, cross/zig-requirements.txt) links them
+# statically against a musl it builds for the target CPU (cross/README.md, "ARMv6
+# and RISC-V", says why).
 #
 # Output: target-cross/<triple>/release/bramble (target-cross-rustup/… with
 # --rustup; CARGO_TARGET_DIR overrides), checked with `file` and `readelf -A`
 # (the field has shipped "armv6" binaries that were really ARMv7).
-# ARMv6 boards (Pi Zero W, Pi 1) are not served by the armv7 binary.
-# Needs glibc >= 2.34 on the board: Raspberry Pi OS bookworm (2.36) works,
-# bullseye (2.31) does not.
+# The glibc builds need glibc >= 2.36 on the board (Raspberry Pi OS bookworm);
+# the static ones run on any Linux of their architecture (bullseye too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +33,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --install) install=1 ;;
         --rustup) rustup=1 ;;
-        -*) echo "usage: $0 [--install] [--rustup] aarch64|armv7" >&2; exit 2 ;;
+        -*) echo "usage: $0 [--install] [--rustup] aarch64|armv7|armv6|riscv64" >&2; exit 2 ;;
         *) break ;;
     esac
     shift
@@ -34,8 +44,14 @@ case "$arch" in
                    env_triple=AARCH64_UNKNOWN_LINUX_GNU; cc_var=CC_aarch64_unknown_linux_gnu ;;
     armv7|armhf)   triple=armv7-unknown-linux-gnueabihf; deb=armhf; gcc=arm-linux-gnueabihf-gcc; libc=libc6-dev-armhf-cross
                    env_triple=ARMV7_UNKNOWN_LINUX_GNUEABIHF; cc_var=CC_armv7_unknown_linux_gnueabihf ;;
-    *) echo "usage: $0 [--install] [--rustup] aarch64|armv7" >&2; exit 2 ;;
+    armv6)         triple=arm-unknown-linux-musleabihf; deb=armhf; static=1 ;;
+    riscv64)       triple=riscv64gc-unknown-linux-musl; deb=riscv64; static=1 ;;
+    *) echo "usage: $0 [--install] [--rustup] aarch64|armv7|armv6|riscv64" >&2; exit 2 ;;
 esac
+if [ "${static:-0}" = 1 ]; then
+    [ "$rustup" = 0 ] || { echo "error: --rustup has no std for $triple (this machine's rustup cannot add targets): drop --rustup" >&2; exit 2; }
+    exec cross/static.sh $([ "$install" = 1 ] && echo --install) "$arch" "$triple"
+fi
 
 # Install what is missing. The standard library must be the very version of
 # Debian's rustc, so it is pinned; a mirror that is down or mid-sync (its index

@@ -4,7 +4,14 @@
 #
 #   cross/deb.sh amd64     # target/release/bramble            (cargo build --release)
 #   cross/deb.sh arm64     # target-cross/aarch64-…/bramble     (cross/build.sh aarch64)
-#   cross/deb.sh armhf     # target-cross/armv7-…/bramble       (cross/build.sh armv7)
+#   cross/deb.sh armhf     # target-cross/arm-…-musleabihf/bramble (cross/build.sh armv6)
+#   cross/deb.sh riscv64   # target-cross/riscv64gc-…-musl/bramble  (cross/build.sh riscv64)
+#
+# armhf is the ARMv6 build: Raspberry Pi OS's armhf is one userland for every
+# 32-bit Pi, the Pi Zero W and Pi 1 (ARMv6) included, so a package named armhf
+# must run on ARMv6; it runs on ARMv7 and ARMv8 boards too. The ARMv7 glibc
+# build (cross/build.sh armv7) is refused here (cross/README.md says why).
+# The static builds (armhf, riscv64) depend on no libc6.
 #
 # BRAMBLE_BIN=path overrides the binary, DEB_VERSION the version (default:
 # Cargo.toml's). OUT_DIR (default: target-deb) is where
@@ -26,8 +33,9 @@ arch="${1:-}"
 case "$arch" in
     amd64) triple=""; want="x86-64" ;;
     arm64) triple=aarch64-unknown-linux-gnu; want="ARM aarch64" ;;
-    armhf) triple=armv7-unknown-linux-gnueabihf; want="ARM, EABI5" ;;
-    *) echo "usage: $0 amd64|arm64|armhf" >&2; exit 2 ;;
+    armhf) triple=arm-unknown-linux-musleabihf; want="ARM, EABI5"; board=armv6 ;;
+    riscv64) triple=riscv64gc-unknown-linux-musl; want="UCB RISC-V"; board=riscv64 ;;
+    *) echo "usage: $0 amd64|arm64|armhf|riscv64" >&2; exit 2 ;;
 esac
 if [ -n "${BRAMBLE_BIN:-}" ]; then
     bin="$BRAMBLE_BIN"
@@ -38,21 +46,25 @@ else
 fi
 [ -f "$bin" ] || { echo "error: no binary at $bin: build it first (see the top of $0)" >&2; exit 1; }
 file -b "$bin" | grep -q "$want" || { echo "error: $bin is not a $arch binary: $(file -b "$bin")" >&2; exit 1; }
-if [ "$arch" = armhf ]; then
-    readelf -A "$bin" | grep -q "Tag_CPU_arch: v7" || { echo "error: $bin is not an ARMv7 binary" >&2; exit 1; }
+if [ -n "${board:-}" ]; then
+    # ARMv6 attributes (an armhf package runs on every Raspberry Pi OS board)
+    # and a run under qemu as the board's CPU.
+    cross/check-board.sh "$board" "$bin" || { echo "error: not packaging $bin as $arch" >&2; exit 1; }
 fi
 
 version="${DEB_VERSION:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -1)}"
 [ -n "$version" ] || { echo "error: no version in Cargo.toml" >&2; exit 1; }
-# The libc6 floor: 2.36 for every build (Debian 12, Raspberry Pi OS bookworm),
-# the one cross/README.md and README.md name, or the newest glibc symbol
-# version the binary uses if that is newer.
-glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
-glibc=$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)
-# Packed relative relocations (build.rs, x86-64) need glibc 2.36, named by a
-# version dependency rather than a symbol.
-if objdump -p "$bin" | grep -q GLIBC_ABI_DT_RELR; then
+# The libc6 floor: 2.36 for every glibc build (Debian 12, Raspberry Pi OS
+# bookworm), the one cross/README.md and README.md name, or the newest glibc
+# symbol version the binary uses if that is newer. Packed relative relocations
+# (build.rs) need 2.36 too, named by a version dependency rather than a symbol.
+# A static binary (no program interpreter: armhf, riscv64) needs no libc6.
+if readelf -lW "$bin" | grep -q "Requesting program interpreter"; then
+    glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
     glibc=$(printf '%s\n2.36\n' "$glibc" | sort -V | tail -1)
+    libc_dep="libc6 (>= $glibc), "
+else
+    libc_dep="" glibc="none (static)"
 fi
 
 # DEB_MAINTAINER="Name <address>" names who answers for the package. A
@@ -135,7 +147,7 @@ Version: $version
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $(du -sk --exclude=DEBIAN "$pkg" | cut -f1)
-Depends: libc6 (>= $glibc), ca-certificates, tzdata, adduser
+Depends: ${libc_dep}ca-certificates, tzdata, adduser
 Recommends: systemd-timesyncd | time-daemon
 Suggests: mosquitto
 Section: net
@@ -158,4 +170,4 @@ chmod 0644 "$pkg/DEBIAN/md5sums" "$pkg/DEBIAN/control" "$pkg/DEBIAN/conffiles"
 
 deb="$out/bramble_${version}_${arch}.deb"
 dpkg-deb --root-owner-group -Zxz --build "$pkg" "$deb" >/dev/null
-echo "$deb ($(stat -c %s "$deb") bytes; Depends libc6 >= $glibc)"
+echo "$deb ($(stat -c %s "$deb") bytes; libc6: $glibc)"

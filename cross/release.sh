@@ -6,8 +6,11 @@
 # On an x86-64 Debian 12 machine, from a clean checkout, as root the first time
 # (cross/build.sh --install puts Debian's cross toolchain in place). Output in
 # target-release/<VERSION>/:
-#   bramble_<VERSION>_{amd64,arm64,armhf}.deb
+#   bramble_<VERSION>_{amd64,arm64,armhf,riscv64}.deb
+#       armhf is the ARMv6 static build (every 32-bit Raspberry Pi OS board,
+#       Pi Zero W and Pi 1 included), riscv64 the RV64GC static build
 #   bramble-<VERSION>-{x86_64,aarch64,armv7}-linux-gnu.tar.gz
+#   bramble-<VERSION>-armv6-linux-musleabihf.tar.gz, bramble-<VERSION>-riscv64gc-linux-musl.tar.gz
 #       bramble-<VERSION>-<arch>/bramble, bramble.service, README.md, LICENSE-NOTICE,
 #       LICENSE-MIT, LICENSE-APACHE
 # DEB_MAINTAINER="Name <address>" is required: the .debs' Maintainer line.
@@ -16,7 +19,8 @@
 # The packaging is deterministic: files sorted, owned by root, dated at the
 # commit's time (SOURCE_DATE_EPOCH), gzip without a timestamp, build paths
 # remapped out of the binaries. Shown: two runs at one commit, in two checkout
-# directories, gave identical SHA256SUMS for all six files (BENCHMARKS.md).
+# directories, gave identical SHA256SUMS for all six files (BENCHMARKS.md;
+# before the static builds were added).
 # The same toolchain is needed for the same bytes (Debian's std or rustup's,
 # whichever the run used: it says so). A tree with uncommitted changes is
 # refused: a release is a commit.
@@ -54,7 +58,7 @@ echo "== amd64: cargo build --release"
 CARGO_TARGET_DIR=target-release/amd64 cargo build --release --locked
 amd64=target-release/amd64/release/bramble
 
-echo "== arm64 and armhf: cross/build.sh"
+echo "== arm64 and armv7 (glibc): cross/build.sh"
 # Debian's std for an architecture can lag its rustc while a mirror syncs
 # (seen for armhf for hours): then rustup's std, the same compiler's own.
 cross_build() {
@@ -68,9 +72,17 @@ cross_build() {
     fi
 }
 arm64=$(cross_build aarch64 aarch64-unknown-linux-gnu)
-armhf=$(cross_build armv7 armv7-unknown-linux-gnueabihf)
+armv7=$(cross_build armv7 armv7-unknown-linux-gnueabihf)
 
-for pair in "amd64:$amd64" "arm64:$arm64" "armhf:$armhf"; do
+# The static builds: std from Debian's rust-web-src, zig from PyPI (pinned);
+# cross/check-board.sh runs each under qemu as the board's CPU (arm1176 for armv6).
+echo "== armv6 and riscv64: cross/build.sh (static, -Zbuild-std)"
+CARGO_TARGET_DIR=target-cross cross/build.sh --install armv6
+CARGO_TARGET_DIR=target-cross cross/build.sh --install riscv64
+armv6=target-cross/arm-unknown-linux-musleabihf/release/bramble
+riscv64=target-cross/riscv64gc-unknown-linux-musl/release/bramble
+
+for pair in "amd64:$amd64" "arm64:$arm64" "armhf:$armv6" "riscv64:$riscv64"; do
     deb_arch=${pair%%:*}
     bin=${pair#*:}
     echo "== $deb_arch: .deb"
@@ -95,7 +107,9 @@ tarball() {
 echo "== tarballs"
 tarball "$amd64" x86_64-linux-gnu
 tarball "$arm64" aarch64-linux-gnu
-tarball "$armhf" armv7-linux-gnu
+tarball "$armv7" armv7-linux-gnu
+tarball "$armv6" armv6-linux-musleabihf
+tarball "$riscv64" riscv64gc-linux-musl
 
 (cd "$out" && sha256sum -- *.deb *.tar.gz >SHA256SUMS)
 echo "== done: $out"

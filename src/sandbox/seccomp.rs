@@ -115,11 +115,13 @@ impl Arch {
         })
     }
 
-    #[cfg(target_arch = "aarch64")]
+    // RISC-V uses the same generic syscall table as aarch64 (no `open`,
+    // `chmod`, `creat`, `mknod`); AUDIT_ARCH_RISCV64 = EM_RISCV | 64-bit | LE.
+    #[cfg(any(target_arch = "aarch64", target_arch = "riscv64"))]
     fn current() -> Option<Arch> {
         use libc::*;
         Some(Arch {
-            audit: 0xC000_00B7,
+            audit: if cfg!(target_arch = "riscv64") { 0xC000_00F3 } else { 0xC000_00B7 },
             socket: SYS_socket as u32,
             enosys: vec![IO_URING_SETUP, OPENAT2, MEMFD_SECRET, SYS_memfd_create as u32, SYS_shmget as u32],
             enosys_for_sockets: vec![],
@@ -157,7 +159,7 @@ impl Arch {
         })
     }
 
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "arm")))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64", target_arch = "riscv64", target_arch = "arm")))]
     fn current() -> Option<Arch> {
         None
     }

@@ -482,9 +482,88 @@ async fn install_sh_picks_this_machines_deb_checks_its_sum_and_refuses_a_mismatc
     assert!(!dest2.join(&deb).exists(), "the altered file is deleted");
     // No package for the board, no address, a plain-http address elsewhere: clear refusals.
     let out = install_sh(&["--base-url", &server.url(), "--arch", "armel", "--dry-run"]).await;
-    assert!(text(&out.stderr).contains("no build for ARMv6"), "{}", text(&out.stderr));
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("no armel package (soft float)"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("armv6-linux-musleabihf.tar.gz"), "{}", text(&out.stderr));
     let out = install_sh(&["--dry-run"]).await;
     assert!(text(&out.stderr).contains("no release address: pass --base-url"), "{}", text(&out.stderr));
     let out = install_sh(&["--base-url", "http://example.org/r", "--dry-run"]).await;
     assert!(text(&out.stderr).contains("must be https://"), "{}", text(&out.stderr));
+}
+
+/// A release with every board's package (`cross/release.sh`'s four .debs).
+fn every_boards_release() -> tempfile::TempDir {
+    let release = release_dir("amd64");
+    for arch in ["arm64", "armhf", "riscv64"] {
+        let other = release_dir(arch);
+        let deb = format!("bramble_9.9.9_{arch}.deb");
+        std::fs::copy(other.path().join(&deb), release.path().join(&deb)).unwrap();
+    }
+    let sums = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("sha256sum -- *.deb *.tar.gz > SHA256SUMS")
+        .current_dir(release.path())
+        .status()
+        .unwrap();
+    assert!(sums.success());
+    release
+}
+
+/// install.sh on a machine without dpkg whose `uname -m` says `machine`: a
+/// PATH of only the tools it uses, and a `uname` that answers for the board.
+async fn install_sh_on(machine: &str, base_url: &str, dest: &Path) -> Output {
+    let bin = tempfile::tempdir().unwrap();
+    for tool in ["curl", "sha256sum", "grep", "head", "mkdir", "mktemp", "rm", "id"] {
+        let found = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(tool)).find(|p| p.exists());
+        std::os::unix::fs::symlink(found.expect(tool), bin.path().join(tool)).unwrap();
+    }
+    let uname = bin.path().join("uname");
+    std::fs::write(&uname, format!("#!/bin/sh\necho {machine}\n")).unwrap();
+    std::fs::set_permissions(&uname, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("install.sh");
+    tokio::process::Command::new("/bin/sh")
+        .arg(script)
+        .args(["--base-url", base_url, "--download-only", dest.to_str().unwrap()])
+        .env_clear()
+        .env("PATH", bin.path())
+        .output()
+        .await
+        .expect("sh install.sh")
+}
+
+#[tokio::test]
+async fn install_sh_gives_a_pi_zero_the_armv6_armhf_package_and_a_riscv_board_its_own() {
+    let release = every_boards_release();
+    let server = serve(release.path()).await;
+    let into = tempfile::tempdir().unwrap();
+    // `uname -m` without dpkg: a Pi Zero W / Pi 1 (armv6l) and a Pi 2 (armv7l)
+    // on 32-bit Raspberry Pi OS get the armhf package (the ARMv6 build), a
+    // RISC-V board the riscv64 one; each only its own.
+    for (machine, arch) in [("armv6l", "armhf"), ("armv7l", "armhf"), ("riscv64", "riscv64"), ("aarch64", "arm64")] {
+        let dest = into.path().join(machine);
+        let out = install_sh_on(machine, &server.url(), &dest).await;
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "{machine}: {stdout}{}", text(&out.stderr));
+        let deb = format!("bramble_9.9.9_{arch}.deb");
+        assert!(stdout.contains(&format!("== checksum ok: {deb}")), "{machine}: {stdout}");
+        let got: Vec<String> = std::fs::read_dir(&dest)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".deb"))
+            .collect();
+        assert_eq!(got, vec![deb], "{machine}");
+    }
+    // `--arch` (what dpkg says on Raspberry Pi OS, on every 32-bit Pi: armhf).
+    let dest = into.path().join("flag");
+    let out =
+        install_sh(&["--base-url", &server.url(), "--arch", "riscv64", "--download-only", dest.to_str().unwrap()])
+            .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(dest.join("bramble_9.9.9_riscv64.deb").is_file());
+    // A board there is no build for: a clear refusal that lists what there is.
+    let out = install_sh_on("mips", &server.url(), &into.path().join("mips")).await;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("no build for the architecture mips") && err.contains("riscv64"), "{err}");
+    assert!(!into.path().join("mips").exists(), "nothing downloaded for mips");
 }
