@@ -7,6 +7,7 @@
 #[cfg(feature = "email")]
 pub mod email;
 pub mod homeassistant;
+pub mod inbox;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;

@@ -120,8 +120,8 @@ fn without_quote(body: &str) -> String {
 pub fn save(ws: &Workspace, files: &[(String, String, Vec<u8>)], text: &mut String) -> Vec<Attachment> {
     let mut saved = Vec::new();
     for (name, mime, bytes) in files {
-        let safe = crate::channels::telegram::media::safe_name(name);
-        match crate::channels::telegram::media::save_new(ws, &safe, bytes) {
+        let safe = crate::channels::inbox::safe_name(name);
+        match crate::channels::inbox::save_new(ws, &safe, bytes) {
             Ok(path) => {
                 let kind =
                     if IMAGE_TYPES.contains(&mime.as_str()) { AttachmentKind::Image } else { AttachmentKind::File };

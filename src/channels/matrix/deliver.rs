@@ -105,7 +105,7 @@ impl MatrixChannel {
                     .map_err(delivery_error);
             }
         };
-        let name = crate::channels::telegram::media::safe_name(path.rsplit('/').next().unwrap_or(path));
+        let name = crate::channels::inbox::safe_name(path.rsplit('/').next().unwrap_or(path));
         let mime = mime_of(&name);
         let size = data.len();
         let uri = self.shared.client.upload(&name, mime, data).await.map_err(delivery_error)?;
@@ -226,31 +226,14 @@ pub(super) async fn fetch(
         _ => AttachmentKind::File,
     };
     let raw = c["filename"].as_str().or(c["body"].as_str()).unwrap_or("file");
-    let name = crate::channels::telegram::media::safe_name(raw);
+    let name = crate::channels::inbox::safe_name(raw);
     let ws = crate::workspace::Workspace::strict(workspace);
     let size = data.len() as u64;
-    let path = crate::util::tasks::blocking(move || save_new(&ws, &name, &data)).await?;
+    let path = crate::util::tasks::blocking(move || crate::channels::inbox::save_new(&ws, &name, &data))
+        .await
+        .map_err(|e| format!("cannot save it in the workspace inbox: {e}"))?;
     tracing::info!(path, size, "Matrix file saved to the inbox");
     Ok(Attachment { kind, path, mime, size })
-}
-
-/// Write `data` as `inbox/<today>/<name>` without replacing anything.
-fn save_new(ws: &crate::workspace::Workspace, name: &str, data: &[u8]) -> Result<String, String> {
-    let day = jiff::Zoned::now().date();
-    let (stem, ext) = match name.rsplit_once('.') {
-        Some((s, e)) if !s.is_empty() => (s, format!(".{e}")),
-        _ => (name, String::new()),
-    };
-    for n in 0..100 {
-        let file = if n == 0 { name.to_string() } else { format!("{stem}-{n}{ext}") };
-        let path = format!("inbox/{day}/{file}");
-        match ws.write_new(&path, data) {
-            Ok(true) => return Ok(path),
-            Ok(false) => continue,
-            Err(e) => return Err(format!("cannot save it in the workspace inbox: {e}")),
-        }
-    }
-    Err(format!("100 files named like {name} are already in inbox/{day}"))
 }
 
 #[cfg(test)]

@@ -689,7 +689,7 @@ impl TelegramChannel {
                 return self.api.send_message(chat, &note, false).await.map_err(delivery_error);
             }
         };
-        let name = media::safe_name(path.rsplit('/').next().unwrap_or(path));
+        let name = crate::channels::inbox::safe_name(path.rsplit('/').next().unwrap_or(path));
         let mime = mime_of(&name);
         let photo =
             matches!(mime, "image/jpeg" | "image/png" | "image/webp") && data.len() as u64 <= api::MAX_PHOTO_UPLOAD;
