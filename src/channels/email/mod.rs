@@ -277,7 +277,8 @@ impl Reader {
             }
             imap.mark_seen(uid).await.map_err(End::Failed)?;
             mark.last_uid = uid;
-            if let Err(e) = marks.save(*mark) {
+            let (file, m) = (marks.clone(), *mark);
+            if let Err(e) = crate::util::tasks::blocking(move || file.save(m)).await {
                 tracing::error!(error = %e, "cannot save the IMAP mark; the \\Seen flags still guard against reading twice");
             }
         }

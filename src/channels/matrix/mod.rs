@@ -289,11 +289,11 @@ async fn run(
         let outcome = handler.batch(&sync, first, &mut position.handled).await;
         if outcome == inbound::Outcome::Stopped {
             // Half a batch: the old position with what was handled of it.
-            save(&file, &position);
+            save(&file, &position).await;
             return;
         }
         if outcome == inbound::Outcome::Later {
-            save(&file, &position);
+            save(&file, &position).await;
             if sleep_or_stop(backoff.next_wait(), stop).await {
                 return;
             }
@@ -306,18 +306,20 @@ async fn run(
             dirty = true;
         }
         if dirty && (outcome == inbound::Outcome::Handled || first || saved_at.elapsed() >= SAVE_EVERY) {
-            save(&file, &position);
+            save(&file, &position).await;
             saved_at = Instant::now();
             dirty = false;
         }
     }
     if dirty {
-        save(&file, &position);
+        save(&file, &position).await;
     }
 }
 
-fn save(file: &SyncFile, position: &SyncState) {
-    if let Err(e) = file.save(position) {
+/// Write the position on a blocking thread (an atomic write syncs, which an SD card can take long over).
+async fn save(file: &SyncFile, position: &SyncState) {
+    let (file, position) = (file.clone(), position.clone());
+    if let Err(e) = crate::util::tasks::blocking(move || file.save(&position)).await {
         tracing::error!(error = %e, "cannot save the Matrix sync position; events may be handled again after a restart");
     }
 }

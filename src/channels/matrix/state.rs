@@ -29,6 +29,7 @@ pub struct SyncState {
 }
 
 /// The sync file of one account.
+#[derive(Clone)]
 pub struct SyncFile {
     path: PathBuf,
     user_id: String,
