@@ -1,6 +1,6 @@
-//! Protocol clients: Home Assistant's REST ([`ha_rest`]) and WebSocket
-//! ([`ha_ws`]) APIs, the Telegram Bot API ([`telegram`]) and the MQTT
-//! connection ([`mqtt`]).
+//! Protocol clients: Home Assistant's REST API ([`ha_rest`]), one WebSocket
+//! client for every channel that needs one ([`ws`]: Home Assistant today),
+//! the Telegram Bot API ([`telegram`]) and the MQTT connection ([`mqtt`]).
 //!
 //! They speak a wire protocol and nothing more: no tool, channel or policy
 //! decision lives here. Tools and channels both sit above this layer, so
@@ -8,7 +8,6 @@
 //! share one [`ha_rest::HaRest`]); a client never knows who holds it.
 
 pub mod ha_rest;
-pub mod ha_ws;
 /// IMAP in and SMTP out, for the email channel (feature `email`).
 #[cfg(feature = "email")]
 pub mod imap;
@@ -20,6 +19,8 @@ pub mod smtp;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+/// RFC 6455, shared by every WebSocket peer (Home Assistant, chat gateways).
+pub mod ws;
 
 /// The body of `resp`, at most `cap` bytes; `true` when there was more.
 pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<(Vec<u8>, bool), reqwest::Error> {

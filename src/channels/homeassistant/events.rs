@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::state_triggers::{Fire, Matcher, StateChange};
-use crate::clients::ha_ws::{Endpoint, Message, Socket, WsError};
+use crate::clients::ws::{Endpoint, Message, Socket, WsError};
 use crate::config::Secret;
 
 /// Longest reconnect wait (from 1 s, doubling); also the wait after a refused token.

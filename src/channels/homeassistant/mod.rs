@@ -5,12 +5,12 @@
 //!
 //! - this file: [`NotifyChannel`], the `ha` delivery channel, and what
 //!   `bramble status` / `bramble check` say about `[homeassistant]`.
-//! - [`events`]: Home Assistant's WebSocket API on [`crate::clients::ha_ws`] — auth, `subscribe_events`,
+//! - [`events`]: Home Assistant's WebSocket API on [`crate::clients::ws`] — auth, `subscribe_events`,
 //!   the connection task with its backoff and its state file.
 //! - [`state_triggers`]: which events fire which trigger (globs, `from`/`to`, `for`,
 //!   `min_interval`), and their runs through [`crate::work::firing`].
 //!
-//! The protocol clients are in `clients/` (`ha_rest`, `ha_ws`), a layer
+//! The protocol clients are in `clients/` (`ha_rest`, `ws`), a layer
 //! below; the REST tools (`tools::homeassistant`) and this channel's
 //! notifications share one [`HaRest`].
 
@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::bus::Target;
 use crate::clients::ha_rest::HaRest;
-use crate::clients::ha_ws as ws;
+use crate::clients::ws;
 use crate::config::Config;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::util::BoxFuture;

@@ -1,6 +1,9 @@
-//! A minimal WebSocket client (RFC 6455): enough for Home Assistant's
-//! `/api/websocket`, and nothing a crate would add on top (tungstenite and
-//! friends bring their own TLS and HTTP stacks; this is ~300 lines on tokio).
+//! A minimal WebSocket client (RFC 6455), the one every WebSocket peer of
+//! bramble uses: Home Assistant's `/api/websocket` and the chat gateways
+//! that push events over a socket. Nothing a crate would add on top
+//! (tungstenite and friends bring their own TLS and HTTP stacks; this is
+//! ~350 lines on tokio). Compression (permessage-deflate) is never offered,
+//! so a server cannot send compressed frames (reserved bits are refused).
 //!
 //! - **Handshake** (§4.1): `GET` with `Upgrade: websocket`, a random
 //!   `Sec-WebSocket-Key`, version 13; the answer must be `101` with
@@ -31,7 +34,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The largest message (all fragments together) accepted.
+/// The largest message (all fragments together) accepted by default; a
+/// peer that needs more says so with [`Socket::connect_with_cap`].
 pub const MAX_MESSAGE: usize = 1024 * 1024;
 /// The largest handshake answer accepted.
 const MAX_HEAD: usize = 16 * 1024;
@@ -46,7 +50,7 @@ pub enum WsError {
     Handshake(String),
     #[error("WebSocket protocol error: {0}")]
     Protocol(String),
-    #[error("a WebSocket message of {0} bytes or more is over the limit of {MAX_MESSAGE} bytes")]
+    #[error("a WebSocket message of {0} bytes or more is over the limit")]
     TooLarge(u64),
     #[error("the server closed the connection{}", match .code { Some(c) => format!(" (code {c}{}{})", if .reason.is_empty() { "" } else { ": " }, .reason), None => String::new() })]
     Closed { code: Option<u16>, reason: String },
@@ -143,9 +147,16 @@ pub fn decode(buf: &[u8], cap: usize) -> Result<Option<(Frame, usize)>, WsError>
 }
 
 /// Joins fragments into messages; control frames pass through.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Assembler {
     partial: Option<(u8, Vec<u8>)>,
+    cap: usize,
+}
+
+impl Default for Assembler {
+    fn default() -> Self {
+        Assembler::with_cap(MAX_MESSAGE)
+    }
 }
 
 /// What a frame amounted to.
@@ -161,6 +172,11 @@ pub enum Step {
 }
 
 impl Assembler {
+    /// Messages of up to `cap` bytes, all fragments together.
+    pub fn with_cap(cap: usize) -> Assembler {
+        Assembler { partial: None, cap }
+    }
+
     pub fn push(&mut self, frame: Frame) -> Result<Step, WsError> {
         match frame.opcode {
             op::PING => Ok(Step::Message(Message::Ping(frame.payload))),
@@ -182,7 +198,7 @@ impl Assembler {
                 let Some((opcode, mut data)) = self.partial.take() else {
                     return Err(WsError::Protocol("a continuation frame without a message to continue".into()));
                 };
-                if data.len() + frame.payload.len() > MAX_MESSAGE {
+                if data.len() + frame.payload.len() > self.cap {
                     return Err(WsError::TooLarge((data.len() + frame.payload.len()) as u64));
                 }
                 data.extend_from_slice(&frame.payload);
@@ -216,6 +232,7 @@ pub struct Socket {
     stream: Box<dyn Stream>,
     buf: Vec<u8>,
     assembler: Assembler,
+    cap: usize,
     closing: bool,
 }
 
@@ -225,11 +242,24 @@ pub struct Endpoint {
     pub tls: bool,
     pub host: String,
     pub port: u16,
-    /// The request target, `/api/websocket`.
+    /// The request target with its query, `/api/websocket` or `/?v=10`.
     pub path: String,
 }
 
 impl Endpoint {
+    /// A whole `ws://` or `wss://` URL, as a gateway hands it out; the
+    /// query stays part of the request target. `http(s)://` is accepted
+    /// for the same host (some APIs hand out that form).
+    pub fn parse(address: &str) -> Result<Endpoint, String> {
+        let url = reqwest::Url::parse(address).map_err(|e| format!("`{address}` is not a URL: {e}"))?;
+        let mut e = Endpoint::under(address, "")?;
+        e.path = match url.query() {
+            Some(q) => format!("{}?{q}", url.path()),
+            None => url.path().to_string(),
+        };
+        Ok(e)
+    }
+
     /// The WebSocket endpoint under an HTTP base URL: `http://h:8123` →
     /// `ws://h:8123/<path>`, `https://…` → `wss://…`.
     pub fn under(base: &str, path: &str) -> Result<Endpoint, String> {
@@ -254,12 +284,17 @@ impl Endpoint {
 impl Socket {
     /// Connect and do the opening handshake, within `limit`.
     pub async fn connect(endpoint: &Endpoint, limit: Duration) -> Result<Socket, WsError> {
-        tokio::time::timeout(limit, Socket::open(endpoint))
+        Socket::connect_with_cap(endpoint, limit, MAX_MESSAGE).await
+    }
+
+    /// As [`Socket::connect`], accepting messages of up to `cap` bytes.
+    pub async fn connect_with_cap(endpoint: &Endpoint, limit: Duration, cap: usize) -> Result<Socket, WsError> {
+        tokio::time::timeout(limit, Socket::open(endpoint, cap))
             .await
             .unwrap_or_else(|_| Err(WsError::Handshake(format!("no answer within {} s", limit.as_secs()))))
     }
 
-    async fn open(e: &Endpoint) -> Result<Socket, WsError> {
+    async fn open(e: &Endpoint, cap: usize) -> Result<Socket, WsError> {
         let tcp = TcpStream::connect((e.host.as_str(), e.port)).await?;
         let _ = tcp.set_nodelay(true);
         let stream: Box<dyn Stream> = if e.tls {
@@ -273,7 +308,7 @@ impl Socket {
         } else {
             Box::new(tcp)
         };
-        let mut socket = Socket { stream, buf: Vec::new(), assembler: Assembler::default(), closing: false };
+        let mut socket = Socket { stream, buf: Vec::new(), assembler: Assembler::with_cap(cap), cap, closing: false };
         socket.handshake(e).await?;
         Ok(socket)
     }
@@ -328,7 +363,7 @@ impl Socket {
     /// and returned as [`WsError::Closed`]; EOF without one is an I/O error.
     pub async fn recv(&mut self) -> Result<Message, WsError> {
         loop {
-            while let Some((frame, used)) = decode(&self.buf, MAX_MESSAGE)? {
+            while let Some((frame, used)) = decode(&self.buf, self.cap)? {
                 self.buf.drain(..used);
                 if self.buf.is_empty() && self.buf.capacity() > 64 * 1024 {
                     // A big message is over: do not keep its megabyte for an idle connection.
@@ -362,13 +397,23 @@ impl Socket {
         self.write_frame(op::TEXT, text.as_bytes()).await
     }
 
+    pub async fn send_binary(&mut self, data: &[u8]) -> Result<(), WsError> {
+        self.write_frame(op::BINARY, data).await
+    }
+
     pub async fn pong(&mut self, payload: &[u8]) -> Result<(), WsError> {
         self.write_frame(op::PONG, payload).await
     }
 
     /// Start the closing handshake (1000: normal) and wait briefly for its answer.
-    pub async fn close(mut self) {
-        if self.write_frame(op::CLOSE, &1000u16.to_be_bytes()).await.is_err() {
+    pub async fn close(self) {
+        self.close_with(1000).await
+    }
+
+    /// Close with `code` (§7.4): a gateway that keeps a session for a
+    /// resume wants anything but 1000/1001 (Discord's 4000 or 1012, say).
+    pub async fn close_with(mut self, code: u16) {
+        if self.write_frame(op::CLOSE, &code.to_be_bytes()).await.is_err() {
             return;
         }
         self.closing = true;
@@ -463,9 +508,13 @@ mod tests {
         let half = vec![b'x'; MAX_MESSAGE / 2 + 1];
         assert_eq!(a.push(Frame { fin: false, opcode: op::TEXT, payload: half.clone() }).unwrap(), Step::More);
         assert!(matches!(
-            a.push(Frame { fin: true, opcode: op::CONTINUATION, payload: half }),
+            a.push(Frame { fin: true, opcode: op::CONTINUATION, payload: half.clone() }),
             Err(WsError::TooLarge(_))
         ));
+        // A larger cap, asked for, lets the same message through.
+        let mut a = Assembler::with_cap(MAX_MESSAGE * 2);
+        a.push(Frame { fin: false, opcode: op::TEXT, payload: half.clone() }).unwrap();
+        assert!(matches!(a.push(Frame { fin: true, opcode: op::CONTINUATION, payload: half }), Ok(Step::Message(_))));
     }
 
     #[test]
@@ -499,5 +548,12 @@ mod tests {
         assert_eq!(e.describe(), "ws://homeassistant.local:8123/api/websocket");
         let e = Endpoint::under("https://ha.example.org/base/", "api/websocket").unwrap();
         assert_eq!((e.tls, e.port, e.path.as_str()), (true, 443, "/base/api/websocket"));
+        // A whole gateway URL keeps its query.
+        let e = Endpoint::parse("wss://gateway.example.com/?v=10&encoding=json").unwrap();
+        assert_eq!((e.tls, e.port, e.path.as_str()), (true, 443, "/?v=10&encoding=json"));
+        let e = Endpoint::parse("ws://127.0.0.1:9000/ws?device_id=7").unwrap();
+        assert_eq!(e.describe(), "ws://127.0.0.1:9000/ws?device_id=7");
+        assert!(Endpoint::parse("ftp://x/").is_err());
+        assert!(Endpoint::parse("not a url").is_err());
     }
 }
