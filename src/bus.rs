@@ -26,6 +26,9 @@ pub enum Target {
     Email(EmailTarget),
     /// A Matrix room, by id (`!abc:server`) or alias (`#room:server`, resolved when delivered).
     Matrix(String),
+    /// A Signal chat through signal-cli: a number (`+4915…`), an account
+    /// uuid, or a group (`group.<base64 id>`).
+    Signal(String),
     /// The device's default MQTT report topic (`None`) or a given topic.
     Mqtt(Option<String>),
     /// A `[[webhook]]` with a `url`, by name (`webhook:<name>`): a signed
@@ -47,6 +50,7 @@ impl Target {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
             Channel::Email => Target::Email(EmailTarget { address: chat_id.to_string(), digest: None }),
             Channel::Matrix => Target::Matrix(chat_id.to_string()),
+            Channel::Signal => Target::Signal(chat_id.to_string()),
             Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
             Channel::Mqtt => Target::Mqtt(None),
             // A caller is answered `202 Accepted`, not with the turn's answer:
@@ -63,6 +67,7 @@ impl Target {
             Target::Telegram(_) => "telegram",
             Target::Email(_) => "email",
             Target::Matrix(_) => "matrix",
+            Target::Signal(_) => "signal",
             Target::Mqtt(_) => "mqtt",
             Target::Webhook(_) => "webhook",
             Target::HomeAssistant(_) => "ha",
@@ -78,6 +83,7 @@ impl fmt::Display for Target {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
             Target::Email(t) => write!(f, "email:{t}"),
             Target::Matrix(room) => write!(f, "matrix:{room}"),
+            Target::Signal(chat) => write!(f, "signal:{chat}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
             Target::Webhook(name) => write!(f, "webhook:{name}"),
@@ -105,7 +111,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `matrix:<room>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -130,6 +136,14 @@ impl Target {
                 room if !strict && !room.is_empty() => Ok(Target::Matrix(room.to_string())),
                 _ => Err(format!(
                     "`{text}`: a Matrix target is a room id or alias, like `matrix:!abc:example.org` or `matrix:#room:example.org`"
+                )),
+            },
+            Some(("signal", chat)) => match chat.trim() {
+                chat if is_signal_chat(chat) => Ok(Target::Signal(chat.to_string())),
+                // Read back leniently: an odd chat is refused where it is delivered.
+                chat if !strict && !chat.is_empty() => Ok(Target::Signal(chat.to_string())),
+                _ => Err(format!(
+                    "`{text}`: a Signal target is a number, an account uuid or a group, like `signal:+4915112345678` or `signal:group.<base64 id>`"
                 )),
             },
             Some(("mqtt", topic)) => {
@@ -276,6 +290,8 @@ pub enum Channel {
     Email,
     /// A Matrix room.
     Matrix,
+    /// A Signal chat (a person or a group) through a signal-cli daemon.
+    Signal,
     Mqtt,
     /// `[[webhook]]` endpoints: whoever holds an endpoint's secret.
     Webhook,
@@ -296,6 +312,7 @@ impl Channel {
             Channel::Telegram => "telegram",
             Channel::Email => "email",
             Channel::Matrix => "matrix",
+            Channel::Signal => "signal",
             Channel::Mqtt => "mqtt",
             Channel::Webhook => "webhook",
             Channel::HomeAssistant => "homeassistant",
@@ -312,6 +329,7 @@ impl From<&str> for Channel {
             "telegram" => Channel::Telegram,
             "email" => Channel::Email,
             "matrix" => Channel::Matrix,
+            "signal" => Channel::Signal,
             "mqtt" => Channel::Mqtt,
             "webhook" => Channel::Webhook,
             "homeassistant" => Channel::HomeAssistant,
@@ -368,6 +386,8 @@ pub enum Source {
     Email,
     /// A Matrix room message from a `[matrix] allow_from` user.
     Matrix,
+    /// A Signal message from a `[signal] allow_from` number or uuid.
+    Signal,
     /// A scheduled job's turn (made by a trusted origin).
     Job,
     /// The heartbeat.
@@ -383,10 +403,11 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 9] = [
+    pub const ALL: [Source; 10] = [
         Source::Terminal,
         Source::Telegram,
         Source::Matrix,
+        Source::Signal,
         Source::Email,
         Source::Job,
         Source::Heartbeat,
@@ -402,6 +423,7 @@ impl Source {
             Source::Telegram => "telegram",
             Source::Email => "email",
             Source::Matrix => "matrix",
+            Source::Signal => "signal",
             Source::Job => "job",
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
@@ -423,12 +445,14 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
-            (Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::Email | Channel::System, _) if in_job => {
-                Source::Job
-            }
+            (
+                Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::Signal | Channel::Email | Channel::System,
+                _,
+            ) if in_job => Source::Job,
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
             (Channel::Matrix, _) => Source::Matrix,
+            (Channel::Signal, _) => Source::Signal,
             (Channel::Email, _) => Source::Email,
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
@@ -502,6 +526,10 @@ pub enum Principal {
     /// A Matrix user, by id (`@owner:example.org`): a `[matrix] allow_from`
     /// user. Their rights end when they leave `allow_from`.
     Matrix(String),
+    /// A Signal account, by its uuid (the ACI signal-cli reports as
+    /// `sourceUuid`; a number only where no uuid is known): a `[signal]
+    /// allow_from` entry. Their rights end when they leave `allow_from`.
+    Signal(String),
     /// A member of the installed service's group, by user name (`bramble
     /// cron …` through the control socket): `[service] members` says what
     /// they may do.
@@ -518,6 +546,7 @@ impl fmt::Display for Principal {
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
             Principal::Email(addr) => write!(f, "email:{addr}"),
             Principal::Matrix(id) => write!(f, "matrix:{id}"),
+            Principal::Signal(id) => write!(f, "signal:{id}"),
             Principal::Member(user) => write!(f, "member:{user}"),
             Principal::Anonymous => f.write_str("anonymous"),
         }
@@ -535,9 +564,10 @@ impl FromStr for Principal {
             }
             Some(("email", addr)) if is_plain_address(addr) => Ok(Principal::Email(addr.to_string())),
             Some(("matrix", user)) if is_matrix_user(user) => Ok(Principal::Matrix(user.to_string())),
+            Some(("signal", id)) if is_signal_uuid(id) || is_signal_number(id) => Ok(Principal::Signal(id.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `matrix:<@user:server>`, `email:<address>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `matrix:<@user:server>`, `signal:<uuid>`, `email:<address>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -552,6 +582,32 @@ impl<'de> Deserialize<'de> for Principal {
 impl Serialize for Principal {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+/// A Signal number in E.164: `+` and 7 to 15 digits.
+pub fn is_signal_number(n: &str) -> bool {
+    n.strip_prefix('+').is_some_and(|d| (7..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A Signal account uuid (ACI), `8-4-4-4-12` hex digits.
+pub fn is_signal_uuid(u: &str) -> bool {
+    let parts: Vec<&str> = u.split('-').collect();
+    parts.len() == 5
+        && parts.iter().zip([8, 4, 4, 4, 12]).all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A Signal group id as signal-cli writes it: standard base64 of 32 bytes (v2 groups) or 16 (v1).
+pub fn is_signal_group(id: &str) -> bool {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(id).is_ok_and(|b| b.len() == 32 || b.len() == 16)
+}
+
+/// A Signal chat: a number, a uuid, or `group.<base64 id>`.
+pub fn is_signal_chat(chat: &str) -> bool {
+    match chat.strip_prefix("group.") {
+        Some(id) => is_signal_group(id),
+        None => is_signal_number(chat) || is_signal_uuid(chat),
     }
 }
 
@@ -768,6 +824,9 @@ mod tests {
             "matrix:!abc:example.org",
             "matrix:#ops:example.org",
             "matrix:!ppGSUgfWKuR7zlCFFkXAVXRQAsm0h8KECeOS-AACohQ",
+            "signal:+4915112345678",
+            "signal:7ccae375-cd51-4c82-8b1e-7be3280aa485",
+            "signal:group.Pmpi+EfPWmsxiomLe9Nx2XF9HOE483p6iKiFj65iMwI=",
             "mqtt",
             "mqtt:home/report",
             "webhook:node_red",
@@ -790,6 +849,12 @@ mod tests {
             "matrix:#a",
             "matrix:!a b",
             "matrix:#a b:x",
+            "signal:",
+            "signal:4915112345678",
+            "signal:+49 151",
+            "signal:group.",
+            "signal:group.abc",
+            "signal:7ccae375-cd51-4c82-8b1e",
             "mqtt:a/+/b",
             "mqtt:",
             "email:me",
@@ -912,6 +977,7 @@ mod tests {
             Principal::Owner,
             Principal::Telegram(42),
             Principal::Matrix("@ann:example.org".into()),
+            Principal::Signal("7ccae375-cd51-4c82-8b1e-7be3280aa485".into()),
             Principal::Member("ann".into()),
             Principal::Anonymous,
         ] {
@@ -919,7 +985,7 @@ mod tests {
             assert_eq!(serde_json::from_str::<Principal>(&json).unwrap(), p);
         }
         assert_eq!(serde_json::to_string(&Principal::Telegram(-5)).unwrap(), "\"telegram:-5\"");
-        for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann"] {
+        for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann", "signal:ann"] {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
     }

@@ -330,6 +330,8 @@ mod tests {
             "channels/telegram/mod.rs",
             // The same in a Matrix room.
             "channels/matrix/inbound.rs",
+            // The same in a Signal chat.
+            "channels/signal/inbound.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
             // One task per webhook connection: at most `[webhooks] max_connections` (permits), each bounded in time.

@@ -11,6 +11,8 @@ pub mod inbox;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+#[cfg(feature = "signal")]
+pub mod signal;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;

@@ -174,6 +174,15 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
     }
     #[cfg(feature = "matrix")]
     matrix(&loaded, &mut r).await;
+    #[cfg(feature = "signal")]
+    match crate::channels::signal::status::probe(&loaded.config.signal, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "signal", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "signal", found);
+            warnings.into_iter().for_each(|w| r.line(Level::Warning, "signal", w));
+        }
+        Err(e) => r.line(Level::Error, "signal", e),
+    }
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),

@@ -14,6 +14,9 @@ pub mod imap;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+/// A signal-cli daemon's JSON-RPC (feature `signal`).
+#[cfg(feature = "signal")]
+pub mod signal;
 #[cfg(feature = "email")]
 pub mod smtp;
 pub mod telegram;

@@ -18,6 +18,7 @@ pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
 pub mod mcp;
+pub mod signal;
 pub mod templates;
 pub mod tools;
 pub mod types;
@@ -33,6 +34,7 @@ pub use channels::*;
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use matrix::MatrixConfig;
 pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
+pub use signal::{SignalConfig, SignalEndpoint};
 pub use tools::*;
 pub use types::{Cidr, ContextWindow, Dur, HttpUrl, Profile, QuietHours, Secret, TzName};
 pub use warnings::{security_warnings, warnings};
@@ -56,6 +58,8 @@ pub struct Config {
     pub telegram: TelegramConfig,
     /// `[matrix]` (`matrix.rs`).
     pub matrix: MatrixConfig,
+    /// `[signal]` (`signal.rs`).
+    pub signal: SignalConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
@@ -239,6 +243,7 @@ impl Default for Config {
             web: WebConfig::default(),
             telegram: TelegramConfig::default(),
             matrix: MatrixConfig::default(),
+            signal: SignalConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
@@ -654,6 +659,9 @@ impl Config {
         }
         if let Some(why) = self.matrix.problem() {
             return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));
+        }
+        if let Some(why) = self.signal.problem() {
+            return Err((text.find("[signal]").map(|i| i..i + "[signal]".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

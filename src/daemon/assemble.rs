@@ -170,7 +170,8 @@ fn tools(
     }
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
         .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
-        .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state));
+        .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state))
+        .with_signal(crate::policy::signal::SignalPolicy::new(&c.signal.allow_from, &c.signal.groups, state));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -234,6 +235,11 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         &c.matrix.rooms,
         &loaded.paths.state_dir,
     ))
+    .with_signal(crate::policy::signal::SignalPolicy::new(
+        &c.signal.allow_from,
+        &c.signal.groups,
+        &loaded.paths.state_dir,
+    ))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -281,6 +287,9 @@ pub struct Daemon {
     /// `[matrix]`'s sync loop (`None`: not configured).
     #[cfg(feature = "matrix")]
     pub matrix: Option<crate::channels::matrix::MatrixPoller>,
+    /// `[signal]`'s event stream reader (`None`: not configured).
+    #[cfg(feature = "signal")]
+    pub signal: Option<crate::channels::signal::SignalPoller>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -338,6 +347,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         channels.add(matrix.channel());
         crate::channels::matrix::MatrixPoller { matrix, inbound: bus.inbound_tx.clone(), activity: agent.activity() }
     });
+    #[cfg(feature = "signal")]
+    let signal = signal_reader(loaded, reminders_for(c, &jobs), &mut channels, &bus.inbound_tx, &agent);
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -386,6 +397,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         email,
         #[cfg(feature = "matrix")]
         matrix,
+        #[cfg(feature = "signal")]
+        signal,
         mqtt,
         ha,
         heartbeat,
@@ -436,7 +449,7 @@ fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
 }
 
 /// Done / Snooze over the job store, for a channel's report answers.
-#[cfg(feature = "matrix")]
+#[cfg(any(feature = "matrix", feature = "signal"))]
 fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
     let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
     crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
@@ -456,6 +469,29 @@ fn matrix_channel(
             None
         }
     }
+}
+
+/// The Signal channel for `[signal]`, added to `channels`, and its reader
+/// (`None`: not configured, or unusable: logged).
+#[cfg(feature = "signal")]
+fn signal_reader(
+    loaded: &Loaded,
+    reminders: crate::work::reminders::Reminders,
+    channels: &mut Channels,
+    inbound: &mpsc::Sender<InboundMessage>,
+    agent: &Arc<Agent>,
+) -> Option<crate::channels::signal::SignalPoller> {
+    let (c, state) = (&loaded.config.signal, &loaded.paths.state_dir);
+    let signal = match crate::channels::signal::Signal::from_config(c, state, &loaded.paths.workspace, Some(reminders))
+    {
+        Ok(s) => s?,
+        Err(e) => {
+            tracing::error!("Signal is off: {e}");
+            return None;
+        }
+    };
+    channels.add(signal.channel());
+    Some(crate::channels::signal::SignalPoller { signal, inbound: inbound.clone(), activity: agent.activity() })
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

@@ -5,6 +5,7 @@
 //!   Telegram poller decides with it who is served; the `message` and `cron`
 //!   tools decide with it where a report may go.
 //! - [`matrix`]: `[matrix] allow_from`, and the rooms a turn may post to.
+//! - [`signal`]: `[signal] allow_from` (numbers pinned to uuids), and the chats a turn may send to.
 //! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
 //! - [`standing`]: whether a job's creator may still have it run (revoked
 //!   users' jobs stop), and where members' reminders may go.
@@ -15,6 +16,7 @@
 pub mod matrix;
 pub mod pairing;
 pub mod pins;
+pub mod signal;
 pub mod standing;
 
 pub use pins::{pins_summary, Allow, AllowedChats, Verdict};

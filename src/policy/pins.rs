@@ -182,6 +182,8 @@ pub struct AllowedChats {
     email: Vec<String>,
     /// `[matrix]`'s users and rooms (empty: no Matrix room is allowed).
     matrix: super::matrix::MatrixPolicy,
+    /// `[signal]`'s people and groups (empty: no Signal chat is allowed).
+    signal: super::signal::SignalPolicy,
 }
 
 impl AllowedChats {
@@ -191,6 +193,7 @@ impl AllowedChats {
             state_dir: state_dir.to_path_buf(),
             email: Vec::new(),
             matrix: Default::default(),
+            signal: Default::default(),
         }
     }
 
@@ -213,6 +216,16 @@ impl AllowedChats {
     /// The Matrix users served and rooms allowed.
     pub fn matrix(&self) -> &super::matrix::MatrixPolicy {
         &self.matrix
+    }
+
+    /// With `[signal]`'s people and groups.
+    pub fn with_signal(self, signal: super::signal::SignalPolicy) -> AllowedChats {
+        AllowedChats { signal, ..self }
+    }
+
+    /// The Signal people served and groups allowed.
+    pub fn signal(&self) -> &super::signal::SignalPolicy {
+        &self.signal
     }
 
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.

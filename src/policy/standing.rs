@@ -42,6 +42,11 @@ impl Standing {
         Standing { telegram: self.telegram.with_matrix(matrix), ..self }
     }
 
+    /// With `[signal]`'s people (their jobs run while they stay in `allow_from`) and groups.
+    pub fn with_signal(self, signal: super::signal::SignalPolicy) -> Standing {
+        Standing { telegram: self.telegram.with_signal(signal), ..self }
+    }
+
     /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
     /// (reads the paired users): call it off the runtime thread.
     pub fn check(&self, job: &Job) -> Result<(), StandingError> {
@@ -53,6 +58,8 @@ impl Standing {
             Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
             Principal::Matrix(user) if self.telegram.matrix().allows(&user) => Ok(()),
             Principal::Matrix(user) => Err(StandingError::MatrixRevoked(user)),
+            Principal::Signal(id) if self.telegram.signal().allows(&id) => Ok(()),
+            Principal::Signal(id) => Err(StandingError::SignalRevoked(id)),
             Principal::Member(user) => member_may(self.members, job)
                 .and_then(|()| match self.members {
                     Members::Jobs => Ok(()),
@@ -79,6 +86,8 @@ pub enum StandingError {
     MailRevoked(String),
     #[error("its creator, Matrix user {0}, is no longer in [matrix] allow_from")]
     MatrixRevoked(String),
+    #[error("its creator, Signal account {0}, is no longer in [signal] allow_from")]
+    SignalRevoked(String),
     #[error("its creator, {user} (a member of the service's group), {why}")]
     Member { user: String, why: MemberRefusal },
     #[error("it was made by nobody bramble knows (an untrusted source)")]
@@ -100,6 +109,8 @@ pub enum MemberRefusal {
     Mail(String),
     #[error("matrix:{0} is not a room of [matrix] rooms nor one an allowed user invited bramble to")]
     Room(String),
+    #[error("signal:{0} is not an allowed person of [signal] allow_from nor a group of [signal] groups")]
+    SignalChat(String),
     #[error(
         "mqtt:{0} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
          topic or the topics the owner allows"
@@ -139,6 +150,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
         Target::Email(t) => Err(MemberRefusal::Mail(t.address.clone())),
         Target::Matrix(room) if chats.matrix().room_allowed(room) => Ok(()),
         Target::Matrix(room) => Err(MemberRefusal::Room(room.clone())),
+        Target::Signal(chat) if chats.signal().chat_allowed(chat) => Ok(()),
+        Target::Signal(chat) => Err(MemberRefusal::SignalChat(chat.clone())),
         // A webhook target names a `url` the owner configured, like a notify service.
         Target::HomeAssistant(_) | Target::Webhook(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),

@@ -69,6 +69,8 @@ pub enum Origin {
     Email,
     /// A Matrix room, started by a `[matrix] allow_from` user.
     Matrix,
+    /// A Signal chat, started by a `[signal] allow_from` person.
+    Signal,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -91,6 +93,7 @@ impl Origin {
             Channel::Telegram => Origin::Telegram,
             Channel::Email => Origin::Email,
             Channel::Matrix => Origin::Matrix,
+            Channel::Signal => Origin::Signal,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
@@ -102,7 +105,10 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Email | Origin::System)
+        matches!(
+            self,
+            Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Signal | Origin::Email | Origin::System
+        )
     }
 
     /// The name used in refusals and logs.
@@ -112,6 +118,7 @@ impl Origin {
             Origin::Telegram => "Telegram",
             Origin::Email => "email",
             Origin::Matrix => "Matrix",
+            Origin::Signal => "Signal",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
@@ -165,6 +172,18 @@ impl Origin {
         }
         if let crate::bus::Target::Matrix(room) = target {
             return self.check_matrix_room(ctx, room, chats);
+        }
+        if let crate::bus::Target::Signal(chat) = target {
+            // Trusted turns only, to the chat the turn came from, an allowed person or a configured group.
+            let own = self == Origin::Signal && *chat == ctx.conversation.chat_id;
+            return match self.trusted() && (own || chats.signal().chat_allowed(chat)) {
+                true => Ok(()),
+                false => Err(ToolError::new(format!(
+                    "signal:{chat} is not a person of [signal] allow_from nor a group of [signal] groups \
+                     (or this turn came from {}, an untrusted origin)",
+                    self.name()
+                ))),
+            };
         }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
@@ -311,6 +330,7 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         }
         // A room's id says nothing of who wrote in it.
         Channel::Matrix
+        | Channel::Signal
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
@@ -459,9 +479,13 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Mqtt | Source::Webhook => {
-            &["exec", "read_file", "write_file", "cron", "web_fetch"]
-        }
+        Source::Terminal
+        | Source::Telegram
+        | Source::Matrix
+        | Source::Signal
+        | Source::Email
+        | Source::Mqtt
+        | Source::Webhook => &["exec", "read_file", "write_file", "cron", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }
