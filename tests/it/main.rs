@@ -38,6 +38,8 @@ mod redirects;
 mod rights;
 mod search;
 mod security;
+#[cfg(feature = "signal")]
+mod signal;
 mod smoke;
 mod telegram;
 mod telegram_media;

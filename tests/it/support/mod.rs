@@ -12,6 +12,7 @@
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
+//! - [`signal`]: `FakeSignal`, a signal-cli daemon's HTTP JSON-RPC and event stream (signal-cli-jsonrpc(5)).
 //! - [`synapse`]: `Synapse`, a real Matrix homeserver from PyPI, shared by the process, and `User`, a human on it.
 //! - [`python`]: a venv with pinned PyPI packages, for outside references written in Python.
 #![allow(dead_code)]
@@ -29,5 +30,6 @@ pub mod mosquitto;
 pub mod pty;
 pub mod python;
 pub mod setup;
+pub mod signal;
 pub mod synapse;
 pub mod telegram;
