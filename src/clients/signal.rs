@@ -42,7 +42,7 @@ const MAX_ANSWER: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SignalError {
     /// No answer: connection refused, reset, timeout.
-    #[error("cannot reach the signal-cli daemon at {0}")]
+    #[error("cannot reach the signal-cli daemon: {0}")]
     Transport(String),
     /// An HTTP status instead of an answer.
     #[error("the signal-cli daemon answered {what} with HTTP {code}")]

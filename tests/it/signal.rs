@@ -24,6 +24,10 @@ struct Setup {
 }
 
 async fn setup(endpoint: Option<String>) -> Setup {
+    setup_allowing(endpoint, &[OWNER]).await
+}
+
+async fn setup_allowing(endpoint: Option<String>, allow: &[&str]) -> Setup {
     let llm = FakeLlm::start(Dialect::OpenAi).await;
     let fake = FakeSignal::start().await;
     let endpoint = endpoint.unwrap_or_else(|| fake.url());
@@ -34,7 +38,7 @@ async fn setup(endpoint: Option<String>) -> Setup {
         "max_retries = 0\n",
         &format!(
             "[heartbeat]\nenabled = false\n[signal]\nendpoint = \"{endpoint}\"\naccount = \"{BOT}\"\n\
-             allow_from = [\"{OWNER}\"]\n"
+             allow_from = {allow:?}\n"
         ),
     );
     Setup { llm, fake, home, log: tempfile::tempdir().unwrap() }
@@ -121,7 +125,8 @@ async fn the_owner_is_answered_and_a_reminder_is_marked_done_by_a_reaction_but_n
 
 #[tokio::test]
 async fn strangers_spoofs_our_own_sync_messages_and_bad_events_never_become_commands() {
-    let s = setup(None).await;
+    // Our own number allowed too (a careless config): our own messages are still never input.
+    let s = setup_allowing(None, &[OWNER, BOT]).await;
     s.llm.push(Reply::text("one noted"));
     s.llm.push(Reply::text("two noted"));
     let daemon = s.daemon("strangers.log").await;
@@ -132,8 +137,7 @@ async fn strangers_spoofs_our_own_sync_messages_and_bad_events_never_become_comm
     // Spoofed: the owner's number with another account's uuid.
     s.fake.push(text_envelope(OWNER, OTHER_UUID, 1_002, "as the owner"));
     // Our own message, synced back from our phone: never input (a loop).
-    let mut sync = text_envelope(BOT, "11111111-1111-4111-8111-111111111111", 1_003, "");
-    sync.as_object_mut().unwrap().remove("dataMessage");
+    let mut sync = text_envelope(BOT, "11111111-1111-4111-8111-111111111111", 1_003, "synced");
     sync["syncMessage"] = json!({"sentMessage": {"destination": OWNER, "timestamp": 1_003, "message": "one noted"}});
     s.fake.push(sync);
     // Our account as the sender of a data message: a loop too.
