@@ -221,6 +221,24 @@ async fn a_dead_daemon_shows_in_status_and_reports_wait_in_the_outbox() {
 }
 
 #[tokio::test]
+async fn the_tcp_socket_mode_answers_and_reaches_doctor() {
+    let fake = FakeSignal::start_tcp().await;
+    let s = setup(Some(fake.tcp())).await;
+    s.llm.push(Reply::text("over tcp"));
+    let daemon = Daemon::start_logging_to(s.home.path(), Some(&s.home.config), &s.log.path().join("tcp.log"));
+    assert!(daemon.wait_log("Signal listening", 30).await, "{}", daemon.log());
+    assert!(wait_until(30, || fake.connections() > 0).await, "{}", daemon.log());
+    fake.push(text_envelope(OWNER, OWNER_UUID, 1_000, "hi over tcp"));
+    assert!(fake.wait_sent(1, 30).await, "{}", daemon.log());
+    assert_eq!(fake.sent()[0]["message"], "over tcp");
+    assert_eq!(fake.sent()[0]["recipient"], json!([OWNER_UUID]));
+    assert_eq!(asked(&s.llm), ["hi over tcp"]);
+    let doctor = s.cli(&["doctor"]).await;
+    assert!(doctor.contains("the signal-cli daemon answers at tcp://127.0.0.1:"), "{doctor}");
+    daemon.stop().await;
+}
+
+#[tokio::test]
 async fn bramble_check_names_a_bad_signal_section() {
     let s = setup(None).await;
     let cfg = std::fs::read_to_string(&s.home.config).unwrap().replace(OWNER, "015112345678");

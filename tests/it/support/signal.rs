@@ -10,6 +10,9 @@
 //! written as signal-cli's ServerSentEventSender writes it: `id:`,
 //! `event:receive`, one `data:` line, an empty line; `:` keep-alives between.
 //!
+//! [`FakeSignal::start_tcp`] is the `daemon --tcp` mode instead: newline-
+//! delimited JSON-RPC, `receive` notifications pushed to every connection.
+//!
 //! The test pushes envelopes ([`FakeSignal::push`]), cuts the streams
 //! ([`FakeSignal::drop_streams`]), forgets the ids as a restarted signal-cli
 //! would ([`FakeSignal::restart`]), scripts JSON-RPC errors
@@ -57,6 +60,15 @@ impl Drop for FakeSignal {
 
 impl FakeSignal {
     pub async fn start() -> FakeSignal {
+        FakeSignal::start_mode(false).await
+    }
+
+    /// The `daemon --tcp` mode (`tcp://` endpoint: [`FakeSignal::tcp`]).
+    pub async fn start_tcp() -> FakeSignal {
+        FakeSignal::start_mode(true).await
+    }
+
+    async fn start_mode(tcp: bool) -> FakeSignal {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let inner = Arc::new(Mutex::new(Inner { next_ts: 1_700_000_000_000, next_id: 1, ..Default::default() }));
@@ -64,7 +76,10 @@ impl FakeSignal {
         let (i, w) = (inner.clone(), wake.clone());
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(serve(stream, i.clone(), w.clone()));
+                match tcp {
+                    true => tokio::spawn(serve_lines(stream, i.clone(), w.subscribe())),
+                    false => tokio::spawn(serve(stream, i.clone(), w.clone())),
+                };
             }
         });
         FakeSignal { port, inner, wake, task }
@@ -73,6 +88,11 @@ impl FakeSignal {
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `tcp://127.0.0.1:PORT`.
+    pub fn tcp(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.port)
     }
 
     /// Push a `receive` event: `{"envelope": envelope, "account": account}` as its data.
@@ -251,6 +271,46 @@ async fn events(
             return;
         }
     }
+}
+
+/// A `--tcp` connection: requests answered line by line, and every new
+/// event pushed as a `receive` notification.
+async fn serve_lines(stream: TcpStream, inner: Arc<Mutex<Inner>>, mut wake: watch::Receiver<(u64, u64)>) {
+    use tokio::io::AsyncBufReadExt;
+    let (read, write) = stream.into_split();
+    let write = Arc::new(tokio::sync::Mutex::new(write));
+    let mut cursor = {
+        let mut i = inner.lock().unwrap();
+        i.connections += 1;
+        i.events.last().map_or(0, |(e, _)| *e)
+    };
+    let (inner2, write2) = (inner.clone(), write.clone());
+    let pusher = tokio::spawn(async move {
+        loop {
+            let fresh: Vec<(u64, String)> =
+                inner2.lock().unwrap().events.iter().filter(|(e, _)| *e > cursor).cloned().collect();
+            for (id, data) in fresh {
+                let line = format!("{{\"jsonrpc\":\"2.0\",\"method\":\"receive\",\"params\":{data}}}\n");
+                if write2.lock().await.write_all(line.as_bytes()).await.is_err() {
+                    return;
+                }
+                cursor = id;
+            }
+            if wake.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Ok(req) = serde_json::from_str::<Value>(&line) else { continue };
+        let mut answer = rpc(&inner, req).to_string();
+        answer.push('\n');
+        if write.lock().await.write_all(answer.as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    pusher.abort();
 }
 
 async fn chunk(stream: &mut TcpStream, data: &[u8]) -> std::io::Result<()> {
