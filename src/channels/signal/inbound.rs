@@ -40,8 +40,6 @@ pub struct Handler {
     stop: CancellationToken,
     strangers: HashSet<String>,
     typing: HashMap<String, tokio::task::JoinHandle<()>>,
-    /// The event id moved without a save (receipts, typing).
-    dirty: bool,
 }
 
 /// Who sent an envelope, as signal-cli says.
@@ -75,7 +73,7 @@ impl Handler {
         stop: CancellationToken,
     ) -> Handler {
         let (strangers, typing) = (HashSet::new(), HashMap::new());
-        Handler { signal, seen, inbound, agent, stop, strangers, typing, dirty: false }
+        Handler { signal, seen, inbound, agent, stop, strangers, typing }
     }
 
     pub fn client(&self) -> &Client {
@@ -87,35 +85,42 @@ impl Handler {
     }
 
     /// Save the position and the seen list (on a blocking thread).
-    pub async fn save(&mut self) {
+    pub async fn save(&self) {
         let (seen, dir) = (self.seen.clone(), self.shared().state_dir.clone());
-        match crate::util::tasks::blocking(move || seen.save(&dir)).await {
-            Ok(()) => self.dirty = false,
-            Err(e) => tracing::error!(error = %e, "cannot save the Signal position; a message may be handled again"),
+        if let Err(e) = crate::util::tasks::blocking(move || seen.save(&dir)).await {
+            tracing::error!(error = %e, "cannot save the Signal position; a message may be handled again");
         }
     }
 
-    /// One event. `false`: stopping, or the bus is gone.
+    /// One event. `false`: stopping, or the bus is gone (or full for
+    /// [`BUS_WAIT`]): the event's id is not taken, so it comes again.
     pub async fn event(&mut self, ev: Event) -> bool {
-        if let Some(id) = ev.id.clone() {
+        let handled = self.handle(&ev.params).await;
+        let Some(handled) = handled else { return false };
+        if let Some(id) = ev.id {
+            // Saved with the next message handled, or at the stop (receipts and typing do not write).
             self.seen.last_event_id = Some(id);
-            self.dirty = true;
         }
-        let env = &ev.params["envelope"];
-        let Some(key) = self.relevant(&ev.params) else { return true };
+        if let Some(key) = handled {
+            self.seen.add(key);
+            self.save().await;
+        }
+        true
+    }
+
+    /// `Some(Some(key))`: a message done with (handed over, acted on or
+    /// refused), to remember; `Some(None)`: nothing for us; `None`: stopping.
+    async fn handle(&mut self, params: &Value) -> Option<Option<String>> {
+        let env = &params["envelope"];
+        let Some(ts) = self.relevant(params) else { return Some(None) };
         let sender = Sender::of(env);
-        let key = Seen::key(sender.name(), key);
+        let key = Seen::key(sender.name(), ts);
         if self.seen.contains(&key) {
             tracing::info!(key, "a Signal message that was handled already came again; skipped");
-            return true;
+            return Some(None);
         }
-        let handed = self.message(&sender, env).await;
-        if handed.is_none() {
-            return false;
-        }
-        self.seen.add(key);
-        self.save().await;
-        true
+        self.message(&sender, env).await?;
+        Some(Some(key))
     }
 
     /// The timestamp of an envelope that may be for us; `None`: not a
