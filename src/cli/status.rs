@@ -503,6 +503,9 @@ struct ChannelPart {
     /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
     #[serde(skip)]
     email: Option<String>,
+    /// `[feishu]` in words (text only for now, like email; `None` without the feature).
+    #[serde(skip)]
+    feishu: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -522,6 +525,7 @@ impl Section for ChannelPart {
             format!("webhooks:   {}", esc(&self.webhooks)),
         ];
         lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
+        lines.extend(self.feishu.as_ref().map(|e| format!("feishu:     {}", esc(e))));
         lines
     }
 }
@@ -543,6 +547,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         policy: policy_summary(&c.policy),
         homeassistant: ha,
         webhooks: webhook_status(c),
+        #[cfg(feature = "feishu")]
+        feishu: Some(crate::channels::feishu::status::status_line(&c.feishu, &loaded.paths.state_dir)),
+        #[cfg(not(feature = "feishu"))]
+        feishu: None,
         #[cfg(feature = "email")]
         email: Some(crate::channels::email::check::status_line(&c.email, &loaded.paths.state_dir)),
         #[cfg(not(feature = "email"))]

@@ -14,6 +14,7 @@ pub mod channels;
 mod diagnose;
 pub mod email;
 pub mod env;
+pub mod feishu;
 pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use channels::*;
+pub use feishu::{FeishuConfig, FeishuDomain};
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use matrix::MatrixConfig;
 pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
@@ -56,6 +58,8 @@ pub struct Config {
     pub telegram: TelegramConfig,
     /// `[matrix]` (`matrix.rs`).
     pub matrix: MatrixConfig,
+    /// `[feishu]` (`feishu.rs`): Feishu or Lark.
+    pub feishu: FeishuConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
@@ -239,6 +243,7 @@ impl Default for Config {
             web: WebConfig::default(),
             telegram: TelegramConfig::default(),
             matrix: MatrixConfig::default(),
+            feishu: FeishuConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
@@ -654,6 +659,9 @@ impl Config {
         }
         if let Some(why) = self.matrix.problem() {
             return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));
+        }
+        if let Some(why) = self.feishu.problem() {
+            return Err((text.find("[feishu]").map(|i| i..i + "[feishu]".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

@@ -33,6 +33,7 @@
 //! | telegram poller | ends | it ends by itself only when Telegram refuses the token, and says so; a restart cannot help until the config changes, and an exit would keep the whole daemon down (a refused token is fatal at start) |
 //! | email | exit | owns its inbound sender and the digest wake-up; it reconnects by itself and ends only when stopped |
 //! | matrix poller | ends | the same for a refused Matrix login |
+//! | feishu connection | exit | owns its inbound sender; it reconnects by itself and ends only when stopped |
 //! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
 //! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
 //! | bus server | exit | owns the bus's inbound end |
@@ -221,6 +222,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     #[cfg(feature = "matrix")]
     if let Some(poller) = d.matrix {
         tasks.spawn(Service::ends("matrix poller", |sd| poller.run(sd)));
+    }
+    #[cfg(feature = "feishu")]
+    if let Some(conn) = d.feishu {
+        tasks.spawn(Service::new("feishu connection", |sd| conn.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));

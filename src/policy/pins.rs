@@ -182,6 +182,8 @@ pub struct AllowedChats {
     email: Vec<String>,
     /// `[matrix]`'s users and rooms (empty: no Matrix room is allowed).
     matrix: super::matrix::MatrixPolicy,
+    /// `[feishu]`'s users and chats (empty: no Feishu chat is allowed).
+    feishu: super::feishu::FeishuPolicy,
 }
 
 impl AllowedChats {
@@ -191,6 +193,7 @@ impl AllowedChats {
             state_dir: state_dir.to_path_buf(),
             email: Vec::new(),
             matrix: Default::default(),
+            feishu: Default::default(),
         }
     }
 
@@ -213,6 +216,16 @@ impl AllowedChats {
     /// The Matrix users served and rooms allowed.
     pub fn matrix(&self) -> &super::matrix::MatrixPolicy {
         &self.matrix
+    }
+
+    /// With `[feishu]`'s users and chats.
+    pub fn with_feishu(self, feishu: super::feishu::FeishuPolicy) -> AllowedChats {
+        AllowedChats { feishu, ..self }
+    }
+
+    /// The Feishu / Lark users served and chats allowed.
+    pub fn feishu(&self) -> &super::feishu::FeishuPolicy {
+        &self.feishu
     }
 
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.

@@ -67,6 +67,8 @@ pub enum Origin {
     Telegram,
     /// Mail from an `[email] allow_from` sender the receiving server authenticated.
     Email,
+    /// A Feishu / Lark chat, started by a `[feishu] allow_from` user.
+    Feishu,
     /// A Matrix room, started by a `[matrix] allow_from` user.
     Matrix,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
@@ -89,6 +91,7 @@ impl Origin {
         match channel {
             Channel::Cli => Origin::Cli,
             Channel::Telegram => Origin::Telegram,
+            Channel::Feishu => Origin::Feishu,
             Channel::Email => Origin::Email,
             Channel::Matrix => Origin::Matrix,
             Channel::System => Origin::System,
@@ -102,7 +105,10 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Email | Origin::System)
+        matches!(
+            self,
+            Origin::Cli | Origin::Telegram | Origin::Feishu | Origin::Matrix | Origin::Email | Origin::System
+        )
     }
 
     /// The name used in refusals and logs.
@@ -110,6 +116,7 @@ impl Origin {
         match self {
             Origin::Cli => "the terminal",
             Origin::Telegram => "Telegram",
+            Origin::Feishu => "Feishu / Lark",
             Origin::Email => "email",
             Origin::Matrix => "Matrix",
             Origin::System => "the scheduler",
@@ -165,6 +172,17 @@ impl Origin {
         }
         if let crate::bus::Target::Matrix(room) = target {
             return self.check_matrix_room(ctx, room, chats);
+        }
+        if let crate::bus::Target::Feishu(chat) = target {
+            // Trusted turns only: the chat the turn came from, a configured one, or one an allowed user wrote in.
+            let own = self == Origin::Feishu && *chat == ctx.conversation.chat_id;
+            return match self.trusted() && (own || chats.feishu().chat_allowed(chat)) {
+                true => Ok(()),
+                false => Err(ToolError::new(format!(
+                    "feishu:{chat} is not a chat of [feishu] chats nor one a user in [feishu] allow_from wrote in (or this turn came from {})",
+                    self.name()
+                ))),
+            };
         }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
@@ -311,6 +329,7 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         }
         // A room's id says nothing of who wrote in it.
         Channel::Matrix
+        | Channel::Feishu
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
@@ -459,9 +478,13 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Mqtt | Source::Webhook => {
-            &["exec", "read_file", "write_file", "cron", "web_fetch"]
-        }
+        Source::Terminal
+        | Source::Telegram
+        | Source::Feishu
+        | Source::Matrix
+        | Source::Email
+        | Source::Mqtt
+        | Source::Webhook => &["exec", "read_file", "write_file", "cron", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }

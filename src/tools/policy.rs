@@ -39,6 +39,7 @@ impl Source {
             Principal::Telegram(_) => Some(Source::Telegram),
             Principal::Email(_) => Some(Source::Email),
             Principal::Matrix(_) => Some(Source::Matrix),
+            Principal::Feishu(_) => Some(Source::Feishu),
         }
     }
 
@@ -61,7 +62,13 @@ impl Source {
     pub fn default_memory(self) -> bool {
         matches!(
             self,
-            Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Job | Source::Heartbeat
+            Source::Terminal
+                | Source::Telegram
+                | Source::Feishu
+                | Source::Matrix
+                | Source::Email
+                | Source::Job
+                | Source::Heartbeat
         )
     }
 }
@@ -290,7 +297,13 @@ mod tests {
         for s in Source::ALL {
             let trusted = matches!(
                 s,
-                Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Job | Source::Heartbeat
+                Source::Terminal
+                    | Source::Telegram
+                    | Source::Feishu
+                    | Source::Matrix
+                    | Source::Email
+                    | Source::Job
+                    | Source::Heartbeat
             );
             assert_eq!(p.remembers(s), trusted, "{s:?}");
         }
