@@ -19,7 +19,7 @@
 //!   (the same frame, payload `{"code":200,…}`) are recorded by `message_id`.
 //!   Frames pushed while no socket is up wait and go out on the next
 //!   connection (the platform keeps undelivered events).
-//! - `POST /open-apis/auth/v3/tenant_access_token/internal` → `t-<n>`, 2 h;
+//! - `POST /open-apis/auth/v3/tenant_access_token/internal` → `t-g1045fake<n>`, 2 h;
 //!   [`FakeFeishu::expire_token`] makes the current one answer 99991663.
 //! - `GET /open-apis/bot/v3/info`, `POST /open-apis/im/v1/messages?receive_id_type=chat_id`
 //!   (recorded), `PATCH /open-apis/im/v1/messages/{id}` (recorded); a
@@ -354,7 +354,7 @@ fn rest(req: &Request, state: &Mutex<State>, addr: SocketAddr) -> Response {
                 return api(10014, "app secret invalid", json!({}));
             }
             st.tokens += 1;
-            let token = format!("t-{}", st.tokens);
+            let token = format!("t-g1045fake{}", st.tokens);
             st.valid = Some(token.clone());
             api(0, "ok", json!({"tenant_access_token": token, "expire": 7200}))
         }
