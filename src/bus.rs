@@ -22,6 +22,9 @@ pub const BUS_CAPACITY: usize = 64;
 pub enum Target {
     /// A Telegram chat.
     Telegram(String),
+    /// A Feishu / Lark chat, by `chat_id` (`oc_…`): a direct chat or a group
+    /// (the endpoint, China or international, is `[feishu] domain`).
+    Feishu(String),
     /// A mailbox (`email:<address>`), or its daily digest (`?digest=HH:MM`).
     Email(EmailTarget),
     /// A Matrix room, by id (`!abc:server`) or alias (`#room:server`, resolved when delivered).
@@ -48,6 +51,7 @@ impl Target {
     pub fn origin(channel: &Channel, chat_id: &str) -> Target {
         match channel {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
+            Channel::Feishu => Target::Feishu(chat_id.to_string()),
             Channel::Email => Target::Email(EmailTarget { address: chat_id.to_string(), digest: None }),
             Channel::Matrix => Target::Matrix(chat_id.to_string()),
             Channel::Signal => Target::Signal(chat_id.to_string()),
@@ -65,6 +69,7 @@ impl Target {
     pub fn channel(&self) -> &'static str {
         match self {
             Target::Telegram(_) => "telegram",
+            Target::Feishu(_) => "feishu",
             Target::Email(_) => "email",
             Target::Matrix(_) => "matrix",
             Target::Signal(_) => "signal",
@@ -81,6 +86,7 @@ impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
+            Target::Feishu(chat) => write!(f, "feishu:{chat}"),
             Target::Email(t) => write!(f, "email:{t}"),
             Target::Matrix(room) => write!(f, "matrix:{room}"),
             Target::Signal(chat) => write!(f, "signal:{chat}"),
@@ -111,7 +117,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `feishu:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -127,6 +133,12 @@ impl Target {
                     Err(format!("`{text}`: a Telegram target needs a numeric chat id (or @channelname), like `telegram:123456789`"))
                 }
             }
+            Some(("feishu", chat)) => match chat.trim() {
+                chat if is_feishu_id(chat, "oc_") => Ok(Target::Feishu(chat.to_string())),
+                // Read back leniently: an odd chat is refused where it is delivered.
+                chat if !strict && !chat.is_empty() => Ok(Target::Feishu(chat.to_string())),
+                _ => Err(format!("`{text}`: a Feishu / Lark target is a chat_id, like `feishu:oc_a0553eda9014c201e6969b478895c230`")),
+            },
             Some(("email", rest)) => EmailTarget::parse(rest.trim()).map(Target::Email).map_err(|why| {
                 format!("`{text}` is not a delivery target: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
             }),
@@ -286,6 +298,8 @@ pub enum Channel {
     /// `bramble agent`: the terminal.
     Cli,
     Telegram,
+    /// A Feishu / Lark chat (direct or group).
+    Feishu,
     /// Mail from an allow-listed sender the receiving server authenticated.
     Email,
     /// A Matrix room.
@@ -310,6 +324,7 @@ impl Channel {
         match self {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
+            Channel::Feishu => "feishu",
             Channel::Email => "email",
             Channel::Matrix => "matrix",
             Channel::Signal => "signal",
@@ -327,6 +342,7 @@ impl From<&str> for Channel {
         match name {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
+            "feishu" => Channel::Feishu,
             "email" => Channel::Email,
             "matrix" => Channel::Matrix,
             "signal" => Channel::Signal,
@@ -382,6 +398,8 @@ pub enum Source {
     Terminal,
     /// A chat with an `allow_from` user.
     Telegram,
+    /// A Feishu / Lark message from a `[feishu] allow_from` user.
+    Feishu,
     /// Mail from an `[email] allow_from` sender, authenticated by DKIM or SPF.
     Email,
     /// A Matrix room message from a `[matrix] allow_from` user.
@@ -403,9 +421,10 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 10] = [
+    pub const ALL: [Source; 11] = [
         Source::Terminal,
         Source::Telegram,
+        Source::Feishu,
         Source::Matrix,
         Source::Signal,
         Source::Email,
@@ -421,6 +440,7 @@ impl Source {
         match self {
             Source::Terminal => "terminal",
             Source::Telegram => "telegram",
+            Source::Feishu => "feishu",
             Source::Email => "email",
             Source::Matrix => "matrix",
             Source::Signal => "signal",
@@ -446,11 +466,18 @@ impl Source {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
             (
-                Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::Signal | Channel::Email | Channel::System,
+                Channel::Cli
+                | Channel::Telegram
+                | Channel::Feishu
+                | Channel::Matrix
+                | Channel::Signal
+                | Channel::Email
+                | Channel::System,
                 _,
             ) if in_job => Source::Job,
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
+            (Channel::Feishu, _) => Source::Feishu,
             (Channel::Matrix, _) => Source::Matrix,
             (Channel::Signal, _) => Source::Signal,
             (Channel::Email, _) => Source::Email,
@@ -520,6 +547,9 @@ pub enum Principal {
     /// A Telegram user, by id: an `allow_from` user or a paired one. Their
     /// rights end when they are revoked or leave `allow_from`.
     Telegram(i64),
+    /// A Feishu / Lark user, by `open_id` (`ou_…`, per app): a `[feishu]
+    /// allow_from` user. Their rights end when they leave `allow_from`.
+    Feishu(String),
     /// A mail sender, by address: an `[email] allow_from` address whose mail
     /// the receiving server authenticated (DKIM or SPF).
     Email(String),
@@ -544,6 +574,7 @@ impl fmt::Display for Principal {
         match self {
             Principal::Owner => f.write_str("owner"),
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
+            Principal::Feishu(id) => write!(f, "feishu:{id}"),
             Principal::Email(addr) => write!(f, "email:{addr}"),
             Principal::Matrix(id) => write!(f, "matrix:{id}"),
             Principal::Signal(id) => write!(f, "signal:{id}"),
@@ -562,12 +593,13 @@ impl FromStr for Principal {
             Some(("telegram", id)) => {
                 id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
             }
+            Some(("feishu", id)) if is_feishu_id(id, "ou_") => Ok(Principal::Feishu(id.to_string())),
             Some(("email", addr)) if is_plain_address(addr) => Ok(Principal::Email(addr.to_string())),
             Some(("matrix", user)) if is_matrix_user(user) => Ok(Principal::Matrix(user.to_string())),
             Some(("signal", id)) if is_signal_uuid(id) || is_signal_number(id) => Ok(Principal::Signal(id.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `matrix:<@user:server>`, `signal:<uuid>`, `email:<address>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `feishu:<open_id>`, `matrix:<@user:server>`, `signal:<uuid>`, `email:<address>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -609,6 +641,15 @@ pub fn is_signal_chat(chat: &str) -> bool {
         Some(id) => is_signal_group(id),
         None => is_signal_number(chat) || is_signal_uuid(chat),
     }
+}
+
+/// A Feishu / Lark id with its kind's prefix: `oc_` a chat, `ou_` a user's
+/// open_id; then letters, digits, `_` or `-` (at most 128 in all).
+pub fn is_feishu_id(id: &str, prefix: &str) -> bool {
+    id.len() <= 128
+        && id
+            .strip_prefix(prefix)
+            .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
 }
 
 /// A Matrix user id: `@local:server`.
@@ -988,5 +1029,22 @@ mod tests {
         for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann", "signal:ann"] {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
+    }
+    #[test]
+    fn feishu_targets_and_principals_are_checked() {
+        let t: Target = "feishu:oc_a0553eda9014c201e6969b478895c230".parse().unwrap();
+        assert_eq!(t.to_string(), "feishu:oc_a0553eda9014c201e6969b478895c230");
+        assert_eq!(t.channel(), "feishu");
+        for bad in ["feishu:", "feishu:ou_abc", "feishu:oc_", "feishu:oc_a b", "feishu:chat"] {
+            assert!(bad.parse::<Target>().is_err(), "{bad}");
+        }
+        assert_eq!(Target::parse("feishu:odd", false), Ok(Target::Feishu("odd".into())), "read back leniently");
+        let p: Principal = "feishu:ou_7d8a6e6df7621556ce0d21922b676706".parse().unwrap();
+        assert_eq!(p.to_string(), "feishu:ou_7d8a6e6df7621556ce0d21922b676706");
+        assert!("feishu:oc_abc".parse::<Principal>().is_err() && "feishu:".parse::<Principal>().is_err());
+        let c = Conversation::new(Channel::Feishu, "oc_x", "feishu:oc_x");
+        assert_eq!((Source::of(&c, false), Source::of(&c, true)), (Source::Feishu, Source::Job));
+        assert_eq!(c.reply_target(), Target::Feishu("oc_x".into()));
+        assert_eq!(Channel::from("feishu"), Channel::Feishu);
     }
 }

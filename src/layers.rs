@@ -207,7 +207,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let mut files = Vec::new();
         sources(&root, &mut files);
-        let names = ["cli", "telegram", "matrix", "mqtt", "system", "homeassistant"];
+        let names = ["cli", "telegram", "feishu", "matrix", "mqtt", "system", "homeassistant"];
         let mut wrong = Vec::new();
         for file in files.iter().filter(|f| !f.ends_with("bus.rs") && !f.ends_with("layers.rs")) {
             let text = std::fs::read_to_string(file).unwrap();

@@ -6,6 +6,8 @@
 /// Mail in by IMAP, reports out by SMTP (feature `email`).
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(feature = "feishu")]
+pub mod feishu;
 pub mod homeassistant;
 pub mod inbox;
 #[cfg(feature = "matrix")]

@@ -183,6 +183,15 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         }
         Err(e) => r.line(Level::Error, "signal", e),
     }
+    #[cfg(feature = "feishu")]
+    match crate::channels::feishu::status::probe(&loaded.config.feishu, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "feishu", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "feishu", found);
+            warnings.into_iter().for_each(|w| r.line(Level::Warning, "feishu", w));
+        }
+        Err(e) => r.line(Level::Error, "feishu", e),
+    }
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),

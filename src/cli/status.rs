@@ -506,6 +506,9 @@ struct ChannelPart {
     /// `[signal]` in words (text only for now, like `email`).
     #[serde(skip)]
     signal: Option<String>,
+    /// `[feishu]` in words (text only for now, like email; `None` without the feature).
+    #[serde(skip)]
+    feishu: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -526,6 +529,7 @@ impl Section for ChannelPart {
         ];
         lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
         lines.extend(self.signal.as_ref().map(|s| format!("signal:     {}", esc(s))));
+        lines.extend(self.feishu.as_ref().map(|e| format!("feishu:     {}", esc(e))));
         lines
     }
 }
@@ -547,6 +551,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         policy: policy_summary(&c.policy),
         homeassistant: ha,
         webhooks: webhook_status(c),
+        #[cfg(feature = "feishu")]
+        feishu: Some(crate::channels::feishu::status::status_line(&c.feishu, &loaded.paths.state_dir)),
+        #[cfg(not(feature = "feishu"))]
+        feishu: None,
         #[cfg(feature = "email")]
         email: Some(crate::channels::email::check::status_line(&c.email, &loaded.paths.state_dir)),
         #[cfg(not(feature = "email"))]

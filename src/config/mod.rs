@@ -14,6 +14,7 @@ pub mod channels;
 mod diagnose;
 pub mod email;
 pub mod env;
+pub mod feishu;
 pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
@@ -31,6 +32,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use channels::*;
+pub use feishu::{FeishuConfig, FeishuDomain};
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use matrix::MatrixConfig;
 pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
@@ -60,6 +62,8 @@ pub struct Config {
     pub matrix: MatrixConfig,
     /// `[signal]` (`signal.rs`).
     pub signal: SignalConfig,
+    /// `[feishu]` (`feishu.rs`): Feishu or Lark.
+    pub feishu: FeishuConfig,
     pub mqtt: MqttConfig,
     pub daemon: DaemonConfig,
     pub alerts: AlertsConfig,
@@ -244,6 +248,7 @@ impl Default for Config {
             telegram: TelegramConfig::default(),
             matrix: MatrixConfig::default(),
             signal: SignalConfig::default(),
+            feishu: FeishuConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
             alerts: AlertsConfig::default(),
@@ -662,6 +667,9 @@ impl Config {
         }
         if let Some(why) = self.signal.problem() {
             return Err((text.find("[signal]").map(|i| i..i + "[signal]".len()), why));
+        }
+        if let Some(why) = self.feishu.problem() {
+            return Err((text.find("[feishu]").map(|i| i..i + "[feishu]".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

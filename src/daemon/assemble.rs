@@ -171,7 +171,8 @@ fn tools(
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
         .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
         .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state))
-        .with_signal(crate::policy::signal::SignalPolicy::new(&c.signal.allow_from, &c.signal.groups, state));
+        .with_signal(crate::policy::signal::SignalPolicy::new(&c.signal.allow_from, &c.signal.groups, state))
+        .with_feishu(crate::policy::feishu::FeishuPolicy::new(&c.feishu.allow_from, &c.feishu.chats, state));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -240,6 +241,11 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         &c.signal.groups,
         &loaded.paths.state_dir,
     ))
+    .with_feishu(crate::policy::feishu::FeishuPolicy::new(
+        &c.feishu.allow_from,
+        &c.feishu.chats,
+        &loaded.paths.state_dir,
+    ))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -290,6 +296,9 @@ pub struct Daemon {
     /// `[signal]`'s event stream reader (`None`: not configured).
     #[cfg(feature = "signal")]
     pub signal: Option<crate::channels::signal::SignalPoller>,
+    /// `[feishu]`'s long connection (`None`: not configured).
+    #[cfg(feature = "feishu")]
+    pub feishu: Option<crate::channels::feishu::FeishuPoller>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -349,6 +358,9 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     });
     #[cfg(feature = "signal")]
     let signal = signal_reader(loaded, reminders_for(c, &jobs), &mut channels, &bus.inbound_tx, &agent);
+    // Feishu / Lark: delivery for `feishu:` targets, and its long connection.
+    #[cfg(feature = "feishu")]
+    let feishu = feishu(loaded, &jobs, &mut channels, &bus.inbound_tx);
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -399,6 +411,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         matrix,
         #[cfg(feature = "signal")]
         signal,
+        #[cfg(feature = "feishu")]
+        feishu,
         mqtt,
         ha,
         heartbeat,
@@ -453,6 +467,30 @@ fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
 fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
     let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
     crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
+}
+
+/// The Feishu / Lark channel for `[feishu]`, its delivery added to
+/// `channels` (`None`: not configured, or unusable: logged).
+#[cfg(feature = "feishu")]
+fn feishu(
+    loaded: &Loaded,
+    jobs: &JobStore,
+    channels: &mut Channels,
+    inbound: &mpsc::Sender<InboundMessage>,
+) -> Option<crate::channels::feishu::FeishuPoller> {
+    let c = &loaded.config;
+    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
+    let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
+    match crate::channels::feishu::Feishu::from_config(&c.feishu, &loaded.paths.state_dir, Some(reminders)) {
+        Ok(f) => f.map(|feishu| {
+            channels.add(feishu.channel());
+            crate::channels::feishu::FeishuPoller { feishu, inbound: inbound.clone() }
+        }),
+        Err(e) => {
+            tracing::error!("Feishu / Lark is off: {e}");
+            None
+        }
+    }
 }
 
 /// The Matrix channel for `[matrix]` (`None`: not configured, or unusable: logged).

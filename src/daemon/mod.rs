@@ -34,6 +34,7 @@
 //! | email | exit | owns its inbound sender and the digest wake-up; it reconnects by itself and ends only when stopped |
 //! | matrix poller | ends | the same for a refused Matrix login |
 //! | signal reader | exit | owns its inbound sender; it reconnects to signal-cli by itself and ends only when stopped |
+//! | feishu connection | exit | owns its inbound sender; it reconnects by itself and ends only when stopped |
 //! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
 //! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
 //! | bus server | exit | owns the bus's inbound end |
@@ -226,6 +227,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     #[cfg(feature = "signal")]
     if let Some(reader) = d.signal {
         tasks.spawn(Service::new("signal reader", |sd| reader.run(sd)));
+    }
+    #[cfg(feature = "feishu")]
+    if let Some(conn) = d.feishu {
+        tasks.spawn(Service::new("feishu connection", |sd| conn.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));

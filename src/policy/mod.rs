@@ -4,6 +4,7 @@
 //!   used them, and [`AllowedChats`], the chats a turn may send to. The
 //!   Telegram poller decides with it who is served; the `message` and `cron`
 //!   tools decide with it where a report may go.
+//! - [`feishu`]: `[feishu] allow_from`, and the chats a turn may post to.
 //! - [`matrix`]: `[matrix] allow_from`, and the rooms a turn may post to.
 //! - [`signal`]: `[signal] allow_from` (numbers pinned to uuids), and the chats a turn may send to.
 //! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
@@ -13,6 +14,7 @@
 //! Below the tools and the channels, above the configuration (see
 //! `ARCHITECTURE.md`, "Layers").
 
+pub mod feishu;
 pub mod matrix;
 pub mod pairing;
 pub mod pins;

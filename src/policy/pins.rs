@@ -184,6 +184,8 @@ pub struct AllowedChats {
     matrix: super::matrix::MatrixPolicy,
     /// `[signal]`'s people and groups (empty: no Signal chat is allowed).
     signal: super::signal::SignalPolicy,
+    /// `[feishu]`'s users and chats (empty: no Feishu chat is allowed).
+    feishu: super::feishu::FeishuPolicy,
 }
 
 impl AllowedChats {
@@ -194,6 +196,7 @@ impl AllowedChats {
             email: Vec::new(),
             matrix: Default::default(),
             signal: Default::default(),
+            feishu: Default::default(),
         }
     }
 
@@ -226,6 +229,16 @@ impl AllowedChats {
     /// The Signal people served and groups allowed.
     pub fn signal(&self) -> &super::signal::SignalPolicy {
         &self.signal
+    }
+
+    /// With `[feishu]`'s users and chats.
+    pub fn with_feishu(self, feishu: super::feishu::FeishuPolicy) -> AllowedChats {
+        AllowedChats { feishu, ..self }
+    }
+
+    /// The Feishu / Lark users served and chats allowed.
+    pub fn feishu(&self) -> &super::feishu::FeishuPolicy {
+        &self.feishu
     }
 
     /// Whether `chat` (as written in a `telegram:<chat>` target) is an allowed user's chat.

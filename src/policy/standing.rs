@@ -56,6 +56,8 @@ impl Standing {
             Principal::Telegram(id) => Err(StandingError::Revoked(id)),
             Principal::Email(addr) if self.telegram.allows_email(&addr) => Ok(()),
             Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
+            Principal::Feishu(user) if self.telegram.feishu().allows(&user) => Ok(()),
+            Principal::Feishu(user) => Err(StandingError::FeishuRevoked(user)),
             Principal::Matrix(user) if self.telegram.matrix().allows(&user) => Ok(()),
             Principal::Matrix(user) => Err(StandingError::MatrixRevoked(user)),
             Principal::Signal(id) if self.telegram.signal().allows(&id) => Ok(()),
@@ -68,6 +70,11 @@ impl Standing {
                 .map_err(|why| StandingError::Member { user, why }),
             Principal::Anonymous => Err(StandingError::Anonymous),
         }
+    }
+
+    /// With `[feishu]`'s users (their jobs run while they stay in `allow_from`) and chats.
+    pub fn with_feishu(self, feishu: super::feishu::FeishuPolicy) -> Standing {
+        Standing { telegram: self.telegram.with_feishu(feishu), ..self }
     }
 
     /// Whether a user is served by Telegram now (allow_from, pins, pairing). Blocking.
@@ -88,6 +95,8 @@ pub enum StandingError {
     MatrixRevoked(String),
     #[error("its creator, Signal account {0}, is no longer in [signal] allow_from")]
     SignalRevoked(String),
+    #[error("its creator, Feishu / Lark user {0}, is no longer in [feishu] allow_from")]
+    FeishuRevoked(String),
     #[error("its creator, {user} (a member of the service's group), {why}")]
     Member { user: String, why: MemberRefusal },
     #[error("it was made by nobody bramble knows (an untrusted source)")]
@@ -111,6 +120,8 @@ pub enum MemberRefusal {
     Room(String),
     #[error("signal:{0} is not an allowed person of [signal] allow_from nor a group of [signal] groups")]
     SignalChat(String),
+    #[error("feishu:{0} is not a chat of [feishu] chats nor one an allowed user wrote in")]
+    FeishuChat(String),
     #[error(
         "mqtt:{0} is not in [mqtt] publish_allow: members' reminders go to chats, the device's report \
          topic or the topics the owner allows"
@@ -148,6 +159,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
         Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
         Target::Email(t) if chats.allows_email(&t.address) => Ok(()),
         Target::Email(t) => Err(MemberRefusal::Mail(t.address.clone())),
+        Target::Feishu(chat) if chats.feishu().chat_allowed(chat) => Ok(()),
+        Target::Feishu(chat) => Err(MemberRefusal::FeishuChat(chat.clone())),
         Target::Matrix(room) if chats.matrix().room_allowed(room) => Ok(()),
         Target::Matrix(room) => Err(MemberRefusal::Room(room.clone())),
         Target::Signal(chat) if chats.signal().chat_allowed(chat) => Ok(()),

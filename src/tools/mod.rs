@@ -67,6 +67,8 @@ pub enum Origin {
     Telegram,
     /// Mail from an `[email] allow_from` sender the receiving server authenticated.
     Email,
+    /// A Feishu / Lark chat, started by a `[feishu] allow_from` user.
+    Feishu,
     /// A Matrix room, started by a `[matrix] allow_from` user.
     Matrix,
     /// A Signal chat, started by a `[signal] allow_from` person.
@@ -91,6 +93,7 @@ impl Origin {
         match channel {
             Channel::Cli => Origin::Cli,
             Channel::Telegram => Origin::Telegram,
+            Channel::Feishu => Origin::Feishu,
             Channel::Email => Origin::Email,
             Channel::Matrix => Origin::Matrix,
             Channel::Signal => Origin::Signal,
@@ -107,7 +110,13 @@ impl Origin {
     pub fn trusted(self) -> bool {
         matches!(
             self,
-            Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Signal | Origin::Email | Origin::System
+            Origin::Cli
+                | Origin::Telegram
+                | Origin::Feishu
+                | Origin::Matrix
+                | Origin::Signal
+                | Origin::Email
+                | Origin::System
         )
     }
 
@@ -116,6 +125,7 @@ impl Origin {
         match self {
             Origin::Cli => "the terminal",
             Origin::Telegram => "Telegram",
+            Origin::Feishu => "Feishu / Lark",
             Origin::Email => "email",
             Origin::Matrix => "Matrix",
             Origin::Signal => "Signal",
@@ -181,6 +191,17 @@ impl Origin {
                 false => Err(ToolError::new(format!(
                     "signal:{chat} is not a person of [signal] allow_from nor a group of [signal] groups \
                      (or this turn came from {}, an untrusted origin)",
+                    self.name()
+                ))),
+            };
+        }
+        if let crate::bus::Target::Feishu(chat) = target {
+            // Trusted turns only: the chat the turn came from, a configured one, or one an allowed user wrote in.
+            let own = self == Origin::Feishu && *chat == ctx.conversation.chat_id;
+            return match self.trusted() && (own || chats.feishu().chat_allowed(chat)) {
+                true => Ok(()),
+                false => Err(ToolError::new(format!(
+                    "feishu:{chat} is not a chat of [feishu] chats nor one a user in [feishu] allow_from wrote in (or this turn came from {})",
                     self.name()
                 ))),
             };
@@ -331,6 +352,7 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         // A room's id says nothing of who wrote in it.
         Channel::Matrix
         | Channel::Signal
+        | Channel::Feishu
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
@@ -481,6 +503,7 @@ pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     match source {
         Source::Terminal
         | Source::Telegram
+        | Source::Feishu
         | Source::Matrix
         | Source::Signal
         | Source::Email

@@ -40,6 +40,7 @@ impl Source {
             Principal::Email(_) => Some(Source::Email),
             Principal::Matrix(_) => Some(Source::Matrix),
             Principal::Signal(_) => Some(Source::Signal),
+            Principal::Feishu(_) => Some(Source::Feishu),
         }
     }
 
@@ -64,6 +65,7 @@ impl Source {
             self,
             Source::Terminal
                 | Source::Telegram
+                | Source::Feishu
                 | Source::Matrix
                 | Source::Signal
                 | Source::Email
@@ -299,6 +301,7 @@ mod tests {
                 s,
                 Source::Terminal
                     | Source::Telegram
+                    | Source::Feishu
                     | Source::Matrix
                     | Source::Signal
                     | Source::Email

@@ -18,6 +18,8 @@ mod daemon;
 mod docs;
 #[cfg(feature = "email")]
 mod email;
+#[cfg(feature = "feishu")]
+mod feishu;
 mod firsthour;
 mod firstrun;
 mod homeassistant;

@@ -9,6 +9,7 @@
 //! - [`amqtt`]: `Amqtt`, an MQTT 3.1.1-only broker from PyPI, the second broker.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
+//! - [`feishu`]: `FakeFeishu`, the Feishu / Lark long connection (pbbp2 frames) and REST.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
@@ -24,6 +25,7 @@ pub mod daemon;
 pub mod env;
 pub mod fake_ha;
 pub mod fake_llm;
+pub mod feishu;
 pub mod http;
 pub mod mail;
 pub mod mosquitto;

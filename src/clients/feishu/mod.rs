@@ -1,0 +1,350 @@
+//! Feishu / Lark Open Platform, the wire only: the long connection's frames
+//! ([`frame`]), the endpoint call that opens it, the tenant access token,
+//! and the few REST calls a chat bot needs (send, update a card, who am I).
+//!
+//! Both platforms are one API at two hosts (`open.feishu.cn`,
+//! `open.larksuite.com`): the caller passes the base URL.
+//!
+//! - **Endpoint** (`POST /callback/ws/endpoint`, body `{"AppID","AppSecret"}`,
+//!   as the official SDKs' `ws` clients do): a `wss://` URL with
+//!   `device_id` and `service_id` in its query, and a `ClientConfig`
+//!   (ping interval, reconnect count / interval / nonce, in seconds). Code
+//!   1 and 1000040343 are the server's trouble (retry); any other non-zero
+//!   code is ours (a wrong secret, the long connection not enabled).
+//! - **Token** (`POST /open-apis/auth/v3/tenant_access_token/internal`):
+//!   kept until 5 minutes before `expire`, fetched again then, and at once
+//!   when a call answers 99991663 / 99991661 / 99991668 (token invalid,
+//!   missing, expired): that call is retried once with the new token.
+//! - The token travels only in the `Authorization` header; no redirect is
+//!   followed (a 3xx would take the header's secret elsewhere): it is an
+//!   error naming where it pointed.
+//! - Every answer is `{"code","msg",…}`; bodies are read up to 1 MiB.
+
+pub mod frame;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::config::Secret;
+
+/// The HTTP limit for one call.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest answer read.
+const MAX_ANSWER: usize = 1024 * 1024;
+/// A token is fetched again this long before it expires.
+const TOKEN_MARGIN: Duration = Duration::from_secs(300);
+/// Codes that say the tenant token is invalid, missing or expired.
+pub const TOKEN_CODES: [i64; 3] = [99991663, 99991661, 99991668];
+
+/// Why a call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FeishuError {
+    /// No answer: DNS, connection refused, TLS, timeout, reset.
+    #[error("cannot reach the Feishu / Lark API: {0}")]
+    Transport(String),
+    /// An answer with an HTTP error or a non-zero `code`.
+    #[error("the Feishu / Lark API refused {what} (HTTP {status}, code {code}): {msg}")]
+    Refused { what: &'static str, status: u16, code: i64, msg: String },
+    /// A redirect: not followed (it would carry the token).
+    #[error("the Feishu / Lark API answered {what} with a redirect (HTTP {status}) to `{to}`: not followed; check [feishu] api_base")]
+    Redirect { what: &'static str, status: u16, to: String },
+    /// An answer we cannot read.
+    #[error("cannot read the Feishu / Lark API's answer to {what}: {msg}")]
+    Decode { what: &'static str, msg: String },
+}
+
+impl FeishuError {
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            FeishuError::Refused { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            FeishuError::Refused { status, .. } | FeishuError::Redirect { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The token was refused (the call may be retried with a new one).
+    pub fn is_token(&self) -> bool {
+        self.code().is_some_and(|c| TOKEN_CODES.contains(&c))
+    }
+
+    /// Whether trying later may succeed: network, 5xx, 429, rate limits,
+    /// an unreadable answer. A wrong app secret, a chat the bot is not in,
+    /// a redirect: no.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            FeishuError::Transport(_) | FeishuError::Decode { .. } => true,
+            FeishuError::Redirect { .. } => false,
+            FeishuError::Refused { status, code, .. } => {
+                *status == 429 || *status >= 500 || *code == 99991400 || self.is_token()
+            }
+        }
+    }
+}
+
+/// What the endpoint call gives: where to connect, and the server's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WsEndpoint {
+    pub url: String,
+    pub config: ClientConfig,
+}
+
+impl WsEndpoint {
+    /// `service_id` from the URL's query (pings carry it), 0 when absent.
+    pub fn service_id(&self) -> i32 {
+        reqwest::Url::parse(&self.url)
+            .ok()
+            .and_then(|u| u.query_pairs().find(|(k, _)| k == "service_id").and_then(|(_, v)| v.parse().ok()))
+            .unwrap_or(0)
+    }
+}
+
+/// `ClientConfig`, pushed by the server with the endpoint and in pongs (seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ClientConfig {
+    #[serde(rename = "ReconnectCount")]
+    pub reconnect_count: i64,
+    #[serde(rename = "ReconnectInterval")]
+    pub reconnect_interval: u64,
+    #[serde(rename = "ReconnectNonce")]
+    pub reconnect_nonce: u64,
+    #[serde(rename = "PingInterval")]
+    pub ping_interval: u64,
+}
+
+impl Default for ClientConfig {
+    /// The SDKs' defaults: ping every 2 min, reconnect for ever every 2 min, 30 s jitter.
+    fn default() -> Self {
+        ClientConfig { reconnect_count: -1, reconnect_interval: 120, reconnect_nonce: 30, ping_interval: 120 }
+    }
+}
+
+/// One app's API client: the credentials, the cached tenant token.
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    app_id: String,
+    secret: Secret,
+    token: Mutex<Option<(Secret, Instant)>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "feishu::Client({}, {}, ***)", self.base, self.app_id)
+    }
+}
+
+impl Client {
+    /// A client for the app `app_id` at `base` (`https://open.feishu.cn`).
+    pub fn new(base: &str, app_id: &str, secret: Secret) -> Result<Client, FeishuError> {
+        let http = crate::provider::http_client_builder(Duration::ZERO)
+            .pool_max_idle_per_host(2)
+            .build()
+            .map_err(|e| FeishuError::Transport(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            app_id: app_id.to_string(),
+            secret,
+            token: Mutex::new(None),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `POST /callback/ws/endpoint`: where to open the long connection.
+    pub async fn ws_endpoint(&self) -> Result<WsEndpoint, FeishuError> {
+        let body = json!({"AppID": self.app_id, "AppSecret": self.secret.expose()});
+        let req = self.http.post(format!("{}/callback/ws/endpoint", self.base)).header("locale", "zh").json(&body);
+        let v = self.send("the long-connection endpoint", req).await?;
+        let data = &v["data"];
+        let url = data["URL"]
+            .as_str()
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| FeishuError::Decode { what: "the long-connection endpoint", msg: "no URL".into() })?;
+        let config = serde_json::from_value(data["ClientConfig"].clone()).unwrap_or_default();
+        Ok(WsEndpoint { url: url.to_string(), config })
+    }
+
+    /// The tenant access token: the kept one while it is good, else a new one.
+    pub async fn token(&self) -> Result<Secret, FeishuError> {
+        if let Some((t, until)) = self.token.lock().ok().and_then(|t| t.clone()) {
+            if Instant::now() < until {
+                return Ok(t);
+            }
+        }
+        let body = json!({"app_id": self.app_id, "app_secret": self.secret.expose()});
+        let req = self.http.post(format!("{}/open-apis/auth/v3/tenant_access_token/internal", self.base)).json(&body);
+        let v = self.send("the tenant token", req).await?;
+        let token = v["tenant_access_token"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| FeishuError::Decode { what: "the tenant token", msg: "no tenant_access_token".into() })?;
+        let expire = Duration::from_secs(v["expire"].as_u64().unwrap_or(7200));
+        let until = Instant::now() + expire.saturating_sub(TOKEN_MARGIN);
+        let token = Secret::new(token);
+        if let Ok(mut t) = self.token.lock() {
+            *t = Some((token.clone(), until));
+        }
+        Ok(token)
+    }
+
+    /// Forget the kept token (it was refused).
+    pub fn drop_token(&self) {
+        if let Ok(mut t) = self.token.lock() {
+            *t = None;
+        }
+    }
+
+    /// An authorized call; a refused token is fetched again and the call retried once.
+    async fn authed(
+        &self,
+        what: &'static str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, FeishuError> {
+        for attempt in 0..2 {
+            let token = self.token().await?;
+            let mut req = self.http.request(method.clone(), format!("{}{path}", self.base)).bearer_auth(token.expose());
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            match self.send(what, req).await {
+                Err(e) if e.is_token() && attempt == 0 => {
+                    tracing::info!(error = %e, "the Feishu / Lark tenant token was refused; fetching a new one");
+                    self.drop_token();
+                }
+                r => return r,
+            }
+        }
+        Err(FeishuError::Decode { what, msg: "the token was refused twice".into() })
+    }
+
+    /// `GET /open-apis/bot/v3/info`: the bot's own open_id and name.
+    pub async fn bot_info(&self) -> Result<(String, String), FeishuError> {
+        let v = self.authed("the bot info", reqwest::Method::GET, "/open-apis/bot/v3/info", None).await?;
+        let bot = &v["bot"];
+        let id = bot["open_id"].as_str().unwrap_or_default().to_string();
+        Ok((id, bot["app_name"].as_str().unwrap_or_default().to_string()))
+    }
+
+    /// `POST /open-apis/im/v1/messages?receive_id_type=chat_id`: the new message's id.
+    /// `uuid` makes a retry of the same send one message (the API de-duplicates it for an hour).
+    pub async fn send_message(
+        &self,
+        chat_id: &str,
+        msg_type: &str,
+        content: &Value,
+        uuid: &str,
+    ) -> Result<String, FeishuError> {
+        let body = json!({"receive_id": chat_id, "msg_type": msg_type, "content": content.to_string(), "uuid": uuid});
+        let v = self
+            .authed(
+                "a message",
+                reqwest::Method::POST,
+                "/open-apis/im/v1/messages?receive_id_type=chat_id",
+                Some(&body),
+            )
+            .await?;
+        Ok(v["data"]["message_id"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// `PATCH /open-apis/im/v1/messages/{id}`: a sent card replaced by `card`.
+    pub async fn update_card(&self, message_id: &str, card: &Value) -> Result<(), FeishuError> {
+        let path = format!("/open-apis/im/v1/messages/{}", enc(message_id));
+        let body = json!({"content": card.to_string()});
+        self.authed("a card update", reqwest::Method::PATCH, &path, Some(&body)).await.map(drop)
+    }
+
+    /// Send `req`; the answer's JSON when HTTP and `code` say success.
+    async fn send(&self, what: &'static str, req: reqwest::RequestBuilder) -> Result<Value, FeishuError> {
+        let resp = req.timeout(CALL_TIMEOUT).send().await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+        let status = resp.status().as_u16();
+        if resp.status().is_redirection() {
+            let to = resp.headers().get("location").and_then(|l| l.to_str().ok()).unwrap_or("").to_string();
+            return Err(FeishuError::Redirect { what, status, to });
+        }
+        let (body, _) = super::read_capped(resp, MAX_ANSWER).await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+        let v: Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(_) if status >= 400 => {
+                let msg = String::from_utf8_lossy(&body).chars().take(200).collect();
+                return Err(FeishuError::Refused { what, status, code: -1, msg });
+            }
+            Err(e) => return Err(FeishuError::Decode { what, msg: e.to_string() }),
+        };
+        let code = v["code"].as_i64().unwrap_or(if status >= 400 { -1 } else { 0 });
+        if status >= 400 || code != 0 {
+            let msg = v["msg"].as_str().unwrap_or_default().to_string();
+            return Err(FeishuError::Refused { what, status, code, msg });
+        }
+        Ok(v)
+    }
+}
+
+/// An error and its causes, `a: b: c` (reqwest's own text is only "error sending request").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut source = Some(e);
+    while let Some(err) = source {
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Percent-encode one path segment.
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_say_whether_to_retry() {
+        let refused = |status, code| FeishuError::Refused { what: "x", status, code, msg: String::new() };
+        assert!(refused(200, 99991663).is_token() && refused(200, 99991663).is_retryable());
+        assert!(refused(503, 0).is_retryable() && refused(429, 0).is_retryable());
+        assert!(!refused(400, 230002).is_retryable(), "the bot is not in the chat");
+        assert!(!FeishuError::Redirect { what: "x", status: 302, to: "http://elsewhere".into() }.is_retryable());
+        assert!(FeishuError::Transport("down".into()).is_retryable());
+    }
+
+    #[test]
+    fn the_endpoint_names_its_service() {
+        let e = WsEndpoint {
+            url: "wss://msg-frontier.feishu.cn/ws/v2?fpid=493&device_id=7&service_id=33554678&ticket=x".into(),
+            config: ClientConfig::default(),
+        };
+        assert_eq!(e.service_id(), 33554678);
+        assert_eq!(WsEndpoint { url: "wss://h/ws".into(), ..e }.service_id(), 0);
+        let c: ClientConfig = serde_json::from_str(
+            r#"{"ReconnectCount":-1,"ReconnectInterval":120,"ReconnectNonce":30,"PingInterval":90}"#,
+        )
+        .unwrap();
+        assert_eq!(c.ping_interval, 90);
+        assert_eq!(enc("om_a/b"), "om_a%2Fb");
+    }
+}
