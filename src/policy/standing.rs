@@ -51,7 +51,7 @@ impl Standing {
             Principal::Telegram(id) => Err(StandingError::Revoked(id)),
             Principal::Email(addr) if self.telegram.allows_email(&addr) => Ok(()),
             Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
-            Principal::Matrix(user) if self.telegram.matrix().allows(&user) => Ok(()),
+            Principal::Matrix(user) if self.telegram.matrix().allows_now(&user) => Ok(()),
             Principal::Matrix(user) => Err(StandingError::MatrixRevoked(user)),
             Principal::Member(user) => member_may(self.members, job)
                 .and_then(|()| match self.members {

@@ -33,6 +33,7 @@ mod memory;
 mod mqtt;
 mod mqtt_ha_schema;
 mod mqtt_v311;
+mod pairing;
 mod provider;
 mod redirects;
 mod rights;

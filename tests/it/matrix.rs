@@ -376,3 +376,64 @@ async fn bramble_check_names_the_line_of_a_bad_matrix_section() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("config.toml:") && err.contains("`owner` is not a Matrix user id"), "{err}");
 }
+
+/// The bodies of `who`'s messages in `room` once there are `n`.
+async fn bodies(who: &User, room: &str, sender: &str, n: usize) -> Vec<String> {
+    let m = who.wait_messages(room, sender, n, 30).await;
+    m.iter().map(|e| e["content"]["body"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_stranger_pairs_with_a_code_is_answered_and_revoking_cuts_them_off() {
+    use crate::pairing::{code_of, pair_cli};
+    let s = setup(Login::Token, "").await;
+    let (bob, carol) = tokio::join!(s.synapse.user("bob"), s.synapse.user("carol"));
+    s.llm.push(Reply::text("hello bob"));
+    let daemon = s.daemon("pair.log");
+    s.syncing(&daemon).await;
+    // No code pending: a stranger's invite is refused.
+    let refused = bob.create_room(&[&s.bot.id], false).await;
+    assert!(daemon.wait_log("an invite from a Matrix user not in [matrix] allow_from", 30).await, "{}", daemon.log());
+    assert!(!bob.members(&refused).await.contains(&s.bot.id));
+
+    let (ok, out) = pair_cli(&s.home, &["--channel", "matrix"]);
+    assert!(ok, "{out}");
+    let code = code_of(&out);
+    // With a code pending, bob's invite is taken; what he says before pairing is still ignored.
+    let room = bob.create_room(&[&s.bot.id, &carol.id], false).await;
+    assert!(bob.wait_member(&room, &s.bot.id, 30).await, "{}", daemon.log());
+    bob.say(&room, "tell me a secret").await;
+    bob.say(&room, "/pair WRON-GCOD").await;
+    assert_eq!(bodies(&bob, &room, &s.bot.id, 1).await, ["That code is not right (4 tries left for it)."]);
+    tokio::time::sleep(Duration::from_secs(6)).await; // one try per user per 5 s
+    bob.say(&room, &format!("/pair {}", code.to_lowercase())).await;
+    assert_eq!(bodies(&bob, &room, &s.bot.id, 2).await[1], "Paired: you can talk to me now.", "{}", daemon.log());
+    bob.say(&room, "hi, I am bob").await;
+    assert_eq!(bodies(&bob, &room, &s.bot.id, 3).await[2], "hello bob", "{}", daemon.log());
+    // The code was used: carol, in the same room, cannot reuse it.
+    carol.join(&room).await;
+    carol.say(&room, &format!("/pair {code}")).await;
+    let said = bodies(&bob, &room, &s.bot.id, 4).await;
+    assert!(said[3].starts_with("There is no valid pairing code"), "{said:?}");
+    let (ok, out) = pair_cli(&s.home, &["--channel", "matrix", "--list"]);
+    assert!(ok && out.contains(&bob.id) && !out.contains(&carol.id), "{out}");
+
+    // Revoked: bob's next message is a stranger's, and the room he invited the bot to is left.
+    let (ok, out) = pair_cli(&s.home, &["--channel", "matrix", "--revoke", &bob.id]);
+    assert!(ok && out.contains("revoked"), "{out}");
+    bob.say(&room, "still there?").await;
+    assert!(
+        crate::support::daemon::wait_until(30, || daemon
+            .log()
+            .contains("leaving a Matrix room no allowed user invited"))
+        .await,
+        "{}",
+        daemon.log()
+    );
+    let (exit, log) = daemon.stop().await;
+    assert_eq!(exit, Some(0), "{log}");
+    let asked: Vec<String> = s.llm.requests().iter().map(last_user_text).collect();
+    assert_eq!(asked, ["hi, I am bob"], "only the paired message reached the model: {log}");
+    assert!(!log.contains("tell me a secret") && !log.contains(&code), "no stranger text or code in the log");
+    assert_eq!(bob.messages_from(&room, &s.bot.id).await.len(), 4, "nothing answered after the revoke");
+}

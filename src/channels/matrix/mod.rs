@@ -26,8 +26,9 @@
 //!
 //! ## Who is answered
 //!
-//! Only `[matrix] allow_from` users, exactly by id. Invites are taken only
-//! from them; a room the bot finds itself in otherwise is left. A stranger's
+//! Only `[matrix] allow_from` users and paired ones ([`pair`]), exactly by
+//! id. Invites are taken only from them (and from anyone while a pairing code
+//! is pending); a room the bot finds itself in otherwise is left. A stranger's
 //! message in a shared room is ignored and logged once per user. Our own
 //! events (the loop), `m.notice`s (other bots), edits (`m.replace`: an edit
 //! of an old message is not a new command), redacted and malformed events
@@ -42,6 +43,7 @@
 
 pub mod deliver;
 pub mod inbound;
+mod pair;
 pub mod state;
 pub mod status;
 
