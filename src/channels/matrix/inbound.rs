@@ -261,13 +261,13 @@ impl Handler {
         }
     }
 
-    /// A reaction: ✅ or ⏰ on one of our job reports, by an allowed user.
+    /// A reaction: ✅ / 👍 (Done) or ⏰ / 💤 (Snooze) on one of our job reports, by an allowed user.
     async fn reaction(&mut self, room: &str, e: &Event) -> bool {
         if !self.matrix.policy.allows(&e.sender) || e.rel_type() != Some("m.annotation") {
             return false;
         }
         let key = e.content["m.relates_to"]["key"].as_str().unwrap_or_default();
-        let action = if key.starts_with('✅') || key.starts_with('✔') {
+        let action = if key.starts_with('✅') || key.starts_with('✔') || key.starts_with('👍') {
             Action::Done
         } else if key.starts_with('⏰') || key.starts_with('💤') {
             Action::Snooze(Snooze::Minutes(60))

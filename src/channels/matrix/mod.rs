@@ -44,6 +44,7 @@
 pub mod deliver;
 pub mod inbound;
 mod pair;
+pub mod progress;
 pub mod state;
 pub mod status;
 
@@ -93,6 +94,8 @@ pub(crate) struct Shared {
     pub aliases: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// The next transaction id's number.
     pub txns: std::sync::atomic::AtomicU64,
+    /// The rooms' status notices while a turn runs tools.
+    pub progress: progress::Statuses,
 }
 
 impl Shared {
@@ -145,6 +148,7 @@ impl Matrix {
             reports: std::sync::Mutex::new(state::ReportLog::load(state_dir)),
             aliases: Default::default(),
             txns: Default::default(),
+            progress: Default::default(),
         };
         Ok(Some(Matrix {
             shared: Arc::new(shared),
@@ -153,6 +157,11 @@ impl Matrix {
             workspace: workspace.to_path_buf(),
             reminders,
         }))
+    }
+
+    /// Where chat turns report what they are doing (a status notice, edited).
+    pub fn progress(&self) -> Arc<dyn crate::agent::ProgressSink> {
+        Arc::new(progress::Progress::new(self.shared.clone()))
     }
 
     /// The delivery side, for the outbox.
