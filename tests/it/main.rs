@@ -21,6 +21,8 @@ mod email;
 mod firsthour;
 mod firstrun;
 mod homeassistant;
+#[cfg(all(feature = "matrix", feature = "email", feature = "webhook"))]
+mod idle_cost;
 mod lean;
 mod local_models;
 #[cfg(feature = "matrix")]
