@@ -334,6 +334,8 @@ mod tests {
             "channels/signal/inbound.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
+            // The same in a Matrix room (a notice edited with `m.replace`).
+            "channels/matrix/progress.rs",
             // One task per webhook connection: at most `[webhooks] max_connections` (permits), each bounded in time.
             "channels/webhook/server.rs",
             // One alert write per scheduler pass (missed runs, removed jobs).

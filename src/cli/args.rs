@@ -128,14 +128,17 @@ pub enum Command {
     /// Remote MCP servers' OAuth: log in (the URL is opened on any device), log out, list each server's state
     #[command(subcommand)]
     Mcp(McpCommand),
-    /// Let a new Telegram user in: print a one-time code (10 minutes) they send as `/pair <code>`
+    /// Let a new user in: print a one-time code (10 minutes) they send as `/pair <code>`
     Pair {
+        /// The channel: telegram (the default), matrix or email
+        #[arg(long, value_name = "CHANNEL")]
+        channel: Option<PairWith>,
         /// List the users added by pairing
         #[arg(long, conflicts_with = "revoke")]
         list: bool,
-        /// Remove a paired user (their numeric id)
+        /// Remove a paired user (a Telegram numeric id, a Matrix @user:server, a mail address)
         #[arg(long, value_name = "ID")]
-        revoke: Option<i64>,
+        revoke: Option<String>,
     },
     /// Validate the config and the workspace; errors as FILE:LINE:COL
     Check {
@@ -187,6 +190,14 @@ pub enum McpCommand {
 }
 
 /// A shell `bramble completions` writes for.
+/// The channels whose users `bramble pair` lets in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PairWith {
+    Telegram,
+    Matrix,
+    Email,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Shell {
     Bash,

@@ -18,6 +18,7 @@ mod init;
 mod logs;
 mod mcp;
 mod outbox;
+mod pair;
 mod service;
 mod status;
 
@@ -100,7 +101,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent { message, session } => chat::agent(&loaded, message, session).await,
         Command::Heartbeat { dry_run } => heartbeat::heartbeat(&loaded, dry_run).await,
         Command::Status { json } => status::status(&loaded, &acting, json).await,
-        Command::Pair { list, revoke } => pair(&loaded, list, revoke).await,
+        Command::Pair { channel, list, revoke } => pair::pair(&loaded, channel, list, revoke).await,
         Command::Audit { since, json } => audit(&loaded, &since, json),
         Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
         Command::Mcp(cmd) => mcp::mcp(&loaded, cmd).await,
@@ -153,91 +154,6 @@ fn gunzip(gz: &[u8]) -> String {
 /// A time in the configured zone, or `-`.
 fn when(t: Option<jiff::Timestamp>, tz: &config::TzName) -> String {
     crate::scheduler::schedule::local_time(t, tz.tz())
-}
-
-/// `bramble pair`: a one-time code for a new Telegram user; `--list`, `--revoke ID`.
-async fn pair(loaded: &crate::config::Loaded, list: bool, revoke: Option<i64>) -> anyhow::Result<ExitCode> {
-    use crate::policy::pairing;
-    let state = &loaded.paths.state_dir;
-    if list {
-        let users = pairing::paired(state);
-        if users.is_empty() {
-            println!("no paired users ([telegram] allow_from in the config still applies)");
-        }
-        for u in users {
-            let name = u.username.map(|n| format!(" (@{})", crate::util::text::escape_line(&n))).unwrap_or_default();
-            println!("{}{name}, paired {}", u.id, u.paired.strftime("%Y-%m-%d %H:%M UTC"));
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    if let Some(id) = revoke {
-        crate::util::fs::create_private_dir(state)?;
-        if pairing::revoke(state, id)? {
-            println!("revoked {id}: the running daemon stops serving them at their next message");
-            revoke_jobs(loaded, id).await?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        eprintln!("bramble: {id} is not a paired user (`bramble pair --list`; ids in allow_from are the config's)");
-        return Ok(ExitCode::FAILURE);
-    }
-    // The running daemon's word first: its environment may hold the token this shell lacks.
-    match status::daemon_facts(loaded).await {
-        Some(f) if f.telegram_token => println!("(Telegram is configured in the running daemon, pid {})", f.pid),
-        Some(_) => anyhow::bail!(
-            "Telegram is not configured in the running daemon ([telegram] token_env; from the running daemon): \
-             there is no bot to pair with"
-        ),
-        None if loaded.config.telegram.token().is_none() => anyhow::bail!(
-            "Telegram is not configured ([telegram] token_env; read in this shell, no daemon answered): there is \
-             no bot to pair with"
-        ),
-        None => {}
-    }
-    crate::util::fs::create_private_dir(state)?;
-    let (code, expires) = pairing::new_code(state, jiff::Timestamp::now())?;
-    let local = expires.to_zoned(loaded.config.timezone().tz().clone());
-    println!("Send this to the bot from the new user's Telegram, before {}:", local.strftime("%H:%M"));
-    println!();
-    println!("    /pair {code}");
-    println!();
-    println!("The code works once; a new `bramble pair` replaces it. `bramble pair --list` shows who is paired.");
-    Ok(ExitCode::SUCCESS)
-}
-
-/// After `pair --revoke id`: disable the jobs the user made (unless the
-/// config's `allow_from` still lists them), say which, and record it in the
-/// audit trail. The scheduler refuses them anyway ([`crate::policy::Standing`]);
-/// this makes it visible at once, in `cron list` too.
-async fn revoke_jobs(loaded: &crate::config::Loaded, id: i64) -> anyhow::Result<()> {
-    let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
-    if crate::daemon::assemble::standing(loaded).telegram_allows(id) {
-        println!("  {id} is still in [telegram] allow_from: their jobs keep running (remove them there too)");
-        return Ok(());
-    }
-    let who = crate::bus::Principal::Telegram(id);
-    let names = store.update(|jobs| {
-        let mut names = Vec::new();
-        for job in jobs.iter_mut().filter(|j| j.enabled && !j.state.done && j.made_by() == who) {
-            job.enabled = false;
-            names.push(format!("{} ({})", job.name, job.id));
-        }
-        Ok(names)
-    })?;
-    if names.is_empty() {
-        println!("  they made no job that is still enabled");
-        return Ok(());
-    }
-    println!(
-        "  disabled {} job{} they made: {}",
-        names.len(),
-        if names.len() == 1 { "" } else { "s" },
-        names.join(", ")
-    );
-    // The audit file: `bramble audit` reads it beside the service's journal.
-    let audit = crate::tools::audit::Audit::new(&loaded.paths.state_dir, false);
-    let detail = format!("pair --revoke {id}: disabled {}", names.join(", "));
-    audit.record_cli(&invoking_user(), &detail, true).await;
-    Ok(())
 }
 
 /// Who typed the command: sudo's caller, else this process's user.

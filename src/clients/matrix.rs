@@ -309,6 +309,12 @@ impl Client {
             .ok_or(MatrixError::Decode { what: "send", message: "no event_id".into() })
     }
 
+    /// `PUT /rooms/{room}/redact/{event}/{txn}`: remove an event's content (our status message).
+    pub async fn redact(&self, room: &str, event: &str, txn: &str) -> Result<(), MatrixError> {
+        let path = format!("/_matrix/client/v3/rooms/{}/redact/{}/{}", enc(room), enc(event), enc(txn));
+        self.call::<Value>("redact", reqwest::Method::PUT, &path, Some(&json!({})), true, CALL_TIMEOUT).await.map(drop)
+    }
+
     /// `PUT /rooms/{room}/typing/{user}`: typing for `timeout_ms`, or stopped.
     pub async fn typing(&self, room: &str, user: &str, on: bool, timeout_ms: u64) -> Result<(), MatrixError> {
         let path = format!("/_matrix/client/v3/rooms/{}/typing/{}", enc(room), enc(user));

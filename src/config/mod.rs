@@ -632,6 +632,7 @@ impl Config {
         found.extend(config.check_models(text).err());
         found.extend(config.mcp.check().err());
         found.extend(config.email.check(text).err());
+        found.extend(config.webhooks.check(text).err());
         if !found.is_empty() {
             return Err(all(found));
         }

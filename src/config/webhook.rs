@@ -11,6 +11,7 @@
 //! so every mistake is a `FILE:LINE:COL` error of `bramble check`.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -26,12 +27,17 @@ pub const WEBHOOK_MAX_BODY: usize = 64 * 1024;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhooksConfig {
-    /// The address the endpoints listen on (`127.0.0.1:8787`). bramble speaks
-    /// plain HTTP only: an address other than loopback needs `allow_plain =
-    /// true` (a TLS proxy in front, or a LAN you trust with the signatures).
+    /// The address the endpoints listen on (`127.0.0.1:8787`). An address
+    /// other than loopback needs `tls_cert` and `tls_key` (HTTPS), or
+    /// `allow_plain = true` (a TLS proxy in front, or a LAN you trust with the
+    /// signatures).
     pub listen: SocketAddr,
     /// Listen on a non-loopback address without TLS.
     pub allow_plain: bool,
+    /// The listener's certificate chain (PEM), for HTTPS.
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1), for HTTPS.
+    pub tls_key: Option<PathBuf>,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: u32,
     /// Model turns a minute the endpoints may start together; more are
@@ -46,6 +52,8 @@ impl Default for WebhooksConfig {
         WebhooksConfig {
             listen: WEBHOOK_LISTEN.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8787))),
             allow_plain: false,
+            tls_cert: None,
+            tls_key: None,
             max_connections: 32,
             turns_per_minute: 20,
             turn_burst: 5,
@@ -56,14 +64,89 @@ impl Default for WebhooksConfig {
 impl WebhooksConfig {
     /// Why the listener may not start as configured (`None`: it may).
     pub fn refusal(&self) -> Option<String> {
-        (!self.listen.ip().is_loopback() && !self.allow_plain).then(|| {
+        (!self.listen.ip().is_loopback() && !self.allow_plain && !self.tls()).then(|| {
             format!(
-                "[webhooks] listen = \"{}\" is not a loopback address, and bramble serves webhooks without TLS: \
-                 put a TLS proxy in front and set `allow_plain = true`, or listen on 127.0.0.1",
+                "[webhooks] listen = \"{}\" is not a loopback address, and has no TLS: set `tls_cert` and `tls_key` \
+                 (PEM files), or put a TLS proxy in front and set `allow_plain = true`, or listen on 127.0.0.1",
                 self.listen
             )
         })
     }
+
+    /// Whether the listener speaks HTTPS (`tls_cert` and `tls_key` are set).
+    pub fn tls(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
+    }
+
+    /// The certificate chain and key of `tls_cert` / `tls_key`, read and
+    /// parsed; `None` when TLS is not configured. The error names the key
+    /// (`tls_cert` or `tls_key`) and says what is wrong with its file.
+    pub fn tls_files(&self) -> Option<Result<TlsFiles, (&'static str, String)>> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (cert, key) = (self.tls_cert.as_ref()?, self.tls_key.as_ref()?);
+        let read = |which: &'static str, p: &Path| {
+            std::fs::read(p).map_err(|e| {
+                (
+                    which,
+                    format!(
+                        "[webhooks] {which} = \"{}\" cannot be read ({e}): the daemon's user must be able to read it",
+                        p.display()
+                    ),
+                )
+            })
+        };
+        Some((|| {
+            let pem = read("tls_cert", cert)?;
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(&pem).collect::<Result<_, _>>().map_err(|e| {
+                    ("tls_cert", format!("[webhooks] tls_cert = \"{}\" is not PEM certificates: {e}", cert.display()))
+                })?;
+            if chain.is_empty() {
+                return Err((
+                    "tls_cert",
+                    format!("[webhooks] tls_cert = \"{}\" holds no PEM certificate", cert.display()),
+                ));
+            }
+            let pem = read("tls_key", key)?;
+            let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+                (
+                    "tls_key",
+                    format!(
+                        "[webhooks] tls_key = \"{}\" holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}",
+                        key.display()
+                    ),
+                )
+            })?;
+            Ok(TlsFiles { chain, key })
+        })())
+    }
+
+    /// What one key cannot check alone: both TLS files or neither, and both readable and PEM.
+    pub(super) fn check(&self, text: &str) -> Result<(), (Option<std::ops::Range<usize>>, String)> {
+        let at =
+            |key: &str| text.find("[webhooks]").and_then(|s| text[s..].find(key).map(|i| s + i..s + i + key.len()));
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => {
+                return Err((at("tls_cert"), "[webhooks] tls_cert needs tls_key too (its private key)".into()))
+            }
+            (None, Some(_)) => {
+                return Err((at("tls_key"), "[webhooks] tls_key needs tls_cert too (its certificate chain)".into()))
+            }
+            _ => {}
+        }
+        match self.tls_files() {
+            Some(Err((which, why))) => Err((at(which), why)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The listener's certificate chain and private key, parsed.
+#[derive(Debug)]
+pub struct TlsFiles {
+    pub chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    pub key: rustls::pki_types::PrivateKeyDer<'static>,
 }
 
 /// How a caller proves itself, and how bramble signs what it posts.
@@ -252,6 +335,36 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::parse(text, "c.toml".as_ref()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn tls_needs_both_files_readable_and_pem_and_lets_a_lan_address_listen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        let conf = |extra: &str| format!("[webhooks]\nlisten = \"0.0.0.0:8787\"\n{extra}");
+        let only = parse(&conf(&format!("tls_cert = \"{}\"\n", cert.display()))).unwrap_err();
+        assert!(only.contains("c.toml:3:") && only.contains("tls_cert needs tls_key too"), "{only}");
+        let both = format!("tls_cert = \"{}\"\ntls_key = \"{}\"\n", cert.display(), key.display());
+        let missing = parse(&conf(&both)).unwrap_err();
+        assert!(
+            missing.contains("c.toml:3:") && missing.contains("tls_cert") && missing.contains("cannot be read"),
+            "{missing}"
+        );
+        std::fs::write(&cert, "not pem").unwrap();
+        let bad = parse(&conf(&both)).unwrap_err();
+        assert!(bad.contains("holds no PEM certificate"), "{bad}");
+        // A certificate (any well-formed one: the pair is matched when the listener starts) and no key in the key file.
+        let pem = "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n";
+        std::fs::write(&cert, pem).unwrap();
+        std::fs::write(&key, pem).unwrap();
+        let nokey = parse(&conf(&both)).unwrap_err();
+        assert!(
+            nokey.contains("c.toml:4:") && nokey.contains("tls_key") && nokey.contains("no PEM private key"),
+            "{nokey}"
+        );
+        std::fs::write(&key, "-----BEGIN PRIVATE KEY-----\nMAA=\n-----END PRIVATE KEY-----\n").unwrap();
+        let c = parse(&conf(&both)).unwrap();
+        assert!(c.webhooks.tls() && c.webhooks.refusal().is_none(), "a LAN address with TLS");
     }
 
     #[test]

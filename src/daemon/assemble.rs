@@ -333,12 +333,17 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     #[cfg(feature = "matrix")]
     let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
     let ha = ha_rest(c);
+    // Chat turns' status messages: Telegram's, and Matrix's notice (each sink takes only its own rooms).
+    #[allow(unused_mut)] // without the `matrix` feature only Telegram's
+    let mut progress: Vec<Arc<dyn crate::agent::ProgressSink>> = telegram.iter().filter_map(|t| t.progress()).collect();
+    #[cfg(feature = "matrix")]
+    progress.extend(matrix.as_ref().map(|m| m.progress()));
     let links = AgentLinks {
         ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
-        progress: telegram.as_ref().and_then(|t| t.progress()),
+        progress: Progresses::of(progress),
         jobs: Some(jobs.clone()),
     };
     let sandbox = sandbox(loaded);
@@ -530,6 +535,25 @@ fn signal_reader(
     };
     channels.add(signal.channel());
     Some(crate::channels::signal::SignalPoller { signal, inbound: inbound.clone(), activity: agent.activity() })
+}
+
+/// Every channel's progress sink: each step goes to all, each takes its own channel's conversations.
+struct Progresses(Vec<Arc<dyn crate::agent::ProgressSink>>);
+
+impl Progresses {
+    fn of(mut sinks: Vec<Arc<dyn crate::agent::ProgressSink>>) -> Option<Arc<dyn crate::agent::ProgressSink>> {
+        match sinks.len() {
+            0 => None,
+            1 => sinks.pop(),
+            _ => Some(Arc::new(Progresses(sinks))),
+        }
+    }
+}
+
+impl crate::agent::ProgressSink for Progresses {
+    fn step(&self, conversation: &crate::bus::Conversation, what: &str) {
+        self.0.iter().for_each(|p| p.step(conversation, what));
+    }
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

@@ -7,12 +7,16 @@
 //! the channel records those in `<state>/matrix-rooms.json` (this module owns
 //! the file's format; the channel writes it, the tools only read it). A model
 //! turn therefore cannot post to an arbitrary room, nor to one a stranger
-//! pulled the bot into.
+//! pulled the bot into. Users paired with `bramble pair --channel matrix`
+//! (`matrix-paired.json`, [`super::pairing`]) are served like `allow_from`'s
+//! until revoked.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use super::pairing::{PairChannel, PairedCache};
 
 /// The file name in the state directory.
 pub const ROOMS_FILE: &str = "matrix-rooms.json";
@@ -61,12 +65,19 @@ impl Rooms {
     }
 }
 
-/// `[matrix] allow_from` and `rooms`, and the rooms joined on invites.
-#[derive(Debug, Clone, Default)]
+/// `[matrix] allow_from` and `rooms`, the paired users, and the rooms joined on invites.
+#[derive(Debug, Clone)]
 pub struct MatrixPolicy {
     users: Vec<String>,
     rooms: Vec<String>,
     state_dir: PathBuf,
+    paired: PairedCache,
+}
+
+impl Default for MatrixPolicy {
+    fn default() -> MatrixPolicy {
+        MatrixPolicy::new(&[], &[], Path::new(""))
+    }
 }
 
 impl MatrixPolicy {
@@ -75,12 +86,33 @@ impl MatrixPolicy {
             users: allow_from.iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect(),
             rooms: rooms.iter().map(|r| r.trim().to_string()).collect(),
             state_dir: state_dir.to_path_buf(),
+            paired: PairedCache::new(state_dir, PairChannel::Matrix),
         }
     }
 
-    /// Whether `user` (`@local:server`) is served. Exact, as ids are.
+    /// Whether `user` (`@local:server`) is served: in `allow_from` or paired
+    /// (as of the last [`MatrixPolicy::refresh`]). Exact, as ids are.
     pub fn allows(&self, user: &str) -> bool {
-        self.users.iter().any(|u| u == user)
+        self.users.iter().any(|u| u == user) || self.paired.contains(user)
+    }
+
+    /// Whether `user` is served now (the paired list read again if it
+    /// changed). Blocking: call it off the runtime thread.
+    pub fn allows_now(&self, user: &str) -> bool {
+        self.refresh();
+        self.allows(user)
+    }
+
+    /// Read the paired users again if `bramble pair` changed them. Blocking (one `stat`).
+    pub fn refresh(&self) {
+        if !self.state_dir.as_os_str().is_empty() {
+            self.paired.refresh();
+        }
+    }
+
+    /// Serve `user`, just paired, at once.
+    pub fn add_paired(&self, user: &str) {
+        self.paired.add(user);
     }
 
     /// Whether a turn may post to `room`: a configured room (by id or alias),
@@ -90,6 +122,7 @@ impl MatrixPolicy {
         if self.rooms.iter().any(|r| r == room) {
             return true;
         }
+        self.refresh();
         let known = Rooms::load(&self.state_dir);
         known.rooms.iter().any(|(id, r)| {
             let by_us = r.invited_by.as_deref().is_some_and(|u| self.allows(u)) || r.alias.is_some();
@@ -117,5 +150,17 @@ mod tests {
         assert!(!p.room_allowed("!old:x"), "invited by someone no longer in allow_from");
         std::fs::write(dir.path().join(ROOMS_FILE), "garbage").unwrap();
         assert!(!p.room_allowed("!dm:x") && p.room_allowed("#ops:x"));
+        rooms.save(dir.path()).unwrap();
+        // A paired user is served, and the room they invited the bot to is allowed, until revoked.
+        let now = jiff::Timestamp::now();
+        crate::policy::pairing::new_code(dir.path(), PairChannel::Matrix, now).unwrap();
+        let code: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("matrix-pair-code.json")).unwrap()).unwrap();
+        let former = crate::bus::Principal::Matrix("@former:x".into());
+        let code = code["code"].as_str().unwrap();
+        crate::policy::pairing::redeem(dir.path(), code, &former, None, now).unwrap();
+        assert!(p.allows_now("@former:x") && p.room_allowed("!old:x"));
+        crate::policy::pairing::revoke(dir.path(), &former).unwrap();
+        assert!(!p.allows_now("@former:x") && !p.room_allowed("!old:x"));
     }
 }

@@ -1,46 +1,163 @@
-//! Pairing: adding a Telegram user without editing the config and restarting.
+//! Pairing: letting a new user of a channel with users (Telegram, Matrix,
+//! email) in without editing the config and restarting.
 //!
-//! `bramble pair` (as the service: `sudo bramble pair`) writes a one-time code
-//! into the state directory, valid for [`CODE_TTL`]; the new user sends
-//! `/pair <code>` to the bot; the poller redeems it and adds their id to
-//! `telegram-paired.json`. The config's `allow_from` still works and is
-//! checked first; pairing only adds. `bramble pair --list` / `--revoke <id>`
-//! read and change the list; the running daemon sees a change at the next
-//! message (the file's modification time).
+//! `bramble pair [--channel C]` (as the service: `sudo bramble pair`) writes
+//! a one-time code for channel C into the state directory, valid for
+//! [`CODE_TTL`]; the new user sends `/pair <code>` on that channel (a
+//! Telegram private chat, a Matrix room with the bot, a mail whose subject or
+//! first line is `/pair <code>`); the channel's reader redeems it and adds
+//! the sender, as a typed [`Principal`], to `<channel>-paired.json`. The
+//! config's `allow_from` still works and is checked first; pairing only adds.
+//! `bramble pair --list` / `--revoke <id>` read and change the list; the
+//! running daemon sees a change at the next message (the file's modification
+//! time). A code of one channel is never redeemed on another: each channel
+//! has its own code file, so a Matrix code cannot pair a Telegram account.
 //!
 //! A code is 8 characters from a 32-letter alphabet (40 bits, from
 //! `/dev/urandom`), used once, and void after [`MAX_FAILURES`] wrong tries
-//! (the poller also answers one try per user per [`TRY_GAP`]); every try is
+//! (the readers also answer one try per user per [`TRY_GAP`]); every try is
 //! logged. The files live in the private state directory, so the code can be
 //! kept as it is. The code survives a restart of the daemon in between.
-//! A lock file serialises the daemon's redeeming with the CLI's writing.
+//! A lock file per channel serialises the daemon's redeeming with the CLI's
+//! writing. The Telegram files keep the names they had before the other
+//! channels could pair (`telegram-paired.json` with numeric ids).
 
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-/// The paired users, in the state directory.
-pub const PAIRED_FILE: &str = "telegram-paired.json";
-/// The pending code, in the state directory.
-pub const CODE_FILE: &str = "telegram-pair-code.json";
-const LOCK_FILE: &str = "telegram-pair.lock";
+use crate::bus::Principal;
+
 /// How long a code is valid.
 pub const CODE_TTL: Duration = Duration::from_secs(10 * 60);
 /// Wrong tries after which a code is void.
 pub const MAX_FAILURES: u32 = 5;
-/// One try per user this often (the poller's rate limit).
+/// One try per user this often (the readers' rate limit).
 pub const TRY_GAP: Duration = Duration::from_secs(5);
 /// The code's alphabet: no 0/O, 1/I/L confusion.
 const ALPHABET: &[u8; 32] = b"ABCDEFGHJKMNPQRSTUVWXYZ234567890";
 
+/// A channel whose users can pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PairChannel {
+    Telegram,
+    Matrix,
+    Email,
+}
+
+impl PairChannel {
+    pub const ALL: [PairChannel; 3] = [PairChannel::Telegram, PairChannel::Matrix, PairChannel::Email];
+
+    /// Its name (`telegram`, `matrix`, `email`): the prefix of its files.
+    pub fn name(self) -> &'static str {
+        match self {
+            PairChannel::Telegram => "telegram",
+            PairChannel::Matrix => "matrix",
+            PairChannel::Email => "email",
+        }
+    }
+
+    /// The paired users' file in the state directory.
+    pub fn paired_file(self) -> String {
+        format!("{}-paired.json", self.name())
+    }
+
+    /// The pending code's file in the state directory.
+    pub fn code_file(self) -> String {
+        format!("{}-pair-code.json", self.name())
+    }
+
+    fn lock_file(self) -> String {
+        format!("{}-pair.lock", self.name())
+    }
+
+    /// The channel and stored id of `who`; `None` for a principal of no channel with users.
+    pub fn of(who: &Principal) -> Option<(PairChannel, UserId)> {
+        match who {
+            Principal::Telegram(id) => Some((PairChannel::Telegram, UserId::Number(*id))),
+            Principal::Matrix(user) => Some((PairChannel::Matrix, UserId::Text(user.clone()))),
+            Principal::Email(addr) => Some((PairChannel::Email, UserId::Text(addr.to_ascii_lowercase()))),
+            _ => None,
+        }
+    }
+
+    /// The principal of a user of this channel, from its id as typed
+    /// (`bramble pair --revoke`): a number for Telegram, `@user:server` for
+    /// Matrix, an address for email.
+    pub fn principal(self, id: &str) -> Result<Principal, PairError> {
+        let id = id.trim();
+        let bad = |what: &str| PairError::BadId { channel: self.name(), id: id.to_string(), what: what.to_string() };
+        match self {
+            PairChannel::Telegram => id.parse().map(Principal::Telegram).map_err(|_| bad("a numeric user id")),
+            PairChannel::Matrix if crate::bus::is_matrix_user(id) => Ok(Principal::Matrix(id.to_string())),
+            PairChannel::Matrix => Err(bad("a Matrix user id like @bob:example.org")),
+            PairChannel::Email if is_address(id) => Ok(Principal::Email(id.to_ascii_lowercase())),
+            PairChannel::Email => Err(bad("a mail address like bob@example.org")),
+        }
+    }
+}
+
+impl std::fmt::Display for PairChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PairChannel {
+    type Err = PairError;
+    fn from_str(s: &str) -> Result<Self, PairError> {
+        PairChannel::ALL
+            .into_iter()
+            .find(|c| c.name() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| PairError::NoSuchChannel(s.to_string()))
+    }
+}
+
+/// A paired user's id as stored: a number (Telegram) or a text (Matrix, email).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum UserId {
+    Number(i64),
+    Text(String),
+}
+
+impl std::fmt::Display for UserId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UserId::Number(n) => write!(f, "{n}"),
+            UserId::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// What cannot be paired or revoked.
+#[derive(Debug, thiserror::Error)]
+pub enum PairError {
+    #[error("`{0}` is not a channel with users to pair: use telegram, matrix or email")]
+    NoSuchChannel(String),
+    #[error("`{id}` is not a {channel} user: give {what}")]
+    BadId { channel: &'static str, id: String, what: String },
+    #[error("{0} has no users to pair")]
+    NotAUser(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// `a@b.c`, roughly: one `@`, something on each side, no spaces.
+fn is_address(s: &str) -> bool {
+    matches!(s.split_once('@'), Some((l, d)) if !l.is_empty() && d.contains('.') && !d.contains('@'))
+        && !s.contains(char::is_whitespace)
+}
+
 /// A user added by pairing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PairedUser {
-    pub id: i64,
+    pub id: UserId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     pub paired: Timestamp,
@@ -71,36 +188,47 @@ fn path(state_dir: &Path, name: &str) -> PathBuf {
     state_dir.join(name)
 }
 
-/// A new code, replacing any pending one; returns it (`ABCD-EFGH`) and when it expires.
-pub fn new_code(state_dir: &Path, now: Timestamp) -> std::io::Result<(String, Timestamp)> {
+/// A new code for `channel`, replacing any pending one; returns it (`ABCD-EFGH`) and when it expires.
+pub fn new_code(state_dir: &Path, channel: PairChannel, now: Timestamp) -> std::io::Result<(String, Timestamp)> {
     let mut bytes = [0u8; 8];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
     let raw: String = bytes.iter().map(|b| ALPHABET[usize::from(b % 32)] as char).collect();
     let expires = now + CODE_TTL;
-    let _lock = lock(state_dir)?;
+    let _lock = lock(state_dir, channel)?;
     let pending = PendingCode { code: raw.clone(), expires, failures: 0 };
-    crate::util::fs::write_atomic(&path(state_dir, CODE_FILE), &serde_json::to_vec(&pending)?)?;
+    crate::util::fs::write_atomic(&path(state_dir, &channel.code_file()), &serde_json::to_vec(&pending)?)?;
     Ok((format!("{}-{}", &raw[..4], &raw[4..]), expires))
 }
 
-/// Redeem `text` (what the user sent after `/pair`) for user `id`.
+/// Whether a code of `channel` is pending (not expired, not void): a Matrix
+/// stranger's invite is taken only then. Blocking.
+pub fn pending(state_dir: &Path, channel: PairChannel, now: Timestamp) -> bool {
+    std::fs::read(path(state_dir, &channel.code_file()))
+        .ok()
+        .and_then(|d| serde_json::from_slice::<PendingCode>(&d).ok())
+        .is_some_and(|p| p.expires > now)
+}
+
+/// Redeem `text` (what the user sent after `/pair`) for `who`, on `who`'s
+/// channel (its own code file only).
 pub fn redeem(
     state_dir: &Path,
     text: &str,
-    id: i64,
+    who: &Principal,
     username: Option<&str>,
     now: Timestamp,
-) -> std::io::Result<Redeemed> {
+) -> Result<Redeemed, PairError> {
+    let (channel, id) = PairChannel::of(who).ok_or_else(|| PairError::NotAUser(who.to_string()))?;
     let given: String = text.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_uppercase()).collect();
-    let _lock = lock(state_dir)?;
-    let code_path = path(state_dir, CODE_FILE);
+    let _lock = lock(state_dir, channel)?;
+    let code_path = path(state_dir, &channel.code_file());
     let mut pending: PendingCode = match std::fs::read(&code_path) {
         Ok(data) => match serde_json::from_slice(&data) {
             Ok(p) => p,
             Err(_) => return Ok(Redeemed::NoCode),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Redeemed::NoCode),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     if pending.expires <= now {
         let _ = std::fs::remove_file(&code_path);
@@ -112,62 +240,81 @@ pub fn redeem(
             std::fs::remove_file(&code_path)?;
             return Ok(Redeemed::Voided);
         }
-        crate::util::fs::write_atomic(&code_path, &serde_json::to_vec(&pending)?)?;
+        crate::util::fs::write_atomic(&code_path, &serde_json::to_vec(&pending).map_err(std::io::Error::other)?)?;
         return Ok(Redeemed::Wrong { left: MAX_FAILURES - pending.failures });
     }
-    let mut users = paired(state_dir);
+    let mut users = paired(state_dir, channel);
     if !users.iter().any(|u| u.id == id) {
         users.push(PairedUser { id, username: username.map(str::to_string), paired: now });
-        save(state_dir, &users)?;
+        save(state_dir, channel, &users)?;
     }
     // Used once: gone before the answer is sent.
     std::fs::remove_file(&code_path)?;
     Ok(Redeemed::Paired)
 }
 
-/// The paired users (a missing or unreadable file: none; unreadable is logged).
-pub fn paired(state_dir: &Path) -> Vec<PairedUser> {
-    let p = path(state_dir, PAIRED_FILE);
+/// The users paired on `channel` (a missing or unreadable file: none; unreadable is logged).
+pub fn paired(state_dir: &Path, channel: PairChannel) -> Vec<PairedUser> {
+    let p = path(state_dir, &channel.paired_file());
     match std::fs::read(&p) {
         Ok(data) => serde_json::from_slice(&data).unwrap_or_else(|e| {
-            tracing::warn!(file = %p.display(), error = %e, "unreadable list of paired Telegram users: nobody is paired");
+            tracing::warn!(file = %p.display(), error = %e, channel = channel.name(),
+                           "unreadable list of paired users: nobody is paired");
             Vec::new()
         }),
         Err(_) => Vec::new(),
     }
 }
 
-/// The ids of the paired users.
+/// The ids of the paired Telegram users.
 pub fn paired_ids(state_dir: &Path) -> HashSet<i64> {
-    paired(state_dir).into_iter().map(|u| u.id).collect()
+    paired(state_dir, PairChannel::Telegram)
+        .into_iter()
+        .filter_map(|u| match u.id {
+            UserId::Number(n) => Some(n),
+            UserId::Text(_) => None,
+        })
+        .collect()
 }
 
-/// When the list last changed (to reload it only then).
-pub fn stamp(state_dir: &Path) -> Option<std::time::SystemTime> {
-    std::fs::metadata(path(state_dir, PAIRED_FILE)).and_then(|m| m.modified()).ok()
+/// The ids of the users paired on a channel whose ids are texts (Matrix user ids, mail addresses).
+pub fn paired_names(state_dir: &Path, channel: PairChannel) -> HashSet<String> {
+    paired(state_dir, channel)
+        .into_iter()
+        .filter_map(|u| match u.id {
+            UserId::Text(t) => Some(t),
+            UserId::Number(_) => None,
+        })
+        .collect()
 }
 
-/// Remove user `id`; whether they were paired.
-pub fn revoke(state_dir: &Path, id: i64) -> std::io::Result<bool> {
-    let _lock = lock(state_dir)?;
-    let mut users = paired(state_dir);
+/// When `channel`'s list last changed (to reload it only then).
+pub fn stamp(state_dir: &Path, channel: PairChannel) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path(state_dir, &channel.paired_file())).and_then(|m| m.modified()).ok()
+}
+
+/// Remove `who` from their channel's list; whether they were paired.
+pub fn revoke(state_dir: &Path, who: &Principal) -> Result<bool, PairError> {
+    let (channel, id) = PairChannel::of(who).ok_or_else(|| PairError::NotAUser(who.to_string()))?;
+    let _lock = lock(state_dir, channel)?;
+    let mut users = paired(state_dir, channel);
     let before = users.len();
     users.retain(|u| u.id != id);
     if users.len() == before {
         return Ok(false);
     }
-    save(state_dir, &users)?;
+    save(state_dir, channel, &users)?;
     Ok(true)
 }
 
-fn save(state_dir: &Path, users: &[PairedUser]) -> std::io::Result<()> {
+fn save(state_dir: &Path, channel: PairChannel, users: &[PairedUser]) -> std::io::Result<()> {
     let data = serde_json::to_vec_pretty(users).map_err(std::io::Error::other)?;
-    crate::util::fs::write_atomic(&path(state_dir, PAIRED_FILE), &data)
+    crate::util::fs::write_atomic(&path(state_dir, &channel.paired_file()), &data)
 }
 
-/// The pairing lock, held until the returned guard is dropped.
-fn lock(state_dir: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = crate::util::fs::open_lock_file(&path(state_dir, LOCK_FILE))?;
+/// `channel`'s pairing lock, held until the returned guard is dropped.
+fn lock(state_dir: &Path, channel: PairChannel) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    let file = crate::util::fs::open_lock_file(&path(state_dir, &channel.lock_file()))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| std::io::Error::from(e))
 }
 
@@ -176,12 +323,75 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A set of paired ids kept in memory, read again only when the file changed
+/// (a `bramble pair --revoke`). Cheap to clone; the clones share the set.
+#[derive(Debug, Clone)]
+pub struct PairedCache {
+    channel: PairChannel,
+    state_dir: PathBuf,
+    inner: std::sync::Arc<std::sync::RwLock<(Option<std::time::SystemTime>, HashSet<String>)>>,
+}
+
+impl PairedCache {
+    /// Empty until the first [`PairedCache::refresh`].
+    pub fn new(state_dir: &Path, channel: PairChannel) -> PairedCache {
+        PairedCache { channel, state_dir: state_dir.to_path_buf(), inner: Default::default() }
+    }
+
+    /// Read the list again if it changed since; one `stat` otherwise. Blocking.
+    pub fn refresh(&self) {
+        let stamp = stamp(&self.state_dir, self.channel);
+        let seen = self.inner.read().map(|g| g.0).unwrap_or(None);
+        if stamp == seen && stamp.is_some() {
+            return;
+        }
+        let names = paired_names(&self.state_dir, self.channel);
+        if let Ok(mut g) = self.inner.write() {
+            *g = (stamp, names);
+        }
+    }
+
+    /// Whether `id` was paired at the last refresh (or added since).
+    pub fn contains(&self, id: &str) -> bool {
+        self.inner.read().map(|g| g.1.contains(id)).unwrap_or(false)
+    }
+
+    /// Add a user just paired (until the next refresh reads the file).
+    pub fn add(&self, id: &str) {
+        if let Ok(mut g) = self.inner.write() {
+            g.1.insert(id.to_string());
+        }
+    }
+}
+
+/// The code of a `/pair <code>` text (`/pair@bot code` too, and `pair code`
+/// when `bare` — a mail's subject): `Some("")` for a `/pair` alone.
+pub fn request(text: &str, bare: bool) -> Option<String> {
+    let text = text.trim();
+    let (command, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    let name = command.split('@').next()?.to_ascii_lowercase();
+    (name == "/pair" || (bare && name == "pair")).then(|| rest.trim().to_string())
+}
+
+/// The answer a user gets for an outcome of [`redeem`] (the same words on every channel).
+pub fn answer(outcome: &Result<Redeemed, PairError>) -> String {
+    match outcome {
+        Ok(Redeemed::Paired) => "Paired: you can talk to me now.".into(),
+        Ok(Redeemed::Wrong { left }) => format!("That code is not right ({left} tries left for it)."),
+        Ok(Redeemed::Voided) => "Too many wrong codes: that code no longer works. Ask the owner for a new one.".into(),
+        Ok(Redeemed::NoCode) => {
+            "There is no valid pairing code: ask the owner to run `bramble pair` (a code lasts 10 minutes).".into()
+        }
+        Err(_) => "Pairing failed on the bot's side; the owner can see why in its log.".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn code_of(dir: &Path) -> String {
-        let p: PendingCode = serde_json::from_slice(&std::fs::read(dir.join(CODE_FILE)).unwrap()).unwrap();
+    fn code_of(dir: &Path, channel: PairChannel) -> String {
+        let p: PendingCode = serde_json::from_slice(&std::fs::read(dir.join(channel.code_file())).unwrap()).unwrap();
         p.code
     }
 
@@ -189,18 +399,22 @@ mod tests {
     fn a_code_pairs_once_and_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let now: Timestamp = "2026-11-23T20:00:00Z".parse().unwrap();
-        let (shown, expires) = new_code(dir.path(), now).unwrap();
+        let (shown, expires) = new_code(dir.path(), PairChannel::Telegram, now).unwrap();
         assert_eq!(expires, now + CODE_TTL);
         assert!(shown.len() == 9 && shown.as_bytes()[4] == b'-', "{shown}");
         // Written as the user might: lower case, with spaces.
         let typed = shown.to_lowercase().replace('-', " ");
-        assert_eq!(redeem(dir.path(), &typed, 42, Some("bob"), now).unwrap(), Redeemed::Paired);
+        let bob = Principal::Telegram(42);
+        assert_eq!(redeem(dir.path(), &typed, &bob, Some("bob"), now).unwrap(), Redeemed::Paired);
         assert_eq!(paired_ids(dir.path()), HashSet::from([42]));
-        assert_eq!(paired(dir.path())[0].username.as_deref(), Some("bob"));
+        assert_eq!(paired(dir.path(), PairChannel::Telegram)[0].username.as_deref(), Some("bob"));
+        // The file keeps the numeric ids it always had.
+        let raw = std::fs::read_to_string(dir.path().join("telegram-paired.json")).unwrap();
+        assert!(raw.contains("\"id\": 42"), "{raw}");
         // Used once.
-        assert_eq!(redeem(dir.path(), &shown, 43, None, now).unwrap(), Redeemed::NoCode);
+        assert_eq!(redeem(dir.path(), &shown, &Principal::Telegram(43), None, now).unwrap(), Redeemed::NoCode);
         assert_eq!(paired_ids(dir.path()), HashSet::from([42]));
-        assert!(revoke(dir.path(), 42).unwrap() && !revoke(dir.path(), 42).unwrap());
+        assert!(revoke(dir.path(), &bob).unwrap() && !revoke(dir.path(), &bob).unwrap());
         assert!(paired_ids(dir.path()).is_empty());
     }
 
@@ -208,17 +422,65 @@ mod tests {
     fn codes_expire_and_wrong_tries_void_them() {
         let dir = tempfile::tempdir().unwrap();
         let now: Timestamp = "2026-11-23T20:00:00Z".parse().unwrap();
-        new_code(dir.path(), now).unwrap();
-        let code = code_of(dir.path());
+        let who = Principal::Telegram(1);
+        new_code(dir.path(), PairChannel::Telegram, now).unwrap();
+        let code = code_of(dir.path(), PairChannel::Telegram);
         let later = now + Duration::from_secs(11 * 60);
-        assert_eq!(redeem(dir.path(), &code, 1, None, later).unwrap(), Redeemed::NoCode, "expired");
-        new_code(dir.path(), now).unwrap();
-        let code = code_of(dir.path());
+        assert!(pending(dir.path(), PairChannel::Telegram, now));
+        assert!(!pending(dir.path(), PairChannel::Telegram, later));
+        assert_eq!(redeem(dir.path(), &code, &who, None, later).unwrap(), Redeemed::NoCode, "expired");
+        new_code(dir.path(), PairChannel::Telegram, now).unwrap();
+        let code = code_of(dir.path(), PairChannel::Telegram);
         for left in (1..MAX_FAILURES).rev() {
-            assert_eq!(redeem(dir.path(), "WRONGWRO", 1, None, now).unwrap(), Redeemed::Wrong { left });
+            assert_eq!(redeem(dir.path(), "WRONGWRO", &who, None, now).unwrap(), Redeemed::Wrong { left });
         }
-        assert_eq!(redeem(dir.path(), "WRONGWRO", 1, None, now).unwrap(), Redeemed::Voided);
-        assert_eq!(redeem(dir.path(), &code, 1, None, now).unwrap(), Redeemed::NoCode, "void: even the right code");
+        assert_eq!(redeem(dir.path(), "WRONGWRO", &who, None, now).unwrap(), Redeemed::Voided);
+        assert_eq!(redeem(dir.path(), &code, &who, None, now).unwrap(), Redeemed::NoCode, "void: even the right code");
         assert!(paired_ids(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn each_channel_has_its_own_code_and_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let now: Timestamp = "2026-11-23T20:00:00Z".parse().unwrap();
+        new_code(dir.path(), PairChannel::Matrix, now).unwrap();
+        let code = code_of(dir.path(), PairChannel::Matrix);
+        // A Matrix code does not pair a Telegram user nor a mail sender.
+        assert_eq!(redeem(dir.path(), &code, &Principal::Telegram(7), None, now).unwrap(), Redeemed::NoCode);
+        let mail = Principal::Email("Bob@Example.org".into());
+        assert_eq!(redeem(dir.path(), &code, &mail, None, now).unwrap(), Redeemed::NoCode);
+        let bob = Principal::Matrix("@bob:x".into());
+        assert_eq!(redeem(dir.path(), &code, &bob, None, now).unwrap(), Redeemed::Paired);
+        assert_eq!(paired_names(dir.path(), PairChannel::Matrix), HashSet::from(["@bob:x".to_string()]));
+        assert!(paired_ids(dir.path()).is_empty() && paired_names(dir.path(), PairChannel::Email).is_empty());
+        // Mail addresses are kept lower case; revoking matches any case.
+        new_code(dir.path(), PairChannel::Email, now).unwrap();
+        let code = code_of(dir.path(), PairChannel::Email);
+        assert_eq!(redeem(dir.path(), &code, &mail, None, now).unwrap(), Redeemed::Paired);
+        assert_eq!(paired_names(dir.path(), PairChannel::Email), HashSet::from(["bob@example.org".to_string()]));
+        let cache = PairedCache::new(dir.path(), PairChannel::Email);
+        cache.refresh();
+        assert!(cache.contains("bob@example.org"));
+        assert!(revoke(dir.path(), &Principal::Email("BOB@example.org".into())).unwrap());
+        cache.refresh();
+        assert!(!cache.contains("bob@example.org"), "a revoke is seen at the next refresh");
+        assert!(matches!(redeem(dir.path(), &code, &Principal::Anonymous, None, now), Err(PairError::NotAUser(_))));
+    }
+
+    #[test]
+    fn ids_are_typed_per_channel_and_requests_are_commands() {
+        assert_eq!(PairChannel::Telegram.principal("42").unwrap(), Principal::Telegram(42));
+        assert!(PairChannel::Telegram.principal("@bob:x").is_err());
+        assert_eq!(PairChannel::Matrix.principal("@bob:x").unwrap(), Principal::Matrix("@bob:x".into()));
+        assert!(PairChannel::Matrix.principal("bob").is_err());
+        assert_eq!(PairChannel::Email.principal("Bob@X.org").unwrap(), Principal::Email("bob@x.org".into()));
+        assert!(PairChannel::Email.principal("bob at x").is_err());
+        assert!("slack".parse::<PairChannel>().is_err());
+        assert_eq!("Matrix".parse::<PairChannel>().unwrap(), PairChannel::Matrix);
+        assert_eq!(request("/pair ABCD-EFGH", false).as_deref(), Some("ABCD-EFGH"));
+        assert_eq!(request("/pair@bramble_bot  abcd efgh ", false).as_deref(), Some("abcd efgh"));
+        assert_eq!(request("/pair", false).as_deref(), Some(""));
+        assert_eq!(request("pair ABCD", true).as_deref(), Some("ABCD"));
+        assert!(request("pair ABCD", false).is_none() && request("/pairing", false).is_none());
     }
 }

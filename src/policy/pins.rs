@@ -206,9 +206,12 @@ impl AllowedChats {
         self
     }
 
-    /// Whether `address` is in `[email] allow_from`.
+    /// Whether `address` is in `[email] allow_from` or paired (`bramble pair
+    /// --channel email`). Blocking (reads the paired list).
     pub fn allows_email(&self, address: &str) -> bool {
         self.email.iter().any(|a| a.eq_ignore_ascii_case(address))
+            || super::pairing::paired_names(&self.state_dir, super::pairing::PairChannel::Email)
+                .contains(&address.to_ascii_lowercase())
     }
 
     /// With `[matrix]`'s users and rooms.

@@ -58,7 +58,7 @@ impl Standing {
             Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
             Principal::Feishu(user) if self.telegram.feishu().allows(&user) => Ok(()),
             Principal::Feishu(user) => Err(StandingError::FeishuRevoked(user)),
-            Principal::Matrix(user) if self.telegram.matrix().allows(&user) => Ok(()),
+            Principal::Matrix(user) if self.telegram.matrix().allows_now(&user) => Ok(()),
             Principal::Matrix(user) => Err(StandingError::MatrixRevoked(user)),
             Principal::Signal(id) if self.telegram.signal().allows(&id) => Ok(()),
             Principal::Signal(id) => Err(StandingError::SignalRevoked(id)),

@@ -357,3 +357,79 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+/// Wait until the server has `n` mails, every one marked seen (bramble decided about each).
+async fn all_seen(s: &Setup, n: usize) -> bool {
+    for _ in 0..120 {
+        let seen = s.imap.seen().await;
+        if seen.len() >= n && seen.iter().all(|(_, seen)| *seen) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_vouched_stranger_pairs_by_mail_a_forged_one_cannot_and_revoking_cuts_them_off() {
+    use crate::pairing::{code_of, pair_cli};
+    let s = setup("imaps", "").await;
+    s.llm.push(Reply::text("hello bob"));
+    let vouched = "Authentication-Results: mx.home.example; dkim=pass header.d=example.org\r\n";
+    let daemon = s.daemon();
+    assert!(daemon.wait_log("IMAP connected", 30).await, "{}", daemon.log());
+    // An expired code pairs nobody.
+    let (ok, out) = pair_cli(&s.home, &["--channel", "email"]);
+    assert!(ok && out.contains("mail bot@home.example"), "{out}");
+    let expired = code_of(&out);
+    let file = s.home.state.join("email-pair-code.json");
+    let mut pending: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    pending["expires"] = "2020-01-01T00:00:00Z".into();
+    std::fs::write(&file, serde_json::to_vec(&pending).unwrap()).unwrap();
+    s.imap.deliver(&mail(vouched, "erin@example.org", "p0@example.org", &format!("/pair {expired}"), "", "")).await;
+    let answers = s.smtp.wait_for(1).await;
+    assert!(answers[0].contains("To: erin@example.org") && answers[0].contains("There is no valid pairing code"));
+
+    let (ok, out) = pair_cli(&s.home, &["--channel", "email"]);
+    assert!(ok, "{out}");
+    let code = code_of(&out);
+    let pair = format!("/pair {code}");
+    for m in [
+        // A forged From with the right code: no verdict, so no pairing and no answer.
+        mail("", "bob@example.org", "p1@evil.example", &pair, "", ""),
+        // A wrong code, from a sender the server vouched for.
+        mail(vouched, "dave@example.org", "p2@example.org", "pair ABCD-EFGH", "", ""),
+        // Bob, vouched for, with the code as the first line.
+        mail(vouched, "Bob@Example.org", "p3@example.org", "let me in", &format!("{pair}\n\nthanks"), ""),
+        // Carol reuses it.
+        mail(vouched, "carol@example.org", "p4@example.org", &pair, "", ""),
+        mail(vouched, "bob@example.org", "p5@example.org", "hello", "hi, I am bob", ""),
+    ] {
+        s.imap.deliver(&m).await;
+    }
+    let answers = s.smtp.wait_for(5).await;
+    assert_eq!(answers.len(), 5, "{}", daemon.log());
+    let to = |i: usize, who: &str, text: &str| {
+        assert!(answers[i].contains(&format!("To: {who}")) && answers[i].contains(text), "{i}: {}", answers[i]);
+    };
+    to(1, "dave@example.org", "That code is not right (4 tries left");
+    to(2, "bob@example.org", "Paired: you can write to me now.");
+    assert!(answers[2].contains("In-Reply-To: <p3@example.org>"), "{}", answers[2]);
+    to(3, "carol@example.org", "There is no valid pairing code");
+    to(4, "bob@example.org", "hello bob");
+    let (ok, out) = pair_cli(&s.home, &["--channel", "email", "--list"]);
+    assert!(ok && out.contains("bob@example.org") && !out.contains("carol"), "{out}");
+
+    // Revoked: bob's next mail is a stranger's again.
+    let (ok, out) = pair_cli(&s.home, &["--channel", "email", "--revoke", "BOB@example.org"]);
+    assert!(ok && out.contains("revoked"), "{out}");
+    s.imap.deliver(&mail(vouched, "bob@example.org", "p6@example.org", "again", "still there?", "")).await;
+    assert!(all_seen(&s, 7).await, "{}", daemon.log());
+    let asked = asked(&s.llm);
+    assert_eq!(asked.len(), 1, "only the paired mail reached the model: {asked:?}");
+    assert!(asked[0].contains("hi, I am bob"), "{asked:?}");
+    let log = daemon.log();
+    assert!(!log.contains(&code), "the code is not logged");
+    drop(daemon);
+    assert_eq!(s.smtp.mails().len(), 5, "nobody else was answered");
+}

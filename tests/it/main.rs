@@ -23,6 +23,8 @@ mod feishu;
 mod firsthour;
 mod firstrun;
 mod homeassistant;
+#[cfg(all(feature = "matrix", feature = "email", feature = "webhook"))]
+mod idle_cost;
 mod lean;
 mod local_models;
 #[cfg(feature = "matrix")]
@@ -35,6 +37,7 @@ mod memory;
 mod mqtt;
 mod mqtt_ha_schema;
 mod mqtt_v311;
+mod pairing;
 mod provider;
 mod redirects;
 mod rights;

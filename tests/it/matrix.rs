@@ -376,3 +376,146 @@ async fn bramble_check_names_the_line_of_a_bad_matrix_section() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("config.toml:") && err.contains("`owner` is not a Matrix user id"), "{err}");
 }
+
+/// The bodies of `who`'s messages in `room` once there are `n`.
+async fn bodies(who: &User, room: &str, sender: &str, n: usize) -> Vec<String> {
+    let m = who.wait_messages(room, sender, n, 30).await;
+    m.iter().map(|e| e["content"]["body"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_stranger_pairs_with_a_code_is_answered_and_revoking_cuts_them_off() {
+    use crate::pairing::{code_of, pair_cli};
+    let s = setup(Login::Token, "").await;
+    let (bob, carol) = tokio::join!(s.synapse.user("bob"), s.synapse.user("carol"));
+    s.llm.push(Reply::text("hello bob"));
+    let daemon = s.daemon("pair.log");
+    s.syncing(&daemon).await;
+    // No code pending: a stranger's invite is refused.
+    let refused = bob.create_room(&[&s.bot.id], false).await;
+    assert!(daemon.wait_log("an invite from a Matrix user not in [matrix] allow_from", 30).await, "{}", daemon.log());
+    assert!(!bob.members(&refused).await.contains(&s.bot.id));
+
+    let (ok, out) = pair_cli(&s.home, &["--channel", "matrix"]);
+    assert!(ok, "{out}");
+    let code = code_of(&out);
+    // With a code pending, bob's invite is taken; what he says before pairing is still ignored.
+    let room = bob.create_room(&[&s.bot.id, &carol.id], false).await;
+    assert!(bob.wait_member(&room, &s.bot.id, 30).await, "{}", daemon.log());
+    bob.say(&room, "tell me a secret").await;
+    bob.say(&room, "/pair WRON-GCOD").await;
+    assert_eq!(bodies(&bob, &room, &s.bot.id, 1).await, ["That code is not right (4 tries left for it)."]);
+    tokio::time::sleep(Duration::from_secs(6)).await; // one try per user per 5 s
+    bob.say(&room, &format!("/pair {}", code.to_lowercase())).await;
+    assert_eq!(bodies(&bob, &room, &s.bot.id, 2).await[1], "Paired: you can talk to me now.", "{}", daemon.log());
+    bob.say(&room, "hi, I am bob").await;
+    assert_eq!(bodies(&bob, &room, &s.bot.id, 3).await[2], "hello bob", "{}", daemon.log());
+    // The code was used: carol, in the same room, cannot reuse it.
+    carol.join(&room).await;
+    carol.say(&room, &format!("/pair {code}")).await;
+    let said = bodies(&bob, &room, &s.bot.id, 4).await;
+    assert!(said[3].starts_with("There is no valid pairing code"), "{said:?}");
+    let (ok, out) = pair_cli(&s.home, &["--channel", "matrix", "--list"]);
+    assert!(ok && out.contains(&bob.id) && !out.contains(&carol.id), "{out}");
+
+    // Revoked: bob's next message is a stranger's, and the room he invited the bot to is left.
+    let (ok, out) = pair_cli(&s.home, &["--channel", "matrix", "--revoke", &bob.id]);
+    assert!(ok && out.contains("revoked"), "{out}");
+    bob.say(&room, "still there?").await;
+    assert!(
+        crate::support::daemon::wait_until(30, || daemon
+            .log()
+            .contains("leaving a Matrix room no allowed user invited"))
+        .await,
+        "{}",
+        daemon.log()
+    );
+    let (exit, log) = daemon.stop().await;
+    assert_eq!(exit, Some(0), "{log}");
+    let asked: Vec<String> = s.llm.requests().iter().map(last_user_text).collect();
+    assert_eq!(asked, ["hi, I am bob"], "only the paired message reached the model: {log}");
+    assert!(!log.contains("tell me a secret") && !log.contains(&code), "no stranger text or code in the log");
+    assert_eq!(bob.messages_from(&room, &s.bot.id).await.len(), 4, "nothing answered after the revoke");
+}
+
+#[tokio::test]
+async fn a_turn_shows_its_steps_in_one_edited_notice_and_only_an_allowed_reaction_on_a_report_counts() {
+    let s = setup(Login::Token, "").await;
+    let stranger = s.synapse.user("stranger").await;
+    // Two tool steps 7 s apart (more than the 5 s between edits), then the answer.
+    s.llm.push(Reply::tool_call("read_file", r#"{"path":"notes.md"}"#));
+    s.llm.push(Reply::Delayed(Duration::from_secs(7), Box::new(Reply::tool_call("list_dir", r#"{"path":"."}"#))));
+    s.llm.push(Reply::Delayed(Duration::from_secs(7), Box::new(Reply::text("all read"))));
+    let daemon = s.daemon("progress.log");
+    s.syncing(&daemon).await;
+    let room = s.owner.create_room(&[&s.bot.id, &stranger.id], false).await;
+    stranger.join(&room).await;
+    assert!(s.owner.wait_member(&room, &s.bot.id, 30).await, "{}", daemon.log());
+    let mine = s.owner.say(&room, "read my notes").await;
+    let answer = |m: &Value| m["content"]["body"] == "all read";
+    let mut events = Vec::new();
+    for _ in 0..240 {
+        events = s.owner.messages_from(&room, &s.bot.id).await;
+        if events.iter().any(answer) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(events.iter().any(answer), "answered: {}", daemon.log());
+    // The status notice: sent, edited in place to the newer step, redacted once the answer came.
+    let edit = events.iter().find(|e| e["content"]["m.relates_to"]["rel_type"] == "m.replace").expect("an edit");
+    assert_eq!(edit["content"]["m.new_content"]["body"], "reading .…", "{events:#?}");
+    assert_eq!(edit["content"]["msgtype"], "m.notice");
+    let first_id = edit["content"]["m.relates_to"]["event_id"].as_str().unwrap();
+    let first = events.iter().find(|e| e["event_id"] == first_id).expect("the first notice");
+    assert!(first["content"].as_object().is_some_and(|c| c.is_empty()), "redacted: {first:#?}");
+    assert!(first["unsigned"]["redacted_because"].is_object(), "{first:#?}");
+    assert_eq!(s.llm.request_count(), 3);
+
+    // A reminder's report: a stranger's ✅ on it and the owner's ✅ on another event do nothing; the owner's 👍 is Done.
+    let id = remind_job(&s.home, "bins", "put the bins out", &format!("matrix:{room}"));
+    let mut report = None;
+    for _ in 0..120 {
+        let sent = s.owner.messages_from(&room, &s.bot.id).await;
+        report = sent
+            .iter()
+            .find(|m| m["content"]["body"].as_str().is_some_and(|b| b.starts_with("put the bins out")))
+            .cloned();
+        if report.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let report = report.expect("the reminder was delivered");
+    let report = report["event_id"].as_str().unwrap();
+    stranger.react(&room, report, "✅").await;
+    s.owner.react(&room, &mine, "✅").await;
+    s.owner.react(&room, report, "👍").await;
+    let mut done = Vec::new();
+    for _ in 0..120 {
+        done = s
+            .owner
+            .messages_from(&room, &s.bot.id)
+            .await
+            .into_iter()
+            .filter(|m| m["content"]["body"] == "Done")
+            .collect();
+        if !done.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(done.len(), 1, "{}", daemon.log());
+    assert_eq!(done[0]["content"]["m.relates_to"]["m.in_reply_to"]["event_id"], report);
+    let (exit, log) = daemon.stop().await;
+    assert_eq!(exit, Some(0), "{log}");
+    let store = bramble::scheduler::JobStore::open(&s.home.state);
+    let marked = store.get(&id).unwrap().state.history.iter().filter(|r| r.summary.contains("marked done")).count();
+    assert_eq!(marked, 1, "only the owner's reaction on the report counted: {log}");
+    let notices = s.owner.messages_from(&room, &s.bot.id).await;
+    assert_eq!(
+        notices.iter().filter(|m| m["content"]["msgtype"] == "m.notice" && m["content"]["body"] != "").count(),
+        2,
+        "the (edited) status notice and Done, nothing for the other reactions: {notices:#?}"
+    );
+}

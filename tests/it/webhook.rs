@@ -389,3 +389,80 @@ async fn a_request_replayed_after_a_restart_is_refused() {
     assert_eq!(s.fake.request_count(), 1);
     d.stop().await;
 }
+
+/// A self-signed certificate for 127.0.0.1 made by the `openssl` CLI: (cert, key).
+fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"])
+        .args(["-subj", "/CN=bramble-test", "-addext", "subjectAltName=IP:127.0.0.1"])
+        // A server certificate, not a CA (webpki refuses a CA as the end entity).
+        .args(["-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl (apt-get install openssl)");
+    assert!(out.status.success(), "openssl: {}", String::from_utf8_lossy(&out.stderr));
+    (cert, key)
+}
+
+#[tokio::test]
+async fn a_lan_listener_with_a_certificate_serves_https_only_and_a_stalled_handshake_delays_nobody() {
+    bramble::install_crypto();
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(certs.path());
+    let tls = format!("tls_cert = \"{}\"\ntls_key = \"{}\"\n", cert.display(), key.display());
+    let s =
+        Setup::new(&format!("{tls}\n[[webhook]]\nname = \"other\"\ntoken_env = \"OTHER_TOKEN\"\nmessage = \"x\"\n"))
+            .await;
+    // Any address (not only loopback) once the listener has TLS.
+    let text = std::fs::read_to_string(&s.home.config).unwrap();
+    std::fs::write(&s.home.config, text.replace("listen = \"127.0.0.1:", "listen = \"0.0.0.0:")).unwrap();
+
+    // An unreadable key is `bramble check`'s FILE:LINE error, naming the key.
+    let good = std::fs::read_to_string(&s.home.config).unwrap();
+    std::fs::write(&s.home.config, good.replace(key.to_str().unwrap(), "/nonexistent/key.pem")).unwrap();
+    let cfg = s.home.config.to_str().unwrap();
+    let out = crate::support::setup::bramble(s.home.path(), &["--config", cfg, "check"], None).await;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("{cfg}:")) && err.contains("tls_key = \"/nonexistent/key.pem\" cannot be read"),
+        "{err}"
+    );
+    std::fs::write(&s.home.config, &good).unwrap();
+    assert!(s.cli(&["check"]).await.contains("ok"));
+
+    let d = s.start().await;
+    assert!(s.log().contains("https=true"), "{}", s.log());
+    // A client that connects and never says hello holds only its own slot.
+    let mut stalled = tokio::net::TcpStream::connect(("127.0.0.1", s.port)).await.unwrap();
+    s.fake.push(Reply::text("ok"));
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap())
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{}/hook/other", s.port);
+    let call = |client: &reqwest::Client, url: &str| {
+        client.post(url).bearer_auth(OTHER_TOKEN).header("Content-Type", "application/json").body("{}").send()
+    };
+    let answer = call(&trusting, &url).await.expect("HTTPS to the listener");
+    assert_eq!(answer.status().as_u16(), 202, "{}", s.log());
+    // A client that does not trust the certificate, and plain HTTP to the HTTPS port: refused, not served.
+    let plain_client = reqwest::Client::new();
+    assert!(call(&plain_client, &url).await.is_err(), "an untrusted certificate is not accepted");
+    let plain = call(&plain_client, &format!("http://127.0.0.1:{}/hook/other", s.port)).await;
+    assert!(plain.is_err(), "plain HTTP gets no answer: {plain:?}");
+    // The stalled client is closed after the handshake time.
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(60), stalled.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
+    assert!(wait_until(30, || s.log().contains("no TLS handshake within")).await, "{}", s.log());
+    assert!(s.log().contains("TLS handshake failed"), "{}", s.log());
+    let status = s.cli(&["status"]).await;
+    assert!(status.contains(&format!("https://0.0.0.0:{}/hook/<name>", s.port)), "{status}");
+    assert_eq!(s.fake.request_count(), 1, "only the HTTPS call ran");
+    d.stop().await;
+}

@@ -9,6 +9,7 @@ use mail_parser::{MessageParser, MimeHeaders};
 use super::state::{bracket, Thread};
 use super::trust::{Facts, Refusal, Rules};
 use crate::bus::{Attachment, AttachmentKind};
+use crate::policy::pairing;
 use crate::workspace::Workspace;
 
 /// The most text of one mail handed to the agent.
@@ -35,6 +36,15 @@ pub enum Read {
         sender: String,
         why: Refusal,
     },
+    /// A stranger the receiving server vouched for sent `/pair <code>` (in
+    /// the subject or as the first line).
+    Pair {
+        sender: String,
+        code: String,
+        /// Its `Message-ID` and subject, for the answer.
+        message_id: Option<String>,
+        subject: String,
+    },
     /// Not a mail at all (mail-parser found no header block).
     Malformed,
 }
@@ -49,7 +59,10 @@ pub fn read(raw: &[u8], rules: &Rules) -> Read {
     let facts = Facts { from: from.clone(), message_id: msg.message_id(), headers: msg.headers_raw().collect() };
     let sender = match rules.check(&facts) {
         Ok(s) => s,
-        Err(why) => return Read::Refused { sender: from.first().cloned().unwrap_or_default(), why },
+        Err(why) => {
+            let pair = (why == Refusal::Stranger).then(|| pair_request(&msg, rules, &facts)).flatten();
+            return pair.unwrap_or_else(|| Read::Refused { sender: from.first().cloned().unwrap_or_default(), why });
+        }
     };
     let references: Vec<String> = msg
         .references()
@@ -89,6 +102,17 @@ pub fn read(raw: &[u8], rules: &Rules) -> Read {
         })
         .collect();
     Read::Accepted(Box::new(Accepted { sender, text, thread, files }))
+}
+
+/// A `/pair <code>` (subject, or the body's first line) from a stranger
+/// whose domain the receiving server vouched for.
+fn pair_request(msg: &mail_parser::Message<'_>, rules: &Rules, facts: &Facts<'_>) -> Option<Read> {
+    let sender = rules.vouched_stranger(facts)?;
+    let subject = msg.subject().unwrap_or("").trim().to_string();
+    let body = msg.body_text(0).map(|b| b.into_owned()).unwrap_or_default();
+    let first = body.lines().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
+    let code = pairing::request(&subject, true).or_else(|| pairing::request(&first, true))?;
+    Some(Read::Pair { sender, code, message_id: msg.message_id().map(bracket), subject })
 }
 
 /// `body` without the quoted history of a reply: from an `On … wrote:` line
@@ -141,7 +165,12 @@ mod tests {
     use super::*;
 
     fn rules() -> Rules {
-        Rules { me: "bot@home.example".into(), allow: vec!["me@example.org".into()], authserv_id: Some("mx".into()) }
+        Rules {
+            me: "bot@home.example".into(),
+            allow: vec!["me@example.org".into()],
+            authserv_id: Some("mx".into()),
+            paired: None,
+        }
     }
 
     #[test]

@@ -34,10 +34,11 @@
 pub mod check;
 pub mod digest;
 pub mod inbound;
+mod pair;
 pub mod state;
 pub mod trust;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,7 @@ use crate::clients::smtp::{self, Mail, Smtp, SmtpError};
 use crate::config::email::{EmailConfig, MailServer};
 use crate::config::Secret;
 use crate::delivery::{Capabilities, Channel, DeliveryError, Report};
+use crate::policy::pairing::{PairChannel, PairedCache};
 use crate::util::timer::Backoff;
 use crate::util::BoxFuture;
 use crate::workspace::Workspace;
@@ -125,6 +127,7 @@ impl Email {
                 me: me.0.to_ascii_lowercase(),
                 allow: cfg.allow_from.iter().map(|a| a.0.to_ascii_lowercase()).collect(),
                 authserv_id: cfg.authserv_id.as_ref().map(|s| s.to_ascii_lowercase()),
+                paired: Some(PairedCache::new(state_dir, PairChannel::Email)),
             },
             state_dir: state_dir.to_path_buf(),
             workspace: workspace.to_path_buf(),
@@ -173,6 +176,7 @@ impl EmailPoller {
                     inbound: self.inbound,
                     stop: stop.clone(),
                     logged: HashSet::new(),
+                    pair_tries: HashMap::new(),
                 };
                 r.run().await;
             }
@@ -189,6 +193,8 @@ struct Reader {
     stop: CancellationToken,
     /// (sender, reason) pairs already logged.
     logged: HashSet<(String, String)>,
+    /// The last `/pair` try per sender (one per [`crate::policy::pairing::TRY_GAP`]).
+    pair_tries: HashMap<String, std::time::Instant>,
 }
 
 /// Why a session with the server ended.
@@ -269,6 +275,9 @@ impl Reader {
 
     /// Handle every unseen mail above the mark.
     async fn read_new(&mut self, imap: &mut Imap, mark: &mut state::Mark, marks: &MarkFile) -> Result<(), End> {
+        if let Some(paired) = self.shared.rules.paired.clone() {
+            crate::util::tasks::blocking(move || paired.refresh()).await;
+        }
         let uids = imap.unseen_after(mark.last_uid).await.map_err(End::Failed)?;
         for uid in uids {
             let handed = self.one(imap, uid).await?;
@@ -302,6 +311,10 @@ impl Reader {
             }
             Read::Refused { sender, why } => {
                 self.log_refusal(uid, &sender, &why);
+                return Ok(true);
+            }
+            Read::Pair { sender, code, message_id, subject } => {
+                self.pair(&sender, code, message_id, &subject).await;
                 return Ok(true);
             }
         };

@@ -54,6 +54,8 @@ pub struct Rules {
     pub allow: Vec<String>,
     /// `authserv_id`, lower case (`None`: nobody can be authenticated).
     pub authserv_id: Option<String>,
+    /// The senders paired with `bramble pair --channel email`, served like `allow`'s.
+    pub paired: Option<crate::policy::pairing::PairedCache>,
 }
 
 /// The facts of one mail the rules need.
@@ -77,15 +79,30 @@ impl Rules {
         if let Some(why) = automatic(&facts.headers) {
             return Err(Refusal::Automatic(why));
         }
-        if !self.allow.contains(&from) {
+        if !self.allow.contains(&from) && !self.paired.as_ref().is_some_and(|p| p.contains(&from)) {
             return Err(Refusal::Stranger);
         }
-        let Some(id) = &self.authserv_id else {
-            return Err(Refusal::Unauthenticated("[email] authserv_id is not set".into()));
-        };
-        let domain = from.rsplit_once('@').map(|(_, d)| d).unwrap_or("");
-        authenticated(&facts.headers, id, domain).map_err(Refusal::Unauthenticated)?;
+        self.vouch(facts, &from).map_err(Refusal::Unauthenticated)?;
         Ok(from)
+    }
+
+    /// A stranger's sender (lower case) when the receiving server vouched for
+    /// it: who may send a `/pair <code>` (a forged `From` cannot pair).
+    pub fn vouched_stranger(&self, facts: &Facts<'_>) -> Option<String> {
+        match self.check(facts) {
+            Err(Refusal::Stranger) => {
+                let from = facts.from.first()?.trim().to_ascii_lowercase();
+                self.vouch(facts, &from).ok().map(|()| from)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the configured receiving server says DKIM or SPF passed for `from`'s domain.
+    fn vouch(&self, facts: &Facts<'_>, from: &str) -> Result<(), String> {
+        let Some(id) = &self.authserv_id else { return Err("[email] authserv_id is not set".into()) };
+        let domain = from.rsplit_once('@').map(|(_, d)| d).unwrap_or("");
+        authenticated(&facts.headers, id, domain).map(drop)
     }
 }
 
@@ -228,7 +245,24 @@ mod tests {
             me: "bot@home.example".into(),
             allow: vec!["me@example.org".into()],
             authserv_id: Some("mx.home.example".into()),
+            paired: None,
         }
+    }
+
+    #[test]
+    fn only_a_stranger_the_server_vouched_for_may_pair_and_a_paired_one_is_served() {
+        let ar = [("Authentication-Results", "mx.home.example; dkim=pass header.d=example.org")];
+        let forged = [("Authentication-Results", "mx.evil.example; dkim=pass header.d=example.org")];
+        let r = rules();
+        assert_eq!(r.vouched_stranger(&facts("Bob@example.org", &ar)).as_deref(), Some("bob@example.org"));
+        assert_eq!(r.vouched_stranger(&facts("bob@example.org", &forged)), None, "a forged From cannot pair");
+        assert_eq!(r.vouched_stranger(&facts("me@example.org", &ar)), None, "already allowed");
+        let dir = tempfile::tempdir().unwrap();
+        let paired = crate::policy::pairing::PairedCache::new(dir.path(), crate::policy::pairing::PairChannel::Email);
+        paired.add("bob@example.org");
+        let r = Rules { paired: Some(paired), ..rules() };
+        assert_eq!(r.check(&facts("bob@example.org", &ar)), Ok("bob@example.org".into()));
+        assert!(matches!(r.check(&facts("bob@example.org", &forged)), Err(Refusal::Unauthenticated(_))));
     }
 
     fn facts<'a>(from: &str, headers: &[(&'a str, &'a str)]) -> Facts<'a> {

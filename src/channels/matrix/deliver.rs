@@ -55,6 +55,8 @@ impl MatrixChannel {
             return Err(DeliveryError::permanent(format!("`{room}` is not a Matrix room id or alias")));
         }
         let room = self.room_id(room).await?;
+        // The answer replaces the turn's status notice.
+        super::progress::finish(&self.shared, &room).await;
         let reminder = report.job.filter(|j| j.reminder);
         let mut text =
             if report.text.trim().is_empty() { "(empty message)".to_string() } else { report.text.to_string() };
@@ -126,8 +128,8 @@ impl Channel for MatrixChannel {
     }
 
     fn capabilities(&self) -> Capabilities {
-        // Reactions and replies answer a report (buttons); no progress edits yet.
-        Capabilities { files: true, buttons: true, edits: false, typing: true }
+        // Reactions and replies answer a report (buttons); a status notice edited with `m.replace`.
+        Capabilities { files: true, buttons: true, edits: true, typing: true }
     }
 
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {

@@ -15,6 +15,7 @@ use crate::agent::SessionActivity;
 use crate::bus::{Channel, Conversation, InboundMessage, Principal, Target};
 use crate::clients::matrix::{Client, Event, JoinedRoom, Sync};
 use crate::policy::matrix::{RoomRecord, Rooms};
+use crate::policy::pairing;
 use crate::work::reminders::Snooze;
 
 /// Strangers remembered for "logged once"; the set is cleared when full.
@@ -48,6 +49,10 @@ pub struct Handler {
     stop: CancellationToken,
     strangers: HashSet<String>,
     typing: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// The last `/pair` try per user (one per [`crate::policy::pairing::TRY_GAP`]).
+    pub(super) pair_tries: HashMap<String, std::time::Instant>,
+    /// A Matrix pairing code is pending (as of this batch): strangers' invites are taken.
+    pub(super) pairing_open: bool,
 }
 
 impl Handler {
@@ -58,7 +63,17 @@ impl Handler {
         agent: Arc<dyn SessionActivity>,
         stop: CancellationToken,
     ) -> Handler {
-        Handler { matrix, me, inbound, agent, stop, strangers: HashSet::new(), typing: HashMap::new() }
+        Handler {
+            matrix,
+            me,
+            inbound,
+            agent,
+            stop,
+            strangers: HashSet::new(),
+            typing: HashMap::new(),
+            pair_tries: HashMap::new(),
+            pairing_open: false,
+        }
     }
 
     pub fn client(&self) -> &Client {
@@ -96,6 +111,7 @@ impl Handler {
     /// half way), grown as events are handled.
     pub async fn batch(&mut self, sync: &Sync, first: bool, handled: &mut Vec<String>) -> Outcome {
         let mut outcome = Outcome::Quiet;
+        self.refresh_pairing().await;
         let mut rooms = super::load_rooms(&self.shared().state_dir).await;
         let before = rooms.clone();
         let mut later = false;
@@ -169,6 +185,23 @@ impl Handler {
                 }
             };
         }
+        if self.pairing_open && !inviter.is_empty() {
+            // Taken so that they can send the code; left again if they do not pair ([`Handler::known`]).
+            rooms
+                .rooms
+                .insert(room.to_string(), RoomRecord { invited_by: Some(inviter.clone()), ..Default::default() });
+            return match self.client().join(room).await {
+                Ok(id) => {
+                    tracing::warn!(room = %id, inviter, "joined a stranger's Matrix room: a pairing code is pending");
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(room, error = %e, "cannot join a Matrix room to pair in");
+                    rooms.rooms.remove(room);
+                    !e.is_retryable()
+                }
+            };
+        }
         self.stranger(&inviter, "an invite");
         if let Err(e) = self.client().leave(room).await {
             tracing::warn!(room, error = %e, "cannot refuse a Matrix invite");
@@ -181,7 +214,7 @@ impl Handler {
     /// longer allowed).
     async fn known(&mut self, room: &str, rooms: &mut Rooms) -> bool {
         let keep = match rooms.rooms.get(room) {
-            Some(r) => r.invited_by.as_deref().is_none_or(|u| self.matrix.policy.allows(u)),
+            Some(r) => r.invited_by.as_deref().is_none_or(|u| self.matrix.policy.allows(u) || self.pairing_open),
             None => self.matrix.cfg.rooms.iter().any(|r| r == room),
         };
         if keep {
@@ -228,13 +261,13 @@ impl Handler {
         }
     }
 
-    /// A reaction: ✅ or ⏰ on one of our job reports, by an allowed user.
+    /// A reaction: ✅ / 👍 (Done) or ⏰ / 💤 (Snooze) on one of our job reports, by an allowed user.
     async fn reaction(&mut self, room: &str, e: &Event) -> bool {
         if !self.matrix.policy.allows(&e.sender) || e.rel_type() != Some("m.annotation") {
             return false;
         }
         let key = e.content["m.relates_to"]["key"].as_str().unwrap_or_default();
-        let action = if key.starts_with('✅') || key.starts_with('✔') {
+        let action = if key.starts_with('✅') || key.starts_with('✔') || key.starts_with('👍') {
             Action::Done
         } else if key.starts_with('⏰') || key.starts_with('💤') {
             Action::Snooze(Snooze::Minutes(60))
@@ -267,6 +300,11 @@ impl Handler {
 
     /// A room message: skipped with a reason, acted on, or handed to the bus.
     async fn message(&mut self, room: &str, e: &Event) -> Option<bool> {
+        let pair =
+            e.content["body"].as_str().filter(|_| e.rel_type().is_none()).and_then(|b| pairing::request(b, false));
+        if let Some(code) = pair.filter(|_| e.content["msgtype"] == "m.text") {
+            return Some(self.pair(room, &e.sender, code).await);
+        }
         if !self.matrix.policy.allows(&e.sender) {
             self.stranger(&e.sender, "a message");
             return Some(false);
@@ -347,7 +385,7 @@ impl Handler {
         Some(true)
     }
 
-    async fn notice(&self, room: &str, text: &str) {
+    pub(super) async fn notice(&self, room: &str, text: &str) {
         let content = json!({"msgtype": "m.notice", "body": text});
         if let Err(e) = self.client().send(room, "m.room.message", &self.shared().txn(), &content).await {
             tracing::warn!(room, error = %e, "cannot post a notice in Matrix");

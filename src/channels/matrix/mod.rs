@@ -26,8 +26,9 @@
 //!
 //! ## Who is answered
 //!
-//! Only `[matrix] allow_from` users, exactly by id. Invites are taken only
-//! from them; a room the bot finds itself in otherwise is left. A stranger's
+//! Only `[matrix] allow_from` users and paired ones ([`pair`]), exactly by
+//! id. Invites are taken only from them (and from anyone while a pairing code
+//! is pending); a room the bot finds itself in otherwise is left. A stranger's
 //! message in a shared room is ignored and logged once per user. Our own
 //! events (the loop), `m.notice`s (other bots), edits (`m.replace`: an edit
 //! of an old message is not a new command), redacted and malformed events
@@ -42,6 +43,8 @@
 
 pub mod deliver;
 pub mod inbound;
+mod pair;
+pub mod progress;
 pub mod state;
 pub mod status;
 
@@ -91,6 +94,8 @@ pub(crate) struct Shared {
     pub aliases: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// The next transaction id's number.
     pub txns: std::sync::atomic::AtomicU64,
+    /// The rooms' status notices while a turn runs tools.
+    pub progress: progress::Statuses,
 }
 
 impl Shared {
@@ -143,6 +148,7 @@ impl Matrix {
             reports: std::sync::Mutex::new(state::ReportLog::load(state_dir)),
             aliases: Default::default(),
             txns: Default::default(),
+            progress: Default::default(),
         };
         Ok(Some(Matrix {
             shared: Arc::new(shared),
@@ -151,6 +157,11 @@ impl Matrix {
             workspace: workspace.to_path_buf(),
             reminders,
         }))
+    }
+
+    /// Where chat turns report what they are doing (a status notice, edited).
+    pub fn progress(&self) -> Arc<dyn crate::agent::ProgressSink> {
+        Arc::new(progress::Progress::new(self.shared.clone()))
     }
 
     /// The delivery side, for the outbox.

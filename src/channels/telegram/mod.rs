@@ -174,7 +174,8 @@ impl Telegram {
             }
         };
         let mut poller = Poller::new(me, allow);
-        poller.paired_stamp = crate::policy::pairing::stamp(&self.state_dir);
+        poller.paired_stamp =
+            crate::policy::pairing::stamp(&self.state_dir, crate::policy::pairing::PairChannel::Telegram);
         let polling = Polling { tg: self, poller, inbound, agent, stop };
         polling.run(offset_file, offset, backoff).await;
     }

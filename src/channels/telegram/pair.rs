@@ -53,7 +53,10 @@ impl Poller {
         }
         let (dir, name, id) = (state_dir.to_path_buf(), from.username.clone(), from.id);
         let at = jiff::Timestamp::now();
-        let outcome = tokio::task::spawn_blocking(move || pairing::redeem(&dir, &code, id, name.as_deref(), at)).await;
+        let outcome = tokio::task::spawn_blocking(move || {
+            pairing::redeem(&dir, &code, &crate::bus::Principal::Telegram(id), name.as_deref(), at)
+        })
+        .await;
         let user = from.username.as_deref().unwrap_or("-");
         let text = match outcome {
             Ok(Ok(Redeemed::Paired)) => {
@@ -91,7 +94,7 @@ impl Poller {
     pub(super) async fn refresh_paired(&mut self, state_dir: &std::path::Path) {
         let (dir, seen) = (state_dir.to_path_buf(), self.paired_stamp);
         let changed = tokio::task::spawn_blocking(move || {
-            let stamp = pairing::stamp(&dir);
+            let stamp = pairing::stamp(&dir, pairing::PairChannel::Telegram);
             (stamp != seen).then(|| (stamp, pairing::paired_ids(&dir)))
         })
         .await;

@@ -158,6 +158,13 @@ impl WebhookServer {
 
     /// Serve until the stop; runs in flight end or are cancelled by the abort.
     pub async fn run(self, shutdown: Shutdown) {
+        let tls = match server::acceptor(&self.settings) {
+            Ok(t) => t,
+            Err(why) => {
+                tracing::error!("webhooks are off: {why}");
+                return;
+            }
+        };
         let listener = match tokio::net::TcpListener::bind(self.settings.listen).await {
             Ok(l) => l,
             Err(e) => {
@@ -168,11 +175,12 @@ impl WebhookServer {
                 return;
             }
         };
-        tracing::info!(listen = %self.settings.listen, endpoints = self.shared.endpoints.len(), "webhooks listening");
+        let https = tls.is_some();
+        tracing::info!(listen = %self.settings.listen, https, endpoints = self.shared.endpoints.len(), "webhooks listening");
         let (tx, mut rx) = mpsc::channel::<Call>(QUEUE);
         let stop = shutdown.stop_token().clone();
         let abort = shutdown.abort_token().clone();
-        let limits = server::Limits::new(self.settings.max_connections);
+        let limits = server::Limits::new(self.settings.max_connections, tls);
         let serve = server::serve(listener, self.shared.clone(), tx, limits, stop.clone());
         let (shared, deps) = (self.shared.clone(), self.deps.clone());
         let runs = async move {

@@ -37,6 +37,8 @@ use super::{Call, Endpoint, Shared};
 use crate::clients::webhook::{self as wire, ORIGIN_HEADER, SIGNATURE_HEADER};
 use crate::config::{WebhookAction, WebhookAuth};
 
+/// Time for a client to finish the TLS handshake (HTTPS listeners).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time for a client to send its request line and headers.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time for a client to send its body.
@@ -47,15 +49,33 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_HEADERS: usize = 32;
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 
-/// The listener's bounds.
+/// The listener's bounds, and its TLS (`None`: plain HTTP).
 pub struct Limits {
     max_connections: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Limits {
-    pub fn new(max_connections: u32) -> Limits {
-        Limits { max_connections: (max_connections as usize).max(1) }
+    pub fn new(max_connections: u32, tls: Option<tokio_rustls::TlsAcceptor>) -> Limits {
+        Limits { max_connections: (max_connections as usize).max(1), tls }
     }
+}
+
+/// The TLS acceptor for `tls_cert` / `tls_key` (`None`: not configured); the
+/// error says what is wrong with which file.
+pub fn acceptor(settings: &crate::config::WebhooksConfig) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+    let Some(files) = settings.tls_files() else { return Ok(None) };
+    let files = files.map_err(|(_, why)| why)?;
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("[webhooks] TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(files.chain, files.key)
+        .map_err(|e| format!("[webhooks] tls_cert and tls_key do not make a usable pair: {e}"))?;
+    Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
 }
 
 /// Accept and serve connections until `stop`.
@@ -81,11 +101,11 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
-                let (shared, calls, stop) = (shared.clone(), calls.clone(), stop.clone());
+                let (shared, calls, stop, tls) = (shared.clone(), calls.clone(), stop.clone(), limits.tls.clone());
                 conns.spawn(async move {
                     let _permit = permit;
                     tokio::select! {
-                        () = connection(stream, peer, shared, calls) => {}
+                        () = secured(stream, peer, tls, shared, calls) => {}
                         _ = stop.cancelled() => {}
                     }
                 });
@@ -101,8 +121,29 @@ pub async fn serve(
     conns.abort_all();
 }
 
+/// One connection, after its TLS handshake (within [`HANDSHAKE_TIMEOUT`],
+/// in the connection's own task: a stalled client holds only its own slot).
+async fn secured(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
+    calls: mpsc::Sender<Call>,
+) {
+    let Some(acceptor) = tls else { return connection(stream, peer, shared, calls).await };
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => connection(stream, peer, shared, calls).await,
+        // Plain HTTP to the HTTPS port ends here too: the client sees the connection closed.
+        Ok(Err(e)) => tracing::info!(%peer, "webhooks: TLS handshake failed: {e}"),
+        Err(_) => tracing::info!(%peer, "webhooks: no TLS handshake within {HANDSHAKE_TIMEOUT:?}; closed"),
+    }
+}
+
 /// One connection, one request, within [`CONNECTION_TIMEOUT`].
-async fn connection(stream: tokio::net::TcpStream, peer: SocketAddr, shared: Arc<Shared>, calls: mpsc::Sender<Call>) {
+async fn connection<S>(stream: S, peer: SocketAddr, shared: Arc<Shared>, calls: mpsc::Sender<Call>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
         let (shared, calls) = (shared.clone(), calls.clone());
         async move { Ok::<_, Infallible>(answer(req, peer, &shared, &calls).await) }

@@ -33,7 +33,8 @@ pub fn status_line(c: &Config) -> String {
         None => {
             let up = TcpStream::connect_timeout(&c.webhooks.listen, Duration::from_secs(1)).is_ok();
             let state = if up { "listening" } else { "NOT listening (is the daemon running?)" };
-            format!("http://{}/hook/<name> {state}; endpoints: {}", c.webhooks.listen, endpoints.join(", "))
+            let scheme = if c.webhooks.tls() { "https" } else { "http" };
+            format!("{scheme}://{}/hook/<name> {state}; endpoints: {}", c.webhooks.listen, endpoints.join(", "))
         }
     };
     let out =
