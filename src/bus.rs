@@ -22,6 +22,8 @@ pub const BUS_CAPACITY: usize = 64;
 pub enum Target {
     /// A Telegram chat.
     Telegram(String),
+    /// A Discord channel (a DM or a guild text channel), by its snowflake id.
+    Discord(u64),
     /// A mailbox (`email:<address>`), or its daily digest (`?digest=HH:MM`).
     Email(EmailTarget),
     /// A Matrix room, by id (`!abc:server`) or alias (`#room:server`, resolved when delivered).
@@ -45,6 +47,7 @@ impl Target {
     pub fn origin(channel: &Channel, chat_id: &str) -> Target {
         match channel {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
+            Channel::Discord => chat_id.parse().map(Target::Discord).unwrap_or(Target::Log),
             Channel::Email => Target::Email(EmailTarget { address: chat_id.to_string(), digest: None }),
             Channel::Matrix => Target::Matrix(chat_id.to_string()),
             Channel::Mqtt if !chat_id.is_empty() => Target::Mqtt(Some(chat_id.to_string())),
@@ -61,6 +64,7 @@ impl Target {
     pub fn channel(&self) -> &'static str {
         match self {
             Target::Telegram(_) => "telegram",
+            Target::Discord(_) => "discord",
             Target::Email(_) => "email",
             Target::Matrix(_) => "matrix",
             Target::Mqtt(_) => "mqtt",
@@ -76,6 +80,7 @@ impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
+            Target::Discord(channel) => write!(f, "discord:{channel}"),
             Target::Email(t) => write!(f, "email:{t}"),
             Target::Matrix(room) => write!(f, "matrix:{room}"),
             Target::Mqtt(None) => f.write_str("mqtt"),
@@ -105,7 +110,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `matrix:<room>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `discord:<channel id>`, `matrix:<room>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -121,6 +126,10 @@ impl Target {
                     Err(format!("`{text}`: a Telegram target needs a numeric chat id (or @channelname), like `telegram:123456789`"))
                 }
             }
+            Some(("discord", id)) => match id.trim().parse::<u64>() {
+                Ok(id) if id > 0 => Ok(Target::Discord(id)),
+                _ => Err(format!("`{text}`: a Discord target is a channel id (a number), like `discord:1098765432101234567`")),
+            },
             Some(("email", rest)) => EmailTarget::parse(rest.trim()).map(Target::Email).map_err(|why| {
                 format!("`{text}` is not a delivery target: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
             }),
@@ -272,6 +281,8 @@ pub enum Channel {
     /// `bramble agent`: the terminal.
     Cli,
     Telegram,
+    /// A Discord DM or allow-listed guild channel.
+    Discord,
     /// Mail from an allow-listed sender the receiving server authenticated.
     Email,
     /// A Matrix room.
@@ -294,6 +305,7 @@ impl Channel {
         match self {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
+            Channel::Discord => "discord",
             Channel::Email => "email",
             Channel::Matrix => "matrix",
             Channel::Mqtt => "mqtt",
@@ -310,6 +322,7 @@ impl From<&str> for Channel {
         match name {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
+            "discord" => Channel::Discord,
             "email" => Channel::Email,
             "matrix" => Channel::Matrix,
             "mqtt" => Channel::Mqtt,
@@ -364,6 +377,8 @@ pub enum Source {
     Terminal,
     /// A chat with an `allow_from` user.
     Telegram,
+    /// A Discord message from a `[discord] allow_from` user.
+    Discord,
     /// Mail from an `[email] allow_from` sender, authenticated by DKIM or SPF.
     Email,
     /// A Matrix room message from a `[matrix] allow_from` user.
@@ -383,9 +398,10 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 9] = [
+    pub const ALL: [Source; 10] = [
         Source::Terminal,
         Source::Telegram,
+        Source::Discord,
         Source::Matrix,
         Source::Email,
         Source::Job,
@@ -400,6 +416,7 @@ impl Source {
         match self {
             Source::Terminal => "terminal",
             Source::Telegram => "telegram",
+            Source::Discord => "discord",
             Source::Email => "email",
             Source::Matrix => "matrix",
             Source::Job => "job",
@@ -423,11 +440,18 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
-            (Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::Email | Channel::System, _) if in_job => {
-                Source::Job
-            }
+            (
+                Channel::Cli
+                | Channel::Telegram
+                | Channel::Discord
+                | Channel::Matrix
+                | Channel::Email
+                | Channel::System,
+                _,
+            ) if in_job => Source::Job,
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
+            (Channel::Discord, _) => Source::Discord,
             (Channel::Matrix, _) => Source::Matrix,
             (Channel::Email, _) => Source::Email,
             (Channel::System, _) => Source::Job,
@@ -496,6 +520,9 @@ pub enum Principal {
     /// A Telegram user, by id: an `allow_from` user or a paired one. Their
     /// rights end when they are revoked or leave `allow_from`.
     Telegram(i64),
+    /// A Discord user, by id: a `[discord] allow_from` user. Their rights end
+    /// when they leave `allow_from`.
+    Discord(u64),
     /// A mail sender, by address: an `[email] allow_from` address whose mail
     /// the receiving server authenticated (DKIM or SPF).
     Email(String),
@@ -516,6 +543,7 @@ impl fmt::Display for Principal {
         match self {
             Principal::Owner => f.write_str("owner"),
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
+            Principal::Discord(id) => write!(f, "discord:{id}"),
             Principal::Email(addr) => write!(f, "email:{addr}"),
             Principal::Matrix(id) => write!(f, "matrix:{id}"),
             Principal::Member(user) => write!(f, "member:{user}"),
@@ -533,11 +561,14 @@ impl FromStr for Principal {
             Some(("telegram", id)) => {
                 id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
             }
+            Some(("discord", id)) => {
+                id.parse().map(Principal::Discord).map_err(|_| format!("`{text}`: a Discord user id is a number"))
+            }
             Some(("email", addr)) if is_plain_address(addr) => Ok(Principal::Email(addr.to_string())),
             Some(("matrix", user)) if is_matrix_user(user) => Ok(Principal::Matrix(user.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `matrix:<@user:server>`, `email:<address>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `discord:<id>`, `matrix:<@user:server>`, `email:<address>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -765,6 +796,7 @@ mod tests {
             "telegram:123456",
             "telegram:-100123",
             "telegram:@news",
+            "discord:1098765432101234567",
             "matrix:!abc:example.org",
             "matrix:#ops:example.org",
             "matrix:!ppGSUgfWKuR7zlCFFkXAVXRQAsm0h8KECeOS-AACohQ",
@@ -784,6 +816,10 @@ mod tests {
         for t in [
             "telegram:",
             "telegram:abc",
+            "discord:",
+            "discord:0",
+            "discord:general",
+            "discord:-5",
             "matrix:",
             "matrix:room",
             "matrix:@owner:example.org",
@@ -911,6 +947,7 @@ mod tests {
         for p in [
             Principal::Owner,
             Principal::Telegram(42),
+            Principal::Discord(80351110224678912),
             Principal::Matrix("@ann:example.org".into()),
             Principal::Member("ann".into()),
             Principal::Anonymous,
@@ -919,7 +956,9 @@ mod tests {
             assert_eq!(serde_json::from_str::<Principal>(&json).unwrap(), p);
         }
         assert_eq!(serde_json::to_string(&Principal::Telegram(-5)).unwrap(), "\"telegram:-5\"");
-        for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann"] {
+        for bad in
+            ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann", "discord:x", "discord:-1"]
+        {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
     }

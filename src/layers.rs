@@ -330,6 +330,9 @@ mod tests {
             "channels/telegram/mod.rs",
             // The same in a Matrix room.
             "channels/matrix/inbound.rs",
+            // The same in a Discord channel, and its status message: one worker per channel while its turn runs.
+            "channels/discord/inbound.rs",
+            "channels/discord/progress.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
             // One task per webhook connection: at most `[webhooks] max_connections` (permits), each bounded in time.

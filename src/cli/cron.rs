@@ -230,6 +230,7 @@ fn added(
             Target::Telegram(_) => loaded.config.telegram.token().is_some(),
             Target::Email(_) => cfg!(feature = "email") && loaded.config.email.smtp.is_some(),
             Target::Matrix(_) => cfg!(feature = "matrix") && loaded.config.matrix.homeserver.is_some(),
+            Target::Discord(_) => cfg!(feature = "discord") && loaded.config.discord.configured(),
             Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
             Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
             Target::Webhook(name) => loaded.config.has_webhook_target(name),

@@ -104,6 +104,7 @@ fn configured(loaded: &Loaded, target: &crate::bus::Target) -> bool {
         Target::Telegram(_) => c.telegram.token().is_some(),
         Target::Email(_) => cfg!(feature = "email") && c.email.smtp.is_some(),
         Target::Matrix(_) => cfg!(feature = "matrix") && c.matrix.homeserver.is_some(),
+        Target::Discord(_) => cfg!(feature = "discord") && c.discord.configured(),
         Target::Mqtt(_) => c.mqtt.url.is_some(),
         Target::HomeAssistant(_) => c.homeassistant.url.is_some(),
         Target::Webhook(name) => c.has_webhook_target(name),

@@ -12,6 +12,7 @@
 
 pub mod channels;
 mod diagnose;
+pub mod discord;
 pub mod email;
 pub mod env;
 pub mod homeassistant;
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use channels::*;
+pub use discord::DiscordConfig;
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use matrix::MatrixConfig;
 pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
@@ -54,6 +56,8 @@ pub struct Config {
     pub exec: ExecConfig,
     pub web: WebConfig,
     pub telegram: TelegramConfig,
+    /// `[discord]` (`discord.rs`).
+    pub discord: DiscordConfig,
     /// `[matrix]` (`matrix.rs`).
     pub matrix: MatrixConfig,
     pub mqtt: MqttConfig,
@@ -238,6 +242,7 @@ impl Default for Config {
             exec: ExecConfig::default(),
             web: WebConfig::default(),
             telegram: TelegramConfig::default(),
+            discord: DiscordConfig::default(),
             matrix: MatrixConfig::default(),
             mqtt: MqttConfig::default(),
             daemon: DaemonConfig::default(),
@@ -651,6 +656,9 @@ impl Config {
                     self.telegram.tomorrow_at
                 ),
             ));
+        }
+        if let Some(why) = self.discord.problem() {
+            return Err((text.find("[discord]").map(|i| i..i + "[discord]".len()), why));
         }
         if let Some(why) = self.matrix.problem() {
             return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));

@@ -170,7 +170,8 @@ fn tools(
     }
     let telegram_chats = crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
         .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
-        .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state));
+        .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state))
+        .with_discord(crate::policy::discord::DiscordPolicy::new(c.discord.users(), c.discord.channel_ids(), state));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -234,6 +235,11 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         &c.matrix.rooms,
         &loaded.paths.state_dir,
     ))
+    .with_discord(crate::policy::discord::DiscordPolicy::new(
+        c.discord.users(),
+        c.discord.channel_ids(),
+        &loaded.paths.state_dir,
+    ))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -281,6 +287,9 @@ pub struct Daemon {
     /// `[matrix]`'s sync loop (`None`: not configured).
     #[cfg(feature = "matrix")]
     pub matrix: Option<crate::channels::matrix::MatrixPoller>,
+    /// `[discord]`'s gateway loop (`None`: not configured).
+    #[cfg(feature = "discord")]
+    pub discord: Option<crate::channels::discord::DiscordPoller>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -314,13 +323,14 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
     #[cfg(feature = "matrix")]
     let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
+    let (discord, progress) = discord_parts(loaded, &jobs, telegram.as_ref().and_then(|t| t.progress()));
     let ha = ha_rest(c);
     let links = AgentLinks {
         ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
-        progress: telegram.as_ref().and_then(|t| t.progress()),
+        progress,
         jobs: Some(jobs.clone()),
     };
     let sandbox = sandbox(loaded);
@@ -338,6 +348,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         channels.add(matrix.channel());
         crate::channels::matrix::MatrixPoller { matrix, inbound: bus.inbound_tx.clone(), activity: agent.activity() }
     });
+    let discord = discord_poller(discord, &mut channels, &bus.inbound_tx, &agent);
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -386,6 +397,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         email,
         #[cfg(feature = "matrix")]
         matrix,
+        #[cfg(feature = "discord")]
+        discord,
         mqtt,
         ha,
         heartbeat,
@@ -436,7 +449,7 @@ fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
 }
 
 /// Done / Snooze over the job store, for a channel's report answers.
-#[cfg(feature = "matrix")]
+#[cfg(any(feature = "matrix", feature = "discord"))]
 fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
     let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
     crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
@@ -457,6 +470,53 @@ fn matrix_channel(
         }
     }
 }
+
+/// The Discord channel, before the agent is built (`()` without the feature).
+#[cfg(feature = "discord")]
+type DiscordPart = Option<crate::channels::discord::Discord>;
+#[cfg(not(feature = "discord"))]
+type DiscordPart = ();
+type Progress = Option<Arc<dyn crate::agent::ProgressSink>>;
+
+/// The Discord channel for `[discord]` (`None`: not configured, or unusable:
+/// logged), and the chat turns' progress sink with Discord's in front of `progress`.
+#[cfg(feature = "discord")]
+fn discord_parts(loaded: &Loaded, jobs: &JobStore, progress: Progress) -> (DiscordPart, Progress) {
+    let (c, state) = (&loaded.config.discord, &loaded.paths.state_dir);
+    let reminders = Some(reminders_for(&loaded.config, jobs));
+    match crate::channels::discord::Discord::from_config(c, state, &loaded.paths.workspace, reminders) {
+        Ok(Some(d)) => {
+            let progress = Some(d.progress(progress));
+            (Some(d), progress)
+        }
+        Ok(None) => (None, progress),
+        Err(e) => {
+            tracing::error!("Discord is off: {e}");
+            (None, progress)
+        }
+    }
+}
+
+#[cfg(not(feature = "discord"))]
+fn discord_parts(_: &Loaded, _: &JobStore, progress: Progress) -> (DiscordPart, Progress) {
+    ((), progress)
+}
+
+/// Discord's delivery side into `channels`, and its gateway loop.
+#[cfg(feature = "discord")]
+fn discord_poller(
+    discord: DiscordPart,
+    channels: &mut Channels,
+    inbound: &mpsc::Sender<InboundMessage>,
+    agent: &Arc<Agent>,
+) -> Option<crate::channels::discord::DiscordPoller> {
+    let discord = discord?;
+    channels.add(discord.channel());
+    Some(crate::channels::discord::DiscordPoller { discord, inbound: inbound.clone(), activity: agent.activity() })
+}
+
+#[cfg(not(feature = "discord"))]
+fn discord_poller(_: DiscordPart, _: &mut Channels, _: &mpsc::Sender<InboundMessage>, _: &Arc<Agent>) {}
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.
 fn channels(

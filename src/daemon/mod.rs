@@ -33,6 +33,7 @@
 //! | telegram poller | ends | it ends by itself only when Telegram refuses the token, and says so; a restart cannot help until the config changes, and an exit would keep the whole daemon down (a refused token is fatal at start) |
 //! | email | exit | owns its inbound sender and the digest wake-up; it reconnects by itself and ends only when stopped |
 //! | matrix poller | ends | the same for a refused Matrix login |
+//! | discord gateway | ends | the same for a refused Discord token or intents (Discord bans bots that keep trying) |
 //! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
 //! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
 //! | bus server | exit | owns the bus's inbound end |
@@ -97,6 +98,9 @@ pub async fn run(
     // The same for a Matrix access token.
     #[cfg(feature = "matrix")]
     crate::channels::matrix::check_login(&first.config.matrix).await?;
+    // And for a Discord bot token.
+    #[cfg(feature = "discord")]
+    crate::channels::discord::check_login(&first.config.discord).await?;
     let mut loaded = first;
     let mut previous: Option<crate::config::Loaded> = None;
     loop {
@@ -221,6 +225,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     #[cfg(feature = "matrix")]
     if let Some(poller) = d.matrix {
         tasks.spawn(Service::ends("matrix poller", |sd| poller.run(sd)));
+    }
+    #[cfg(feature = "discord")]
+    if let Some(gateway) = d.discord {
+        tasks.spawn(Service::ends("discord gateway", |sd| gateway.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));

@@ -5,6 +5,7 @@
 //!   Telegram poller decides with it who is served; the `message` and `cron`
 //!   tools decide with it where a report may go.
 //! - [`matrix`]: `[matrix] allow_from`, and the rooms a turn may post to.
+//! - [`discord`]: `[discord] allow_from`, and the channels a turn may post to.
 //! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
 //! - [`standing`]: whether a job's creator may still have it run (revoked
 //!   users' jobs stop), and where members' reminders may go.
@@ -12,6 +13,7 @@
 //! Below the tools and the channels, above the configuration (see
 //! `ARCHITECTURE.md`, "Layers").
 
+pub mod discord;
 pub mod matrix;
 pub mod pairing;
 pub mod pins;

@@ -182,6 +182,8 @@ pub struct AllowedChats {
     email: Vec<String>,
     /// `[matrix]`'s users and rooms (empty: no Matrix room is allowed).
     matrix: super::matrix::MatrixPolicy,
+    /// `[discord]`'s users and channels (empty: no Discord channel is allowed).
+    discord: super::discord::DiscordPolicy,
 }
 
 impl AllowedChats {
@@ -191,6 +193,7 @@ impl AllowedChats {
             state_dir: state_dir.to_path_buf(),
             email: Vec::new(),
             matrix: Default::default(),
+            discord: Default::default(),
         }
     }
 
@@ -208,6 +211,16 @@ impl AllowedChats {
     /// With `[matrix]`'s users and rooms.
     pub fn with_matrix(self, matrix: super::matrix::MatrixPolicy) -> AllowedChats {
         AllowedChats { matrix, ..self }
+    }
+
+    /// With `[discord]`'s users and channels.
+    pub fn with_discord(self, discord: super::discord::DiscordPolicy) -> AllowedChats {
+        AllowedChats { discord, ..self }
+    }
+
+    /// The Discord users served and channels allowed.
+    pub fn discord(&self) -> &super::discord::DiscordPolicy {
+        &self.discord
     }
 
     /// The Matrix users served and rooms allowed.

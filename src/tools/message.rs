@@ -159,10 +159,12 @@ pub(crate) async fn check_delivery(
     targets: &[Target],
     chats: &AllowedChats,
 ) -> Result<(), ToolError> {
-    if !targets
-        .iter()
-        .any(|t| matches!(t, Target::Telegram(_) | Target::Matrix(_) | Target::Email(_) | Target::HomeAssistant(_)))
-    {
+    if !targets.iter().any(|t| {
+        matches!(
+            t,
+            Target::Telegram(_) | Target::Discord(_) | Target::Matrix(_) | Target::Email(_) | Target::HomeAssistant(_)
+        )
+    }) {
         return Ok(());
     }
     let (ctx, targets, chats) = (ctx.clone(), targets.to_vec(), chats.clone());

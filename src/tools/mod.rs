@@ -69,6 +69,8 @@ pub enum Origin {
     Email,
     /// A Matrix room, started by a `[matrix] allow_from` user.
     Matrix,
+    /// A Discord DM or allowed channel, started by a `[discord] allow_from` user.
+    Discord,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -91,6 +93,7 @@ impl Origin {
             Channel::Telegram => Origin::Telegram,
             Channel::Email => Origin::Email,
             Channel::Matrix => Origin::Matrix,
+            Channel::Discord => Origin::Discord,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
@@ -102,7 +105,10 @@ impl Origin {
     /// Whether the origin is the owner (or acts for them). Untrusted turns may
     /// not schedule work nor reach Telegram chats.
     pub fn trusted(self) -> bool {
-        matches!(self, Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Email | Origin::System)
+        matches!(
+            self,
+            Origin::Cli | Origin::Telegram | Origin::Matrix | Origin::Discord | Origin::Email | Origin::System
+        )
     }
 
     /// The name used in refusals and logs.
@@ -112,6 +118,7 @@ impl Origin {
             Origin::Telegram => "Telegram",
             Origin::Email => "email",
             Origin::Matrix => "Matrix",
+            Origin::Discord => "Discord",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
@@ -166,6 +173,9 @@ impl Origin {
         if let crate::bus::Target::Matrix(room) = target {
             return self.check_matrix_room(ctx, room, chats);
         }
+        if let crate::bus::Target::Discord(channel) = target {
+            return self.check_discord_channel(ctx, *channel, chats);
+        }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
             return Err(ToolError::new(format!(
@@ -205,6 +215,30 @@ impl Origin {
         }
         Err(ToolError::new(format!(
             "matrix:{room} is not a room of [matrix] rooms nor one a user in [matrix] allow_from invited bramble to"
+        )))
+    }
+
+    /// [`Origin::check_delivery`] for a Discord channel: trusted turns only,
+    /// to the channel the turn came from, a configured channel, or an allowed
+    /// user's DM.
+    fn check_discord_channel(
+        self,
+        ctx: &ToolContext,
+        channel: u64,
+        chats: &crate::policy::AllowedChats,
+    ) -> Result<(), ToolError> {
+        if !self.trusted() {
+            return Err(ToolError::new(format!(
+                "this turn came from {} (an untrusted origin): it cannot send to Discord channels",
+                self.name()
+            )));
+        }
+        let own = self == Origin::Discord && ctx.conversation.chat_id == channel.to_string();
+        if own || chats.discord().channel_allowed(channel) {
+            return Ok(());
+        }
+        Err(ToolError::new(format!(
+            "discord:{channel} is not a channel of [discord] channels nor the DM of a user in [discord] allow_from"
         )))
     }
 
@@ -309,8 +343,9 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         Channel::Email if crate::bus::is_plain_address(&conversation.chat_id) => {
             Principal::Email(conversation.chat_id.clone())
         }
-        // A room's id says nothing of who wrote in it.
+        // A room's (or a Discord channel's) id says nothing of who wrote in it.
         Channel::Matrix
+        | Channel::Discord
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
@@ -459,9 +494,13 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Mqtt | Source::Webhook => {
-            &["exec", "read_file", "write_file", "cron", "web_fetch"]
-        }
+        Source::Terminal
+        | Source::Telegram
+        | Source::Discord
+        | Source::Matrix
+        | Source::Email
+        | Source::Mqtt
+        | Source::Webhook => &["exec", "read_file", "write_file", "cron", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }

@@ -37,6 +37,7 @@ impl Source {
         match principal {
             Principal::Owner | Principal::Member(_) | Principal::Anonymous => None,
             Principal::Telegram(_) => Some(Source::Telegram),
+            Principal::Discord(_) => Some(Source::Discord),
             Principal::Email(_) => Some(Source::Email),
             Principal::Matrix(_) => Some(Source::Matrix),
         }
@@ -50,7 +51,8 @@ impl Source {
                 &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"]
             }
             // A mail account is more often phished than a phone: no commands by default.
-            Source::Email => &["exec"],
+            // Discord too: its accounts are a favourite of token stealers, and guild channels are shared.
+            Source::Email | Source::Discord => &["exec"],
             _ => &[],
         }
     }
@@ -61,7 +63,13 @@ impl Source {
     pub fn default_memory(self) -> bool {
         matches!(
             self,
-            Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Job | Source::Heartbeat
+            Source::Terminal
+                | Source::Telegram
+                | Source::Discord
+                | Source::Matrix
+                | Source::Email
+                | Source::Job
+                | Source::Heartbeat
         )
     }
 }
@@ -290,7 +298,13 @@ mod tests {
         for s in Source::ALL {
             let trusted = matches!(
                 s,
-                Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Job | Source::Heartbeat
+                Source::Terminal
+                    | Source::Telegram
+                    | Source::Discord
+                    | Source::Matrix
+                    | Source::Email
+                    | Source::Job
+                    | Source::Heartbeat
             );
             assert_eq!(p.remembers(s), trusted, "{s:?}");
         }
