@@ -9,6 +9,7 @@
 //! - [`amqtt`]: `Amqtt`, an MQTT 3.1.1-only broker from PyPI, the second broker.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
+//! - [`discord`]: `FakeDiscord`, Discord's gateway (a real RFC 6455 server) and REST API v10.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
@@ -18,6 +19,7 @@
 
 pub mod amqtt;
 pub mod daemon;
+pub mod discord;
 /// Variables in the process environment, for one test, in a child process.
 #[path = "../../../src/util/test_env.rs"]
 pub mod env;
