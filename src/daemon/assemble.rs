@@ -287,9 +287,8 @@ pub struct Daemon {
     /// `[matrix]`'s sync loop (`None`: not configured).
     #[cfg(feature = "matrix")]
     pub matrix: Option<crate::channels::matrix::MatrixPoller>,
-    /// `[discord]`'s gateway loop (`None`: not configured).
-    #[cfg(feature = "discord")]
-    pub discord: Option<crate::channels::discord::DiscordPoller>,
+    /// `[discord]`'s gateway loop (`None`: not configured, or not in this build).
+    pub discord: Option<DiscordGateway>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -397,7 +396,6 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         email,
         #[cfg(feature = "matrix")]
         matrix,
-        #[cfg(feature = "discord")]
         discord,
         mqtt,
         ha,
@@ -476,6 +474,10 @@ fn matrix_channel(
 type DiscordPart = Option<crate::channels::discord::Discord>;
 #[cfg(not(feature = "discord"))]
 type DiscordPart = ();
+#[cfg(feature = "discord")]
+pub type DiscordGateway = crate::channels::discord::DiscordPoller;
+#[cfg(not(feature = "discord"))]
+pub type DiscordGateway = std::convert::Infallible;
 type Progress = Option<Arc<dyn crate::agent::ProgressSink>>;
 
 /// The Discord channel for `[discord]` (`None`: not configured, or unusable:
@@ -509,14 +511,21 @@ fn discord_poller(
     channels: &mut Channels,
     inbound: &mpsc::Sender<InboundMessage>,
     agent: &Arc<Agent>,
-) -> Option<crate::channels::discord::DiscordPoller> {
+) -> Option<DiscordGateway> {
     let discord = discord?;
     channels.add(discord.channel());
     Some(crate::channels::discord::DiscordPoller { discord, inbound: inbound.clone(), activity: agent.activity() })
 }
 
 #[cfg(not(feature = "discord"))]
-fn discord_poller(_: DiscordPart, _: &mut Channels, _: &mpsc::Sender<InboundMessage>, _: &Arc<Agent>) {}
+fn discord_poller(
+    _: DiscordPart,
+    _: &mut Channels,
+    _: &mpsc::Sender<InboundMessage>,
+    _: &Arc<Agent>,
+) -> Option<DiscordGateway> {
+    None
+}
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.
 fn channels(
