@@ -25,6 +25,8 @@ pub enum Target {
     /// A Feishu / Lark chat, by `chat_id` (`oc_…`): a direct chat or a group
     /// (the endpoint, China or international, is `[feishu] domain`).
     Feishu(String),
+    /// A Discord channel (a DM or a guild text channel), by its snowflake id.
+    Discord(u64),
     /// A mailbox (`email:<address>`), or its daily digest (`?digest=HH:MM`).
     Email(EmailTarget),
     /// A Matrix room, by id (`!abc:server`) or alias (`#room:server`, resolved when delivered).
@@ -52,6 +54,7 @@ impl Target {
         match channel {
             Channel::Telegram => Target::Telegram(chat_id.to_string()),
             Channel::Feishu => Target::Feishu(chat_id.to_string()),
+            Channel::Discord => chat_id.parse().map(Target::Discord).unwrap_or(Target::Log),
             Channel::Email => Target::Email(EmailTarget { address: chat_id.to_string(), digest: None }),
             Channel::Matrix => Target::Matrix(chat_id.to_string()),
             Channel::Signal => Target::Signal(chat_id.to_string()),
@@ -70,6 +73,7 @@ impl Target {
         match self {
             Target::Telegram(_) => "telegram",
             Target::Feishu(_) => "feishu",
+            Target::Discord(_) => "discord",
             Target::Email(_) => "email",
             Target::Matrix(_) => "matrix",
             Target::Signal(_) => "signal",
@@ -87,6 +91,7 @@ impl fmt::Display for Target {
         match self {
             Target::Telegram(chat) => write!(f, "telegram:{chat}"),
             Target::Feishu(chat) => write!(f, "feishu:{chat}"),
+            Target::Discord(channel) => write!(f, "discord:{channel}"),
             Target::Email(t) => write!(f, "email:{t}"),
             Target::Matrix(room) => write!(f, "matrix:{room}"),
             Target::Signal(chat) => write!(f, "signal:{chat}"),
@@ -117,7 +122,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `feishu:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `discord:<channel id>`, `feishu:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -138,6 +143,10 @@ impl Target {
                 // Read back leniently: an odd chat is refused where it is delivered.
                 chat if !strict && !chat.is_empty() => Ok(Target::Feishu(chat.to_string())),
                 _ => Err(format!("`{text}`: a Feishu / Lark target is a chat_id, like `feishu:oc_a0553eda9014c201e6969b478895c230`")),
+            },
+            Some(("discord", id)) => match id.trim().parse::<u64>() {
+                Ok(id) if id > 0 => Ok(Target::Discord(id)),
+                _ => Err(format!("`{text}`: a Discord target is a channel id (a number), like `discord:1098765432101234567`")),
             },
             Some(("email", rest)) => EmailTarget::parse(rest.trim()).map(Target::Email).map_err(|why| {
                 format!("`{text}` is not a delivery target: {why}, like `email:me@example.org` or `email:me@example.org?digest=07:00`")
@@ -300,6 +309,8 @@ pub enum Channel {
     Telegram,
     /// A Feishu / Lark chat (direct or group).
     Feishu,
+    /// A Discord DM or allow-listed guild channel.
+    Discord,
     /// Mail from an allow-listed sender the receiving server authenticated.
     Email,
     /// A Matrix room.
@@ -325,6 +336,7 @@ impl Channel {
             Channel::Cli => "cli",
             Channel::Telegram => "telegram",
             Channel::Feishu => "feishu",
+            Channel::Discord => "discord",
             Channel::Email => "email",
             Channel::Matrix => "matrix",
             Channel::Signal => "signal",
@@ -343,6 +355,7 @@ impl From<&str> for Channel {
             "cli" => Channel::Cli,
             "telegram" => Channel::Telegram,
             "feishu" => Channel::Feishu,
+            "discord" => Channel::Discord,
             "email" => Channel::Email,
             "matrix" => Channel::Matrix,
             "signal" => Channel::Signal,
@@ -400,6 +413,8 @@ pub enum Source {
     Telegram,
     /// A Feishu / Lark message from a `[feishu] allow_from` user.
     Feishu,
+    /// A Discord message from a `[discord] allow_from` user.
+    Discord,
     /// Mail from an `[email] allow_from` sender, authenticated by DKIM or SPF.
     Email,
     /// A Matrix room message from a `[matrix] allow_from` user.
@@ -421,10 +436,11 @@ pub enum Source {
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 11] = [
+    pub const ALL: [Source; 12] = [
         Source::Terminal,
         Source::Telegram,
         Source::Feishu,
+        Source::Discord,
         Source::Matrix,
         Source::Signal,
         Source::Email,
@@ -441,6 +457,7 @@ impl Source {
             Source::Terminal => "terminal",
             Source::Telegram => "telegram",
             Source::Feishu => "feishu",
+            Source::Discord => "discord",
             Source::Email => "email",
             Source::Matrix => "matrix",
             Source::Signal => "signal",
@@ -469,6 +486,7 @@ impl Source {
                 Channel::Cli
                 | Channel::Telegram
                 | Channel::Feishu
+                | Channel::Discord
                 | Channel::Matrix
                 | Channel::Signal
                 | Channel::Email
@@ -478,6 +496,7 @@ impl Source {
             (Channel::Cli, _) => Source::Terminal,
             (Channel::Telegram, _) => Source::Telegram,
             (Channel::Feishu, _) => Source::Feishu,
+            (Channel::Discord, _) => Source::Discord,
             (Channel::Matrix, _) => Source::Matrix,
             (Channel::Signal, _) => Source::Signal,
             (Channel::Email, _) => Source::Email,
@@ -550,6 +569,9 @@ pub enum Principal {
     /// A Feishu / Lark user, by `open_id` (`ou_…`, per app): a `[feishu]
     /// allow_from` user. Their rights end when they leave `allow_from`.
     Feishu(String),
+    /// A Discord user, by id: a `[discord] allow_from` user. Their rights end
+    /// when they leave `allow_from`.
+    Discord(u64),
     /// A mail sender, by address: an `[email] allow_from` address whose mail
     /// the receiving server authenticated (DKIM or SPF).
     Email(String),
@@ -575,6 +597,7 @@ impl fmt::Display for Principal {
             Principal::Owner => f.write_str("owner"),
             Principal::Telegram(id) => write!(f, "telegram:{id}"),
             Principal::Feishu(id) => write!(f, "feishu:{id}"),
+            Principal::Discord(id) => write!(f, "discord:{id}"),
             Principal::Email(addr) => write!(f, "email:{addr}"),
             Principal::Matrix(id) => write!(f, "matrix:{id}"),
             Principal::Signal(id) => write!(f, "signal:{id}"),
@@ -594,12 +617,15 @@ impl FromStr for Principal {
                 id.parse().map(Principal::Telegram).map_err(|_| format!("`{text}`: a Telegram user id is a number"))
             }
             Some(("feishu", id)) if is_feishu_id(id, "ou_") => Ok(Principal::Feishu(id.to_string())),
+            Some(("discord", id)) => {
+                id.parse().map(Principal::Discord).map_err(|_| format!("`{text}`: a Discord user id is a number"))
+            }
             Some(("email", addr)) if is_plain_address(addr) => Ok(Principal::Email(addr.to_string())),
             Some(("matrix", user)) if is_matrix_user(user) => Ok(Principal::Matrix(user.to_string())),
             Some(("signal", id)) if is_signal_uuid(id) || is_signal_number(id) => Ok(Principal::Signal(id.to_string())),
             Some(("member", user)) if !user.is_empty() => Ok(Principal::Member(user.to_string())),
             _ => Err(format!(
-                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `feishu:<open_id>`, `matrix:<@user:server>`, `signal:<uuid>`, `email:<address>`, `member:<user>` or `anonymous`"
+                "`{text}` is not a principal: expected `owner`, `telegram:<id>`, `feishu:<open_id>`, `discord:<id>`, `matrix:<@user:server>`, `signal:<uuid>`, `email:<address>`, `member:<user>` or `anonymous`"
             )),
         }
     }
@@ -862,6 +888,7 @@ mod tests {
             "telegram:123456",
             "telegram:-100123",
             "telegram:@news",
+            "discord:1098765432101234567",
             "matrix:!abc:example.org",
             "matrix:#ops:example.org",
             "matrix:!ppGSUgfWKuR7zlCFFkXAVXRQAsm0h8KECeOS-AACohQ",
@@ -884,6 +911,10 @@ mod tests {
         for t in [
             "telegram:",
             "telegram:abc",
+            "discord:",
+            "discord:0",
+            "discord:general",
+            "discord:-5",
             "matrix:",
             "matrix:room",
             "matrix:@owner:example.org",
@@ -1017,6 +1048,7 @@ mod tests {
         for p in [
             Principal::Owner,
             Principal::Telegram(42),
+            Principal::Discord(80351110224678912),
             Principal::Matrix("@ann:example.org".into()),
             Principal::Signal("7ccae375-cd51-4c82-8b1e-7be3280aa485".into()),
             Principal::Member("ann".into()),
@@ -1026,7 +1058,18 @@ mod tests {
             assert_eq!(serde_json::from_str::<Principal>(&json).unwrap(), p);
         }
         assert_eq!(serde_json::to_string(&Principal::Telegram(-5)).unwrap(), "\"telegram:-5\"");
-        for bad in ["", "root", "telegram:x", "member:", "telegram", "matrix:ann", "matrix:@ann", "signal:ann"] {
+        for bad in [
+            "",
+            "root",
+            "telegram:x",
+            "member:",
+            "telegram",
+            "matrix:ann",
+            "matrix:@ann",
+            "signal:ann",
+            "discord:x",
+            "discord:-1",
+        ] {
             assert!(bad.parse::<Principal>().is_err(), "{bad}");
         }
     }

@@ -332,6 +332,9 @@ mod tests {
             "channels/matrix/inbound.rs",
             // The same in a Signal chat.
             "channels/signal/inbound.rs",
+            // The same in a Discord channel, and its status message: one worker per channel while its turn runs.
+            "channels/discord/inbound.rs",
+            "channels/discord/progress.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
             // The same in a Matrix room (a notice edited with `m.replace`).

@@ -3,6 +3,9 @@
 //! [`crate::delivery::Channel`] for its targets and feeds inbound messages
 //! onto the bus; the outbox ([`crate::delivery`]) calls `deliver` and retries.
 
+/// The gateway in, REST out (feature `discord`).
+#[cfg(feature = "discord")]
+pub mod discord;
 /// Mail in by IMAP, reports out by SMTP (feature `email`).
 #[cfg(feature = "email")]
 pub mod email;

@@ -232,6 +232,7 @@ fn added(
             Target::Matrix(_) => cfg!(feature = "matrix") && loaded.config.matrix.homeserver.is_some(),
             Target::Signal(_) => cfg!(feature = "signal") && loaded.config.signal.endpoint.is_some(),
             Target::Feishu(_) => cfg!(feature = "feishu") && loaded.config.feishu.app_id.is_some(),
+            Target::Discord(_) => cfg!(feature = "discord") && loaded.config.discord.configured(),
             Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
             Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
             Target::Webhook(name) => loaded.config.has_webhook_target(name),

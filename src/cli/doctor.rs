@@ -192,6 +192,8 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         }
         Err(e) => r.line(Level::Error, "feishu", e),
     }
+    #[cfg(feature = "discord")]
+    discord(&loaded, &mut r).await;
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
@@ -367,6 +369,21 @@ async fn telegram(loaded: &Loaded, r: &mut Report) {
         }
         Ok(Err(e)) => r.line(Level::Error, "telegram", e.to_string()),
         Err(_) => r.line(Level::Error, "telegram", format!("no answer within {} s", LIMIT.as_secs())),
+    }
+}
+
+/// `[discord]`: the token, and the gateway.
+#[cfg(feature = "discord")]
+async fn discord(loaded: &Loaded, r: &mut Report) {
+    match crate::channels::discord::status::probe(&loaded.config.discord, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "discord", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "discord", found);
+            for w in warnings {
+                r.line(Level::Warning, "discord", w);
+            }
+        }
+        Err(e) => r.line(Level::Error, "discord", e),
     }
 }
 

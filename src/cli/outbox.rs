@@ -106,6 +106,7 @@ fn configured(loaded: &Loaded, target: &crate::bus::Target) -> bool {
         Target::Matrix(_) => cfg!(feature = "matrix") && c.matrix.homeserver.is_some(),
         Target::Signal(_) => cfg!(feature = "signal") && c.signal.endpoint.is_some(),
         Target::Feishu(_) => cfg!(feature = "feishu") && c.feishu.app_id.is_some(),
+        Target::Discord(_) => cfg!(feature = "discord") && c.discord.configured(),
         Target::Mqtt(_) => c.mqtt.url.is_some(),
         Target::HomeAssistant(_) => c.homeassistant.url.is_some(),
         Target::Webhook(name) => c.has_webhook_target(name),

@@ -509,6 +509,9 @@ struct ChannelPart {
     /// `[feishu]` in words (text only for now, like email; `None` without the feature).
     #[serde(skip)]
     feishu: Option<String>,
+    /// `[discord]` in words (text only, like email; `None` without the feature).
+    #[serde(skip)]
+    discord: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -530,6 +533,7 @@ impl Section for ChannelPart {
         lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
         lines.extend(self.signal.as_ref().map(|s| format!("signal:     {}", esc(s))));
         lines.extend(self.feishu.as_ref().map(|e| format!("feishu:     {}", esc(e))));
+        lines.extend(self.discord.as_ref().map(|d| format!("discord:    {}", esc(d))));
         lines
     }
 }
@@ -563,6 +567,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         signal: Some(crate::channels::signal::status::status_line(&c.signal, &loaded.paths.state_dir)),
         #[cfg(not(feature = "signal"))]
         signal: None,
+        #[cfg(feature = "discord")]
+        discord: Some(crate::channels::discord::status::status_line(&c.discord, &loaded.paths.state_dir)),
+        #[cfg(not(feature = "discord"))]
+        discord: None,
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },
         ha_configured: c.homeassistant.url.is_some(),
     }

@@ -7,6 +7,9 @@
 //! either may hold a client (the `ha_*` tools and the `ha:notify` channel
 //! share one [`ha_rest::HaRest`]); a client never knows who holds it.
 
+/// Discord's REST API and gateway messages (feature `discord`).
+#[cfg(feature = "discord")]
+pub mod discord;
 /// Feishu / Lark: the long connection's frames, the token, REST (feature `feishu`).
 #[cfg(feature = "feishu")]
 pub mod feishu;

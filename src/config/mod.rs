@@ -12,6 +12,7 @@
 
 pub mod channels;
 mod diagnose;
+pub mod discord;
 pub mod email;
 pub mod env;
 pub mod feishu;
@@ -32,6 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 pub use channels::*;
+pub use discord::DiscordConfig;
 pub use feishu::{FeishuConfig, FeishuDomain};
 pub use homeassistant::{EntityGlob, HaTrigger, HomeAssistantConfig};
 pub use matrix::MatrixConfig;
@@ -58,6 +60,8 @@ pub struct Config {
     pub exec: ExecConfig,
     pub web: WebConfig,
     pub telegram: TelegramConfig,
+    /// `[discord]` (`discord.rs`).
+    pub discord: DiscordConfig,
     /// `[matrix]` (`matrix.rs`).
     pub matrix: MatrixConfig,
     /// `[signal]` (`signal.rs`).
@@ -246,6 +250,7 @@ impl Default for Config {
             exec: ExecConfig::default(),
             web: WebConfig::default(),
             telegram: TelegramConfig::default(),
+            discord: DiscordConfig::default(),
             matrix: MatrixConfig::default(),
             signal: SignalConfig::default(),
             feishu: FeishuConfig::default(),
@@ -662,6 +667,9 @@ impl Config {
                     self.telegram.tomorrow_at
                 ),
             ));
+        }
+        if let Some(why) = self.discord.problem() {
+            return Err((text.find("[discord]").map(|i| i..i + "[discord]".len()), why));
         }
         if let Some(why) = self.matrix.problem() {
             return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));

@@ -172,7 +172,8 @@ fn tools(
         .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
         .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state))
         .with_signal(crate::policy::signal::SignalPolicy::new(&c.signal.allow_from, &c.signal.groups, state))
-        .with_feishu(crate::policy::feishu::FeishuPolicy::new(&c.feishu.allow_from, &c.feishu.chats, state));
+        .with_feishu(crate::policy::feishu::FeishuPolicy::new(&c.feishu.allow_from, &c.feishu.chats, state))
+        .with_discord(crate::policy::discord::DiscordPolicy::new(c.discord.users(), c.discord.channel_ids(), state));
     // The topics bramble listens to: no tool delivers or publishes there.
     let mqtt_inputs = crate::channels::mqtt::Settings::from_config(&c.mqtt).ok().flatten().map(|s| s.inputs);
     tools.register(Arc::new(
@@ -246,6 +247,11 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
         &c.feishu.chats,
         &loaded.paths.state_dir,
     ))
+    .with_discord(crate::policy::discord::DiscordPolicy::new(
+        c.discord.users(),
+        c.discord.channel_ids(),
+        &loaded.paths.state_dir,
+    ))
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
@@ -299,6 +305,8 @@ pub struct Daemon {
     /// `[feishu]`'s long connection (`None`: not configured).
     #[cfg(feature = "feishu")]
     pub feishu: Option<crate::channels::feishu::FeishuPoller>,
+    /// `[discord]`'s gateway loop (`None`: not configured, or not in this build).
+    pub discord: Option<DiscordGateway>,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -338,12 +346,14 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let mut progress: Vec<Arc<dyn crate::agent::ProgressSink>> = telegram.iter().filter_map(|t| t.progress()).collect();
     #[cfg(feature = "matrix")]
     progress.extend(matrix.as_ref().map(|m| m.progress()));
+    // Discord's sink takes its own channels' steps and hands the rest on.
+    let (discord, progress) = discord_parts(loaded, &jobs, Progresses::of(progress));
     let links = AgentLinks {
         ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
         scheduler: Some(scheduler.handle()),
-        progress: Progresses::of(progress),
+        progress,
         jobs: Some(jobs.clone()),
     };
     let sandbox = sandbox(loaded);
@@ -366,6 +376,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     // Feishu / Lark: delivery for `feishu:` targets, and its long connection.
     #[cfg(feature = "feishu")]
     let feishu = feishu(loaded, &jobs, &mut channels, &bus.inbound_tx);
+    let discord = discord_poller(discord, &mut channels, &bus.inbound_tx, &agent);
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -418,6 +429,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         signal,
         #[cfg(feature = "feishu")]
         feishu,
+        discord,
         mqtt,
         ha,
         heartbeat,
@@ -468,7 +480,7 @@ fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
 }
 
 /// Done / Snooze over the job store, for a channel's report answers.
-#[cfg(any(feature = "matrix", feature = "signal"))]
+#[cfg(any(feature = "matrix", feature = "signal", feature = "discord"))]
 fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
     let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
     crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
@@ -554,6 +566,64 @@ impl crate::agent::ProgressSink for Progresses {
     fn step(&self, conversation: &crate::bus::Conversation, what: &str) {
         self.0.iter().for_each(|p| p.step(conversation, what));
     }
+}
+
+/// The Discord channel, before the agent is built (`()` without the feature).
+#[cfg(feature = "discord")]
+type DiscordPart = Option<crate::channels::discord::Discord>;
+#[cfg(not(feature = "discord"))]
+type DiscordPart = ();
+#[cfg(feature = "discord")]
+pub type DiscordGateway = crate::channels::discord::DiscordPoller;
+#[cfg(not(feature = "discord"))]
+pub type DiscordGateway = std::convert::Infallible;
+type Progress = Option<Arc<dyn crate::agent::ProgressSink>>;
+
+/// The Discord channel for `[discord]` (`None`: not configured, or unusable:
+/// logged), and the chat turns' progress sink with Discord's in front of `progress`.
+#[cfg(feature = "discord")]
+fn discord_parts(loaded: &Loaded, jobs: &JobStore, progress: Progress) -> (DiscordPart, Progress) {
+    let (c, state) = (&loaded.config.discord, &loaded.paths.state_dir);
+    let reminders = Some(reminders_for(&loaded.config, jobs));
+    match crate::channels::discord::Discord::from_config(c, state, &loaded.paths.workspace, reminders) {
+        Ok(Some(d)) => {
+            let progress = Some(d.progress(progress));
+            (Some(d), progress)
+        }
+        Ok(None) => (None, progress),
+        Err(e) => {
+            tracing::error!("Discord is off: {e}");
+            (None, progress)
+        }
+    }
+}
+
+#[cfg(not(feature = "discord"))]
+fn discord_parts(_: &Loaded, _: &JobStore, progress: Progress) -> (DiscordPart, Progress) {
+    ((), progress)
+}
+
+/// Discord's delivery side into `channels`, and its gateway loop.
+#[cfg(feature = "discord")]
+fn discord_poller(
+    discord: DiscordPart,
+    channels: &mut Channels,
+    inbound: &mpsc::Sender<InboundMessage>,
+    agent: &Arc<Agent>,
+) -> Option<DiscordGateway> {
+    let discord = discord?;
+    channels.add(discord.channel());
+    Some(crate::channels::discord::DiscordPoller { discord, inbound: inbound.clone(), activity: agent.activity() })
+}
+
+#[cfg(not(feature = "discord"))]
+fn discord_poller(
+    _: DiscordPart,
+    _: &mut Channels,
+    _: &mpsc::Sender<InboundMessage>,
+    _: &Arc<Agent>,
+) -> Option<DiscordGateway> {
+    None
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

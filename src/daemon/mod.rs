@@ -35,6 +35,7 @@
 //! | matrix poller | ends | the same for a refused Matrix login |
 //! | signal reader | exit | owns its inbound sender; it reconnects to signal-cli by itself and ends only when stopped |
 //! | feishu connection | exit | owns its inbound sender; it reconnects by itself and ends only when stopped |
+//! | discord gateway | ends | the same for a refused Discord token or intents (Discord bans bots that keep trying) |
 //! | outbound pump | exit | owns the bus's outbound end: without it answers would pile up unsaved |
 //! | outbox sender | restart | holds only handles; what to deliver is in the durable outbox |
 //! | bus server | exit | owns the bus's inbound end |
@@ -99,6 +100,9 @@ pub async fn run(
     // The same for a Matrix access token.
     #[cfg(feature = "matrix")]
     crate::channels::matrix::check_login(&first.config.matrix).await?;
+    // And for a Discord bot token.
+    #[cfg(feature = "discord")]
+    crate::channels::discord::check_login(&first.config.discord).await?;
     let mut loaded = first;
     let mut previous: Option<crate::config::Loaded> = None;
     loop {
@@ -231,6 +235,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     #[cfg(feature = "feishu")]
     if let Some(conn) = d.feishu {
         tasks.spawn(Service::new("feishu connection", |sd| conn.run(sd)));
+    }
+    #[cfg(feature = "discord")]
+    if let Some(gateway) = d.discord {
+        tasks.spawn(Service::ends("discord gateway", |sd| gateway.run(sd)));
     }
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));

@@ -7,6 +7,7 @@
 //! - [`feishu`]: `[feishu] allow_from`, and the chats a turn may post to.
 //! - [`matrix`]: `[matrix] allow_from`, and the rooms a turn may post to.
 //! - [`signal`]: `[signal] allow_from` (numbers pinned to uuids), and the chats a turn may send to.
+//! - [`discord`]: `[discord] allow_from`, and the channels a turn may post to.
 //! - [`pairing`]: users added with a one-time code (`bramble pair`, `/pair`).
 //! - [`standing`]: whether a job's creator may still have it run (revoked
 //!   users' jobs stop), and where members' reminders may go.
@@ -14,6 +15,7 @@
 //! Below the tools and the channels, above the configuration (see
 //! `ARCHITECTURE.md`, "Layers").
 
+pub mod discord;
 pub mod feishu;
 pub mod matrix;
 pub mod pairing;

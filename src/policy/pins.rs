@@ -186,6 +186,8 @@ pub struct AllowedChats {
     signal: super::signal::SignalPolicy,
     /// `[feishu]`'s users and chats (empty: no Feishu chat is allowed).
     feishu: super::feishu::FeishuPolicy,
+    /// `[discord]`'s users and channels (empty: no Discord channel is allowed).
+    discord: super::discord::DiscordPolicy,
 }
 
 impl AllowedChats {
@@ -197,6 +199,7 @@ impl AllowedChats {
             matrix: Default::default(),
             signal: Default::default(),
             feishu: Default::default(),
+            discord: Default::default(),
         }
     }
 
@@ -217,6 +220,16 @@ impl AllowedChats {
     /// With `[matrix]`'s users and rooms.
     pub fn with_matrix(self, matrix: super::matrix::MatrixPolicy) -> AllowedChats {
         AllowedChats { matrix, ..self }
+    }
+
+    /// With `[discord]`'s users and channels.
+    pub fn with_discord(self, discord: super::discord::DiscordPolicy) -> AllowedChats {
+        AllowedChats { discord, ..self }
+    }
+
+    /// The Discord users served and channels allowed.
+    pub fn discord(&self) -> &super::discord::DiscordPolicy {
+        &self.discord
     }
 
     /// The Matrix users served and rooms allowed.

@@ -47,6 +47,11 @@ impl Standing {
         Standing { telegram: self.telegram.with_signal(signal), ..self }
     }
 
+    /// With `[discord]`'s users (their jobs run while they stay in `allow_from`) and channels.
+    pub fn with_discord(self, discord: super::discord::DiscordPolicy) -> Standing {
+        Standing { telegram: self.telegram.with_discord(discord), ..self }
+    }
+
     /// `Err(why)` when `job`'s creator may no longer have it run. Blocking
     /// (reads the paired users): call it off the runtime thread.
     pub fn check(&self, job: &Job) -> Result<(), StandingError> {
@@ -54,6 +59,8 @@ impl Standing {
             Principal::Owner => Ok(()),
             Principal::Telegram(id) if self.telegram.contains(&id.to_string()) => Ok(()),
             Principal::Telegram(id) => Err(StandingError::Revoked(id)),
+            Principal::Discord(id) if self.telegram.discord().allows(id) => Ok(()),
+            Principal::Discord(id) => Err(StandingError::DiscordRevoked(id)),
             Principal::Email(addr) if self.telegram.allows_email(&addr) => Ok(()),
             Principal::Email(addr) => Err(StandingError::MailRevoked(addr)),
             Principal::Feishu(user) if self.telegram.feishu().allows(&user) => Ok(()),
@@ -89,6 +96,8 @@ impl Standing {
 pub enum StandingError {
     #[error("its creator, Telegram user {0}, is no longer allowed (revoked, or not in [telegram] allow_from)")]
     Revoked(i64),
+    #[error("its creator, Discord user {0}, is no longer in [discord] allow_from")]
+    DiscordRevoked(u64),
     #[error("its creator, {0}, is no longer in [email] allow_from")]
     MailRevoked(String),
     #[error("its creator, Matrix user {0}, is no longer in [matrix] allow_from")]
@@ -114,6 +123,8 @@ pub enum MemberRefusal {
     Attachments,
     #[error("telegram:{0} is not the chat of a user bramble serves: members' reminders go to those chats only")]
     Chat(String),
+    #[error("discord:{0} is not a channel of [discord] channels nor an allowed user's DM")]
+    DiscordChannel(u64),
     #[error("email:{0} is not in [email] allow_from: members' reminders go to those addresses only")]
     Mail(String),
     #[error("matrix:{0} is not a room of [matrix] rooms nor one an allowed user invited bramble to")]
@@ -157,6 +168,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
     match target {
         Target::Telegram(chat) if chats.contains(chat) => Ok(()),
         Target::Telegram(chat) => Err(MemberRefusal::Chat(chat.clone())),
+        Target::Discord(c) if chats.discord().channel_allowed(*c) => Ok(()),
+        Target::Discord(c) => Err(MemberRefusal::DiscordChannel(*c)),
         Target::Email(t) if chats.allows_email(&t.address) => Ok(()),
         Target::Email(t) => Err(MemberRefusal::Mail(t.address.clone())),
         Target::Feishu(chat) if chats.feishu().chat_allowed(chat) => Ok(()),

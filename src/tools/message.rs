@@ -162,7 +162,12 @@ pub(crate) async fn check_delivery(
     if !targets.iter().any(|t| {
         matches!(
             t,
-            Target::Telegram(_) | Target::Feishu(_) | Target::Matrix(_) | Target::Email(_) | Target::HomeAssistant(_)
+            Target::Telegram(_)
+                | Target::Feishu(_)
+                | Target::Discord(_)
+                | Target::Matrix(_)
+                | Target::Email(_)
+                | Target::HomeAssistant(_)
         )
     }) {
         return Ok(());

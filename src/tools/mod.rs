@@ -73,6 +73,8 @@ pub enum Origin {
     Matrix,
     /// A Signal chat, started by a `[signal] allow_from` person.
     Signal,
+    /// A Discord DM or allowed channel, started by a `[discord] allow_from` user.
+    Discord,
     /// The scheduler: the heartbeat, and job runs whose job was made by a trusted origin.
     System,
     /// `<prefix>/in` and MQTT triggers: whoever can publish to the broker.
@@ -97,6 +99,7 @@ impl Origin {
             Channel::Email => Origin::Email,
             Channel::Matrix => Origin::Matrix,
             Channel::Signal => Origin::Signal,
+            Channel::Discord => Origin::Discord,
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
@@ -115,6 +118,7 @@ impl Origin {
                 | Origin::Feishu
                 | Origin::Matrix
                 | Origin::Signal
+                | Origin::Discord
                 | Origin::Email
                 | Origin::System
         )
@@ -129,6 +133,7 @@ impl Origin {
             Origin::Email => "email",
             Origin::Matrix => "Matrix",
             Origin::Signal => "Signal",
+            Origin::Discord => "Discord",
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
@@ -206,6 +211,9 @@ impl Origin {
                 ))),
             };
         }
+        if let crate::bus::Target::Discord(channel) = target {
+            return self.check_discord_channel(ctx, *channel, chats);
+        }
         let crate::bus::Target::Telegram(chat) = target else { return Ok(()) };
         if !self.trusted() {
             return Err(ToolError::new(format!(
@@ -245,6 +253,30 @@ impl Origin {
         }
         Err(ToolError::new(format!(
             "matrix:{room} is not a room of [matrix] rooms nor one a user in [matrix] allow_from invited bramble to"
+        )))
+    }
+
+    /// [`Origin::check_delivery`] for a Discord channel: trusted turns only,
+    /// to the channel the turn came from, a configured channel, or an allowed
+    /// user's DM.
+    fn check_discord_channel(
+        self,
+        ctx: &ToolContext,
+        channel: u64,
+        chats: &crate::policy::AllowedChats,
+    ) -> Result<(), ToolError> {
+        if !self.trusted() {
+            return Err(ToolError::new(format!(
+                "this turn came from {} (an untrusted origin): it cannot send to Discord channels",
+                self.name()
+            )));
+        }
+        let own = self == Origin::Discord && ctx.conversation.chat_id == channel.to_string();
+        if own || chats.discord().channel_allowed(channel) {
+            return Ok(());
+        }
+        Err(ToolError::new(format!(
+            "discord:{channel} is not a channel of [discord] channels nor the DM of a user in [discord] allow_from"
         )))
     }
 
@@ -349,10 +381,11 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         Channel::Email if crate::bus::is_plain_address(&conversation.chat_id) => {
             Principal::Email(conversation.chat_id.clone())
         }
-        // A room's id says nothing of who wrote in it.
+        // A room's (or a Discord channel's) id says nothing of who wrote in it.
         Channel::Matrix
         | Channel::Signal
         | Channel::Feishu
+        | Channel::Discord
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
@@ -504,6 +537,7 @@ pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
         Source::Terminal
         | Source::Telegram
         | Source::Feishu
+        | Source::Discord
         | Source::Matrix
         | Source::Signal
         | Source::Email

@@ -37,6 +37,7 @@ impl Source {
         match principal {
             Principal::Owner | Principal::Member(_) | Principal::Anonymous => None,
             Principal::Telegram(_) => Some(Source::Telegram),
+            Principal::Discord(_) => Some(Source::Discord),
             Principal::Email(_) => Some(Source::Email),
             Principal::Matrix(_) => Some(Source::Matrix),
             Principal::Signal(_) => Some(Source::Signal),
@@ -52,7 +53,8 @@ impl Source {
                 &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"]
             }
             // A mail account is more often phished than a phone: no commands by default.
-            Source::Email => &["exec"],
+            // Discord too: its accounts are a favourite of token stealers, and guild channels are shared.
+            Source::Email | Source::Discord => &["exec"],
             _ => &[],
         }
     }
@@ -65,6 +67,7 @@ impl Source {
             self,
             Source::Terminal
                 | Source::Telegram
+                | Source::Discord
                 | Source::Feishu
                 | Source::Matrix
                 | Source::Signal
@@ -301,6 +304,7 @@ mod tests {
                 s,
                 Source::Terminal
                     | Source::Telegram
+                    | Source::Discord
                     | Source::Feishu
                     | Source::Matrix
                     | Source::Signal

@@ -15,6 +15,8 @@ mod cli_daily;
 mod cli_json;
 mod cron_reference;
 mod daemon;
+#[cfg(feature = "discord")]
+mod discord;
 mod docs;
 #[cfg(feature = "email")]
 mod email;

@@ -10,6 +10,7 @@
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
 //! - [`feishu`]: `FakeFeishu`, the Feishu / Lark long connection (pbbp2 frames) and REST.
+//! - [`discord`]: `FakeDiscord`, Discord's gateway (a real RFC 6455 server) and REST API v10.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
@@ -20,6 +21,7 @@
 
 pub mod amqtt;
 pub mod daemon;
+pub mod discord;
 /// Variables in the process environment, for one test, in a child process.
 #[path = "../../../src/util/test_env.rs"]
 pub mod env;
