@@ -31,6 +31,8 @@ pub enum Target {
     /// A `[[webhook]]` with a `url`, by name (`webhook:<name>`): a signed
     /// JSON report POSTed there.
     Webhook(String),
+    /// An ntfy topic (`ntfy:<topic>`) on `[ntfy] server`: a push notification.
+    Ntfy(String),
     /// A Home Assistant notify service (`ha:notify.mobile_app_pixel`): the
     /// service name after `notify.`.
     HomeAssistant(String),
@@ -52,6 +54,8 @@ impl Target {
             // A caller is answered `202 Accepted`, not with the turn's answer:
             // an endpoint's answer goes to its `deliver` targets.
             Channel::Webhook => Target::Log,
+            // A command typed in the ntfy app is answered on its topic.
+            Channel::Ntfy => Target::Ntfy(chat_id.to_string()),
             Channel::Cli => Target::Cli,
             Channel::HomeAssistant | Channel::System | Channel::Other(_) => Target::Log,
         }
@@ -65,6 +69,7 @@ impl Target {
             Target::Matrix(_) => "matrix",
             Target::Mqtt(_) => "mqtt",
             Target::Webhook(_) => "webhook",
+            Target::Ntfy(_) => "ntfy",
             Target::HomeAssistant(_) => "ha",
             Target::Log => "log",
             Target::Cli => "cli",
@@ -81,6 +86,7 @@ impl fmt::Display for Target {
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
             Target::Webhook(name) => write!(f, "webhook:{name}"),
+            Target::Ntfy(topic) => write!(f, "ntfy:{topic}"),
             Target::HomeAssistant(service) => write!(f, "ha:notify.{service}"),
             Target::Log => f.write_str("log"),
             Target::Cli => f.write_str("cli"),
@@ -105,7 +111,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `matrix:<room>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `matrix:<room>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ntfy:<topic>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -156,6 +162,14 @@ impl Target {
                     ))
                 }
             }
+            Some(("ntfy", topic)) => {
+                let topic = topic.trim();
+                if is_ntfy_topic(topic) || (!strict && !topic.is_empty()) {
+                    Ok(Target::Ntfy(topic.to_string()))
+                } else {
+                    Err(format!("`{text}`: an ntfy target is a topic, like `ntfy:bramble-reports` (1 to 64 of `A-Z a-z 0-9 _ -`)"))
+                }
+            }
             Some(("ha", rest)) => match rest.trim().strip_prefix("notify.") {
                 Some(service)
                     if !service.is_empty()
@@ -177,6 +191,11 @@ impl Target {
 pub fn is_webhook_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// An ntfy topic name: 1 to 64 of `A-Z a-z 0-9 _ -`, as the ntfy server allows.
+pub fn is_ntfy_topic(topic: &str) -> bool {
+    (1..=64).contains(&topic.len()) && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// An `email:` target: an address, and for a daily digest the local time it is sent.
@@ -279,6 +298,8 @@ pub enum Channel {
     Mqtt,
     /// `[[webhook]]` endpoints: whoever holds an endpoint's secret.
     Webhook,
+    /// An `[ntfy] subscribe` topic: whoever can publish to it (a caller, not a person).
+    Ntfy,
     /// Home Assistant's triggers.
     HomeAssistant,
     /// The scheduler's own sessions: the heartbeat, jobs made outside a chat.
@@ -298,6 +319,7 @@ impl Channel {
             Channel::Matrix => "matrix",
             Channel::Mqtt => "mqtt",
             Channel::Webhook => "webhook",
+            Channel::Ntfy => "ntfy",
             Channel::HomeAssistant => "homeassistant",
             Channel::System => "system",
             Channel::Other(name) => name,
@@ -314,6 +336,7 @@ impl From<&str> for Channel {
             "matrix" => Channel::Matrix,
             "mqtt" => Channel::Mqtt,
             "webhook" => Channel::Webhook,
+            "ntfy" => Channel::Ntfy,
             "homeassistant" => Channel::HomeAssistant,
             "system" => Channel::System,
             other => Channel::Other(other.to_string()),
@@ -377,13 +400,16 @@ pub enum Source {
     /// A `[[webhook]]` endpoint's turn: whoever holds its secret, with a
     /// payload anyone upstream (a form, a sensor) may have written.
     Webhook,
+    /// A message on an `[ntfy] subscribe` topic: whoever can publish to it
+    /// (the topic and, on a protected server, an access token).
+    Ntfy,
     /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
     Trigger,
 }
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 9] = [
+    pub const ALL: [Source; 10] = [
         Source::Terminal,
         Source::Telegram,
         Source::Matrix,
@@ -392,6 +418,7 @@ impl Source {
         Source::Heartbeat,
         Source::Mqtt,
         Source::Webhook,
+        Source::Ntfy,
         Source::Trigger,
     ];
 
@@ -406,6 +433,7 @@ impl Source {
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
             Source::Webhook => "webhook",
+            Source::Ntfy => "ntfy",
             Source::Trigger => "trigger",
         }
     }
@@ -433,6 +461,7 @@ impl Source {
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
             (Channel::Webhook, _) => Source::Webhook,
+            (Channel::Ntfy, _) => Source::Ntfy,
             (Channel::HomeAssistant | Channel::Other(_), _) => Source::Trigger,
         }
     }
@@ -771,6 +800,7 @@ mod tests {
             "mqtt",
             "mqtt:home/report",
             "webhook:node_red",
+            "ntfy:bramble-reports_1",
             "log",
             "ha:notify.mobile_app_pixel",
         ] {
@@ -802,6 +832,9 @@ mod tests {
             "webhook:",
             "webhook:Node Red",
             "webhook:a/b",
+            "ntfy:",
+            "ntfy:a/b",
+            "ntfy:two words",
         ] {
             let err = t.parse::<Target>().unwrap_err();
             assert!(err.contains(t.trim()), "{err}");

@@ -11,6 +11,9 @@ pub mod inbox;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+/// ntfy: reports as push notifications, commands from subscribed topics (feature `ntfy`).
+#[cfg(feature = "ntfy")]
+pub mod ntfy;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;

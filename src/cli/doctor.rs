@@ -174,6 +174,8 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
     }
     #[cfg(feature = "matrix")]
     matrix(&loaded, &mut r).await;
+    #[cfg(feature = "ntfy")]
+    ntfy(&loaded, &mut r).await;
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
@@ -349,6 +351,21 @@ async fn telegram(loaded: &Loaded, r: &mut Report) {
         }
         Ok(Err(e)) => r.line(Level::Error, "telegram", e.to_string()),
         Err(_) => r.line(Level::Error, "telegram", format!("no answer within {} s", LIMIT.as_secs())),
+    }
+}
+
+/// `[ntfy]`: the server answers, and the token may read a topic.
+#[cfg(feature = "ntfy")]
+async fn ntfy(loaded: &Loaded, r: &mut Report) {
+    match crate::channels::ntfy::status::probe(&loaded.config.ntfy, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "ntfy", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "ntfy", found);
+            for w in warnings {
+                r.line(Level::Warning, "ntfy", w);
+            }
+        }
+        Err(e) => r.line(Level::Error, "ntfy", e),
     }
 }
 

@@ -503,6 +503,9 @@ struct ChannelPart {
     /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
     #[serde(skip)]
     email: Option<String>,
+    /// `[ntfy]` in words (text only, like email's).
+    #[serde(skip)]
+    ntfy: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -522,6 +525,7 @@ impl Section for ChannelPart {
             format!("webhooks:   {}", esc(&self.webhooks)),
         ];
         lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
+        lines.extend(self.ntfy.as_ref().map(|n| format!("ntfy:       {}", esc(n))));
         lines
     }
 }
@@ -547,6 +551,14 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         email: Some(crate::channels::email::check::status_line(&c.email, &loaded.paths.state_dir)),
         #[cfg(not(feature = "email"))]
         email: None,
+        #[cfg(feature = "ntfy")]
+        ntfy: Some(crate::channels::ntfy::status::status_line(
+            &c.ntfy,
+            c.alerts.deliver.is_empty(),
+            &loaded.paths.state_dir,
+        )),
+        #[cfg(not(feature = "ntfy"))]
+        ntfy: None,
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },
         ha_configured: c.homeassistant.url.is_some(),
     }

@@ -14,6 +14,9 @@ pub mod imap;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+/// ntfy: publish and the JSON stream (feature `ntfy`).
+#[cfg(feature = "ntfy")]
+pub mod ntfy;
 #[cfg(feature = "email")]
 pub mod smtp;
 pub mod telegram;

@@ -18,6 +18,7 @@ pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
 pub mod mcp;
+pub mod ntfy;
 pub mod templates;
 pub mod tools;
 pub mod types;
@@ -75,6 +76,8 @@ pub struct Config {
     pub webhook: Vec<WebhookConfig>,
     /// `[email]` (`email.rs`): IMAP in, SMTP out.
     pub email: email::EmailConfig,
+    /// `[ntfy]` (`ntfy.rs`): push notifications out, commands in.
+    pub ntfy: ntfy::NtfyConfig,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -250,6 +253,7 @@ impl Default for Config {
             webhooks: WebhooksConfig::default(),
             webhook: Vec::new(),
             email: email::EmailConfig::default(),
+            ntfy: ntfy::NtfyConfig::default(),
         }
     }
 }
@@ -654,6 +658,9 @@ impl Config {
         }
         if let Some(why) = self.matrix.problem() {
             return Err((text.find("[matrix]").map(|i| i..i + "[matrix]".len()), why));
+        }
+        if let Some(why) = self.ntfy.problem() {
+            return Err((text.find("[ntfy").map(|i| i..i + "[ntfy".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

@@ -75,6 +75,8 @@ pub enum Origin {
     Mqtt,
     /// A `[[webhook]]` endpoint: whoever holds its secret, with a payload from outside.
     Webhook,
+    /// An `[ntfy] subscribe` topic: whoever can publish to it.
+    Ntfy,
     /// `[[homeassistant.trigger]]` turns: their text carries entity states and
     /// attributes, which any device or integration in Home Assistant can set.
     HomeAssistant,
@@ -94,6 +96,7 @@ impl Origin {
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
+            Channel::Ntfy => Origin::Ntfy,
             Channel::HomeAssistant => Origin::HomeAssistant,
             Channel::Other(_) => Origin::Unknown,
         }
@@ -115,6 +118,7 @@ impl Origin {
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
+            Origin::Ntfy => "an ntfy topic",
             Origin::HomeAssistant => "a Home Assistant trigger",
             Origin::Unknown => "an unknown channel",
         }
@@ -314,6 +318,7 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
+        | Channel::Ntfy
         | Channel::HomeAssistant
         | Channel::Other(_) => Principal::Anonymous,
     }
@@ -459,9 +464,13 @@ pub fn compact_schema(mut schema: Value) -> Value {
 pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
     use policy::Source;
     match source {
-        Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Mqtt | Source::Webhook => {
-            &["exec", "read_file", "write_file", "cron", "web_fetch"]
-        }
+        Source::Terminal
+        | Source::Telegram
+        | Source::Matrix
+        | Source::Email
+        | Source::Mqtt
+        | Source::Webhook
+        | Source::Ntfy => &["exec", "read_file", "write_file", "cron", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }
