@@ -33,6 +33,8 @@ mod memory;
 mod mqtt;
 mod mqtt_ha_schema;
 mod mqtt_v311;
+#[cfg(feature = "ntfy")]
+mod ntfy;
 mod provider;
 mod redirects;
 mod rights;

@@ -9,6 +9,7 @@
 //! - [`amqtt`]: `Amqtt`, an MQTT 3.1.1-only broker from PyPI, the second broker.
 //! - [`fake_llm`]: `FakeLlm`, a scripted OpenAI- or Anthropic-dialect model server.
 //! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
+//! - [`ntfy`]: `FakeNtfy`, an ntfy server (JSON publish, uploads, the JSON stream with `since`), from ntfy's docs.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
@@ -26,6 +27,7 @@ pub mod fake_llm;
 pub mod http;
 pub mod mail;
 pub mod mosquitto;
+pub mod ntfy;
 pub mod pty;
 pub mod python;
 pub mod setup;
