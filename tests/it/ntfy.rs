@@ -56,9 +56,14 @@ impl Setup {
 
 /// A `remind` job due in a moment, delivered to `target`.
 fn remind_job(home: &TestHome, name: &str, text: &str, target: &str) -> String {
+    remind_with(home, name, text, target, &[])
+}
+
+/// The same with workspace files attached.
+fn remind_with(home: &TestHome, name: &str, text: &str, target: &str, attach: &[&str]) -> String {
     let store = bramble::scheduler::JobStore::open(&home.state);
     let now = jiff::Timestamp::now();
-    let job = bramble::scheduler::Job::new(
+    let mut job = bramble::scheduler::Job::new(
         name,
         bramble::scheduler::Schedule::at(now + Duration::from_secs(1)),
         bramble::scheduler::JobKind::Remind { text: text.into() },
@@ -67,6 +72,7 @@ fn remind_job(home: &TestHome, name: &str, text: &str, target: &str) -> String {
         &jiff::tz::TimeZone::UTC,
     )
     .unwrap();
+    job.attach = attach.iter().map(|a| a.to_string()).collect();
     store.add(job).unwrap().id
 }
 
@@ -129,6 +135,18 @@ async fn a_reminder_is_a_notification_whose_done_button_calls_back_once() {
     assert_eq!(press(&done).await.0, 404, "reused");
     assert_eq!(press(&snooze).await.0, 404, "one press per notification");
     let jobs = store.list().unwrap().len();
+    // A report with a workspace file: uploaded by PUT to the topic, the fields as query parameters.
+    let image = b"\x89PNG fake image";
+    std::fs::write(s.home.workspace.join("plot.png"), image).unwrap();
+    remind_with(&s.home, "plot", "today's plot", "ntfy:reports", &["plot.png"]);
+    let sent = s.published_on("reports", 2).await;
+    assert_eq!(sent.len(), 2, "the report with a file: {}", daemon.log());
+    assert_eq!(sent[1]["attachment"]["name"], "plot.png");
+    assert_eq!(sent[1]["upload"], image.len());
+    assert_eq!((&sent[1]["message"], &sent[1]["title"]), (&"today's plot".into(), &"plot".into()));
+    let put = s.ntfy.requests().into_iter().find(|r| r.method == "PUT").unwrap();
+    assert_eq!(put.path_only(), "/reports");
+    assert_eq!(put.header("authorization"), Some(format!("Bearer {TOKEN}").as_str()));
     let (code, log) = daemon.stop().await;
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(jobs, 1, "no snooze was made by a reused token");
@@ -237,4 +255,38 @@ async fn a_failing_server_keeps_the_report_and_a_redirect_carries_no_token() {
     assert!(elsewhere.requests().is_empty(), "nothing reached the redirect's target");
     assert!(!log.contains(TOKEN));
     assert_eq!(s.ntfy.published().iter().filter(|m| m["topic"] == "somebody-elses").count(), 0);
+}
+
+/// `bramble doctor --json`'s `ntfy` checks and `bramble status`'s line, with `token` in the environment.
+async fn doctor_and_status(s: &Setup, token: &str) -> (Vec<Value>, String) {
+    let run = |args: &'static [&'static str]| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_bramble"));
+        cmd.arg("--config").arg(&s.home.config).args(args);
+        cmd.env_clear()
+            .env("HOME", s.home.path())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env(TOKEN_ENV, token);
+        cmd
+    };
+    let doctor = run(&["doctor", "--json"]).output().await.unwrap();
+    let v: Value = serde_json::from_slice(&doctor.stdout).unwrap_or_default();
+    let checks =
+        v["checks"].as_array().cloned().unwrap_or_default().into_iter().filter(|c| c["name"] == "ntfy").collect();
+    let status = run(&["status"]).output().await.unwrap();
+    (checks, String::from_utf8_lossy(&status.stdout).into_owned())
+}
+
+#[tokio::test]
+async fn doctor_reads_a_topic_with_the_token_and_status_says_where_alerts_go() {
+    let s = setup("subscribe = [\"cmd-x7\"]\nalert_topic = \"alerts\"\n").await;
+    let (checks, status) = doctor_and_status(&s, TOKEN).await;
+    assert_eq!(checks.len(), 1, "{checks:?}");
+    assert_eq!(checks[0]["status"], "ok", "{checks:?}");
+    assert!(checks[0]["detail"].as_str().unwrap().contains("cmd-x7 can be read"), "{checks:?}");
+    let line = status.lines().find(|l| l.starts_with("ntfy:")).unwrap_or_default();
+    assert!(line.contains(&s.ntfy.url()) && line.contains(&format!("token from {TOKEN_ENV}")), "{status}");
+    assert!(line.contains("alerts and the dead-man to ntfy:alerts"), "{line}");
+    let (checks, _) = doctor_and_status(&s, "tk_wrong").await;
+    assert_eq!(checks[0]["status"], "fail", "{checks:?}");
+    assert!(checks[0]["detail"].as_str().unwrap().contains("401"), "{checks:?}");
 }
