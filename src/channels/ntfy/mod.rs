@@ -62,7 +62,7 @@ impl Ntfy {
     ) -> Result<Option<Ntfy>, NtfyError> {
         let Some(server) = cfg.server.as_ref() else { return Ok(None) };
         if let (Some(env), None) = (&cfg.token_env, cfg.token()) {
-            tracing::warn!("ntfy: `{env}` is not set: publishing and subscribing without a token");
+            tracing::warn!("ntfy: `{env}` is not set: reports wait until it is; topics are read without a token");
         }
         let client = Client::new(server.as_str(), cfg.token())?;
         let callbacks = match (&cfg.callback_base, reminders) {
