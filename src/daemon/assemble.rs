@@ -349,6 +349,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         activity: agent.activity(),
     });
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
+    #[allow(unused_variables)] // without the `webhook` and `ntfy` features it holds nothing
     let listeners = listeners(loaded, &mut channels, (&work, &scheduler, &jobs), &bus.inbound_tx);
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
