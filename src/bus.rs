@@ -39,6 +39,8 @@ pub enum Target {
     /// A `[[webhook]]` with a `url`, by name (`webhook:<name>`): a signed
     /// JSON report POSTed there.
     Webhook(String),
+    /// An ntfy topic (`ntfy:<topic>`) on `[ntfy] server`: a push notification.
+    Ntfy(String),
     /// A Home Assistant notify service (`ha:notify.mobile_app_pixel`): the
     /// service name after `notify.`.
     HomeAssistant(String),
@@ -63,6 +65,8 @@ impl Target {
             // A caller is answered `202 Accepted`, not with the turn's answer:
             // an endpoint's answer goes to its `deliver` targets.
             Channel::Webhook => Target::Log,
+            // A command typed in the ntfy app is answered on its topic.
+            Channel::Ntfy => Target::Ntfy(chat_id.to_string()),
             Channel::Cli => Target::Cli,
             Channel::HomeAssistant | Channel::System | Channel::Other(_) => Target::Log,
         }
@@ -79,6 +83,7 @@ impl Target {
             Target::Signal(_) => "signal",
             Target::Mqtt(_) => "mqtt",
             Target::Webhook(_) => "webhook",
+            Target::Ntfy(_) => "ntfy",
             Target::HomeAssistant(_) => "ha",
             Target::Log => "log",
             Target::Cli => "cli",
@@ -98,6 +103,7 @@ impl fmt::Display for Target {
             Target::Mqtt(None) => f.write_str("mqtt"),
             Target::Mqtt(Some(topic)) => write!(f, "mqtt:{topic}"),
             Target::Webhook(name) => write!(f, "webhook:{name}"),
+            Target::Ntfy(topic) => write!(f, "ntfy:{topic}"),
             Target::HomeAssistant(service) => write!(f, "ha:notify.{service}"),
             Target::Log => f.write_str("log"),
             Target::Cli => f.write_str("cli"),
@@ -122,7 +128,7 @@ impl Target {
     fn parse(text: &str, strict: bool) -> Result<Target, String> {
         let t = text.trim();
         let expected =
-            "expected `telegram:<chat_id>`, `discord:<channel id>`, `feishu:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ha:notify.<service>` or `log`";
+            "expected `telegram:<chat_id>`, `discord:<channel id>`, `feishu:<chat_id>`, `matrix:<room>`, `signal:<number|uuid|group.<id>>`, `email:<address>`, `mqtt`, `mqtt:<topic>`, `webhook:<name>`, `ntfy:<topic>`, `ha:notify.<service>` or `log`";
         match t.split_once(':') {
             None if t == "mqtt" => Ok(Target::Mqtt(None)),
             None if t == "log" => Ok(Target::Log),
@@ -191,6 +197,14 @@ impl Target {
                     ))
                 }
             }
+            Some(("ntfy", topic)) => {
+                let topic = topic.trim();
+                if is_ntfy_topic(topic) || (!strict && !topic.is_empty()) {
+                    Ok(Target::Ntfy(topic.to_string()))
+                } else {
+                    Err(format!("`{text}`: an ntfy target is a topic, like `ntfy:bramble-reports` (1 to 64 of `A-Z a-z 0-9 _ -`)"))
+                }
+            }
             Some(("ha", rest)) => match rest.trim().strip_prefix("notify.") {
                 Some(service)
                     if !service.is_empty()
@@ -212,6 +226,11 @@ impl Target {
 pub fn is_webhook_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// An ntfy topic name: 1 to 64 of `A-Z a-z 0-9 _ -`, as the ntfy server allows.
+pub fn is_ntfy_topic(topic: &str) -> bool {
+    (1..=64).contains(&topic.len()) && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// An `email:` target: an address, and for a daily digest the local time it is sent.
@@ -320,6 +339,8 @@ pub enum Channel {
     Mqtt,
     /// `[[webhook]]` endpoints: whoever holds an endpoint's secret.
     Webhook,
+    /// An `[ntfy] subscribe` topic: whoever can publish to it (a caller, not a person).
+    Ntfy,
     /// Home Assistant's triggers.
     HomeAssistant,
     /// The scheduler's own sessions: the heartbeat, jobs made outside a chat.
@@ -342,6 +363,7 @@ impl Channel {
             Channel::Signal => "signal",
             Channel::Mqtt => "mqtt",
             Channel::Webhook => "webhook",
+            Channel::Ntfy => "ntfy",
             Channel::HomeAssistant => "homeassistant",
             Channel::System => "system",
             Channel::Other(name) => name,
@@ -361,6 +383,7 @@ impl From<&str> for Channel {
             "signal" => Channel::Signal,
             "mqtt" => Channel::Mqtt,
             "webhook" => Channel::Webhook,
+            "ntfy" => Channel::Ntfy,
             "homeassistant" => Channel::HomeAssistant,
             "system" => Channel::System,
             other => Channel::Other(other.to_string()),
@@ -430,13 +453,16 @@ pub enum Source {
     /// A `[[webhook]]` endpoint's turn: whoever holds its secret, with a
     /// payload anyone upstream (a form, a sensor) may have written.
     Webhook,
+    /// A message on an `[ntfy] subscribe` topic: whoever can publish to it
+    /// (the topic and, on a protected server, an access token).
+    Ntfy,
     /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
     Trigger,
 }
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 12] = [
+    pub const ALL: [Source; 13] = [
         Source::Terminal,
         Source::Telegram,
         Source::Feishu,
@@ -448,6 +474,7 @@ impl Source {
         Source::Heartbeat,
         Source::Mqtt,
         Source::Webhook,
+        Source::Ntfy,
         Source::Trigger,
     ];
 
@@ -465,6 +492,7 @@ impl Source {
             Source::Heartbeat => "heartbeat",
             Source::Mqtt => "mqtt",
             Source::Webhook => "webhook",
+            Source::Ntfy => "ntfy",
             Source::Trigger => "trigger",
         }
     }
@@ -503,6 +531,7 @@ impl Source {
             (Channel::System, _) => Source::Job,
             (Channel::Mqtt, _) => Source::Mqtt,
             (Channel::Webhook, _) => Source::Webhook,
+            (Channel::Ntfy, _) => Source::Ntfy,
             (Channel::HomeAssistant | Channel::Other(_), _) => Source::Trigger,
         }
     }
@@ -898,6 +927,7 @@ mod tests {
             "mqtt",
             "mqtt:home/report",
             "webhook:node_red",
+            "ntfy:bramble-reports_1",
             "log",
             "ha:notify.mobile_app_pixel",
         ] {
@@ -939,6 +969,9 @@ mod tests {
             "webhook:",
             "webhook:Node Red",
             "webhook:a/b",
+            "ntfy:",
+            "ntfy:a/b",
+            "ntfy:two words",
         ] {
             let err = t.parse::<Target>().unwrap_err();
             assert!(err.contains(t.trim()), "{err}");

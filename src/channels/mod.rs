@@ -16,6 +16,9 @@ pub mod inbox;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+/// ntfy: reports as push notifications, commands from subscribed topics (feature `ntfy`).
+#[cfg(feature = "ntfy")]
+pub mod ntfy;
 #[cfg(feature = "signal")]
 pub mod signal;
 pub mod telegram;

@@ -236,6 +236,7 @@ fn added(
             Target::Mqtt(_) => loaded.config.mqtt.url.is_some(),
             Target::HomeAssistant(_) => loaded.config.homeassistant.url.is_some(),
             Target::Webhook(name) => loaded.config.has_webhook_target(name),
+            Target::Ntfy(topic) => cfg!(feature = "ntfy") && loaded.config.ntfy.publishes_to(topic),
             Target::Log | Target::Cli => true,
         };
         if !configured {

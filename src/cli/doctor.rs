@@ -194,6 +194,8 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
     }
     #[cfg(feature = "discord")]
     discord(&loaded, &mut r).await;
+    #[cfg(feature = "ntfy")]
+    ntfy(&loaded, &mut r).await;
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
@@ -384,6 +386,21 @@ async fn discord(loaded: &Loaded, r: &mut Report) {
             }
         }
         Err(e) => r.line(Level::Error, "discord", e),
+    }
+}
+
+/// `[ntfy]`: the server answers, and the token may read a topic.
+#[cfg(feature = "ntfy")]
+async fn ntfy(loaded: &Loaded, r: &mut Report) {
+    match crate::channels::ntfy::status::probe(&loaded.config.ntfy, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "ntfy", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "ntfy", found);
+            for w in warnings {
+                r.line(Level::Warning, "ntfy", w);
+            }
+        }
+        Err(e) => r.line(Level::Error, "ntfy", e),
     }
 }
 

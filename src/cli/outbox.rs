@@ -110,6 +110,7 @@ fn configured(loaded: &Loaded, target: &crate::bus::Target) -> bool {
         Target::Mqtt(_) => c.mqtt.url.is_some(),
         Target::HomeAssistant(_) => c.homeassistant.url.is_some(),
         Target::Webhook(name) => c.has_webhook_target(name),
+        Target::Ntfy(topic) => cfg!(feature = "ntfy") && c.ntfy.publishes_to(topic),
         Target::Log | Target::Cli => true,
     }
 }

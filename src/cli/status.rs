@@ -512,6 +512,9 @@ struct ChannelPart {
     /// `[discord]` in words (text only, like email; `None` without the feature).
     #[serde(skip)]
     discord: Option<String>,
+    /// `[ntfy]` in words (text only, like email's).
+    #[serde(skip)]
+    ntfy: Option<String>,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -534,6 +537,7 @@ impl Section for ChannelPart {
         lines.extend(self.signal.as_ref().map(|s| format!("signal:     {}", esc(s))));
         lines.extend(self.feishu.as_ref().map(|e| format!("feishu:     {}", esc(e))));
         lines.extend(self.discord.as_ref().map(|d| format!("discord:    {}", esc(d))));
+        lines.extend(self.ntfy.as_ref().map(|n| format!("ntfy:       {}", esc(n))));
         lines
     }
 }
@@ -571,6 +575,14 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         discord: Some(crate::channels::discord::status::status_line(&c.discord, &loaded.paths.state_dir)),
         #[cfg(not(feature = "discord"))]
         discord: None,
+        #[cfg(feature = "ntfy")]
+        ntfy: Some(crate::channels::ntfy::status::status_line(
+            &c.ntfy,
+            c.alerts.deliver.is_empty(),
+            &loaded.paths.state_dir,
+        )),
+        #[cfg(not(feature = "ntfy"))]
+        ntfy: None,
         secrets_from: if facts.is_some() { "daemon" } else { "shell" },
         ha_configured: c.homeassistant.url.is_some(),
     }

@@ -20,6 +20,9 @@ pub mod imap;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+/// ntfy: publish and the JSON stream (feature `ntfy`).
+#[cfg(feature = "ntfy")]
+pub mod ntfy;
 /// A signal-cli daemon's JSON-RPC (feature `signal`).
 #[cfg(feature = "signal")]
 pub mod signal;

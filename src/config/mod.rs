@@ -20,6 +20,7 @@ pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
 pub mod mcp;
+pub mod ntfy;
 pub mod signal;
 pub mod templates;
 pub mod tools;
@@ -87,6 +88,8 @@ pub struct Config {
     pub webhook: Vec<WebhookConfig>,
     /// `[email]` (`email.rs`): IMAP in, SMTP out.
     pub email: email::EmailConfig,
+    /// `[ntfy]` (`ntfy.rs`): push notifications out, commands in.
+    pub ntfy: ntfy::NtfyConfig,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -265,6 +268,7 @@ impl Default for Config {
             webhooks: WebhooksConfig::default(),
             webhook: Vec::new(),
             email: email::EmailConfig::default(),
+            ntfy: ntfy::NtfyConfig::default(),
         }
     }
 }
@@ -679,6 +683,9 @@ impl Config {
         }
         if let Some(why) = self.feishu.problem() {
             return Err((text.find("[feishu]").map(|i| i..i + "[feishu]".len()), why));
+        }
+        if let Some(why) = self.ntfy.problem() {
+            return Err((text.find("[ntfy").map(|i| i..i + "[ntfy".len()), why));
         }
         let mut seen: Vec<&str> = Vec::new();
         for (i, p) in self.providers.iter().enumerate() {

@@ -322,6 +322,9 @@ pub struct Daemon {
     /// `[[webhook]]` endpoints (`None`: none, or the listener may not start as configured).
     #[cfg(feature = "webhook")]
     pub webhook: Option<crate::channels::webhook::WebhookServer>,
+    /// `[ntfy] subscribe`'s reader (`None`: no topic to read).
+    #[cfg(feature = "ntfy")]
+    pub ntfy: Option<crate::channels::ntfy::inbound::Subscriber>,
 }
 
 /// Everything `bramble run` runs for this config.
@@ -385,8 +388,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         activity: agent.activity(),
     });
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
-    #[cfg(feature = "webhook")]
-    let webhook = webhooks(loaded, &mut channels, &work, &scheduler, &jobs);
+    #[allow(unused_variables)] // without the `webhook` and `ntfy` features it holds nothing
+    let listeners = listeners(loaded, &mut channels, (&work, &scheduler, &jobs), &bus.inbound_tx);
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
             inbound: bus.inbound_tx.clone(),
@@ -435,7 +438,55 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         heartbeat,
         dead_man,
         #[cfg(feature = "webhook")]
-        webhook,
+        webhook: listeners.webhook,
+        #[cfg(feature = "ntfy")]
+        ntfy: listeners.ntfy,
+    })
+}
+
+/// The channels that serve or read something beside the chats: `[[webhook]]`
+/// endpoints and ntfy's topics (whose Done / Snooze route the webhook listener serves).
+struct Listeners {
+    #[cfg(feature = "webhook")]
+    webhook: Option<crate::channels::webhook::WebhookServer>,
+    #[cfg(feature = "ntfy")]
+    ntfy: Option<crate::channels::ntfy::inbound::Subscriber>,
+}
+
+#[allow(unused_variables, unused_mut, clippy::let_unit_value)] // which parts exist depends on the features
+fn listeners(
+    loaded: &Loaded,
+    channels: &mut Channels,
+    (work, scheduler, jobs): (&Work, &Scheduler, &JobStore),
+    inbound: &mpsc::Sender<InboundMessage>,
+) -> Listeners {
+    #[cfg(feature = "ntfy")]
+    let ntfy = ntfy_channel(loaded, jobs);
+    #[cfg(feature = "webhook")]
+    let mut routes: Vec<Arc<dyn crate::channels::webhook::Route>> = Vec::new();
+    #[cfg(all(feature = "ntfy", feature = "webhook"))]
+    routes.extend(ntfy.as_ref().and_then(|n| n.route()));
+    Listeners {
+        #[cfg(feature = "ntfy")]
+        ntfy: ntfy.and_then(|n| {
+            channels.add(n.channel());
+            n.subscriber(inbound.clone())
+        }),
+        #[cfg(feature = "webhook")]
+        webhook: webhooks(loaded, channels, work, scheduler, jobs, routes),
+    }
+}
+
+/// The ntfy channel for `[ntfy]` (`None`: not configured, or unusable: logged).
+#[cfg(feature = "ntfy")]
+fn ntfy_channel(loaded: &Loaded, jobs: &JobStore) -> Option<crate::channels::ntfy::Ntfy> {
+    let c = &loaded.config;
+    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
+    let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
+    let (state, ws) = (&loaded.paths.state_dir, &loaded.paths.workspace);
+    crate::channels::ntfy::Ntfy::from_config(&c.ntfy, state, ws, Some(reminders)).unwrap_or_else(|e| {
+        tracing::error!("ntfy is off: {e}");
+        None
     })
 }
 
@@ -448,6 +499,7 @@ fn webhooks(
     work: &Work,
     scheduler: &Scheduler,
     jobs: &JobStore,
+    routes: Vec<Arc<dyn crate::channels::webhook::Route>>,
 ) -> Option<crate::channels::webhook::WebhookServer> {
     let c = &loaded.config;
     let host = nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
@@ -461,6 +513,7 @@ fn webhooks(
         scheduler: scheduler.handle(),
         origin,
         state_dir: loaded.paths.state_dir.clone(),
+        routes,
     };
     crate::channels::webhook::WebhookServer::new(&c.webhooks, &c.webhook, wiring)
 }
@@ -678,7 +731,8 @@ struct Work {
 fn work(loaded: &Loaded, agent: &Arc<Agent>, sandbox: &Arc<Sandbox>, reports: &Reports, shutdown: &Shutdown) -> Work {
     let c = &loaded.config;
     let runner = Runner::new(agent.clone(), c.exec.clone(), loaded.paths.workspace.clone(), sandbox.clone());
-    let alerts = Alerts::new(&loaded.paths.state_dir, &c.alerts, reports.clone());
+    // With `[alerts] deliver` empty, `[ntfy] alert_topic` gets the alerts and the dead-man's.
+    let alerts = Alerts::new(&loaded.paths.state_dir, &c.ntfy.alerts(&c.alerts), reports.clone());
     let job_runner = JobRunner {
         runner: runner.clone(),
         reports: reports.clone(),

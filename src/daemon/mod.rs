@@ -47,6 +47,7 @@
 //! | ha events | exit | owns the trigger queue's sending end |
 //! | control socket | exit | owns the bound socket |
 //! | webhooks | restart | binds its address anew (a busy port is tried again with backoff); the calls queued when it ended were answered `202` and are lost with it |
+//! | ntfy subscriber | restart | reconnects by itself; its position is in `ntfy-since.json` |
 //! | scheduler | exit | owns the run-now queue and the runs in flight; a fresh start re-reads `jobs.json` |
 //! | heartbeat | restart | anchored on `heartbeat.json`, so a new loop keeps the interval |
 //! | dead-man | restart | the open alerts are in `alerts.json` |
@@ -261,6 +262,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     #[cfg(feature = "webhook")]
     if let Some(webhook) = d.webhook {
         tasks.spawn(Service::restarting("webhooks", move |sd| webhook.clone().run(sd)));
+    }
+    #[cfg(feature = "ntfy")]
+    if let Some(ntfy) = d.ntfy {
+        tasks.spawn(Service::restarting("ntfy subscriber", move |sd| ntfy.clone().run(sd)));
     }
     if let Some(server) = control.and_then(|handler| control_server(loaded, handler, d.scheduler.scheduler.handle())) {
         tasks.spawn(Service::new("control socket", |sd| server.run(sd)));

@@ -179,7 +179,8 @@ pub fn member_target(target: &Target, chats: &AllowedChats, publish_allow: &[Str
         Target::Signal(chat) if chats.signal().chat_allowed(chat) => Ok(()),
         Target::Signal(chat) => Err(MemberRefusal::SignalChat(chat.clone())),
         // A webhook target names a `url` the owner configured, like a notify service.
-        Target::HomeAssistant(_) | Target::Webhook(_) | Target::Log | Target::Mqtt(None) => Ok(()),
+        // So does an ntfy topic: the channel publishes only to topics named in `[ntfy]`.
+        Target::HomeAssistant(_) | Target::Webhook(_) | Target::Ntfy(_) | Target::Log | Target::Mqtt(None) => Ok(()),
         Target::Mqtt(Some(topic)) if publish_allow.iter().any(|f| crate::util::mqtt::topic_matches(f, topic)) => Ok(()),
         Target::Mqtt(Some(topic)) => Err(MemberRefusal::Topic(topic.clone())),
         Target::Cli => Err(MemberRefusal::Terminal),

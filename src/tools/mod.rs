@@ -81,6 +81,8 @@ pub enum Origin {
     Mqtt,
     /// A `[[webhook]]` endpoint: whoever holds its secret, with a payload from outside.
     Webhook,
+    /// An `[ntfy] subscribe` topic: whoever can publish to it.
+    Ntfy,
     /// `[[homeassistant.trigger]]` turns: their text carries entity states and
     /// attributes, which any device or integration in Home Assistant can set.
     HomeAssistant,
@@ -103,6 +105,7 @@ impl Origin {
             Channel::System => Origin::System,
             Channel::Mqtt => Origin::Mqtt,
             Channel::Webhook => Origin::Webhook,
+            Channel::Ntfy => Origin::Ntfy,
             Channel::HomeAssistant => Origin::HomeAssistant,
             Channel::Other(_) => Origin::Unknown,
         }
@@ -137,6 +140,7 @@ impl Origin {
             Origin::System => "the scheduler",
             Origin::Mqtt => "MQTT",
             Origin::Webhook => "a webhook",
+            Origin::Ntfy => "an ntfy topic",
             Origin::HomeAssistant => "a Home Assistant trigger",
             Origin::Unknown => "an unknown channel",
         }
@@ -389,6 +393,7 @@ pub fn presumed(conversation: &Conversation) -> Principal {
         | Channel::Email
         | Channel::Mqtt
         | Channel::Webhook
+        | Channel::Ntfy
         | Channel::HomeAssistant
         | Channel::Other(_) => Principal::Anonymous,
     }
@@ -542,7 +547,8 @@ pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
         | Source::Signal
         | Source::Email
         | Source::Mqtt
-        | Source::Webhook => &["exec", "read_file", "write_file", "cron", "web_fetch"],
+        | Source::Webhook
+        | Source::Ntfy => &["exec", "read_file", "write_file", "cron", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }

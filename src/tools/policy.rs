@@ -49,7 +49,7 @@ impl Source {
     /// change things (commands, files, the broker) for the untrusted ones.
     pub fn default_deny(self) -> &'static [&'static str] {
         match self {
-            Source::Mqtt | Source::Webhook | Source::Trigger => {
+            Source::Mqtt | Source::Webhook | Source::Ntfy | Source::Trigger => {
                 &["exec", "write_file", "edit_file", "mqtt_publish", "ha_call_service"]
             }
             // A mail account is more often phished than a phone: no commands by default.

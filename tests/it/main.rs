@@ -39,6 +39,8 @@ mod memory;
 mod mqtt;
 mod mqtt_ha_schema;
 mod mqtt_v311;
+#[cfg(feature = "ntfy")]
+mod ntfy;
 mod pairing;
 mod provider;
 mod redirects;

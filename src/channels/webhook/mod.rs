@@ -53,9 +53,21 @@ pub struct Call {
     json: Option<Value>,
 }
 
+/// Another channel's route on this listener (ntfy's Done / Snooze buttons):
+/// `Some((status, text))` when `path` is its own, answered before any endpoint.
+pub trait Route: Send + Sync {
+    fn answer<'a>(
+        &'a self,
+        method: &'a str,
+        path: &'a str,
+        peer: std::net::SocketAddr,
+    ) -> crate::util::BoxFuture<'a, Option<(u16, String)>>;
+}
+
 /// What the listener's requests share.
 pub struct Shared {
     pub endpoints: Vec<Endpoint>,
+    routes: Vec<Arc<dyn Route>>,
     replay: Mutex<replay::ReplayCache>,
     turns: TurnLimit,
     /// This bramble ([`crate::clients::webhook::ORIGIN_HEADER`]).
@@ -114,6 +126,8 @@ pub struct Wiring {
     pub origin: String,
     /// Where the replay cache is kept ([`replay`]).
     pub state_dir: std::path::PathBuf,
+    /// Other channels' routes ([`Route`]): the listener runs for them even without an endpoint.
+    pub routes: Vec<Arc<dyn Route>>,
 }
 
 impl WebhookServer {
@@ -136,7 +150,7 @@ impl WebhookServer {
                 Endpoint { config: w.clone(), secret }
             })
             .collect();
-        if endpoints.is_empty() {
+        if endpoints.is_empty() && wiring.routes.is_empty() {
             return None;
         }
         if let Some(why) = settings.refusal() {
@@ -146,6 +160,7 @@ impl WebhookServer {
         let rate = TurnRate { per_minute: settings.turns_per_minute, burst: settings.turn_burst };
         let shared = Shared {
             endpoints,
+            routes: wiring.routes,
             replay: Mutex::new(replay::ReplayCache::open(&wiring.state_dir, jiff::Timestamp::now().as_second())),
             turns: TurnLimit::new(rate, "the webhooks"),
             origin: wiring.origin,

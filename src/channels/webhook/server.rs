@@ -190,6 +190,11 @@ async fn answer(
     shared: &Shared,
     calls: &mpsc::Sender<Call>,
 ) -> Response<Full<Bytes>> {
+    for route in &shared.routes {
+        if let Some((status, text)) = route.answer(req.method().as_str(), req.uri().path(), peer).await {
+            return reply(StatusCode::from_u16(status).unwrap_or(StatusCode::NOT_FOUND), &text);
+        }
+    }
     let found =
         req.uri().path().strip_prefix("/hook/").and_then(|name| {
             shared.endpoints.iter().enumerate().find(|(_, e)| e.config.name == name && !name.is_empty())

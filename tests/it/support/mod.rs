@@ -11,6 +11,7 @@
 //! - [`fake_ha`]: `FakeHa`, Home Assistant's REST and WebSocket APIs (a real RFC 6455 server).
 //! - [`feishu`]: `FakeFeishu`, the Feishu / Lark long connection (pbbp2 frames) and REST.
 //! - [`discord`]: `FakeDiscord`, Discord's gateway (a real RFC 6455 server) and REST API v10.
+//! - [`ntfy`]: `FakeNtfy`, an ntfy server (JSON publish, uploads, the JSON stream with `since`), from ntfy's docs.
 //! - [`telegram`]: `FakeTelegram`, a Bot API server (long polling, sendMessage, …).
 //! - [`setup`]: `TestHome`, a config, workspace and state directory in a temp dir, and the agent they build.
 //! - [`env`]: running one test in a child process with environment variables set.
@@ -31,6 +32,7 @@ pub mod feishu;
 pub mod http;
 pub mod mail;
 pub mod mosquitto;
+pub mod ntfy;
 pub mod pty;
 pub mod python;
 pub mod setup;
