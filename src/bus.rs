@@ -379,11 +379,14 @@ pub enum Source {
     Webhook,
     /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
     Trigger,
+    /// A `/on <board> …` turn the fleet's primary asked this board for
+    /// (`[policy.fleet]`), authenticated by the fleet key (docs/fleet.md).
+    Fleet,
 }
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 9] = [
+    pub const ALL: [Source; 10] = [
         Source::Terminal,
         Source::Telegram,
         Source::Matrix,
@@ -393,6 +396,7 @@ impl Source {
         Source::Mqtt,
         Source::Webhook,
         Source::Trigger,
+        Source::Fleet,
     ];
 
     /// Its name in `[policy.<name>]`.
@@ -407,6 +411,7 @@ impl Source {
             Source::Mqtt => "mqtt",
             Source::Webhook => "webhook",
             Source::Trigger => "trigger",
+            Source::Fleet => "fleet",
         }
     }
 
@@ -423,6 +428,8 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
+            // Only the fleet names a session `fleet:…` (`<prefix>/in` sessions are `mqtt:…`).
+            (Channel::Mqtt, _) if conversation.session_key.starts_with(FLEET_SESSION) => Source::Fleet,
             (Channel::Cli | Channel::Telegram | Channel::Matrix | Channel::Email | Channel::System, _) if in_job => {
                 Source::Job
             }
@@ -437,6 +444,9 @@ impl Source {
         }
     }
 }
+
+/// The session key prefix of turns the fleet's primary asked for (`fleet:<board>`).
+pub const FLEET_SESSION: &str = "fleet:";
 
 /// Where a conversation happens: the channel, the chat in it, and the session
 /// that keeps its history. Every message, turn, job, pending record and tool

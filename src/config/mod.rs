@@ -14,6 +14,7 @@ pub mod channels;
 mod diagnose;
 pub mod email;
 pub mod env;
+pub mod fleet;
 pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
@@ -75,6 +76,8 @@ pub struct Config {
     pub webhook: Vec<WebhookConfig>,
     /// `[email]` (`email.rs`): IMAP in, SMTP out.
     pub email: email::EmailConfig,
+    /// `[fleet]` (`fleet.rs`): several boards, one chat; off without a name.
+    pub fleet: fleet::FleetConfig,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -250,6 +253,7 @@ impl Default for Config {
             webhooks: WebhooksConfig::default(),
             webhook: Vec::new(),
             email: email::EmailConfig::default(),
+            fleet: fleet::FleetConfig::default(),
         }
     }
 }

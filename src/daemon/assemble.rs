@@ -250,7 +250,13 @@ fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::clients::ha_rest::HaR
 /// The MQTT link for this config, if a broker is configured and usable.
 fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
     match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
-        Ok(Some(settings)) => Some(crate::channels::mqtt::Link::new(settings)),
+        #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
+        Ok(Some(mut settings)) => {
+            // `[fleet]`: its topics are subscribed to and routed to it on this one connection.
+            #[cfg(feature = "fleet")]
+            settings.inputs.fleet.extend(crate::fleet::filters(&c.fleet));
+            Some(crate::channels::mqtt::Link::new(settings))
+        }
         Ok(None) => None,
         Err(e) => {
             tracing::error!("MQTT is off: {e}");
@@ -287,6 +293,9 @@ pub struct Daemon {
     pub announcements: Option<Announcements>,
     pub unanswered: super::Unanswered,
     pub mqtt: Option<MqttServices>,
+    /// `[fleet]`'s task (`None`: not in a fleet, or its config keeps it off, logged).
+    #[cfg(feature = "fleet")]
+    pub fleet: Option<crate::fleet::FleetService>,
     pub ha: Option<HaEvents>,
     /// `None`: `[heartbeat] enabled = false`.
     pub heartbeat: Option<HeartbeatLoop>,
@@ -348,8 +357,17 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
     #[cfg(feature = "webhook")]
     let webhook = webhooks(loaded, &mut channels, &work, &scheduler, &jobs);
+    #[cfg(feature = "fleet")]
+    let (fleet, inbound_rx) =
+        fleet(loaded, mqtt.as_ref(), &jobs, &reports, &bus.inbound_tx, bus.inbound_rx, &mut channels);
+    #[cfg(not(feature = "fleet"))]
+    let inbound_rx = bus.inbound_rx;
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
+            #[cfg(feature = "fleet")]
+            fleet: fleet.as_ref().map(|f| f.router.clone()),
+            #[cfg(not(feature = "fleet"))]
+            fleet: None,
             inbound: bus.inbound_tx.clone(),
             scheduler: scheduler.handle(),
             jobs,
@@ -367,12 +385,14 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         watched.extend(services.state.files());
         services
     });
+    #[cfg(feature = "fleet")]
+    watched.extend(fleet.as_ref().map(|f| ("jobs.json", f.jobs_changed.clone())));
     Ok(Daemon {
         shutdown,
         unanswered: super::Unanswered { agent: agent.clone(), reports: reports.clone() },
         mcp: super::McpSources { agent: agent.clone() },
         announcements: Announcements::new(agent.clone(), bus.outbound_tx.clone()),
-        bus: ServeBus { agent: agent.clone(), inbound: bus.inbound_rx, outbound: bus.outbound_tx },
+        bus: ServeBus { agent: agent.clone(), inbound: inbound_rx, outbound: bus.outbound_tx },
         pump: OutboundPump { outbound: bus.outbound_rx, reports: reports.clone() },
         outbox: OutboxSender { reports, channels: channels.clone(), poll: poll.clone() },
         watcher: StateWatcher { dir: state.clone(), watched, poll },
@@ -387,12 +407,63 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         #[cfg(feature = "matrix")]
         matrix,
         mqtt,
+        #[cfg(feature = "fleet")]
+        fleet: fleet.map(|f| f.service),
         ha,
         heartbeat,
         dead_man,
         #[cfg(feature = "webhook")]
         webhook,
     })
+}
+
+/// `[fleet]`: the fleet's task, and the queue the agent reads (on the
+/// primary the fleet reads the channels' queue first, for `/on` and `/boards`).
+#[cfg(feature = "fleet")]
+fn fleet(
+    loaded: &Loaded,
+    link: Option<&Arc<crate::channels::mqtt::Link>>,
+    jobs: &JobStore,
+    reports: &Reports,
+    inbound: &mpsc::Sender<InboundMessage>,
+    chat: mpsc::Receiver<InboundMessage>,
+    channels: &mut Channels,
+) -> (Option<crate::fleet::Fleet>, mpsc::Receiver<InboundMessage>) {
+    let c = &loaded.config;
+    let state = &loaded.paths.state_dir;
+    let Some(link) = link.filter(|_| c.fleet.board().is_some()) else {
+        if c.fleet.board().is_some() {
+            tracing::error!("the fleet is off: {}", crate::config::fleet::FleetConfigError::NoBroker);
+        }
+        return (None, chat);
+    };
+    let mut capabilities: Vec<String> = channels.names().iter().map(|n| n.to_string()).collect();
+    if c.exec.enabled {
+        capabilities.push("exec".into());
+    }
+    let reach = crate::fleet::Reach {
+        chats: crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
+            .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
+            .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state)),
+        publish_allow: c.mqtt.publish_allow.clone(),
+    };
+    let wiring = crate::fleet::Wiring {
+        config: &c.fleet,
+        state_dir: state,
+        link: link.clone(),
+        jobs: jobs.clone(),
+        reports: reports.clone(),
+        agent: inbound.clone(),
+        reach,
+        capabilities,
+    };
+    match crate::fleet::build(wiring, chat, channels) {
+        (Ok(fleet), rx) => (fleet, rx),
+        (Err(e), rx) => {
+            tracing::error!("the fleet is off: {e}");
+            (None, rx)
+        }
+    }
 }
 
 /// `[[webhook]]`: the `webhook:<name>` targets into `channels`, and the

@@ -462,6 +462,7 @@ pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
         Source::Terminal | Source::Telegram | Source::Matrix | Source::Email | Source::Mqtt | Source::Webhook => {
             &["exec", "read_file", "write_file", "cron", "web_fetch"]
         }
+        Source::Fleet => &["exec", "read_file", "write_file", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }

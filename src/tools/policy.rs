@@ -51,6 +51,8 @@ impl Source {
             }
             // A mail account is more often phished than a phone: no commands by default.
             Source::Email => &["exec"],
+            // The owner asked in the primary's chat; jobs on a board are made with `cron add --on`.
+            Source::Fleet => &["cron", "mqtt_publish"],
             _ => &[],
         }
     }
