@@ -294,8 +294,7 @@ pub struct Daemon {
     pub unanswered: super::Unanswered,
     pub mqtt: Option<MqttServices>,
     /// `[fleet]`'s task (`None`: not in a fleet, or its config keeps it off, logged).
-    #[cfg(feature = "fleet")]
-    pub fleet: Option<crate::fleet::FleetService>,
+    pub fleet: Option<FleetBuilt>,
     pub ha: Option<HaEvents>,
     /// `None`: `[heartbeat] enabled = false`.
     pub heartbeat: Option<HeartbeatLoop>,
@@ -313,7 +312,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let state = &loaded.paths.state_dir;
     let shutdown = Shutdown::new();
     let jobs = JobStore::open(state);
-    let bus = Bus::new();
+    #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
+    let mut bus = Bus::new();
     let mqtt = mqtt_link(c);
     let scheduler =
         Scheduler::new(jobs.clone(), c.timezone().tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
@@ -357,17 +357,10 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
     #[cfg(feature = "webhook")]
     let webhook = webhooks(loaded, &mut channels, &work, &scheduler, &jobs);
-    #[cfg(feature = "fleet")]
-    let (fleet, inbound_rx) =
-        fleet(loaded, mqtt.as_ref(), &jobs, &reports, &bus.inbound_tx, bus.inbound_rx, &mut channels);
-    #[cfg(not(feature = "fleet"))]
-    let inbound_rx = bus.inbound_rx;
+    let fleet = fleet(loaded, mqtt.as_ref(), &jobs, &reports, &mut bus, &mut channels);
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
-            #[cfg(feature = "fleet")]
-            fleet: fleet.as_ref().map(|f| f.router.clone()),
-            #[cfg(not(feature = "fleet"))]
-            fleet: None,
+            fleet: fleet_router(&fleet),
             inbound: bus.inbound_tx.clone(),
             scheduler: scheduler.handle(),
             jobs,
@@ -385,14 +378,13 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         watched.extend(services.state.files());
         services
     });
-    #[cfg(feature = "fleet")]
-    watched.extend(fleet.as_ref().map(|f| ("jobs.json", f.jobs_changed.clone())));
+    watched.extend(fleet_router(&fleet).and(fleet_jobs(&fleet)).map(|n| ("jobs.json", n)));
     Ok(Daemon {
         shutdown,
         unanswered: super::Unanswered { agent: agent.clone(), reports: reports.clone() },
         mcp: super::McpSources { agent: agent.clone() },
         announcements: Announcements::new(agent.clone(), bus.outbound_tx.clone()),
-        bus: ServeBus { agent: agent.clone(), inbound: inbound_rx, outbound: bus.outbound_tx },
+        bus: ServeBus { agent: agent.clone(), inbound: bus.inbound_rx, outbound: bus.outbound_tx },
         pump: OutboundPump { outbound: bus.outbound_rx, reports: reports.clone() },
         outbox: OutboxSender { reports, channels: channels.clone(), poll: poll.clone() },
         watcher: StateWatcher { dir: state.clone(), watched, poll },
@@ -407,14 +399,51 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         #[cfg(feature = "matrix")]
         matrix,
         mqtt,
-        #[cfg(feature = "fleet")]
-        fleet: fleet.map(|f| f.service),
+        fleet,
         ha,
         heartbeat,
         dead_man,
         #[cfg(feature = "webhook")]
         webhook,
     })
+}
+
+/// The fleet, built (nothing can be without the `fleet` feature).
+#[cfg(feature = "fleet")]
+pub type FleetBuilt = crate::fleet::Fleet;
+#[cfg(not(feature = "fleet"))]
+pub type FleetBuilt = std::convert::Infallible;
+
+/// The queue the MQTT router feeds the fleet's topics into.
+#[cfg(feature = "fleet")]
+fn fleet_router(f: &Option<FleetBuilt>) -> Option<mpsc::Sender<crate::channels::mqtt::FleetMessage>> {
+    f.as_ref().map(|f| f.router.clone())
+}
+#[cfg(not(feature = "fleet"))]
+fn fleet_router(_: &Option<FleetBuilt>) -> Option<mpsc::Sender<crate::channels::mqtt::FleetMessage>> {
+    None
+}
+
+/// The fleet's wake-up when jobs.json changes (its presence lists the jobs).
+#[cfg(feature = "fleet")]
+fn fleet_jobs(f: &Option<FleetBuilt>) -> Option<Arc<Notify>> {
+    f.as_ref().map(|f| f.jobs_changed.clone())
+}
+#[cfg(not(feature = "fleet"))]
+fn fleet_jobs(_: &Option<FleetBuilt>) -> Option<Arc<Notify>> {
+    None
+}
+
+#[cfg(not(feature = "fleet"))]
+fn fleet(
+    _: &Loaded,
+    _: Option<&Arc<crate::channels::mqtt::Link>>,
+    _: &JobStore,
+    _: &Reports,
+    _: &mut Bus,
+    _: &mut Channels,
+) -> Option<FleetBuilt> {
+    None
 }
 
 /// `[fleet]`: the fleet's task, and the queue the agent reads (on the
@@ -425,17 +454,16 @@ fn fleet(
     link: Option<&Arc<crate::channels::mqtt::Link>>,
     jobs: &JobStore,
     reports: &Reports,
-    inbound: &mpsc::Sender<InboundMessage>,
-    chat: mpsc::Receiver<InboundMessage>,
+    bus: &mut Bus,
     channels: &mut Channels,
-) -> (Option<crate::fleet::Fleet>, mpsc::Receiver<InboundMessage>) {
+) -> Option<FleetBuilt> {
     let c = &loaded.config;
     let state = &loaded.paths.state_dir;
     let Some(link) = link.filter(|_| c.fleet.board().is_some()) else {
         if c.fleet.board().is_some() {
             tracing::error!("the fleet is off: {}", crate::config::fleet::FleetConfigError::NoBroker);
         }
-        return (None, chat);
+        return None;
     };
     let mut capabilities: Vec<String> = channels.names().iter().map(|n| n.to_string()).collect();
     if c.exec.enabled {
@@ -453,17 +481,18 @@ fn fleet(
         link: link.clone(),
         jobs: jobs.clone(),
         reports: reports.clone(),
-        agent: inbound.clone(),
+        agent: bus.inbound_tx.clone(),
         reach,
         capabilities,
     };
-    match crate::fleet::build(wiring, chat, channels) {
-        (Ok(fleet), rx) => (fleet, rx),
-        (Err(e), rx) => {
-            tracing::error!("the fleet is off: {e}");
-            (None, rx)
-        }
-    }
+    // On the primary the fleet reads the channels' queue and fills the agent's.
+    let chat = std::mem::replace(&mut bus.inbound_rx, mpsc::channel(1).1);
+    let (fleet, agent_rx) = crate::fleet::build(wiring, chat, channels);
+    bus.inbound_rx = agent_rx;
+    fleet.unwrap_or_else(|e| {
+        tracing::error!("the fleet is off: {e}");
+        None
+    })
 }
 
 /// `[[webhook]]`: the `webhook:<name>` targets into `channels`, and the

@@ -214,6 +214,7 @@ mod tests {
             inbound: true,
             discovery: vec!["homeassistant/+/bramble_pi/+/config".into()],
             triggers: vec!["zigbee/+/door".into(), "#".into()],
+            fleet: vec!["bramble/+/fleet/board".into()],
         }
     }
 
@@ -237,7 +238,17 @@ mod tests {
         assert!(quiet.refuse("bramble/pi/in").is_ok(), "not listened to: not an input");
         assert_eq!(
             i.subscriptions(),
-            ["bramble/pi/in", "bramble/pi/run/+", "#", "zigbee/+/door", "homeassistant/+/bramble_pi/+/config"]
+            [
+                "bramble/pi/in",
+                "bramble/pi/run/+",
+                "#",
+                "zigbee/+/door",
+                "homeassistant/+/bramble_pi/+/config",
+                "bramble/+/fleet/board"
+            ]
         );
+        // The fleet's topics go to the fleet, and no report is published there.
+        assert_eq!(i.classify("bramble/garage/fleet/board"), Some(Input::Fleet));
+        assert!(i.refuse("bramble/garage/fleet/board").is_err());
     }
 }
