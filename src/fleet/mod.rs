@@ -110,6 +110,7 @@ pub(crate) struct Parts {
     reach: Reach,
     timeout: Duration,
     capabilities: Vec<String>,
+    acks: relay::Acks,
 }
 
 /// The fleet, built: its task, the queue the MQTT router feeds, the
@@ -139,6 +140,7 @@ pub fn build(
     let signer = auth::Signer::new(key.expose().as_bytes());
     let guard = auth::Guard::new(signer.clone(), me.clone(), w.config.replay_window.get());
     let (router, messages) = mpsc::channel(QUEUE);
+    let acks = relay::Acks::default();
     let (agent, chat_in, agent_rx) = match &primary {
         None => {
             let (tx, rx) = mpsc::channel(crate::bus::BUS_CAPACITY);
@@ -147,9 +149,9 @@ pub fn build(
         Some(p) => {
             for name in relay::RELAYED {
                 if !channels.names().contains(&name) {
-                    let signer = signer.clone();
+                    let (signer, acks) = (signer.clone(), acks.clone());
                     let (me, primary, link) = (me.clone(), p.clone(), w.link.clone());
-                    channels.add(Arc::new(relay::Relay { name, me, primary, link, signer }));
+                    channels.add(Arc::new(relay::Relay { name, me, primary, link, signer, acks }));
                 }
             }
             (w.agent, None, chat)
@@ -173,6 +175,7 @@ pub fn build(
         reach: w.reach,
         timeout: w.config.timeout.get(),
         capabilities: w.capabilities,
+        acks,
     };
     (Ok(Some(Fleet { service: FleetService::new(parts), router, jobs_changed })), agent_rx)
 }

@@ -1,12 +1,18 @@
 //! On a node: reports for the chats the primary owns (`telegram:…`,
 //! `matrix:…`, `email:…`) go to the primary as signed `report` messages on
 //! `bramble/<node>/fleet/up`, QoS 1. The node's outbox keeps a report until
-//! the broker acknowledged it (so a report made while the broker is down goes
-//! out when it is back); its idempotency key, `<job>@<slot>` (the report's
-//! queue time and outbox id, the same on every retry and across restarts),
-//! lets the primary drop the copy a retry after a lost acknowledgement sends.
+//! the primary itself said it has it (a signed `ack` on the node's command
+//! topic, not only the broker's PUBACK: a broker that restarted without its
+//! sessions would otherwise drop it for a primary not yet subscribed again),
+//! so a report made while the broker or the primary is down goes out when
+//! both are back. Its idempotency key, `<job>@<slot>` (the report's queue
+//! time and outbox id, the same on every retry and across restarts), lets
+//! the primary drop the copy a retry after a lost acknowledgement sends.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
 
 use super::auth::Signer;
 use super::{topics, wire};
@@ -24,6 +30,30 @@ pub struct Relay {
     pub primary: BoardName,
     pub link: Arc<Link>,
     pub signer: Signer,
+    pub acks: Acks,
+}
+
+/// The reports waiting for the primary's `ack`, by key: shared by the relays
+/// (which wait) and the fleet's task (which hears the acks).
+#[derive(Clone, Default)]
+pub struct Acks(Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>);
+
+impl Acks {
+    fn wait(&self, key: &str) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), tx);
+        rx
+    }
+
+    fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// The primary's ack for `key` (an ack for no waiting report: ignored).
+    pub fn acked(&self, key: &str) -> bool {
+        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        tx.is_some_and(|tx| tx.send(()).is_ok())
+    }
 }
 
 /// A report's idempotency key: `<source>@<slot>`.
@@ -45,15 +75,26 @@ impl Channel for Relay {
                 source: report.source.to_string(),
             };
             let body = serde_json::to_string(&body).map_err(|e| DeliveryError::permanent(e.to_string()))?;
-            let e = self.signer.seal(&topic, &self.me, &self.primary, wire::REPORT, &key(&report), body);
+            let key = key(&report);
+            let e = self.signer.seal(&topic, &self.me, &self.primary, wire::REPORT, &key, body);
             let bytes = serde_json::to_vec(&e).map_err(|e| DeliveryError::permanent(e.to_string()))?;
-            match self.link.publish_acked(&topic, bytes, false, ACK_TIMEOUT).await {
-                Ok(()) => Ok(()),
+            let acked = self.acks.wait(&key);
+            let sent = match self.link.publish_acked(&topic, bytes, false, ACK_TIMEOUT).await {
+                Ok(()) => match tokio::time::timeout(ACK_TIMEOUT, acked).await {
+                    Ok(Ok(())) => Ok(()),
+                    _ => Err(DeliveryError::retryable(format!(
+                        "{} did not confirm it within {} s (offline?)",
+                        self.primary,
+                        ACK_TIMEOUT.as_secs()
+                    ))),
+                },
                 Err(e @ PublishError::TooLarge(_)) => {
                     Err(DeliveryError::permanent(format!("to {}: {e}", self.primary)))
                 }
                 Err(e) => Err(DeliveryError::retryable(format!("to {} over the broker: {e}", self.primary))),
-            }
+            };
+            self.acks.forget(&key);
+            sent
         })
     }
 }

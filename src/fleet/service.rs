@@ -61,6 +61,8 @@ pub struct FleetService {
     pub(super) reach: Reach,
     pub(super) timeout: Duration,
     pub(super) capabilities: Vec<String>,
+    /// On a node: the reports waiting for the primary's ack.
+    pub(super) acks: super::relay::Acks,
     pub(super) boards: Boards,
     pending: HashMap<String, Pending>,
 }
@@ -85,6 +87,7 @@ impl FleetService {
             reach,
             timeout,
             capabilities,
+            acks,
         } = parts;
         FleetService {
             me,
@@ -103,6 +106,7 @@ impl FleetService {
             reach,
             timeout,
             capabilities,
+            acks,
             boards: Boards::default(),
             pending: HashMap::new(),
         }
@@ -175,7 +179,9 @@ impl FleetService {
         match t {
             FleetTopic::Status(b) => {
                 self.boards.status(&b, payload, now);
-                if b == self.me && payload == b"online" && self.primary.is_some() {
+                // This node connected again, or its primary is back: the reports that waited go now.
+                let primary = self.primary.as_ref();
+                if payload == b"online" && primary.is_some() && (b == self.me || Some(&b) == primary) {
                     self.connected_again();
                 }
             }
@@ -223,6 +229,12 @@ impl FleetService {
     async fn on_command(&mut self, e: Envelope) {
         let reply = match e.kind.as_str() {
             wire::TURN => return self.remote_turn(&e),
+            wire::ACK => {
+                if !self.acks.acked(&e.id) {
+                    tracing::debug!(key = e.id, "fleet: an ack for no waiting report");
+                }
+                return;
+            }
             wire::CRON_ADD => self.cron_add(&e.body),
             wire::CRON_REMOVE => match serde_json::from_str::<wire::Remove>(&e.body) {
                 Ok(r) => match self.jobs.remove(&r.id) {
@@ -305,7 +317,8 @@ impl FleetService {
         let now = Self::now();
         let key = format!("{}:{}", e.from, e.id);
         if self.delivered.seen(&key, now) {
-            return tracing::info!(key, "fleet: a report delivered already: duplicate dropped");
+            tracing::info!(key, "fleet: a report delivered already: duplicate dropped");
+            return self.ack(&e);
         }
         let body: wire::ReportBody = match serde_json::from_str(&e.body) {
             Ok(b) => b,
@@ -328,6 +341,16 @@ impl FleetService {
         self.reports.send(&[target], &text, ReportSource::from(body.source.as_str())).await;
         if let Err(err) = self.delivered.remember(&key, now) {
             tracing::warn!(key, "fleet: cannot record a delivered report's key: {err}");
+        }
+        self.ack(&e);
+    }
+
+    /// The primary: tell a node its report is in our outbox (it stops sending it).
+    fn ack(&self, report: &Envelope) {
+        let topic = topics::command(&self.me, &report.from);
+        let e = self.signer.seal(&topic, &self.me, &report.from, wire::ACK, &report.id, String::new());
+        if let Err(err) = self.link.publish(&topic, serde_json::to_vec(&e).unwrap_or_default(), false) {
+            tracing::warn!(node = %report.from, "fleet: ack not sent: {err}");
         }
     }
 

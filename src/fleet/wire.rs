@@ -7,6 +7,8 @@ pub const CRON_ADD: &str = "cron.add";
 pub const CRON_REMOVE: &str = "cron.remove";
 pub const REPLY: &str = "reply";
 pub const REPORT: &str = "report";
+/// The primary has a node's report (queued or a duplicate): the envelope's id is the report's key.
+pub const ACK: &str = "ack";
 
 /// The longest `/on` text or report text carried (characters beyond are cut).
 pub const MAX_TEXT: usize = 64 * 1024;
