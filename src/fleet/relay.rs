@@ -21,6 +21,9 @@ use crate::config::fleet::BoardName;
 use crate::delivery::{Channel, DeliveryError, Report};
 use crate::util::BoxFuture;
 
+/// How long a node waits for the primary's ack of a report.
+const ACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The chat channels a node relays when it has none of its own.
 pub const RELAYED: [&str; 3] = ["telegram", "matrix", "email"];
 
@@ -36,22 +39,26 @@ pub struct Relay {
 /// The reports waiting for the primary's `ack`, by key: shared by the relays
 /// (which wait) and the fleet's task (which hears the acks).
 #[derive(Clone, Default)]
-pub struct Acks(Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>);
+pub struct Acks {
+    waiting: Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+    /// Told when the primary's status says `online` again.
+    pub back: Arc<tokio::sync::Notify>,
+}
 
 impl Acks {
     fn wait(&self, key: &str) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), tx);
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), tx);
         rx
     }
 
     fn forget(&self, key: &str) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 
     /// The primary's ack for `key` (an ack for no waiting report: ignored).
     pub fn acked(&self, key: &str) -> bool {
-        let tx = self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        let tx = self.waiting.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
         tx.is_some_and(|tx| tx.send(()).is_ok())
     }
 }
@@ -59,6 +66,51 @@ impl Acks {
 /// A report's idempotency key: `<source>@<slot>`.
 pub fn key(report: &Report<'_>) -> String {
     format!("{}@{}.{}", report.source, report.created.as_millisecond(), report.id)
+}
+
+impl Relay {
+    /// Publish the report and wait for the primary's ack; published again
+    /// (same key) when the primary comes back meanwhile, at most three times.
+    async fn send_until_acked(
+        &self,
+        topic: &str,
+        key: &str,
+        body: String,
+        acked: &mut oneshot::Receiver<()>,
+    ) -> Result<(), DeliveryError> {
+        for _ in 0..3 {
+            let back = self.acks.back.notified();
+            tokio::pin!(back);
+            back.as_mut().enable();
+            let e = self.signer.seal(topic, &self.me, &self.primary, wire::REPORT, key, body.clone());
+            let bytes = serde_json::to_vec(&e).map_err(|e| DeliveryError::permanent(e.to_string()))?;
+            match self.link.publish_acked(topic, bytes, false, ACK_TIMEOUT).await {
+                Ok(()) => {}
+                Err(e @ PublishError::TooLarge(_)) => {
+                    return Err(DeliveryError::permanent(format!("to {}: {e}", self.primary)))
+                }
+                Err(e) => return Err(DeliveryError::retryable(format!("to {} over the broker: {e}", self.primary))),
+            }
+            tokio::select! {
+                r = &mut *acked => {
+                    return match r {
+                        Ok(()) => {
+                            tracing::info!(key, "fleet: {} has the report", self.primary);
+                            Ok(())
+                        }
+                        Err(_) => Err(DeliveryError::retryable("the fleet stopped")),
+                    };
+                }
+                () = &mut back => tracing::info!(key, "fleet: {} is back: sending the report again", self.primary),
+                () = tokio::time::sleep(ACK_WAIT) => break,
+            }
+        }
+        Err(DeliveryError::retryable(format!(
+            "{} did not confirm it within {} s (offline?)",
+            self.primary,
+            ACK_WAIT.as_secs()
+        )))
+    }
 }
 
 impl Channel for Relay {
@@ -76,23 +128,8 @@ impl Channel for Relay {
             };
             let body = serde_json::to_string(&body).map_err(|e| DeliveryError::permanent(e.to_string()))?;
             let key = key(&report);
-            let e = self.signer.seal(&topic, &self.me, &self.primary, wire::REPORT, &key, body);
-            let bytes = serde_json::to_vec(&e).map_err(|e| DeliveryError::permanent(e.to_string()))?;
-            let acked = self.acks.wait(&key);
-            let sent = match self.link.publish_acked(&topic, bytes, false, ACK_TIMEOUT).await {
-                Ok(()) => match tokio::time::timeout(ACK_TIMEOUT, acked).await {
-                    Ok(Ok(())) => Ok(()),
-                    _ => Err(DeliveryError::retryable(format!(
-                        "{} did not confirm it within {} s (offline?)",
-                        self.primary,
-                        ACK_TIMEOUT.as_secs()
-                    ))),
-                },
-                Err(e @ PublishError::TooLarge(_)) => {
-                    Err(DeliveryError::permanent(format!("to {}: {e}", self.primary)))
-                }
-                Err(e) => Err(DeliveryError::retryable(format!("to {} over the broker: {e}", self.primary))),
-            };
+            let mut acked = self.acks.wait(&key);
+            let sent = self.send_until_acked(&topic, &key, body, &mut acked).await;
             self.acks.forget(&key);
             sent
         })

@@ -184,6 +184,9 @@ impl FleetService {
                 if payload == b"online" && primary.is_some() && (b == self.me || Some(&b) == primary) {
                     self.connected_again();
                 }
+                if payload == b"online" && Some(&b) == primary {
+                    self.acks.back.notify_waiters();
+                }
             }
             FleetTopic::Presence(b) => {
                 if let Err(e) = self.boards.presence(&b, payload) {

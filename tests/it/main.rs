@@ -20,6 +20,7 @@ mod docs;
 mod email;
 mod firsthour;
 mod firstrun;
+mod fleet;
 mod homeassistant;
 mod lean;
 mod local_models;
