@@ -179,7 +179,7 @@ async fn on_runs_the_turn_on_the_node_and_boards_lists_the_boards() {
     assert!(f.living_llm.requests().is_empty(), "the primary's model was not asked");
     // An unknown board is said so, and costs nothing.
     f.tg.push_message(ALICE, "private", ALICE, "alice", "/on attic hello");
-    assert!(wait_until(20, || f.sent_with("No board `attic`") == 1).await, "{:?}", f.tg.sent_texts());
+    assert!(wait_until(20, || f.sent_with("No board <code>attic</code>") == 1).await, "{:?}", f.tg.sent_texts());
     assert_eq!(f.garage_llm.requests().len(), 1);
 }
 
