@@ -503,6 +503,9 @@ struct ChannelPart {
     /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
     #[serde(skip)]
     email: Option<String>,
+    /// `[fleet]` in words (text only for now).
+    #[serde(skip)]
+    fleet: String,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -522,6 +525,7 @@ impl Section for ChannelPart {
             format!("webhooks:   {}", esc(&self.webhooks)),
         ];
         lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
+        lines.push(format!("fleet:      {}", esc(&self.fleet)));
         lines
     }
 }
@@ -541,6 +545,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         #[cfg(not(feature = "matrix"))]
         matrix: "not in this build (cargo feature `matrix`)".into(),
         policy: policy_summary(&c.policy),
+        #[cfg(feature = "fleet")]
+        fleet: crate::fleet::status_line(c),
+        #[cfg(not(feature = "fleet"))]
+        fleet: "not in this build (cargo feature `fleet`)".into(),
         homeassistant: ha,
         webhooks: webhook_status(c),
         #[cfg(feature = "email")]

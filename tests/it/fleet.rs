@@ -181,6 +181,11 @@ async fn on_runs_the_turn_on_the_node_and_boards_lists_the_boards() {
     f.tg.push_message(ALICE, "private", ALICE, "alice", "/on attic hello");
     assert!(wait_until(20, || f.sent_with("No board <code>attic</code>") == 1).await, "{:?}", f.tg.sent_texts());
     assert_eq!(f.garage_llm.requests().len(), 1);
+    // `status` and `doctor` say where the board stands.
+    let status = text(&f.cli(&f.garage, &["status"]).await);
+    assert!(status.contains("fleet:      garage, node of living"), "{status}");
+    let doctor = text(&f.cli(&f.garage, &["doctor"]).await);
+    assert!(doctor.contains("garage (node): 1 other board(s) on the broker, 0 offline"), "{doctor}");
 }
 
 #[tokio::test]
