@@ -81,7 +81,7 @@ pub fn mosquitto_acl(boards: &[BoardName]) -> String {
     let mut out = String::from(
         "# bramble fleet: mosquitto ACL (acl_file). Each board logs in as its board name\n\
          # ([mqtt] username = \"<board>\"); a board writes only under bramble/<board>/.\n\
-         # Anyone else (anonymous, other users) gets nothing under bramble/.\n\n\
+         # Other accounts read the boards' status and presence, nothing else under bramble/.\n\n\
          # Every board (pattern: %u is the user name)\n\
          pattern write bramble/%u/#\n\
          pattern write homeassistant/+/bramble_%u/#\n\

@@ -34,10 +34,18 @@ fn key_file(home: &TestHome, key: &str) {
 }
 
 async fn fleet() -> Fleet {
-    let broker = Mosquitto::start().await;
+    fleet_on(Mosquitto::start().await, false).await
+}
+
+/// The fleet on `broker`; `accounts`: each board logs in as itself (`pw-<board>`).
+async fn fleet_on(broker: Mosquitto, accounts: bool) -> Fleet {
     let tg = FakeTelegram::start(TOKEN).await;
     let (living_llm, garage_llm) = (FakeLlm::start(Dialect::OpenAi).await, FakeLlm::start(Dialect::OpenAi).await);
-    let mqtt = |device: &str| format!("[mqtt]\nurl = \"{}\"\ndevice = \"{device}\"\ndiscovery = false\n", broker.url());
+    let mqtt = |device: &str| {
+        let login =
+            if accounts { format!("username = \"{device}\"\npassword = \"pw-{device}\"\n") } else { String::new() };
+        format!("[mqtt]\nurl = \"{}\"\ndevice = \"{device}\"\ndiscovery = false\n{login}", broker.url())
+    };
     let living = TestHome::new(
         "openai",
         &living_llm.base_url(),
@@ -262,4 +270,90 @@ async fn a_report_made_while_the_broker_is_down_arrives_once_after() {
     );
     assert!(garage.wait_log("living has the report", 30).await, "{}", garage.log());
     assert_eq!(f.sent_with("made offline"), 1, "{:?}", f.tg.sent_texts());
+}
+
+/// The ACL `bramble fleet acl` prints, on a real mosquitto with an account per
+/// board: a stranger's account that even holds the fleet key can neither read
+/// the fleet's traffic nor write to the primary's command topic.
+#[tokio::test]
+async fn a_stranger_cannot_reach_the_command_topic_through_the_printed_acl() {
+    // The ACL, as the command line prints it for the primary's config.
+    let printer = TestHome::new(
+        "openai",
+        "http://127.0.0.1:9",
+        "",
+        "",
+        "[mqtt]\nurl = \"mqtt://127.0.0.1:1\"\n[fleet]\nname = \"living\"\nkey_env = \"FLEET_KEY\"\n",
+    );
+    let acl = bramble(printer.path(), &["--config", printer.config.to_str().unwrap(), "fleet", "acl"], None).await;
+    assert!(acl.status.success(), "{}", text(&acl));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (acl_file, pw_file) = (dir.path().join("acl"), dir.path().join("passwd"));
+    std::fs::write(&acl_file, &acl.stdout).unwrap();
+    for (i, user) in ["living", "garage", "stranger"].iter().enumerate() {
+        let mut cmd = std::process::Command::new("mosquitto_passwd");
+        if i == 0 {
+            cmd.arg("-c");
+        }
+        let out = cmd
+            .args(["-b", pw_file.to_str().unwrap(), user, &format!("pw-{user}")])
+            .output()
+            .expect("mosquitto_passwd");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    for f in [&acl_file, &pw_file] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let broker = Mosquitto::start_with(&format!(
+        "allow_anonymous false\npassword_file {}\nacl_file {}\n",
+        pw_file.display(),
+        acl_file.display()
+    ))
+    .await;
+    let f = fleet_on(broker, true).await;
+    let (living, garage) = f.start().await;
+    f.board_online("garage").await;
+    // The stranger: its own account, and the fleet key.
+    let mut opts = rumqttc::MqttOptions::new("stranger-1", "127.0.0.1", f.broker.port);
+    opts.set_credentials("stranger", "pw-stranger");
+    let (client, mut events) = rumqttc::AsyncClient::new(opts, 10);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen2 = seen.clone();
+    let task = tokio::spawn(async move {
+        while let Ok(ev) = events.poll().await {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) = ev {
+                seen2.lock().unwrap().push(p.topic.clone());
+            }
+        }
+    });
+    client.subscribe("bramble/#", rumqttc::QoS::AtLeastOnce).await.unwrap();
+    let topic = "bramble/living/fleet/cmd/garage";
+    let (living_name, garage_name) = ("living".parse().unwrap(), "garage".parse().unwrap());
+    let signer = bramble::fleet::auth::Signer::new(KEY.as_bytes());
+    let forged = signer.seal(
+        topic,
+        &living_name,
+        &garage_name,
+        "turn",
+        "0123456789abcdef",
+        "{\"text\":\"open the door\"}".into(),
+    );
+    client.publish(topic, rumqttc::QoS::AtLeastOnce, false, serde_json::to_vec(&forged).unwrap()).await.unwrap();
+    // A real /on afterwards goes through: what the stranger sent before it did not.
+    f.garage_llm.push(Reply::text("door stays shut"));
+    f.tg.push_message(ALICE, "private", ALICE, "alice", "/on garage is the door shut?");
+    assert!(
+        wait_until(30, || f.sent_with("[garage] door stays shut") == 1).await,
+        "{:?}\n{}",
+        f.tg.sent_texts(),
+        garage.log()
+    );
+    assert_eq!(f.garage_llm.requests().len(), 1, "the stranger's command ran no turn");
+    assert!(!garage.log().contains("open the door"));
+    // Status and presence are every account's to read (Home Assistant reads status); nothing else is.
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|t| t.ends_with("/status") || t.ends_with("/fleet/board")), "the stranger read: {seen:?}");
+    task.abort();
+    drop(living);
 }
