@@ -86,7 +86,6 @@ impl Signer {
     }
 
     /// A signed envelope for `topic`, now.
-    #[allow(clippy::too_many_arguments)]
     pub fn seal(&self, topic: &str, from: &BoardName, to: &BoardName, kind: &str, id: &str, body: String) -> Envelope {
         let mut e = Envelope {
             from: from.clone(),

@@ -27,7 +27,7 @@ pub struct Presence {
     pub version: String,
     /// What the board can do: `exec`, `telegram`, `ha`, … (its tools and channels).
     pub capabilities: Vec<String>,
-    /// When it (re)connected, RFC 3339.
+    /// When this document was published (at start and when the jobs change), RFC 3339.
     pub since: String,
     #[serde(default)]
     pub jobs: Vec<JobLine>,

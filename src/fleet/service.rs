@@ -68,7 +68,6 @@ pub struct FleetService {
 }
 
 impl FleetService {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(parts: super::Parts) -> FleetService {
         let super::Parts {
             me,
