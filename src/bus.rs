@@ -458,11 +458,14 @@ pub enum Source {
     Ntfy,
     /// An `[[mqtt.trigger]]` or a Home Assistant trigger.
     Trigger,
+    /// A `/on <board> …` turn the fleet's primary asked this board for
+    /// (`[policy.fleet]`), authenticated by the fleet key (docs/fleet.md).
+    Fleet,
 }
 
 impl Source {
     /// Every source, in the order `bramble status` lists them.
-    pub const ALL: [Source; 13] = [
+    pub const ALL: [Source; 14] = [
         Source::Terminal,
         Source::Telegram,
         Source::Feishu,
@@ -476,6 +479,7 @@ impl Source {
         Source::Webhook,
         Source::Ntfy,
         Source::Trigger,
+        Source::Fleet,
     ];
 
     /// Its name in `[policy.<name>]`.
@@ -494,6 +498,7 @@ impl Source {
             Source::Webhook => "webhook",
             Source::Ntfy => "ntfy",
             Source::Trigger => "trigger",
+            Source::Fleet => "fleet",
         }
     }
 
@@ -510,6 +515,8 @@ impl Source {
         match (&conversation.channel, conversation.kind()) {
             (Channel::System, SessionKind::Heartbeat) => Source::Heartbeat,
             (Channel::Mqtt | Channel::HomeAssistant | Channel::Other(_), SessionKind::Trigger(_)) => Source::Trigger,
+            // Only the fleet names a session `fleet:…` (`<prefix>/in` sessions are `mqtt:…`).
+            (Channel::Mqtt, _) if conversation.session_key.starts_with(FLEET_SESSION) => Source::Fleet,
             (
                 Channel::Cli
                 | Channel::Telegram
@@ -536,6 +543,9 @@ impl Source {
         }
     }
 }
+
+/// The session key prefix of turns the fleet's primary asked for (`fleet:<board>`).
+pub const FLEET_SESSION: &str = "fleet:";
 
 /// Where a conversation happens: the channel, the chat in it, and the session
 /// that keeps its history. Every message, turn, job, pending record and tool

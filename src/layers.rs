@@ -25,6 +25,8 @@ pub const LAYERS: &[(&str, &[&str])] = &[
     ("work", &["work"]),
     // Telegram and MQTT: they feed the bus and implement delivery's Channel.
     ("channels", &["channels"]),
+    // Several boards, one chat: on the MQTT channel's link, in front of the agent's queue.
+    ("fleet", &["fleet"]),
     // The daemon: the only place that builds and runs everything together.
     ("application", &["daemon"]),
     ("interface", &["cli"]),

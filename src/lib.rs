@@ -36,6 +36,8 @@ pub mod clients;
 pub mod config;
 pub mod daemon;
 pub mod delivery;
+#[cfg(feature = "fleet")]
+pub mod fleet;
 #[cfg(test)]
 mod layers;
 pub mod logging;

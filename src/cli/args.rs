@@ -140,6 +140,9 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         revoke: Option<String>,
     },
+    /// Fleet mode ([fleet]): the boards, and the broker ACL they need
+    #[command(subcommand)]
+    Fleet(FleetCommand),
     /// Validate the config and the workspace; errors as FILE:LINE:COL
     Check {
         /// Check what a reload of the running daemon needs: the config parses and keeps the
@@ -147,6 +150,15 @@ pub enum Command {
         #[arg(long)]
         reload: bool,
     },
+}
+
+/// `bramble fleet …`.
+#[derive(Debug, Subcommand)]
+pub enum FleetCommand {
+    /// Every board on the broker: online or offline, role, version, last seen, jobs
+    Status,
+    /// Print a mosquitto ACL for the fleet: each board writes only under bramble/<board>/
+    Acl,
 }
 
 /// `bramble outbox …`.
@@ -270,6 +282,10 @@ pub struct AddArgs {
     /// Done when the next run would be after this time (like --at)
     #[arg(long, value_name = "TIME")]
     pub until: Option<String>,
+    /// Fleet: store and run the job on this board (its clock, zone and sandbox); its reports come
+    /// to this board's chats. `any`: whichever board wins each run (needs [fleet] nats_url)
+    #[arg(long, value_name = "BOARD")]
+    pub on: Option<String>,
 }
 
 // Parsed once per process: the size of the `Add` variant does not matter.
@@ -287,6 +303,9 @@ pub enum CronCommand {
         /// Also the one-shots that are done (kept 30 days)
         #[arg(long)]
         all: bool,
+        /// Fleet: every board's jobs, as each board last announced them on the broker
+        #[arg(long, conflicts_with_all = ["all", "json"])]
+        fleet: bool,
         /// A JSON array, one object per job: id, name, kind, text, schedule, zone, enabled, done,
         /// next_run, last_run (RFC 3339, UTC), last_status, last_error, deliver (stable names)
         #[arg(long)]
@@ -352,6 +371,7 @@ impl Command {
             | Command::Man
             | Command::Audit { .. }
             | Command::Outbox(_)
+            | Command::Fleet(_)
             | Command::Pair { .. } => true,
             Command::Cron(c) => !matches!(**c, CronCommand::Run { .. }),
             // login talks to servers and its loopback: EPIPE stays an error there.

@@ -25,6 +25,15 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
         let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
         return cron_run(loaded, &store, id).await;
     }
+    // The fleet: `--on <board>` and `--fleet` ask the boards over the broker.
+    match cmd {
+        CronCommand::Add(add) if add.on.is_some() => {
+            let on = add.on.clone().unwrap_or_default();
+            return super::fleet::add_on(loaded, add, &on).await;
+        }
+        CronCommand::List { fleet: true, .. } => return super::fleet::list_fleet(loaded).await,
+        _ => {}
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     // At this terminal: root, the service's user or the owner's own account.
@@ -46,6 +55,11 @@ pub(super) fn edit(
     let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
     let now = jiff::Timestamp::now();
     match cmd {
+        CronCommand::Add(AddArgs { on: Some(_), .. }) | CronCommand::List { fleet: true, .. } => {
+            anyhow::bail!(
+                "--on and --fleet are the owner's (they sign with the fleet key): run them as the service's owner"
+            )
+        }
         CronCommand::Add(add) => {
             // A done job past its keeping frees its name.
             store.prune_done(now - super::cron_view::KEEP_DONE)?;
@@ -57,7 +71,7 @@ pub(super) fn edit(
         CronCommand::Next { expr, tz: job_tz, from, count } => {
             next(&expr, job_tz.as_deref(), from.as_deref(), count, &loaded.config.timezone(), now, out)?;
         }
-        CronCommand::List { all, json } => list(loaded, &store, all, json, now, out)?,
+        CronCommand::List { all, json, .. } => list(loaded, &store, all, json, now, out)?,
         CronCommand::Show { id, json } => show(loaded, &store.get(&id)?, json, out)?,
         CronCommand::Remove { id } => {
             let j = store.remove(&id)?;
@@ -107,7 +121,7 @@ fn set_aside_reports(
 }
 
 /// The job `cron add` describes, `creator`'s, checked but not stored.
-fn new_job(
+pub(super) fn new_job(
     loaded: &Loaded,
     cmd: CronCommand,
     creator: crate::bus::Principal,
@@ -307,6 +321,7 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
                 ("watch", &add.watch),
                 ("jitter", &add.jitter),
                 ("until", &add.until),
+                ("on", &add.on),
             ] {
                 opt(&mut a, flag, v);
             }
@@ -321,9 +336,10 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
             opt(&mut a, "max-runs", &add.max_runs.map(|n| n.to_string()));
             &add.name
         }
-        CronCommand::List { all, json } => {
+        CronCommand::List { all, json, fleet } => {
             let mut a = vec!["list".to_string()];
             a.extend(all.then(|| "--all".to_string()));
+            a.extend(fleet.then(|| "--fleet".to_string()));
             a.extend(json.then(|| "--json".to_string()));
             return a;
         }

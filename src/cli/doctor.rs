@@ -166,6 +166,7 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         Ok(Some(found)) => r.line(Level::Ok, "mqtt", found),
         Err(e) => r.line(Level::Error, "mqtt", e),
     }
+    fleet(&loaded, &mut r).await;
     #[cfg(feature = "email")]
     match crate::channels::email::check::probe(&loaded.config.email, LIMIT).await {
         Ok(None) => r.line(Level::Skip, "email", "not configured"),
@@ -341,6 +342,42 @@ fn model_listed(loaded: &Loaded, p: &crate::config::ProviderConfig, listed: Opti
             );
         }
     }
+}
+
+/// `[fleet]`: the config, and what the broker says of the boards (docs/fleet.md).
+async fn fleet(loaded: &Loaded, r: &mut Report) {
+    let c = &loaded.config;
+    let Some(me) = c.fleet.board() else { return r.line(Level::Skip, "fleet", "not configured") };
+    if let Err(e) = c.fleet.check(&c.mqtt) {
+        return r.line(Level::Error, "fleet", e.to_string());
+    }
+    #[cfg(feature = "fleet")]
+    match crate::fleet::remote::snapshot(c).await {
+        Err(e) => r.line(Level::Error, "fleet", e.to_string()),
+        Ok((_, boards)) => {
+            let others: Vec<_> = boards.0.iter().filter(|(b, _)| *b != me).collect();
+            let offline: Vec<String> = others.iter().filter(|(_, s)| !s.online).map(|(b, _)| b.to_string()).collect();
+            let primary_down = c.fleet.primary.as_ref().filter(|p| !boards.is_online(p));
+            let text = format!(
+                "{me} ({}): {} other board(s) on the broker, {} offline{}",
+                c.fleet.role.as_str(),
+                others.len(),
+                offline.len(),
+                if offline.is_empty() { String::new() } else { format!(" ({})", offline.join(", ")) }
+            );
+            match primary_down {
+                Some(p) => r.hinted(
+                    Level::Warning,
+                    "fleet",
+                    text,
+                    Some(format!("the primary {p} is offline: reports wait on this board")),
+                ),
+                None => r.line(Level::Ok, "fleet", text),
+            }
+        }
+    }
+    #[cfg(not(feature = "fleet"))]
+    r.line(Level::Warning, "fleet", format!("{me}: this bramble was built without the `fleet` feature"));
 }
 
 async fn telegram(loaded: &Loaded, r: &mut Report) {

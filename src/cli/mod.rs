@@ -13,6 +13,7 @@ mod check;
 mod cron;
 mod cron_view;
 mod doctor;
+mod fleet;
 mod heartbeat;
 mod init;
 mod logs;
@@ -105,6 +106,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit { since, json } => audit(&loaded, &since, json),
         Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
         Command::Mcp(cmd) => mcp::mcp(&loaded, cmd).await,
+        Command::Fleet(cmd) => fleet::fleet(&loaded, cmd).await,
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }

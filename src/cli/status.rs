@@ -515,6 +515,9 @@ struct ChannelPart {
     /// `[ntfy]` in words (text only, like email's).
     #[serde(skip)]
     ntfy: Option<String>,
+    /// `[fleet]` in words (text only for now).
+    #[serde(skip)]
+    fleet: String,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
     #[serde(skip)]
@@ -538,6 +541,7 @@ impl Section for ChannelPart {
         lines.extend(self.feishu.as_ref().map(|e| format!("feishu:     {}", esc(e))));
         lines.extend(self.discord.as_ref().map(|d| format!("discord:    {}", esc(d))));
         lines.extend(self.ntfy.as_ref().map(|n| format!("ntfy:       {}", esc(n))));
+        lines.push(format!("fleet:      {}", esc(&self.fleet)));
         lines
     }
 }
@@ -557,6 +561,10 @@ fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
         #[cfg(not(feature = "matrix"))]
         matrix: "not in this build (cargo feature `matrix`)".into(),
         policy: policy_summary(&c.policy),
+        #[cfg(feature = "fleet")]
+        fleet: crate::fleet::status_line(c),
+        #[cfg(not(feature = "fleet"))]
+        fleet: "not in this build (cargo feature `fleet`)".into(),
         homeassistant: ha,
         webhooks: webhook_status(c),
         #[cfg(feature = "feishu")]

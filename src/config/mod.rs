@@ -16,6 +16,7 @@ pub mod discord;
 pub mod email;
 pub mod env;
 pub mod feishu;
+pub mod fleet;
 pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
@@ -90,6 +91,8 @@ pub struct Config {
     pub email: email::EmailConfig,
     /// `[ntfy]` (`ntfy.rs`): push notifications out, commands in.
     pub ntfy: ntfy::NtfyConfig,
+    /// `[fleet]` (`fleet.rs`): several boards, one chat; off without a name.
+    pub fleet: fleet::FleetConfig,
 }
 
 /// `[service]`: the installed service's control socket (`bramble cron …` by
@@ -269,6 +272,7 @@ impl Default for Config {
             webhook: Vec::new(),
             email: email::EmailConfig::default(),
             ntfy: ntfy::NtfyConfig::default(),
+            fleet: fleet::FleetConfig::default(),
         }
     }
 }

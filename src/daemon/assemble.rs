@@ -268,7 +268,13 @@ fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::clients::ha_rest::HaR
 /// The MQTT link for this config, if a broker is configured and usable.
 fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Link>> {
     match crate::channels::mqtt::Settings::from_config(&c.mqtt) {
-        Ok(Some(settings)) => Some(crate::channels::mqtt::Link::new(settings)),
+        #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
+        Ok(Some(mut settings)) => {
+            // `[fleet]`: its topics are subscribed to and routed to it on this one connection.
+            #[cfg(feature = "fleet")]
+            settings.inputs.fleet.extend(crate::fleet::filters(&c.fleet));
+            Some(crate::channels::mqtt::Link::new(settings))
+        }
         Ok(None) => None,
         Err(e) => {
             tracing::error!("MQTT is off: {e}");
@@ -313,6 +319,8 @@ pub struct Daemon {
     pub announcements: Option<Announcements>,
     pub unanswered: super::Unanswered,
     pub mqtt: Option<MqttServices>,
+    /// `[fleet]`'s task (`None`: not in a fleet, or its config keeps it off, logged).
+    pub fleet: Option<FleetBuilt>,
     pub ha: Option<HaEvents>,
     /// `None`: `[heartbeat] enabled = false`.
     pub heartbeat: Option<HeartbeatLoop>,
@@ -333,7 +341,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let state = &loaded.paths.state_dir;
     let shutdown = Shutdown::new();
     let jobs = JobStore::open(state);
-    let bus = Bus::new();
+    #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
+    let mut bus = Bus::new();
     let mqtt = mqtt_link(c);
     let scheduler =
         Scheduler::new(jobs.clone(), c.timezone().tz().clone()).with_sync_wait(Some(c.daemon.clock_sync_wait.get()));
@@ -390,8 +399,10 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
     #[allow(unused_variables)] // without the `webhook` and `ntfy` features it holds nothing
     let listeners = listeners(loaded, &mut channels, (&work, &scheduler, &jobs), &bus.inbound_tx);
+    let fleet = fleet(loaded, mqtt.as_ref(), &jobs, &reports, &mut bus, &mut channels);
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
+            fleet: fleet_router(&fleet),
             inbound: bus.inbound_tx.clone(),
             scheduler: scheduler.handle(),
             jobs,
@@ -409,6 +420,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         watched.extend(services.state.files());
         services
     });
+    watched.extend(fleet_router(&fleet).and(fleet_jobs(&fleet)).map(|n| ("jobs.json", n)));
     Ok(Daemon {
         shutdown,
         unanswered: super::Unanswered { agent: agent.clone(), reports: reports.clone() },
@@ -434,6 +446,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         feishu,
         discord,
         mqtt,
+        fleet,
         ha,
         heartbeat,
         dead_man,
@@ -486,6 +499,93 @@ fn ntfy_channel(loaded: &Loaded, jobs: &JobStore) -> Option<crate::channels::ntf
     let (state, ws) = (&loaded.paths.state_dir, &loaded.paths.workspace);
     crate::channels::ntfy::Ntfy::from_config(&c.ntfy, state, ws, Some(reminders)).unwrap_or_else(|e| {
         tracing::error!("ntfy is off: {e}");
+        None
+    })
+}
+
+/// The fleet, built (nothing can be without the `fleet` feature).
+#[cfg(feature = "fleet")]
+pub type FleetBuilt = crate::fleet::Fleet;
+#[cfg(not(feature = "fleet"))]
+pub type FleetBuilt = std::convert::Infallible;
+
+/// The queue the MQTT router feeds the fleet's topics into.
+#[cfg(feature = "fleet")]
+fn fleet_router(f: &Option<FleetBuilt>) -> Option<mpsc::Sender<crate::channels::mqtt::FleetMessage>> {
+    f.as_ref().map(|f| f.router.clone())
+}
+#[cfg(not(feature = "fleet"))]
+fn fleet_router(_: &Option<FleetBuilt>) -> Option<mpsc::Sender<crate::channels::mqtt::FleetMessage>> {
+    None
+}
+
+/// The fleet's wake-up when jobs.json changes (its presence lists the jobs).
+#[cfg(feature = "fleet")]
+fn fleet_jobs(f: &Option<FleetBuilt>) -> Option<Arc<Notify>> {
+    f.as_ref().map(|f| f.jobs_changed.clone())
+}
+#[cfg(not(feature = "fleet"))]
+fn fleet_jobs(_: &Option<FleetBuilt>) -> Option<Arc<Notify>> {
+    None
+}
+
+#[cfg(not(feature = "fleet"))]
+fn fleet(
+    _: &Loaded,
+    _: Option<&Arc<crate::channels::mqtt::Link>>,
+    _: &JobStore,
+    _: &Reports,
+    _: &mut Bus,
+    _: &mut Channels,
+) -> Option<FleetBuilt> {
+    None
+}
+
+/// `[fleet]`: the fleet's task, and the queue the agent reads (on the
+/// primary the fleet reads the channels' queue first, for `/on` and `/boards`).
+#[cfg(feature = "fleet")]
+fn fleet(
+    loaded: &Loaded,
+    link: Option<&Arc<crate::channels::mqtt::Link>>,
+    jobs: &JobStore,
+    reports: &Reports,
+    bus: &mut Bus,
+    channels: &mut Channels,
+) -> Option<FleetBuilt> {
+    let c = &loaded.config;
+    let state = &loaded.paths.state_dir;
+    let Some(link) = link.filter(|_| c.fleet.board().is_some()) else {
+        if c.fleet.board().is_some() {
+            tracing::error!("the fleet is off: {}", crate::config::fleet::FleetConfigError::NoBroker);
+        }
+        return None;
+    };
+    let mut capabilities: Vec<String> = channels.names().iter().map(|n| n.to_string()).collect();
+    if c.exec.enabled {
+        capabilities.push("exec".into());
+    }
+    let reach = crate::fleet::Reach {
+        chats: crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
+            .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
+            .with_matrix(crate::policy::matrix::MatrixPolicy::new(&c.matrix.allow_from, &c.matrix.rooms, state)),
+        publish_allow: c.mqtt.publish_allow.clone(),
+    };
+    let wiring = crate::fleet::Wiring {
+        config: &c.fleet,
+        state_dir: state,
+        link: link.clone(),
+        jobs: jobs.clone(),
+        reports: reports.clone(),
+        agent: bus.inbound_tx.clone(),
+        reach,
+        capabilities,
+    };
+    // On the primary the fleet reads the channels' queue and fills the agent's.
+    let chat = std::mem::replace(&mut bus.inbound_rx, mpsc::channel(1).1);
+    let (fleet, agent_rx) = crate::fleet::build(wiring, chat, channels);
+    bus.inbound_rx = agent_rx;
+    fleet.unwrap_or_else(|e| {
+        tracing::error!("the fleet is off: {e}");
         None
     })
 }

@@ -248,6 +248,10 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
         tasks.spawn(Service::new("announcements", |sd| announcements.run(sd)));
     }
     tasks.spawn(Service::ends("unanswered messages", |sd| d.unanswered.run(sd)));
+    #[cfg(feature = "fleet")]
+    if let Some(fleet) = d.fleet {
+        tasks.spawn(Service::new("fleet", |sd| fleet.service.run(sd)));
+    }
     if let Some(mqtt) = d.mqtt {
         if let Some(triggers) = mqtt.triggers {
             tasks.spawn(Service::new("mqtt triggers", |sd| triggers.run(sd)));

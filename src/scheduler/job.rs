@@ -22,6 +22,36 @@ use super::schedule::{Schedule, ScheduleError};
 use crate::bus::{Conversation, Principal, Target};
 use crate::config::Dur;
 
+/// Where a job runs in a fleet (docs/fleet.md): stored and scheduled on that
+/// board, with its clock, zone, catch-up rules and sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// This board's own job (every job outside a fleet).
+    #[default]
+    Local,
+    /// Pinned to a board (`cron add --on garage`): the primary sent it there.
+    Board(crate::config::fleet::BoardName),
+    /// Whichever board wins the slot (`--on any`, Tier 3: needs `[fleet] nats_url`).
+    Any,
+}
+
+impl Placement {
+    pub fn is_local(&self) -> bool {
+        matches!(self, Placement::Local)
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Local => f.write_str("local"),
+            Placement::Board(b) => write!(f, "{b}"),
+            Placement::Any => f.write_str("any"),
+        }
+    }
+}
+
 /// At most this many run records are kept per job.
 pub const HISTORY_LEN: usize = 10;
 /// A run summary is cut to this many characters.
@@ -371,6 +401,9 @@ pub struct Job {
     /// an exec job draws, say. Read when the report is delivered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attach: Vec<String>,
+    /// Which board runs it (`cron add --on`); a job of a board on its own is `Local`.
+    #[serde(default, skip_serializing_if = "Placement::is_local")]
+    pub placement: Placement,
     #[serde(default)]
     pub state: JobState,
 }
@@ -454,6 +487,7 @@ impl Job {
             max_runs: None,
             until: None,
             attach: Vec::new(),
+            placement: Placement::Local,
             state: JobState { next_run, ..JobState::default() },
         })
     }

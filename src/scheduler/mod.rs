@@ -35,6 +35,8 @@ mod timeser;
 
 pub use actor::{BoxFuture, Incident, JobExecutor, RunOutcome, Scheduler, SchedulerHandle, SchedulerLoop};
 pub use engine::{clock_synchronized, plan, Clock, Decision, Missed, SystemClock, GRACE};
-pub use job::{CatchUp, Job, JobError, JobKind, JobState, RunRecord, RunStatus, Watch, WatchMode, WatchSeen};
+pub use job::{
+    CatchUp, Job, JobError, JobKind, JobState, Placement, RunRecord, RunStatus, Watch, WatchMode, WatchSeen,
+};
 pub use schedule::{parse_at, parse_cron, parse_every, parse_tz, Schedule, ScheduleError};
 pub use store::{JobStore, Stamp, StoreError};

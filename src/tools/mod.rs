@@ -549,6 +549,7 @@ pub fn lean_tools(source: policy::Source) -> &'static [&'static str] {
         | Source::Mqtt
         | Source::Webhook
         | Source::Ntfy => &["exec", "read_file", "write_file", "cron", "web_fetch"],
+        Source::Fleet => &["exec", "read_file", "write_file", "web_fetch"],
         Source::Job => &["exec", "read_file", "write_file", "web_fetch", "report", "nothing_to_report"],
         Source::Heartbeat | Source::Trigger => &["exec", "read_file", "report", "nothing_to_report"],
     }

@@ -55,6 +55,8 @@ impl Source {
             // A mail account is more often phished than a phone: no commands by default.
             // Discord too: its accounts are a favourite of token stealers, and guild channels are shared.
             Source::Email | Source::Discord => &["exec"],
+            // The owner asked in the primary's chat; jobs on a board are made with `cron add --on`.
+            Source::Fleet => &["cron", "mqtt_publish"],
             _ => &[],
         }
     }

@@ -91,6 +91,8 @@ pub enum Input<'a> {
     Discovery,
     /// A `[[mqtt.trigger]]` topic.
     Trigger,
+    /// The fleet's topics (other boards' presence, commands, reports: `crate::fleet`).
+    Fleet,
 }
 
 /// The topics bramble subscribes to and what a message on each does: the one
@@ -108,6 +110,8 @@ pub struct InputTopics {
     pub discovery: Vec<String>,
     /// The `[[mqtt.trigger]]` filters.
     pub triggers: Vec<String>,
+    /// The fleet's filters (`[fleet]`; empty without one).
+    pub fleet: Vec<String>,
 }
 
 impl InputTopics {
@@ -122,6 +126,7 @@ impl InputTopics {
         triggers.dedup();
         v.extend(triggers);
         v.extend(self.discovery.iter().cloned());
+        v.extend(self.fleet.iter().cloned());
         v
     }
 
@@ -144,6 +149,9 @@ impl InputTopics {
         if self.discovery.iter().any(|f| topic_matches(f, topic)) {
             return Some(Input::Discovery);
         }
+        if self.fleet.iter().any(|f| topic_matches(f, topic)) {
+            return Some(Input::Fleet);
+        }
         if own.is_none() && self.triggers.iter().any(|f| topic_matches(f, topic)) {
             return Some(Input::Trigger);
         }
@@ -160,6 +168,7 @@ impl InputTopics {
             Some(Input::Run(_)) => ("it runs a job", "job run"),
             Some(Input::Discovery) => ("a Home Assistant discovery document", "discovery document"),
             Some(Input::Trigger) => ("it fires a [[mqtt.trigger]]", "trigger run"),
+            Some(Input::Fleet) => ("a fleet topic", "fleet message"),
         };
         Err(TopicError::OwnInput { topic: topic.to_string(), what, came_back })
     }
@@ -205,6 +214,7 @@ mod tests {
             inbound: true,
             discovery: vec!["homeassistant/+/bramble_pi/+/config".into()],
             triggers: vec!["zigbee/+/door".into(), "#".into()],
+            fleet: vec!["bramble/+/fleet/board".into()],
         }
     }
 
@@ -228,7 +238,17 @@ mod tests {
         assert!(quiet.refuse("bramble/pi/in").is_ok(), "not listened to: not an input");
         assert_eq!(
             i.subscriptions(),
-            ["bramble/pi/in", "bramble/pi/run/+", "#", "zigbee/+/door", "homeassistant/+/bramble_pi/+/config"]
+            [
+                "bramble/pi/in",
+                "bramble/pi/run/+",
+                "#",
+                "zigbee/+/door",
+                "homeassistant/+/bramble_pi/+/config",
+                "bramble/+/fleet/board"
+            ]
         );
+        // The fleet's topics go to the fleet, and no report is published there.
+        assert_eq!(i.classify("bramble/garage/fleet/board"), Some(Input::Fleet));
+        assert!(i.refuse("bramble/garage/fleet/board").is_err());
     }
 }

@@ -24,6 +24,7 @@ mod email;
 mod feishu;
 mod firsthour;
 mod firstrun;
+mod fleet;
 mod homeassistant;
 #[cfg(all(feature = "matrix", feature = "email", feature = "webhook"))]
 mod idle_cost;

@@ -84,6 +84,8 @@ pub(super) struct Router {
     pub(super) triggers: Arc<triggers::Triggers>,
     /// Turns `<prefix>/in` may start ([`TurnLimit`]).
     pub(super) turns: TurnLimit,
+    /// Where the fleet's topics go (`crate::fleet`): topic, payload, retained.
+    pub(super) fleet: Option<mpsc::Sender<super::FleetMessage>>,
 }
 
 impl Router {
@@ -106,6 +108,12 @@ impl Router {
             },
             Some(Input::Discovery) => discovery::check_leftover(&self.link, topic, payload),
             Some(Input::Trigger) if !retained => self.triggers.dispatch(topic, payload),
+            Some(Input::Fleet) => match &self.fleet {
+                Some(fleet) if fleet.try_send((topic.to_string(), payload.to_vec(), retained)).is_err() => {
+                    tracing::warn!(topic, "the fleet's queue is full: message dropped")
+                }
+                _ => {}
+            },
             Some(Input::Trigger) | None => {}
         }
     }

@@ -291,7 +291,12 @@ pub struct Wiring {
     pub triggers: Option<triggers::TriggerDeps>,
     /// Reports waiting out a backoff are retried at once when the broker is back.
     pub reports: crate::delivery::Reports,
+    /// The fleet's queue (`[fleet]`): messages on its topics (`Settings::inputs.fleet`).
+    pub fleet: Option<mpsc::Sender<FleetMessage>>,
 }
+
+/// A message on one of the fleet's topics: topic, payload, retained.
+pub type FleetMessage = (String, Vec<u8>, bool);
 
 /// MQTT's long-running tasks, built and not started.
 pub struct MqttServices {
@@ -378,6 +383,7 @@ pub fn services(link: Arc<Link>, config: &MqttConfig, w: Wiring) -> Result<MqttS
         jobs: w.jobs.clone(),
         triggers: trigger_set,
         turns: TurnLimit::new(link.settings.turn_rate, link.settings.topic("in")),
+        fleet: w.fleet,
     };
     let connection = MqttConnection { link: link.clone(), subscriptions, router, reports: w.reports };
     let state = RetainedState { link, jobs: w.jobs, state_dir: w.state_dir, changed: Changed::default() };

@@ -162,6 +162,7 @@ impl Settings {
             inbound: s.inbound,
             discovery: if s.discovery { s.discovery_filters() } else { Vec::new() },
             triggers: c.trigger.iter().map(|t| t.topic.clone()).collect(),
+            fleet: Vec::new(),
         };
         Ok(Some(s))
     }

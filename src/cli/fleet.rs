@@ -1,0 +1,100 @@
+//! `bramble fleet status|acl`, and the fleet's side of `cron add --on` and
+//! `cron list --fleet` (docs/fleet.md): short MQTT sessions of the command
+//! line's own (`crate::fleet::remote`), never through the daemon.
+
+use std::process::ExitCode;
+
+use super::args::{AddArgs, FleetCommand};
+use crate::config::Loaded;
+
+#[cfg(not(feature = "fleet"))]
+const NOT_BUILT: &str = "this bramble was built without the `fleet` feature";
+
+/// `bramble fleet …`.
+pub(super) async fn fleet(loaded: &Loaded, cmd: FleetCommand) -> anyhow::Result<ExitCode> {
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = (loaded, cmd);
+        anyhow::bail!(NOT_BUILT)
+    }
+    #[cfg(feature = "fleet")]
+    match cmd {
+        FleetCommand::Acl => {
+            let c = &loaded.config.fleet;
+            let primaries: Vec<_> = match (c.role, c.board(), c.primary.as_ref()) {
+                (crate::config::fleet::FleetRole::Primary, Some(me), _) => vec![me.clone()],
+                (_, _, Some(p)) => vec![p.clone()],
+                _ => Vec::new(),
+            };
+            print!("{}", crate::fleet::topics::mosquitto_acl(&primaries));
+            Ok(ExitCode::SUCCESS)
+        }
+        FleetCommand::Status => {
+            let (me, boards) = crate::fleet::remote::snapshot(&loaded.config).await?;
+            print!("{}", boards.render(&me, jiff::Timestamp::now().as_second()));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `bramble cron add … --on <board>`: the job, checked here as `cron add`
+/// checks it, stored and scheduled on that board.
+pub(super) async fn add_on(loaded: &Loaded, add: AddArgs, on: &str) -> anyhow::Result<ExitCode> {
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = (loaded, add, on);
+        anyhow::bail!(NOT_BUILT)
+    }
+    #[cfg(feature = "fleet")]
+    {
+        use crate::config::fleet::{BoardName, BoardNameError};
+        use crate::scheduler::Placement;
+        let board = match on.parse::<BoardName>() {
+            Ok(b) => b,
+            Err(BoardNameError::Any) if loaded.config.fleet.nats_url.is_none() => {
+                anyhow::bail!(crate::fleet::FleetError::AnyWithoutNats)
+            }
+            Err(BoardNameError::Any) => anyhow::bail!(crate::fleet::FleetError::AnyNotBuilt),
+            Err(e) => anyhow::bail!("--on: {e}"),
+        };
+        let now = jiff::Timestamp::now();
+        let mut job =
+            super::cron::new_job(loaded, super::args::CronCommand::Add(add), crate::bus::Principal::Owner, now)?;
+        job.placement = Placement::Board(board.clone());
+        let body = serde_json::to_string(&job)?;
+        let reply = crate::fleet::remote::command(&loaded.config, &board, crate::fleet::wire::CRON_ADD, body).await?;
+        if !reply.ok {
+            anyhow::bail!("{board} refused the job: {}", reply.text);
+        }
+        println!("{}", reply.text);
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// `bramble cron list --fleet`: every board's jobs from its presence.
+pub(super) async fn list_fleet(loaded: &Loaded) -> anyhow::Result<ExitCode> {
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = loaded;
+        anyhow::bail!(NOT_BUILT)
+    }
+    #[cfg(feature = "fleet")]
+    {
+        let (_, boards) = crate::fleet::remote::snapshot(&loaded.config).await?;
+        let mut any = false;
+        for (name, seen) in &boards.0 {
+            let state = if seen.online { "online" } else { "offline" };
+            let Some(p) = &seen.presence else { continue };
+            for j in &p.jobs {
+                any = true;
+                let next = j.next_run.as_deref().unwrap_or("-");
+                let off = if j.enabled { "" } else { " (disabled)" };
+                println!("{name} ({state})  {}  {}  next {next}{off}", j.name, j.schedule);
+            }
+        }
+        if !any {
+            println!("no jobs on any board");
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
