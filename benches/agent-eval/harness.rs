@@ -8,8 +8,9 @@
 //! counts, and is flagged), the **right tool**, the **right arguments** (the
 //! job's kind and text, and its schedule compared by its next three fire
 //! times, not by its text: `0 7 * * 1-5` and `0 7 * * MON-FRI` are the same
-//! job), and the **loop ended** (the turn answered in text). A case that
-//! expects no tool scores right when none was called.
+//! job; for the BFCL file-system cases, the file or directory made), and
+//! the **loop ended** (the turn answered in text). A case that expects no
+//! tool scores right when none was called.
 //!
 //! Shared by `main.rs` (the runner) and `tests/it/agent_eval.rs` (the CI
 //! test, against a scripted provider: it tests the harness, not a model).
@@ -37,6 +38,9 @@ pub struct Case {
     pub lang: String,
     pub request: String,
     pub expect: Expect,
+    /// Where a case taken from elsewhere comes from (file, id, license).
+    #[serde(default)]
+    pub source: Option<String>,
 }
 
 /// What the turn should do.
@@ -52,6 +56,10 @@ pub struct Expect {
     /// Text the job's reminder or task must contain (case-insensitive).
     #[serde(default)]
     pub contains: Option<String>,
+    /// A file or directory of this name the turn must have made somewhere
+    /// in the workspace (the BFCL file-system cases).
+    #[serde(default)]
+    pub made: Option<String>,
 }
 
 /// An expected schedule: a cron expression (in the home's zone, UTC), an
@@ -88,9 +96,28 @@ pub fn load(path: &Path) -> Result<Vec<Case>, String> {
         .collect()
 }
 
-/// Run `case` as one turn against `base_url` with `model`, and score it.
-pub async fn run_case(case: &Case, base_url: &str, model: &str) -> Score {
-    let home = TestHome::new("openai", base_url, "", "", "");
+/// How bramble is set up for a run: `[agent] profile` and `[provider]
+/// text_tool_calls`, as they would be written in `config.toml`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setup {
+    /// `default` or `lean`.
+    pub profile: String,
+    /// `recover` or `off`.
+    pub text_tool_calls: String,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup { profile: "default".into(), text_tool_calls: "recover".into() }
+    }
+}
+
+/// Run `case` as one turn against `base_url` with `model`, bramble set up
+/// as `setup` says, and score it.
+pub async fn run_case(case: &Case, base_url: &str, model: &str, setup: &Setup) -> Score {
+    let agent_extra = format!("profile = {:?}\n", setup.profile);
+    let provider_extra = format!("text_tool_calls = {:?}\n", setup.text_tool_calls);
+    let home = TestHome::new("openai", base_url, &agent_extra, &provider_extra, "");
     let (agent, _out) = home.agent();
     let mut req = TurnRequest::cli("cli:eval", case.request.clone());
     req.model = Some(model.to_string());
@@ -120,7 +147,7 @@ pub async fn run_case(case: &Case, base_url: &str, model: &str) -> Score {
             if !score.right_tool {
                 score.note = format!("called {} (expected {want})", c.2);
             } else {
-                match check_job(&case.expect, &JobStore::open(&home.state)) {
+                match check_effect(&case.expect, &home) {
                     Ok(()) => score.right_args = true,
                     Err(why) => score.note = why,
                 }
@@ -148,6 +175,30 @@ fn session_calls(home: &TestHome) -> Vec<(String, Value, String)> {
         }
     }
     calls
+}
+
+/// What the right call should have done: the job for `cron`, the file or
+/// directory `made` names, else nothing to check.
+fn check_effect(expect: &Expect, home: &TestHome) -> Result<(), String> {
+    if let Some(name) = &expect.made {
+        return if found(&home.workspace, name, 4) {
+            Ok(())
+        } else {
+            Err(format!("nothing named {name:?} was made in the workspace"))
+        };
+    }
+    if expect.tool.as_deref() == Some("cron") {
+        return check_job(expect, &JobStore::open(&home.state));
+    }
+    Ok(())
+}
+
+/// Whether `dir` or a directory below it, at most `depth` levels down, holds an entry `name`.
+fn found(dir: &Path, name: &str, depth: u32) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.flatten().any(|e| {
+        e.file_name().to_str() == Some(name) || (depth > 0 && e.path().is_dir() && found(&e.path(), name, depth - 1))
+    })
 }
 
 /// The one job made, against what was expected.
@@ -240,4 +291,27 @@ pub fn table(scores: &[Score]) -> String {
         count(|s| s.ended)
     ));
     out
+}
+
+/// One line for scripts: the setup, the counts and the median turn time.
+pub fn summary(setup: &Setup, scores: &[Score], secs: &[f64]) -> String {
+    let count = |f: fn(&Score) -> bool| scores.iter().filter(|s| f(s)).count();
+    let mut sorted = secs.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    };
+    format!(
+        "summary: profile={} text_tool_calls={} cases={} well_formed={} recovered={} right_tool={} right_args={} ended={} median_turn_s={median:.1}",
+        setup.profile,
+        setup.text_tool_calls,
+        scores.len(),
+        count(|s| s.well_formed),
+        count(|s| s.recovered),
+        count(|s| s.right_tool),
+        count(|s| s.right_args),
+        count(|s| s.ended)
+    )
 }

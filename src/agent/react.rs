@@ -4,6 +4,7 @@
 
 use super::decision::{self, Decided};
 use super::{textcall, TurnEnd};
+use crate::config::TextToolCalls;
 use crate::provider::{ChatRequest, ChatResponse, Message, Provider, ProviderError, Role, ToolCall, ToolSpec, Usage};
 use crate::tools::{ToolContext, ToolRegistry};
 
@@ -151,13 +152,17 @@ pub(crate) async fn run_loop(
 }
 
 /// The tool calls of an answer and its text: the calls the API carried, else
-/// those the text spells ([`textcall::recover`], logged), which then has no text.
+/// those the text spells ([`textcall::recover`], logged; not with `[provider]
+/// text_tool_calls = "off"`), which then has no text.
 fn calls_of(spec: &LoopSpec<'_>, messages: &[Message], response: ChatResponse) -> (Vec<ToolCall>, Option<String>) {
     let content = response.content.filter(|c| !c.trim().is_empty());
     if !response.tool_calls.is_empty() {
         return (response.tool_calls, content);
     }
     let Some(text) = content.as_deref() else { return (Vec::new(), None) };
+    if response.text_tool_calls == TextToolCalls::Off {
+        return (Vec::new(), content);
+    }
     // Only the model's own text: a call found in a tool's result is an echo of it.
     let results: Vec<&str> = messages.iter().filter(|m| m.role == Role::Tool).map(Message::text_content).collect();
     match textcall::recover(text, spec.specs, &results) {

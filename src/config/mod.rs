@@ -42,7 +42,7 @@ pub use matrix::MatrixConfig;
 pub use mcp::{GrantType, HttpKind, McpConfig, McpServer, McpTransport, OAuthSettings, StdioServer};
 pub use signal::{SignalConfig, SignalEndpoint};
 pub use tools::*;
-pub use types::{Cidr, ContextWindow, Dur, HttpUrl, Profile, QuietHours, Secret, TzName};
+pub use types::{Cidr, ContextWindow, Dur, HttpUrl, Profile, QuietHours, Secret, TextToolCalls, TzName};
 pub use warnings::{security_warnings, warnings};
 pub use webhook::{WebhookAction, WebhookAuth, WebhookConfig, WebhooksConfig};
 
@@ -474,6 +474,8 @@ pub struct ProviderConfig {
     /// Tokens the model reads at most. Unset: asked of the server (Ollama,
     /// llama.cpp), else known for common local models by name, else unknown.
     pub context_window: Option<ContextWindow>,
+    /// A tool call written as text: recovered (the default) or left as text.
+    pub text_tool_calls: TextToolCalls,
 }
 
 impl Default for ProviderConfig {
@@ -491,6 +493,7 @@ impl Default for ProviderConfig {
             max_retries: 3,
             extra_headers: BTreeMap::new(),
             context_window: None,
+            text_tool_calls: TextToolCalls::Recover,
         }
     }
 }

@@ -407,6 +407,19 @@ impl Profile {
     }
 }
 
+/// `[provider] text_tool_calls`: what becomes of a tool call the model wrote
+/// in its answer's text instead of the API's `tool_calls` (bare JSON, a
+/// fenced block, `<tool_call>` tags). `recover`: taken as the call when it
+/// names an offered tool with valid arguments; `off`: it stays text (to
+/// measure a model as it is, or for a model that quotes JSON on purpose).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TextToolCalls {
+    #[default]
+    Recover,
+    Off,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

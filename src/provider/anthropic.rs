@@ -41,6 +41,8 @@ pub struct AnthropicProvider {
     key: Option<Secret>,
     /// `api_key_env` names a variable that is not set: every call fails with this.
     unset: Option<String>,
+    /// `[provider] text_tool_calls`, handed on with each answer.
+    text_tool_calls: crate::config::TextToolCalls,
 }
 
 impl AnthropicProvider {
@@ -65,6 +67,7 @@ impl AnthropicProvider {
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
             unset: super::unset_key(cfg),
+            text_tool_calls: cfg.text_tool_calls,
         })
     }
 
@@ -89,7 +92,9 @@ impl Provider for AnthropicProvider {
             let bytes = post_json(client, &self.url, self.headers.clone(), &body, self.key.as_ref())
                 .await
                 .map_err(|e| self.clients.explain(e, req.scheduled))?;
-            parse_response(&bytes)
+            let mut response = parse_response(&bytes)?;
+            response.text_tool_calls = self.text_tool_calls;
+            Ok(response)
         })
     }
 
@@ -271,6 +276,7 @@ fn parse_response(bytes: &[u8]) -> Result<ChatResponse, ProviderError> {
             output_tokens: u.output_tokens,
         },
         route: None,
+        text_tool_calls: Default::default(),
     })
 }
 

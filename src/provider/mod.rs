@@ -218,6 +218,9 @@ pub struct ChatResponse {
     pub usage: Usage,
     /// Which provider and model answered, set by a fallback [`chain::Chain`].
     pub route: Option<Route>,
+    /// The answering provider's `text_tool_calls`: whether a call written
+    /// as text may be taken as one.
+    pub text_tool_calls: crate::config::TextToolCalls,
 }
 
 /// Who answered a call of a [`chain::Chain`].

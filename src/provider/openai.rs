@@ -37,6 +37,8 @@ pub struct OpenAiProvider {
     key: Option<Secret>,
     /// `api_key_env` names a variable that is not set: every call fails with this.
     unset: Option<String>,
+    /// `[provider] text_tool_calls`, handed on with each answer.
+    text_tool_calls: crate::config::TextToolCalls,
 }
 
 impl OpenAiProvider {
@@ -61,6 +63,7 @@ impl OpenAiProvider {
             headers: build_headers(own, &cfg.extra_headers)?,
             key,
             unset: super::unset_key(cfg),
+            text_tool_calls: cfg.text_tool_calls,
         })
     }
 
@@ -86,10 +89,13 @@ impl Provider for OpenAiProvider {
                 .await
                 .map_err(|e| self.clients.explain(e, req.scheduled))?;
             // A server that streams although not asked to: put together, and refused when cut.
-            if super::stream::is_event_stream(&bytes) {
-                return super::stream::parse(&bytes, &self.url);
-            }
-            parse_response(&bytes)
+            let mut response = if super::stream::is_event_stream(&bytes) {
+                super::stream::parse(&bytes, &self.url)?
+            } else {
+                parse_response(&bytes)?
+            };
+            response.text_tool_calls = self.text_tool_calls;
+            Ok(response)
         })
     }
 
@@ -296,6 +302,7 @@ fn parse_response(bytes: &[u8]) -> Result<ChatResponse, ProviderError> {
         finish_reason: choice.finish_reason.as_str().map(str::to_string),
         usage: Usage { input_tokens: wire.usage.prompt_tokens, output_tokens: wire.usage.completion_tokens },
         route: None,
+        text_tool_calls: Default::default(),
     })
 }
 

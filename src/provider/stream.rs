@@ -98,6 +98,7 @@ pub(crate) fn parse(body: &[u8], url: &str) -> Result<ChatResponse, ProviderErro
         finish_reason: finish,
         usage,
         route: None,
+        text_tool_calls: Default::default(),
     })
 }
 

@@ -47,6 +47,13 @@ fn script(request: &Value) -> Option<Reply> {
         "每周一早上九点提醒我交周报" => cron_add(json!({"cron": "0 9 * * 1", "remind": "交周报"})),
         // A call where none was expected.
         "你好，你是谁？" => cron_add(json!({"every": "1d", "remind": "你好"})),
+        // BFCL file-system cases: the directory is made, or it is not.
+        "I need you to set up a fresh folder named 'WebDevProjects' wherever you're currently working." => {
+            Reply::tool_call("exec", r#"{"command":"mkdir WebDevProjects"}"#)
+        }
+        "Hey, can you set up a new directory named 'Projects' right in workspace folder?" => {
+            Reply::tool_call("exec", r#"{"command":"mkdir Project"}"#)
+        }
         _ => return None,
     })
 }
@@ -55,8 +62,8 @@ fn script(request: &Value) -> Option<Reply> {
 async fn the_harness_scores_what_the_turn_did() {
     let file = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/agent-eval/cases.jsonl"));
     let cases = harness::load(file).unwrap();
-    assert_eq!(cases.len(), 20, "every line parses");
-    assert_eq!(cases.iter().filter(|c| c.lang == "zh").count(), 9);
+    assert_eq!(cases.len(), 40, "every line parses");
+    assert_eq!(cases.iter().filter(|c| c.lang == "zh").count(), 19);
 
     let fake = FakeLlm::start(Dialect::OpenAi).await;
     fake.route(script);
@@ -71,7 +78,7 @@ async fn the_harness_scores_what_the_turn_did() {
         "zh-no-call",
     ] {
         let case = cases.iter().find(|c| c.id == id).unwrap();
-        scores.push(harness::run_case(case, &fake.base_url(), "scripted").await);
+        scores.push(harness::run_case(case, &fake.base_url(), "scripted", &harness::Setup::default()).await);
     }
     let table = harness::table(&scores);
     // (well-formed, recovered, right tool, right args, ended) per case.
@@ -97,4 +104,41 @@ async fn the_harness_scores_what_the_turn_did() {
         table.contains("total 7: well-formed 7, recovered from text 1, right tool 5, right arguments 4"),
         "{table}"
     );
+    let secs = [3.0, 1.0, 2.0, 9.0, 1.0, 1.0, 5.0];
+    assert_eq!(
+        harness::summary(&harness::Setup::default(), &scores, &secs),
+        "summary: profile=default text_tool_calls=recover cases=7 well_formed=7 recovered=1 right_tool=5 \
+         right_args=4 ended=7 median_turn_s=2.0"
+    );
+
+    // The BFCL cases load with their source, and the file-system ones are
+    // scored by what the call made in the workspace.
+    let bfcl_file = file.with_file_name("bfcl.jsonl");
+    let bfcl = harness::load(&bfcl_file).unwrap();
+    assert!(bfcl.len() >= 10, "{}", bfcl.len());
+    assert!(
+        bfcl.iter().all(|c| c.source.as_deref().is_some_and(|s| s.contains("Apache-2.0"))),
+        "each names its source"
+    );
+    let mut fs_scores = Vec::new();
+    for id in ["bfcl-multi_turn_base_39", "bfcl-multi_turn_base_10"] {
+        let case = bfcl.iter().find(|c| c.id == id).unwrap();
+        fs_scores.push(harness::run_case(case, &fake.base_url(), "scripted", &harness::Setup::default()).await);
+    }
+    let got: Vec<[bool; 3]> = fs_scores.iter().map(|s| [s.well_formed, s.right_tool, s.right_args]).collect();
+    assert_eq!(got, [[true, true, true], [true, true, false]], "{}", harness::table(&fs_scores));
+    assert!(fs_scores[1].note.contains("\"Projects\""), "{}", fs_scores[1].note);
+
+    // Without the recovery, the call written as text is no call: the turn
+    // answers with the JSON, and the case scores nothing but the ended loop.
+    let off = harness::Setup { profile: "lean".into(), text_tool_calls: "off".into() };
+    let case = cases.iter().find(|c| c.id == "en-oven-20m").unwrap();
+    let score = harness::run_case(case, &fake.base_url(), "scripted", &off).await;
+    assert_eq!(
+        [score.well_formed, score.recovered, score.right_tool, score.right_args, score.ended],
+        [false, false, false, false, true],
+        "{}",
+        score.note
+    );
+    assert!(score.note.contains("no tool call"), "{}", score.note);
 }

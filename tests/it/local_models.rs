@@ -63,6 +63,23 @@ async fn a_cron_call_written_as_a_json_block_is_run_and_saved_as_a_call() {
     assert!(saved.contains("\"tool_calls\"") && saved.contains("call_text_"), "{saved}");
 }
 
+/// `[provider] text_tool_calls = "off"`: the same answer stays text (the
+/// agent eval measures a model with and without the recovery).
+#[tokio::test]
+async fn with_text_tool_calls_off_a_call_written_as_text_stays_text() {
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let home = TestHome::new("openai", &fake.base_url(), "", "text_tool_calls = \"off\"\n", INFO);
+    let block = "```json\n{\"name\": \"cron\", \"arguments\": {\"action\": \"add\", \"name\": \"pills\", \
+                 \"every\": \"1d\", \"remind\": \"Take the pills\"}}\n```";
+    fake.push(Reply::text(block));
+    let out = agent_m(&home, "remind me every day to take the pills").await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), format!("{block}\n"), "delivered as the model wrote it");
+    assert!(bramble::scheduler::JobStore::open(&home.state).list().unwrap().is_empty(), "no job was made");
+    assert_eq!(fake.requests().len(), 1, "no tool ran, so the model was not asked again");
+    assert!(!text(&out.stderr).contains("recovered a tool call"), "{}", text(&out.stderr));
+}
+
 #[tokio::test]
 async fn hermes_tool_call_tags_work_with_the_anthropic_dialect_too() {
     let fake = FakeLlm::start(Dialect::Anthropic).await;

@@ -34,6 +34,7 @@ fn config(kind: ProviderKind, base_url: &str, key: Option<&str>) -> ProviderConf
         max_retries: 3,
         extra_headers: BTreeMap::new(),
         context_window: None,
+        ..ProviderConfig::default()
     }
 }
 

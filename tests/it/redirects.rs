@@ -74,6 +74,7 @@ fn provider_config(kind: ProviderKind, base_url: &str) -> ProviderConfig {
         max_retries: 0,
         extra_headers: BTreeMap::new(),
         context_window: None,
+        ..ProviderConfig::default()
     }
 }
 
