@@ -6,6 +6,7 @@
 /// Mail in by IMAP, reports out by SMTP (feature `email`).
 #[cfg(feature = "email")]
 pub mod email;
+#[cfg(feature = "homeassistant")]
 pub mod homeassistant;
 pub mod inbox;
 #[cfg(feature = "matrix")]

@@ -16,6 +16,7 @@ mod doctor;
 mod heartbeat;
 mod init;
 mod logs;
+#[cfg(feature = "mcp")]
 mod mcp;
 mod outbox;
 mod service;
@@ -103,7 +104,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pair { list, revoke } => pair(&loaded, list, revoke).await,
         Command::Audit { since, json } => audit(&loaded, &since, json),
         Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
+        #[cfg(feature = "mcp")]
         Command::Mcp(cmd) => mcp::mcp(&loaded, cmd).await,
+        #[cfg(not(feature = "mcp"))]
+        Command::Mcp(_) => Err(crate::config::features::Missing::Mcp.into()),
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }

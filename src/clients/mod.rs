@@ -7,6 +7,7 @@
 //! either may hold a client (the `ha_*` tools and the `ha:notify` channel
 //! share one [`ha_rest::HaRest`]); a client never knows who holds it.
 
+#[cfg(feature = "homeassistant")]
 pub mod ha_rest;
 /// IMAP in and SMTP out, for the email channel (feature `email`).
 #[cfg(feature = "email")]
@@ -20,6 +21,7 @@ pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 /// RFC 6455, shared by every WebSocket peer (Home Assistant, chat gateways).
+#[cfg(feature = "homeassistant")]
 pub mod ws;
 
 /// The body of `resp`, at most `cap` bytes; `true` when there was more.

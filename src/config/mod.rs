@@ -14,6 +14,7 @@ pub mod channels;
 mod diagnose;
 pub mod email;
 pub mod env;
+pub mod features;
 pub mod homeassistant;
 pub mod keys;
 pub mod matrix;
@@ -622,6 +623,7 @@ impl Config {
         found.extend(config.check_models(text).err());
         found.extend(config.mcp.check().err());
         found.extend(config.email.check(text).err());
+        found.extend(features::check(text).err());
         if !found.is_empty() {
             return Err(all(found));
         }

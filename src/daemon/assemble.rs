@@ -25,6 +25,7 @@ use crate::agent::session::SessionStore;
 use crate::agent::usage::UsageLedger;
 use crate::agent::{memory, skills, subagent, Agent, AgentParts, AgentSettings, Announcements, InFlight, ServeBus};
 use crate::bus::{Bus, InboundMessage, OutboundMessage};
+#[cfg(feature = "homeassistant")]
 use crate::channels::homeassistant::events::{self, HaEvents};
 use crate::channels::mqtt::MqttServices;
 use crate::channels::telegram::TelegramPoller;
@@ -56,6 +57,7 @@ pub struct AgentLinks {
     pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
     /// The daemon's Home Assistant client, shared with the `ha` channel
     /// (`None`: the agent makes its own from the config, if there is one).
+    #[cfg(feature = "homeassistant")]
     pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
     /// The daemon's job store (`None`: the agent opens the config's).
     pub jobs: Option<JobStore>,
@@ -64,7 +66,15 @@ pub struct AgentLinks {
 impl AgentLinks {
     /// Links for an agent outside the daemon: it sends to `outbound` only.
     pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
-        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None, ha: None, jobs: None }
+        AgentLinks {
+            outbound,
+            mqtt: None,
+            scheduler: None,
+            progress: None,
+            #[cfg(feature = "homeassistant")]
+            ha: None,
+            jobs: None,
+        }
     }
 }
 
@@ -91,8 +101,11 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     let jobs = links.jobs.unwrap_or_else(|| JobStore::open(state));
     // The context window (asked of the server at the first turn) and the profile it chooses.
     let window = Arc::new(crate::provider::window::WindowProbe::for_config(c));
+    #[cfg(feature = "homeassistant")]
     let mut tools =
         tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox, jobs.clone()).with_window(window.clone());
+    #[cfg(not(feature = "homeassistant"))]
+    let mut tools = tools(loaded, &links.outbound, links.mqtt, sandbox, jobs.clone()).with_window(window.clone());
     let (_, skill_errors) = skills::load(&ws);
     for e in &skill_errors {
         tracing::warn!("skill left out: {e}");
@@ -143,7 +156,7 @@ fn tools(
     loaded: &Loaded,
     outbound: &mpsc::Sender<OutboundMessage>,
     mqtt: Option<Arc<dyn Publisher>>,
-    ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
+    #[cfg(feature = "homeassistant")] ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
     sandbox: &Arc<Sandbox>,
     jobs: JobStore,
 ) -> ToolRegistry {
@@ -164,6 +177,7 @@ fn tools(
         // One guarded client for both: the same SSRF guard, one set of CA certificates.
         let http = Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
         tools.register(Arc::new(crate::tools::web::WebFetch::new(&c.web, Arc::clone(&http))));
+        #[cfg(feature = "web-search")]
         if let Some(search) = crate::tools::search::WebSearch::new(&c.web, http) {
             tools.register(Arc::new(search));
         }
@@ -183,6 +197,7 @@ fn tools(
             crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), mqtt).refusing(mqtt_inputs.clone()),
         ));
     }
+    #[cfg(feature = "homeassistant")]
     if let Some(ha) = ha.or_else(|| ha_rest(c)) {
         let allow = &c.homeassistant.allow;
         tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
@@ -194,7 +209,9 @@ fn tools(
     ));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
+    #[cfg(feature = "mcp")]
     let auth = crate::tools::mcp::AuthEnv { state_dir: Some(state.clone()), agent: None };
+    #[cfg(feature = "mcp")]
     if let Some(hub) = crate::tools::mcp::McpHub::with_auth(&c.mcp, &c.exec, &ws, Arc::clone(sandbox), auth) {
         tools.register_source(hub);
     }
@@ -237,6 +254,7 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
 }
 
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
+#[cfg(feature = "homeassistant")]
 fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::clients::ha_rest::HaRest>> {
     match crate::clients::ha_rest::HaRest::from_config(&c.homeassistant) {
         Ok(rest) => rest.map(Arc::new),
@@ -287,6 +305,7 @@ pub struct Daemon {
     pub announcements: Option<Announcements>,
     pub unanswered: super::Unanswered,
     pub mqtt: Option<MqttServices>,
+    #[cfg(feature = "homeassistant")]
     pub ha: Option<HaEvents>,
     /// `None`: `[heartbeat] enabled = false`.
     pub heartbeat: Option<HeartbeatLoop>,
@@ -314,8 +333,10 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
     #[cfg(feature = "matrix")]
     let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
+    #[cfg(feature = "homeassistant")]
     let ha = ha_rest(c);
     let links = AgentLinks {
+        #[cfg(feature = "homeassistant")]
         ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
@@ -326,7 +347,11 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, links, &sandbox));
     #[allow(unused_mut)] // without the `webhook` and `email` features nothing is added
-    let mut channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
+    let mut channels = channels(telegram.as_ref(), mqtt.as_ref());
+    #[cfg(feature = "homeassistant")]
+    if let Some(ha) = &ha {
+        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
+    }
     // The email channel: delivery for `email:` targets, and its loops.
     #[cfg(feature = "email")]
     let email = email(loaded).map(|e| {
@@ -359,6 +384,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         };
         mqtt_services(link, &c.mqtt, wiring)
     });
+    #[cfg(feature = "homeassistant")]
     let ha = ha.and_then(|ha| events::services(&ha, &c.homeassistant, state, work.triggers()));
     let (scheduler, heartbeat, dead_man) = work.into_loops(scheduler, mqtt.as_ref().map(|(_, o)| o.clone()), &agent);
     let mut watched =
@@ -387,6 +413,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         #[cfg(feature = "matrix")]
         matrix,
         mqtt,
+        #[cfg(feature = "homeassistant")]
         ha,
         heartbeat,
         dead_man,
@@ -458,11 +485,10 @@ fn matrix_channel(
     }
 }
 
-/// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.
+/// The delivery channels: `log`, and Telegram and MQTT when configured (Home Assistant's is added by the caller).
 fn channels(
     telegram: Option<&crate::channels::telegram::Telegram>,
     mqtt: Option<&Arc<crate::channels::mqtt::Link>>,
-    ha: Option<&Arc<crate::clients::ha_rest::HaRest>>,
 ) -> Channels {
     let mut channels = Channels::with_log();
     if let Some(t) = telegram {
@@ -470,9 +496,6 @@ fn channels(
     }
     if let Some(link) = mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
-    }
-    if let Some(ha) = ha {
-        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
     }
     channels
 }

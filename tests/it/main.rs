@@ -20,14 +20,19 @@ mod docs;
 mod email;
 mod firsthour;
 mod firstrun;
+#[cfg(feature = "homeassistant")]
 mod homeassistant;
 mod lean;
 mod local_models;
 #[cfg(feature = "matrix")]
 mod matrix;
+#[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "mcp")]
 mod mcp_conformance;
+#[cfg(feature = "mcp")]
 mod mcp_oauth;
+#[cfg(feature = "mcp")]
 mod mcp_stream;
 mod memory;
 mod mqtt;
@@ -36,6 +41,7 @@ mod mqtt_v311;
 mod provider;
 mod redirects;
 mod rights;
+#[cfg(feature = "web-search")]
 mod search;
 mod security;
 mod smoke;
