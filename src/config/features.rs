@@ -5,7 +5,9 @@
 //! its Home Assistant triggers or its MCP tools is worse than one that says so.
 //!
 //! The sections stay in [`super::Config`] in every build (a key is checked the
-//! same everywhere); only the parts that use them are left out.
+//! same everywhere); only the parts that use them are left out. `telegram-media`
+//! has no section: without it a file sent to the bot is answered with what the
+//! build takes, and an attachment is sent as a note naming the file.
 
 use std::ops::Range;
 
@@ -28,8 +30,6 @@ pub enum Missing {
     Webhook,
     #[error("this build has no web_search tool (feature `web-search`){HINT}")]
     WebSearch,
-    #[error("this build has no Telegram photos, voice notes or files, nor voice transcription (feature `telegram-media`){HINT}")]
-    TelegramMedia,
 }
 
 /// What to do about it.
@@ -56,7 +56,6 @@ fn absent() -> Vec<(&'static str, Missing)> {
         ("matrix", Missing::Matrix, cfg!(feature = "matrix")),
         ("webhook", Missing::Webhook, cfg!(feature = "webhook")),
         ("webhooks", Missing::Webhook, cfg!(feature = "webhook")),
-        ("transcription", Missing::TelegramMedia, cfg!(feature = "telegram-media")),
     ];
     all.into_iter().filter(|(_, _, built)| !built).map(|(name, m, _)| (name, m)).collect()
 }
@@ -66,14 +65,22 @@ pub(super) fn check(text: &str) -> Result<(), Found> {
     let Ok(table) = DeTable::parse(text) else { return Ok(()) };
     first_missing(table.get_ref(), &absent(), cfg!(feature = "web-search")).map_or(Ok(()), |(span, m)| {
         let name = &text[span.clone()];
-        Err((Some(span), format!("[{name}]: {m}")))
+        let what = if m == Missing::WebSearch { format!("[web] {name}") } else { format!("[{name}]") };
+        Err((Some(span), format!("{what}: {m}")))
     })
 }
 
 /// The span of the first key of `table` in `absent` (or a search key under `[web]`), and why.
+/// A section with nothing in it (the shipped template's `[homeassistant]`, all
+/// commented out) asks for nothing: it is not refused.
 fn first_missing(table: &DeTable<'_>, absent: &[(&str, Missing)], search: bool) -> Option<(Range<usize>, Missing)> {
     for (key, value) in table {
-        if let Some((_, m)) = absent.iter().find(|(name, _)| *name == key.get_ref().as_ref()) {
+        let empty = match value.get_ref() {
+            DeValue::Table(t) => t.is_empty(),
+            DeValue::Array(a) => a.is_empty(),
+            _ => false,
+        };
+        if let Some((_, m)) = absent.iter().find(|(name, _)| *name == key.get_ref().as_ref()).filter(|_| !empty) {
             return Some((key.span(), *m));
         }
         if search || key.get_ref().as_ref() != "web" {
@@ -106,8 +113,9 @@ mod tests {
         assert_eq!(missing(text, &absent, true), Some(("homeassistant".into(), Missing::HomeAssistant)));
         let text = "[[mcp.server]]\nname = \"x\"\ncommand = [\"y\"]\n";
         assert_eq!(missing(text, &absent, true), Some(("mcp".into(), Missing::Mcp)));
-        // Built, or not named: nothing to say.
+        // Built, not named, or empty (the shipped template's header with every key commented out): nothing to say.
         assert_eq!(missing("[homeassistant]\nurl = \"http://ha\"\n", &[], true), None);
+        assert_eq!(missing("[homeassistant]\n# url = \"http://ha\"\n\n[mqtt]\n", &absent, true), None);
         assert_eq!(missing("[telegram]\nallow_from = [1]\n", &absent, false), None);
     }
 

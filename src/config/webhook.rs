@@ -248,13 +248,13 @@ pub fn webhooks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<WebhookCon
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
-
-    fn parse(text: &str) -> Result<Config, String> {
-        Config::parse(text, "c.toml".as_ref()).map_err(|e| e.to_string())
+    #[cfg(feature = "webhook")]
+    fn parse(text: &str) -> Result<crate::config::Config, String> {
+        crate::config::Config::parse(text, "c.toml".as_ref()).map_err(|e| e.to_string())
     }
 
     #[test]
+    #[cfg(feature = "webhook")]
     fn endpoints_and_targets_read_and_refuse_what_is_unsafe() {
         let c = parse(
             "[[webhook]]\nname = \"door\"\nsecret_env = \"DOOR_SECRET\"\nmessage = \"Door: {payload.state}\"\n\

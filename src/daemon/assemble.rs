@@ -57,8 +57,7 @@ pub struct AgentLinks {
     pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
     /// The daemon's Home Assistant client, shared with the `ha` channel
     /// (`None`: the agent makes its own from the config, if there is one).
-    #[cfg(feature = "homeassistant")]
-    pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
+    pub ha: Option<HaClient>,
     /// The daemon's job store (`None`: the agent opens the config's).
     pub jobs: Option<JobStore>,
 }
@@ -66,15 +65,7 @@ pub struct AgentLinks {
 impl AgentLinks {
     /// Links for an agent outside the daemon: it sends to `outbound` only.
     pub fn outside_daemon(outbound: mpsc::Sender<OutboundMessage>) -> AgentLinks {
-        AgentLinks {
-            outbound,
-            mqtt: None,
-            scheduler: None,
-            progress: None,
-            #[cfg(feature = "homeassistant")]
-            ha: None,
-            jobs: None,
-        }
+        AgentLinks { outbound, mqtt: None, scheduler: None, progress: None, ha: None, jobs: None }
     }
 }
 
@@ -101,11 +92,8 @@ pub fn agent(loaded: &Loaded, links: AgentLinks, sandbox: &Arc<Sandbox>) -> Agen
     let jobs = links.jobs.unwrap_or_else(|| JobStore::open(state));
     // The context window (asked of the server at the first turn) and the profile it chooses.
     let window = Arc::new(crate::provider::window::WindowProbe::for_config(c));
-    #[cfg(feature = "homeassistant")]
     let mut tools =
         tools(loaded, &links.outbound, links.mqtt, links.ha, sandbox, jobs.clone()).with_window(window.clone());
-    #[cfg(not(feature = "homeassistant"))]
-    let mut tools = tools(loaded, &links.outbound, links.mqtt, sandbox, jobs.clone()).with_window(window.clone());
     let (_, skill_errors) = skills::load(&ws);
     for e in &skill_errors {
         tracing::warn!("skill left out: {e}");
@@ -156,7 +144,7 @@ fn tools(
     loaded: &Loaded,
     outbound: &mpsc::Sender<OutboundMessage>,
     mqtt: Option<Arc<dyn Publisher>>,
-    #[cfg(feature = "homeassistant")] ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
+    ha: Option<HaClient>,
     sandbox: &Arc<Sandbox>,
     jobs: JobStore,
 ) -> ToolRegistry {
@@ -203,6 +191,8 @@ fn tools(
         tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
         tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
     }
+    #[cfg(not(feature = "homeassistant"))]
+    let _ = ha;
     tools.register(Arc::new(
         crate::tools::cron::CronTool::new(jobs, c.timezone(), telegram_chats, c.mqtt.publish_allow.clone())
             .with_mqtt_inputs(mqtt_inputs),
@@ -253,9 +243,22 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
     ))
 }
 
+/// Home Assistant's REST client: a type without values in a build without the
+/// feature (there `[homeassistant]` is refused when the config is read).
+#[cfg(feature = "homeassistant")]
+pub type HaClient = Arc<crate::clients::ha_rest::HaRest>;
+#[cfg(not(feature = "homeassistant"))]
+pub type HaClient = Arc<std::convert::Infallible>;
+
+/// No Home Assistant in this build.
+#[cfg(not(feature = "homeassistant"))]
+fn ha_rest(_: &crate::config::Config) -> Option<HaClient> {
+    None
+}
+
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
 #[cfg(feature = "homeassistant")]
-fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::clients::ha_rest::HaRest>> {
+fn ha_rest(c: &crate::config::Config) -> Option<HaClient> {
     match crate::clients::ha_rest::HaRest::from_config(&c.homeassistant) {
         Ok(rest) => rest.map(Arc::new),
         Err(e) => {
@@ -333,10 +336,8 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
     #[cfg(feature = "matrix")]
     let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
-    #[cfg(feature = "homeassistant")]
     let ha = ha_rest(c);
     let links = AgentLinks {
-        #[cfg(feature = "homeassistant")]
         ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
         mqtt: mqtt.clone().map(|link| link as Arc<dyn Publisher>),
@@ -347,11 +348,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let sandbox = sandbox(loaded);
     let agent = Arc::new(agent(loaded, links, &sandbox));
     #[allow(unused_mut)] // without the `webhook` and `email` features nothing is added
-    let mut channels = channels(telegram.as_ref(), mqtt.as_ref());
-    #[cfg(feature = "homeassistant")]
-    if let Some(ha) = &ha {
-        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
-    }
+    let mut channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
     // The email channel: delivery for `email:` targets, and its loops.
     #[cfg(feature = "email")]
     let email = email(loaded).map(|e| {
@@ -485,10 +482,11 @@ fn matrix_channel(
     }
 }
 
-/// The delivery channels: `log`, and Telegram and MQTT when configured (Home Assistant's is added by the caller).
+/// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.
 fn channels(
     telegram: Option<&crate::channels::telegram::Telegram>,
     mqtt: Option<&Arc<crate::channels::mqtt::Link>>,
+    ha: Option<&HaClient>,
 ) -> Channels {
     let mut channels = Channels::with_log();
     if let Some(t) = telegram {
@@ -497,6 +495,12 @@ fn channels(
     if let Some(link) = mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
     }
+    #[cfg(feature = "homeassistant")]
+    if let Some(ha) = ha {
+        channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
+    }
+    #[cfg(not(feature = "homeassistant"))]
+    let _ = ha;
     channels
 }
 

@@ -44,8 +44,10 @@ mod rights;
 #[cfg(feature = "web-search")]
 mod search;
 mod security;
+mod slim;
 mod smoke;
 mod telegram;
+#[cfg(feature = "telegram-media")]
 mod telegram_media;
 mod tools;
 #[cfg(feature = "webhook")]
