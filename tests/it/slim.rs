@@ -50,7 +50,7 @@ async fn check_and_run_refuse_home_assistant_by_name_with_file_and_line() {
 #[tokio::test]
 #[cfg(not(feature = "mcp"))]
 async fn mcp_servers_and_the_mcp_command_are_refused_by_name() {
-    let (code, err, cfg, dir) = check("[[mcp.server]]\nname = \"x\"\ncommand = [\"x\"]\n").await;
+    let (code, err, cfg, dir) = check("[[mcp.server]]\nname = \"x\"\ncommand = \"/bin/true\"\n").await;
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("[mcp]: this build has no MCP support (feature `mcp`)"), "{err}");
     std::fs::write(&cfg, "").unwrap();
