@@ -94,6 +94,8 @@ fn main() {
         Some(commit) => format!("{version} ({commit})"),
         None => version.to_string(),
     };
+    // The slim build says so (`bramble --version`, status): its integrations are left out.
+    let version = if std::env::var_os("CARGO_FEATURE_SLIM").is_some() { format!("{version} slim") } else { version };
     println!("cargo:rustc-env=BRAMBLE_VERSION={version}");
     // Again when HEAD moves: HEAD itself names a branch, whose ref file moves.
     // Only paths that exist: cargo reruns the script at every build for one

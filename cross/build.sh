@@ -10,6 +10,7 @@
 #   cross/build.sh --install aarch64   # first install the toolchain (root, apt-get; pip for zig)
 #   cross/build.sh --rustup armv7      # rustup's compiler and std instead of Debian's
 #                                      # (rustup target add; only the cross gcc from apt)
+#   BRAMBLE_SLIM=1 cross/build.sh aarch64   # the slim build (cross/README.md, "Slim")
 #
 # aarch64 and armv7 link against Debian's multiarch glibc with its standard
 # library (libstd-rust-web-dev:<arch>). armv6 and riscv64 have no Debian std
@@ -131,7 +132,10 @@ if [ -n "$lld" ]; then
 else
     echo "warning: no lld >= 15 (apt-get install lld-16): linking with GNU ld, without packed relocations (+0.6 MB)" >&2
 fi
-cargo build --release --locked --target "$triple"
+# BRAMBLE_SLIM=1: the slim build (`--no-default-features --features slim`, cross/README.md "Slim").
+features=()
+[ "${BRAMBLE_SLIM:-0}" = 1 ] && features=(--no-default-features --features slim)
+cargo build --release --locked --target "$triple" "${features[@]}"
 
 bin="$CARGO_TARGET_DIR/$triple/release/bramble"
 file "$bin"

@@ -16,6 +16,12 @@
 # translated code are not. It is still not the board's RSS: under qemu-user
 # the daemon cannot drop the start-up code pages (src/util/sys.rs), so it
 # counts some 1-3 MB of code a board's idle daemon has given back.
+#
+# MEASURE_CHANNELS=1: the idle daemon runs with Telegram and MQTT configured
+# (the slim build's goal, issue 44): a fake Bot API on 127.0.0.1 (Python:
+# getMe, deleteWebhook, setMyCommands, and getUpdates held 50 s and answered
+# with no updates, as https://core.telegram.org/bots/api describes) and a real
+# mosquitto of its own (Debian's /usr/sbin/mosquitto).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,9 +29,11 @@ bin="${1:?usage: $0 BIN [QEMU...]}"
 shift
 runner=("$@")
 work=$(mktemp -d)
-fake="" daemon=""
+fake="" daemon="" tg="" broker=""
 cleanup() {
     [ -z "$daemon" ] || kill "$daemon" 2>/dev/null || true
+    [ -z "$tg" ] || kill "$tg" 2>/dev/null || true
+    [ -z "$broker" ] || kill "$broker" 2>/dev/null || true
     [ -z "$fake" ] || kill "$fake" 2>/dev/null || true
     rm -rf "$work"
 }
@@ -77,6 +85,50 @@ grep -q "tool said: .*42" <<<"$out" || { echo "error: the turn did not run the e
 t=$(for _ in 1 2 3; do ms run --config "$work/config.toml" agent -m 'SMOKE-EXEC echo $((40+2))'; done | median)
 echo "agent -m turn with an exec call, wall, median of 3: $t ms"
 
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+if [ "${MEASURE_CHANNELS:-0}" = 1 ]; then
+    tg_port=$(free_port)
+    python3 - "$tg_port" <<'PY' &
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+class Bot(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        method = self.path.rsplit("/", 1)[-1]
+        if method == "getUpdates":
+            time.sleep(50)
+        me = {"id": 42, "is_bot": True, "first_name": "m", "username": "measure_bot"}
+        result = me if method == "getMe" else [] if method == "getUpdates" else True
+        body = json.dumps({"ok": True, "result": result}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Bot).serve_forever()
+PY
+    tg=$!
+    mqtt_port=$(free_port)
+    printf 'listener %s 127.0.0.1\nallow_anonymous true\npersistence false\n' "$mqtt_port" >"$work/mosquitto.conf"
+    mosquitto=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+    "$mosquitto" -c "$work/mosquitto.conf" >"$work/mosquitto.log" 2>&1 &
+    broker=$!
+    cat >>"$work/config.toml" <<EOF
+
+[telegram]
+token = "42:measure"
+allow_from = ["1"]
+api_base = "http://127.0.0.1:$tg_port"
+
+[mqtt]
+url = "mqtt://127.0.0.1:$mqtt_port"
+device = "measure"
+EOF
+    sleep 1
+fi
+
 # Started directly (not through run()): $! must be the emulator's own pid.
 if [ "${#runner[@]}" = 0 ]; then
     "$bin" --config "$work/config.toml" run >"$work/daemon.log" 2>&1 &
@@ -105,4 +157,9 @@ PY
 )
     total=$(awk '/^VmRSS/ {print $2}' "/proc/$daemon/status")
     echo "idle daemon after 30 s: guest pages $guest KiB (qemu process in all: $total KiB)"
+fi
+if [ "${MEASURE_CHANNELS:-0}" = 1 ]; then
+    # Both must have connected, or the figure is not the one asked for.
+    grep -iE 'telegram|mqtt' "$work/daemon.log" | tail -4
+    grep -qiE 'mqtt.*connected|connected.*mqtt' "$work/daemon.log" || echo "warning: no MQTT connection in the daemon's log" >&2
 fi

@@ -13,6 +13,13 @@
 #   bramble-<VERSION>-armv6-linux-musleabihf.tar.gz, bramble-<VERSION>-riscv64gc-linux-musl.tar.gz
 #       bramble-<VERSION>-<arch>/bramble, bramble.service, README.md, LICENSE-NOTICE,
 #       LICENSE-MIT, LICENSE-APACHE
+#   bramble-slim-<VERSION>-<arch>.tar.gz for the same five <arch>
+#       the slim build (`--no-default-features --features slim`: scheduler,
+#       heartbeat, file/exec/web_fetch/cron/message tools, Telegram text, MQTT,
+#       the sandbox) as bramble-slim-<VERSION>-<arch>/bramble-slim, with the same
+#       files. Not in the .debs (they stay one full binary: a package carrying
+#       both would be the full size plus the slim one on the smallest boards);
+#       cross/README.md, "Slim", says how to use it in place of the .deb's.
 # DEB_MAINTAINER="Name <address>" is required: the .debs' Maintainer line.
 #   SHA256SUMS
 #
@@ -61,14 +68,16 @@ amd64=target-release/amd64/release/bramble
 echo "== arm64 and armv7 (glibc): cross/build.sh"
 # Debian's std for an architecture can lag its rustc while a mirror syncs
 # (seen for armhf for hours): then rustup's std, the same compiler's own.
+# SUFFIX (-slim or empty) names the target directories: the slim build has
+# its own, so the full binaries stay where they were built.
 cross_build() {
-    local arch=$1 triple=$2
-    if CARGO_TARGET_DIR=target-cross cross/build.sh --install "$arch" >&2; then
-        echo "target-cross/$triple/release/bramble"
+    local arch=$1 triple=$2 suffix=${3:-}
+    if CARGO_TARGET_DIR=target-cross$suffix cross/build.sh --install "$arch" >&2; then
+        echo "target-cross$suffix/$triple/release/bramble"
     else
         echo "== Debian's $arch toolchain failed; rustup's std instead" >&2
-        CARGO_TARGET_DIR=target-cross-rustup cross/build.sh --install --rustup "$arch" >&2
-        echo "target-cross-rustup/$triple/release/bramble"
+        CARGO_TARGET_DIR=target-cross-rustup$suffix cross/build.sh --install --rustup "$arch" >&2
+        echo "target-cross-rustup$suffix/$triple/release/bramble"
     fi
 }
 arm64=$(cross_build aarch64 aarch64-unknown-linux-gnu)
@@ -82,6 +91,20 @@ CARGO_TARGET_DIR=target-cross cross/build.sh --install riscv64
 armv6=target-cross/arm-unknown-linux-musleabihf/release/bramble
 riscv64=target-cross/riscv64gc-unknown-linux-musl/release/bramble
 
+echo "== the slim build (cross/README.md, \"Slim\"): amd64, arm64, armv7, armv6, riscv64"
+CARGO_TARGET_DIR=target-release/amd64-slim cargo build --release --locked --no-default-features --features slim
+amd64_slim=target-release/amd64-slim/release/bramble
+arm64_slim=$(BRAMBLE_SLIM=1 cross_build aarch64 aarch64-unknown-linux-gnu -slim)
+armv7_slim=$(BRAMBLE_SLIM=1 cross_build armv7 armv7-unknown-linux-gnueabihf -slim)
+BRAMBLE_SLIM=1 CARGO_TARGET_DIR=target-cross-slim cross/build.sh --install armv6
+BRAMBLE_SLIM=1 CARGO_TARGET_DIR=target-cross-slim cross/build.sh --install riscv64
+armv6_slim=target-cross-slim/arm-unknown-linux-musleabihf/release/bramble
+riscv64_slim=target-cross-slim/riscv64gc-unknown-linux-musl/release/bramble
+# A slim binary must say so (`--version` names the build) and must not be a full one.
+for bin in "$amd64_slim"; do
+    "$bin" --version | grep -q slim || { echo "error: $bin --version does not say slim" >&2; exit 1; }
+done
+
 for pair in "amd64:$amd64" "arm64:$arm64" "armhf:$armv6" "riscv64:$riscv64"; do
     deb_arch=${pair%%:*}
     bin=${pair#*:}
@@ -90,12 +113,13 @@ for pair in "amd64:$amd64" "arm64:$arm64" "armhf:$armv6" "riscv64:$riscv64"; do
 done
 
 # Plain tarballs, for systems without dpkg.
+# PROGRAM: bramble, or bramble-slim (the slim build, under that name).
 tarball() {
-    local bin=$1 triple=$2 name="bramble-$version-$2"
-    local dir
+    local bin=$1 triple=$2 program=${3:-bramble}
+    local name="$program-$version-$triple" dir
     dir=$(mktemp -d)
     mkdir "$dir/$name"
-    install -m 0755 "$bin" "$dir/$name/bramble"
+    install -m 0755 "$bin" "$dir/$name/$program"
     install -m 0644 systemd/bramble.service README.md LICENSE-MIT LICENSE-APACHE "$dir/$name/"
     printf 'bramble %s (%s)\nCopyright 2026 the bramble authors\nLicense: MIT OR Apache-2.0 (Cargo.toml)\n' \
         "$version" "$commit" >"$dir/$name/LICENSE-NOTICE"
@@ -110,6 +134,11 @@ tarball "$arm64" aarch64-linux-gnu
 tarball "$armv7" armv7-linux-gnu
 tarball "$armv6" armv6-linux-musleabihf
 tarball "$riscv64" riscv64gc-linux-musl
+tarball "$amd64_slim" x86_64-linux-gnu bramble-slim
+tarball "$arm64_slim" aarch64-linux-gnu bramble-slim
+tarball "$armv7_slim" armv7-linux-gnu bramble-slim
+tarball "$armv6_slim" armv6-linux-musleabihf bramble-slim
+tarball "$riscv64_slim" riscv64gc-linux-musl bramble-slim
 
 (cd "$out" && sha256sum -- *.deb *.tar.gz >SHA256SUMS)
 echo "== done: $out"

@@ -93,7 +93,9 @@ cat cross/no-unwind.ld cross/idle-order.ld >"$script.new"
 cmp -s "$script.new" "$script" && rm "$script.new" || mv "$script.new" "$script"
 export BRAMBLE_NO_IDLE_ORDER=1 BRAMBLE_KEEP_UNWIND_TABLES=1
 echo "building $triple: std from $(readlink -f /usr/lib/rustlib/src/rust) ($(rustc -V)), linked by zig $(python-zig version)"
-cargo-zigbuild rustc --release --locked --target "$triple" -Zbuild-std=std,panic_abort --bin bramble \
+features=()
+[ "${BRAMBLE_SLIM:-0}" = 1 ] && features=(--no-default-features --features slim)
+cargo-zigbuild rustc --release --locked --target "$triple" -Zbuild-std=std,panic_abort --bin bramble "${features[@]}" \
     -- -C link-self-contained=no -C "link-arg=-Wl,-T,$(readlink -f "$script")"
 
 bin="$CARGO_TARGET_DIR/$triple/release/bramble"

@@ -11,6 +11,7 @@ pub mod discord;
 pub mod email;
 #[cfg(feature = "feishu")]
 pub mod feishu;
+#[cfg(feature = "homeassistant")]
 pub mod homeassistant;
 pub mod inbox;
 #[cfg(feature = "matrix")]

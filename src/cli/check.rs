@@ -37,6 +37,7 @@ pub(super) fn check(explicit: Option<&Path>) -> ExitCode {
     for w in crate::channels::mqtt::check_warnings(&loaded.config) {
         println!("warning: {w}");
     }
+    #[cfg(feature = "homeassistant")]
     for w in crate::channels::homeassistant::check_warnings(&loaded.config) {
         println!("warning: {w}");
     }

@@ -197,6 +197,7 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
     discord(&loaded, &mut r).await;
     #[cfg(feature = "ntfy")]
     ntfy(&loaded, &mut r).await;
+    #[cfg(feature = "homeassistant")]
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
         Ok(Some(found)) => r.line(Level::Ok, "homeassistant", found),
@@ -225,6 +226,7 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         r.line(Level::Skip, "sandbox", "exec is off");
     }
     // MCP servers' OAuth grants: one whose refresh was refused needs the owner.
+    #[cfg(feature = "mcp")]
     for (name, ok, text) in super::mcp::auth_lines(&loaded) {
         let (level, hint) =
             if ok { (Level::Ok, None) } else { (Level::Warning, Some(format!("run `bramble mcp login {name}`"))) };

@@ -17,6 +17,7 @@ mod fleet;
 mod heartbeat;
 mod init;
 mod logs;
+#[cfg(feature = "mcp")]
 mod mcp;
 mod outbox;
 mod pair;
@@ -105,8 +106,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pair { channel, list, revoke } => pair::pair(&loaded, channel, list, revoke).await,
         Command::Audit { since, json } => audit(&loaded, &since, json),
         Command::Outbox(cmd) => outbox::outbox(&loaded, cmd),
+        #[cfg(feature = "mcp")]
         Command::Mcp(cmd) => mcp::mcp(&loaded, cmd).await,
         Command::Fleet(cmd) => fleet::fleet(&loaded, cmd).await,
+        #[cfg(not(feature = "mcp"))]
+        Command::Mcp(_) => Err(crate::config::features::Missing::Mcp.into()),
         Command::Check { .. }
         | Command::Init { .. }
         | Command::Logs { .. }

@@ -481,10 +481,13 @@ fn exec_lines(loaded: &Loaded) -> ExecPart {
         }
         false => ExecFacts { enabled: false, timeout: None, network: None, network_means: None, sandbox: None },
     };
+    #[cfg(feature = "web-search")]
     let web_search = c.web.enabled.then(|| {
         let http = std::sync::Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
         crate::tools::search::WebSearch::new(&c.web, http).map(|s| s.engines()).unwrap_or_default()
     });
+    #[cfg(not(feature = "web-search"))]
+    let web_search = None;
     ExecPart { exec, web_search }
 }
 
@@ -549,7 +552,10 @@ impl Section for ChannelPart {
 fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
     let c = &loaded.config;
     let token = facts.map_or(c.telegram.token().is_some(), |f| f.telegram_token);
+    #[cfg(feature = "homeassistant")]
     let mut ha = crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir);
+    #[cfg(not(feature = "homeassistant"))]
+    let mut ha = String::from("not in this build (cargo feature `homeassistant`)");
     if facts.and_then(|f| f.homeassistant_token) == Some(true) {
         ha = ha.replace(&format!("token MISSING: set {}", c.homeassistant.token_env()), "token set");
     }

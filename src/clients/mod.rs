@@ -13,6 +13,7 @@ pub mod discord;
 /// Feishu / Lark: the long connection's frames, the token, REST (feature `feishu`).
 #[cfg(feature = "feishu")]
 pub mod feishu;
+#[cfg(feature = "homeassistant")]
 pub mod ha_rest;
 /// IMAP in and SMTP out, for the email channel (feature `email`).
 #[cfg(feature = "email")]
@@ -32,6 +33,7 @@ pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 /// RFC 6455, shared by every WebSocket peer (Home Assistant, chat gateways).
+#[cfg(any(feature = "homeassistant", feature = "discord", feature = "feishu"))]
 pub mod ws;
 
 /// The body of `resp`, at most `cap` bytes; `true` when there was more.

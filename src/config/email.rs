@@ -202,11 +202,13 @@ impl<'de> Deserialize<'de> for MailServer {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "email")]
     fn parse(text: &str) -> Result<crate::config::Config, String> {
         crate::config::Config::parse(text, std::path::Path::new("/etc/bramble/config.toml")).map_err(|e| e.to_string())
     }
 
     #[test]
+    #[cfg(feature = "email")]
     fn bramble_check_points_at_the_line() {
         let err = parse("[agent]\n[email]\naddress = \"bot@example.org\"\nsmtp = \"smtp+plain://mail.example.org\"\n")
             .unwrap_err();

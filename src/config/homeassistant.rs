@@ -185,6 +185,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "homeassistant")]
     fn every_key_is_in_the_template() {
         let source = include_str!("homeassistant.rs");
         let template = include_str!("../../config/bramble.toml");
@@ -216,6 +217,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "homeassistant")]
     fn a_trigger_reads_globs_filters_and_durations() {
         let c = parse(
             "[homeassistant]\nurl = \"http://ha.lan:8123\"\nallow = [\"light.*\", \"notify.mobile_app_?ixel\"]\n\

@@ -391,7 +391,7 @@ fn oauth_settings(name: &str, r: &RawServer) -> Result<OAuthSettings, String> {
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "mcp"))]
 mod tests {
     use std::path::Path;
 
@@ -403,6 +403,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "mcp")]
     fn http_and_stdio_servers_parse() {
         let c = parse(
             r#"
@@ -496,6 +497,7 @@ allow_untrusted = true
     }
 
     #[test]
+    #[cfg(feature = "mcp")]
     fn oauth_keys_parse() {
         let c = parse(
             "[[mcp.server]]\nname = \"m\"\nurl = \"https://a/mcp\"\nclient_id = \"bramble-pi\"\n\
@@ -512,6 +514,7 @@ allow_untrusted = true
     }
 
     #[test]
+    #[cfg(feature = "mcp")]
     fn unset_secrets_are_warned_about() {
         let c = parse(
             "[[mcp.server]]\nname = \"a\"\nurl = \"http://a\"\nheaders_env = { Authorization = \"Bearer BRAMBLE_UNSET_9c\" }\n\

@@ -15,6 +15,7 @@ mod diagnose;
 pub mod discord;
 pub mod email;
 pub mod env;
+pub mod features;
 pub mod feishu;
 pub mod fleet;
 pub mod homeassistant;
@@ -649,6 +650,7 @@ impl Config {
         found.extend(config.mcp.check().err());
         found.extend(config.email.check(text).err());
         found.extend(config.webhooks.check(text).err());
+        found.extend(features::check(text).err());
         if !found.is_empty() {
             return Err(all(found));
         }

@@ -331,13 +331,13 @@ pub fn webhooks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<WebhookCon
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
-
-    fn parse(text: &str) -> Result<Config, String> {
-        Config::parse(text, "c.toml".as_ref()).map_err(|e| e.to_string())
+    #[cfg(feature = "webhook")]
+    fn parse(text: &str) -> Result<crate::config::Config, String> {
+        crate::config::Config::parse(text, "c.toml".as_ref()).map_err(|e| e.to_string())
     }
 
     #[test]
+    #[cfg(feature = "webhook")]
     fn tls_needs_both_files_readable_and_pem_and_lets_a_lan_address_listen() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
@@ -368,6 +368,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "webhook")]
     fn endpoints_and_targets_read_and_refuse_what_is_unsafe() {
         let c = parse(
             "[[webhook]]\nname = \"door\"\nsecret_env = \"DOOR_SECRET\"\nmessage = \"Door: {payload.state}\"\n\

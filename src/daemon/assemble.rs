@@ -25,6 +25,7 @@ use crate::agent::session::SessionStore;
 use crate::agent::usage::UsageLedger;
 use crate::agent::{memory, skills, subagent, Agent, AgentParts, AgentSettings, Announcements, InFlight, ServeBus};
 use crate::bus::{Bus, InboundMessage, OutboundMessage};
+#[cfg(feature = "homeassistant")]
 use crate::channels::homeassistant::events::{self, HaEvents};
 use crate::channels::mqtt::MqttServices;
 use crate::channels::telegram::TelegramPoller;
@@ -56,7 +57,7 @@ pub struct AgentLinks {
     pub progress: Option<Arc<dyn crate::agent::ProgressSink>>,
     /// The daemon's Home Assistant client, shared with the `ha` channel
     /// (`None`: the agent makes its own from the config, if there is one).
-    pub ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
+    pub ha: Option<HaClient>,
     /// The daemon's job store (`None`: the agent opens the config's).
     pub jobs: Option<JobStore>,
 }
@@ -143,7 +144,7 @@ fn tools(
     loaded: &Loaded,
     outbound: &mpsc::Sender<OutboundMessage>,
     mqtt: Option<Arc<dyn Publisher>>,
-    ha: Option<Arc<crate::clients::ha_rest::HaRest>>,
+    ha: Option<HaClient>,
     sandbox: &Arc<Sandbox>,
     jobs: JobStore,
 ) -> ToolRegistry {
@@ -164,6 +165,7 @@ fn tools(
         // One guarded client for both: the same SSRF guard, one set of CA certificates.
         let http = Arc::new(crate::tools::web::GuardedHttp::new(&c.web));
         tools.register(Arc::new(crate::tools::web::WebFetch::new(&c.web, Arc::clone(&http))));
+        #[cfg(feature = "web-search")]
         if let Some(search) = crate::tools::search::WebSearch::new(&c.web, http) {
             tools.register(Arc::new(search));
         }
@@ -186,18 +188,23 @@ fn tools(
             crate::tools::mqtt::MqttPublish::new(c.mqtt.publish_allow.clone(), mqtt).refusing(mqtt_inputs.clone()),
         ));
     }
+    #[cfg(feature = "homeassistant")]
     if let Some(ha) = ha.or_else(|| ha_rest(c)) {
         let allow = &c.homeassistant.allow;
         tools.register(Arc::new(crate::tools::homeassistant::HaCallService::new(ha.clone(), allow)));
         tools.register(Arc::new(crate::tools::homeassistant::HaGetState::new(ha, allow)));
     }
+    #[cfg(not(feature = "homeassistant"))]
+    let _ = ha;
     tools.register(Arc::new(
         crate::tools::cron::CronTool::new(jobs, c.timezone(), telegram_chats, c.mqtt.publish_allow.clone())
             .with_mqtt_inputs(mqtt_inputs),
     ));
     tools.register(Arc::new(memory::MemorySearchTool::new(memory::Journal::new(&ws, c.timezone()))));
     // MCP servers' tools: built here, connected by the daemon at start or by the first turn that needs them.
+    #[cfg(feature = "mcp")]
     let auth = crate::tools::mcp::AuthEnv { state_dir: Some(state.clone()), agent: None };
+    #[cfg(feature = "mcp")]
     if let Some(hub) = crate::tools::mcp::McpHub::with_auth(&c.mcp, &c.exec, &ws, Arc::clone(sandbox), auth) {
         tools.register_source(hub);
     }
@@ -254,8 +261,22 @@ pub fn standing(loaded: &Loaded) -> crate::policy::Standing {
     ))
 }
 
+/// Home Assistant's REST client: a type without values in a build without the
+/// feature (there `[homeassistant]` is refused when the config is read).
+#[cfg(feature = "homeassistant")]
+pub type HaClient = Arc<crate::clients::ha_rest::HaRest>;
+#[cfg(not(feature = "homeassistant"))]
+pub type HaClient = Arc<std::convert::Infallible>;
+
+/// No Home Assistant in this build.
+#[cfg(not(feature = "homeassistant"))]
+fn ha_rest(_: &crate::config::Config) -> Option<HaClient> {
+    None
+}
+
 /// The Home Assistant REST client for this config, if `[homeassistant]` is usable.
-fn ha_rest(c: &crate::config::Config) -> Option<Arc<crate::clients::ha_rest::HaRest>> {
+#[cfg(feature = "homeassistant")]
+fn ha_rest(c: &crate::config::Config) -> Option<HaClient> {
     match crate::clients::ha_rest::HaRest::from_config(&c.homeassistant) {
         Ok(rest) => rest.map(Arc::new),
         Err(e) => {
@@ -321,6 +342,7 @@ pub struct Daemon {
     pub mqtt: Option<MqttServices>,
     /// `[fleet]`'s task (`None`: not in a fleet, or its config keeps it off, logged).
     pub fleet: Option<FleetBuilt>,
+    #[cfg(feature = "homeassistant")]
     pub ha: Option<HaEvents>,
     /// `None`: `[heartbeat] enabled = false`.
     pub heartbeat: Option<HeartbeatLoop>,
@@ -412,6 +434,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         };
         mqtt_services(link, &c.mqtt, wiring)
     });
+    #[cfg(feature = "homeassistant")]
     let ha = ha.and_then(|ha| events::services(&ha, &c.homeassistant, state, work.triggers()));
     let (scheduler, heartbeat, dead_man) = work.into_loops(scheduler, mqtt.as_ref().map(|(_, o)| o.clone()), &agent);
     let mut watched =
@@ -447,6 +470,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         discord,
         mqtt,
         fleet,
+        #[cfg(feature = "homeassistant")]
         ha,
         heartbeat,
         dead_man,
@@ -783,7 +807,7 @@ fn discord_poller(
 fn channels(
     telegram: Option<&crate::channels::telegram::Telegram>,
     mqtt: Option<&Arc<crate::channels::mqtt::Link>>,
-    ha: Option<&Arc<crate::clients::ha_rest::HaRest>>,
+    ha: Option<&HaClient>,
 ) -> Channels {
     let mut channels = Channels::with_log();
     if let Some(t) = telegram {
@@ -792,9 +816,12 @@ fn channels(
     if let Some(link) = mqtt {
         channels.add(Arc::new(crate::channels::mqtt::MqttChannel::new(link.clone())));
     }
+    #[cfg(feature = "homeassistant")]
     if let Some(ha) = ha {
         channels.add(Arc::new(crate::channels::homeassistant::NotifyChannel::new(ha.clone())));
     }
+    #[cfg(not(feature = "homeassistant"))]
+    let _ = ha;
     channels
 }
 

@@ -259,6 +259,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
         tasks.spawn(Service::new("mqtt connection", |sd| mqtt.connection.run(sd)));
         tasks.spawn(Service::restarting("mqtt state", move |sd| mqtt.state.clone().run(sd)));
     }
+    #[cfg(feature = "homeassistant")]
     if let Some(ha) = d.ha {
         tasks.spawn(Service::new("ha triggers", |sd| ha.triggers.run(sd)));
         tasks.spawn(Service::new("ha events", |sd| ha.connection.run(sd)));

@@ -40,11 +40,14 @@ pub mod audit;
 pub mod cron;
 pub mod exec;
 pub mod fs;
+#[cfg(feature = "homeassistant")]
 pub mod homeassistant;
+#[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod message;
 pub mod mqtt;
 pub mod policy;
+#[cfg(feature = "web-search")]
 pub mod search;
 pub mod web;
 

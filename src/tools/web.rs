@@ -327,6 +327,7 @@ fn to_text(content_type: &str, body: &[u8]) -> String {
 }
 
 /// Markdown for an HTML page, without scripts, styles or navigation; blank-line runs collapsed.
+#[cfg(feature = "web-search")]
 fn html_to_markdown(html: &str) -> Option<String> {
     let converter = htmd::HtmlToMarkdown::builder()
         .skip_tags(vec!["script", "style", "nav", "noscript", "template", "iframe", "svg", "head"])
@@ -374,6 +375,42 @@ impl Tool for WebFetch {
             self.fetch(args).await
         })
     }
+}
+
+/// Without the `web-search` feature (no HTML parser in the build): a page's
+/// text, without scripts, styles or navigation; a block element starts a line.
+#[cfg(not(feature = "web-search"))]
+fn html_to_markdown(html: &str) -> Option<String> {
+    const SKIP: [&str; 8] = ["script", "style", "nav", "noscript", "template", "iframe", "svg", "head"];
+    const BLOCK: [&str; 14] = ["p", "br", "div", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table", "hr"];
+    let (mut text, mut rest) = (String::with_capacity(html.len() / 2), html);
+    while let Some(lt) = rest.find('<') {
+        text.push_str(&rest[..lt]);
+        let Some(gt) = rest[lt..].find('>') else { break };
+        let tag = &rest[lt + 1..lt + gt];
+        let name: String =
+            tag.trim_start_matches('/').chars().take_while(|c| c.is_ascii_alphanumeric()).collect::<String>();
+        let name = name.to_ascii_lowercase();
+        rest = &rest[lt + gt + 1..];
+        if SKIP.contains(&name.as_str()) && !tag.starts_with('/') && !tag.ends_with('/') {
+            // Up to the matching end tag (or the end of the page).
+            let end = rest.to_ascii_lowercase().find(&format!("</{name}")).unwrap_or(rest.len());
+            rest = &rest[end..];
+            rest = rest.find('>').map_or("", |gt| &rest[gt + 1..]);
+        } else if BLOCK.contains(&name.as_str()) {
+            text.push('\n');
+        }
+    }
+    text.push_str(rest.split('<').next().unwrap_or(""));
+    let text = text.replace("&nbsp;", " ").replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"");
+    let text = text.replace("&#39;", "'").replace("&amp;", "&");
+    let lines: Vec<String> = text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    let mut out = String::with_capacity(text.len());
+    for line in lines.iter().filter(|l| !l.is_empty()) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    Some(out.trim_end().to_string())
 }
 
 #[cfg(test)]
@@ -428,6 +465,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "web-search")]
     fn html_becomes_markdown_without_scripts() {
         let html = r#"<html><head><title>T</title><style>body{color:red}</style></head><body>
             <nav><a href="/home">Home</a></nav>
@@ -442,5 +480,18 @@ mod tests {
         assert_eq!(to_text("application/json", br#"{"a": "<b>"}"#), r#"{"a": "<b>"}"#);
         assert_eq!(to_text("text/plain", b"plain"), "plain");
         assert!(to_text("image/png", b"\x89PNG").starts_with("(binary content: image/png, 4 bytes"));
+    }
+
+    #[test]
+    #[cfg(not(feature = "web-search"))]
+    fn html_becomes_text_without_scripts_in_the_slim_build() {
+        let html = r#"<html><head><title>T</title><style>body{color:red}</style></head><body>
+            <nav><a href="/home">Home</a></nav>
+            <h1>Heading</h1><p>Some <a href="https://example.com/x">link</a> &amp; text.</p>
+            <SCRIPT>alert("evil")</SCRIPT><noscript>enable js</noscript><p>after</p></body></html>"#;
+        let text = to_text("text/html; charset=utf-8", html.as_bytes());
+        assert_eq!(text, "Heading\nSome link & text.\nafter");
+        // A page cut off inside a script loses the script, not the text before it.
+        assert_eq!(to_text("text/html", b"<p>kept</p><script>never"), "kept");
     }
 }

@@ -24,7 +24,9 @@ mod email;
 mod feishu;
 mod firsthour;
 mod firstrun;
+#[cfg(feature = "fleet")]
 mod fleet;
+#[cfg(feature = "homeassistant")]
 mod homeassistant;
 #[cfg(all(feature = "matrix", feature = "email", feature = "webhook"))]
 mod idle_cost;
@@ -32,9 +34,13 @@ mod lean;
 mod local_models;
 #[cfg(feature = "matrix")]
 mod matrix;
+#[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "mcp")]
 mod mcp_conformance;
+#[cfg(feature = "mcp")]
 mod mcp_oauth;
+#[cfg(feature = "mcp")]
 mod mcp_stream;
 mod memory;
 mod mqtt;
@@ -46,12 +52,15 @@ mod pairing;
 mod provider;
 mod redirects;
 mod rights;
+#[cfg(feature = "web-search")]
 mod search;
 mod security;
 #[cfg(feature = "signal")]
 mod signal;
+mod slim;
 mod smoke;
 mod telegram;
+#[cfg(feature = "telegram-media")]
 mod telegram_media;
 mod tools;
 #[cfg(feature = "webhook")]

@@ -8,6 +8,9 @@
 //! path: those are the secrets checked here. Each client must not go to the
 //! trap at all, and must say where the redirect pointed and what to do.
 
+// Some clients are left out of builds without their feature (the slim build).
+#![cfg_attr(not(all(feature = "web-search", feature = "mcp")), allow(unused_imports, dead_code))]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -145,6 +148,7 @@ async fn telegram_token_in_the_path_does_not_follow_a_redirect() {
 }
 
 #[tokio::test]
+#[cfg(feature = "homeassistant")]
 async fn home_assistant_token_does_not_follow_a_redirect() {
     let (mover, trap, seen) = moved().await;
     let rest = bramble::clients::ha_rest::HaRest::new(&mover.url(), Secret::new("ha-redirect-token-9"));
@@ -153,6 +157,7 @@ async fn home_assistant_token_does_not_follow_a_redirect() {
 }
 
 /// The web config for keyed search engines behind `mover` (loopback allowed: the servers live there).
+#[cfg(feature = "web-search")]
 fn search_config(engine: SearchEngine, mover: &TestServer) -> WebConfig {
     WebConfig {
         allow_private: vec!["127.0.0.0/8".parse().unwrap()],
@@ -166,6 +171,7 @@ fn search_config(engine: SearchEngine, mover: &TestServer) -> WebConfig {
     }
 }
 
+#[cfg(feature = "web-search")]
 async fn search(cfg: &WebConfig) -> String {
     let http = Arc::new(bramble::tools::web::GuardedHttp::new(cfg));
     let tool = bramble::tools::search::WebSearch::new(cfg, http).unwrap();
@@ -176,6 +182,7 @@ async fn search(cfg: &WebConfig) -> String {
 }
 
 #[tokio::test]
+#[cfg(feature = "web-search")]
 async fn search_keys_do_not_follow_a_redirect() {
     let keys = [
         ("BRAMBLE_TEST_BRAVE_KEY_7d2e", "brave-redirect-key-1"),
@@ -193,6 +200,7 @@ async fn search_keys_do_not_follow_a_redirect() {
 }
 
 /// An MCP server behind the mover, with a secret custom header from the environment.
+#[cfg(feature = "mcp")]
 async fn mcp_status(mover: &TestServer, transport: &str) -> String {
     let toml = format!(
         "[[mcp.server]]\nname = \"moved\"\nurl = \"{}/mcp\"\ntransport = \"{transport}\"\ntimeout = \"5s\"\n\
@@ -209,6 +217,7 @@ async fn mcp_status(mover: &TestServer, transport: &str) -> String {
 }
 
 #[tokio::test]
+#[cfg(feature = "mcp")]
 async fn mcp_headers_do_not_follow_a_redirect() {
     let key = "mcp-redirect-key-3";
     let test = concat!(module_path!(), "::mcp_headers_do_not_follow_a_redirect");
@@ -228,6 +237,7 @@ async fn mcp_headers_do_not_follow_a_redirect() {
 // ---------------------------------------------------------------------------
 
 /// Answers every request 401 with its head quoted back, as a debugging proxy does.
+#[cfg(all(feature = "web-search", feature = "mcp"))]
 async fn echo_server() -> TestServer {
     TestServer::start(|req: Request| {
         let head: Vec<String> = req.headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
@@ -237,6 +247,7 @@ async fn echo_server() -> TestServer {
 }
 
 #[tokio::test]
+#[cfg(all(feature = "web-search", feature = "mcp"))]
 async fn servers_quoting_the_request_back_do_not_reveal_the_secret() {
     let keys = [
         ("BRAMBLE_TEST_BRAVE_KEY_7d2e", "brave-echo-key-1"),

@@ -14,12 +14,19 @@
 //! Writing goes through [`Workspace::strict`]: the inbox may have been
 //! tampered with by a command (a symlinked `inbox/` pointing at `/etc`), and a
 //! write never follows a link.
+// Without the `telegram-media` feature (the slim build) files are refused with
+// a reply; the downloading code is left for the linker to drop.
+#![cfg_attr(not(feature = "telegram-media"), allow(dead_code, unused_imports))]
 
 use crate::bus::{Attachment, AttachmentKind};
 use crate::channels::inbox::{safe_name, save_new};
 use crate::workspace::Workspace;
 
 use crate::clients::telegram::{Api, ApiError, FileRef, Message, MAX_DOWNLOAD};
+
+/// The reply to a file, and the note for an attachment, in a build without `telegram-media`.
+pub const NO_MEDIA: &str = "this bramble is the slim build: it takes and sends text only, not photos, voice notes \
+                            or files (cargo feature `telegram-media`); send the text instead";
 
 /// Downloads of one update tried this often before the user is told.
 pub const MAX_TRIES: u32 = 3;
@@ -68,9 +75,16 @@ impl Inbox {
     }
 
     /// Download the message's file into the inbox.
+    #[cfg(feature = "telegram-media")]
     pub async fn fetch(&self, api: &Api, m: &Message) -> Option<Fetched> {
         let wanted = self.wanted(m)?;
         Some(self.fetch_one(api, wanted).await)
+    }
+
+    /// The slim build takes no files: the sender is told so, and the update is done.
+    #[cfg(not(feature = "telegram-media"))]
+    pub async fn fetch(&self, _: &Api, _: &Message) -> Option<Fetched> {
+        Some(Fetched::Refused(NO_MEDIA.to_string()))
     }
 
     async fn fetch_one(&self, api: &Api, w: Wanted<'_>) -> Fetched {

@@ -638,6 +638,7 @@ pub async fn check_token(cfg: &TelegramConfig) -> Result<Option<User>, TelegramE
 pub struct TelegramChannel {
     api: Arc<Api>,
     /// Attachments are read from here (no links followed: the workspace may have been tampered with).
+    #[cfg_attr(not(feature = "telegram-media"), allow(dead_code))]
     workspace: crate::workspace::Workspace,
     buttons: crate::config::ReportButtons,
     progress: Option<progress::Progress>,
@@ -677,7 +678,15 @@ impl TelegramChannel {
         Ok(())
     }
 
+    /// The slim build sends no files: the chat is told which was left out.
+    #[cfg(not(feature = "telegram-media"))]
+    async fn send_file(&self, chat: &str, path: &str) -> Result<(), DeliveryError> {
+        let note = format!("(The file {path} was not sent: {})", media::NO_MEDIA);
+        self.api.send_message(chat, &note, false).await.map_err(delivery_error)
+    }
+
     /// One attachment: an image as a photo (Telegram shows it inline), anything else as a document.
+    #[cfg(feature = "telegram-media")]
     async fn send_file(&self, chat: &str, path: &str) -> Result<(), DeliveryError> {
         let (ws, p) = (self.workspace.clone(), path.to_string());
         let read = crate::util::tasks::blocking(move || ws.read_all(&p, api::MAX_UPLOAD)).await;
@@ -707,6 +716,7 @@ impl TelegramChannel {
 }
 
 /// The content type of a file by its extension (Telegram looks at the bytes itself).
+#[cfg_attr(not(feature = "telegram-media"), allow(dead_code))]
 fn mime_of(name: &str) -> &'static str {
     let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
     match ext.as_str() {
@@ -738,7 +748,7 @@ impl Channel for TelegramChannel {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { files: true, buttons: true, edits: true, typing: true }
+        Capabilities { files: cfg!(feature = "telegram-media"), buttons: true, edits: true, typing: true }
     }
 
     fn deliver<'a>(&'a self, report: Report<'a>) -> BoxFuture<'a, Result<(), DeliveryError>> {
