@@ -167,36 +167,7 @@ pub(super) async fn doctor(explicit: Option<&Path>, json: bool) -> ExitCode {
         Err(e) => r.line(Level::Error, "mqtt", e),
     }
     fleet(&loaded, &mut r).await;
-    #[cfg(feature = "email")]
-    match crate::channels::email::check::probe(&loaded.config.email, LIMIT).await {
-        Ok(None) => r.line(Level::Skip, "email", "not configured"),
-        Ok(Some(found)) => r.line(Level::Ok, "email", found),
-        Err(e) => r.line(Level::Error, "email", e),
-    }
-    #[cfg(feature = "matrix")]
-    matrix(&loaded, &mut r).await;
-    #[cfg(feature = "signal")]
-    match crate::channels::signal::status::probe(&loaded.config.signal, LIMIT).await {
-        Ok(None) => r.line(Level::Skip, "signal", "not configured"),
-        Ok(Some((found, warnings))) => {
-            r.line(Level::Ok, "signal", found);
-            warnings.into_iter().for_each(|w| r.line(Level::Warning, "signal", w));
-        }
-        Err(e) => r.line(Level::Error, "signal", e),
-    }
-    #[cfg(feature = "feishu")]
-    match crate::channels::feishu::status::probe(&loaded.config.feishu, LIMIT).await {
-        Ok(None) => r.line(Level::Skip, "feishu", "not configured"),
-        Ok(Some((found, warnings))) => {
-            r.line(Level::Ok, "feishu", found);
-            warnings.into_iter().for_each(|w| r.line(Level::Warning, "feishu", w));
-        }
-        Err(e) => r.line(Level::Error, "feishu", e),
-    }
-    #[cfg(feature = "discord")]
-    discord(&loaded, &mut r).await;
-    #[cfg(feature = "ntfy")]
-    ntfy(&loaded, &mut r).await;
+    chat_apps(&loaded, &mut r).await;
     #[cfg(feature = "homeassistant")]
     match crate::channels::homeassistant::probe(&loaded.config.homeassistant).await {
         Ok(None) => r.line(Level::Skip, "homeassistant", "not configured"),
@@ -487,4 +458,39 @@ fn storage(loaded: &Loaded, r: &mut Report) {
         }
         Err(e) => r.line(Level::Warning, "disk", format!("cannot read the free space of {}: {e}", existing.display())),
     }
+}
+
+/// The chat apps beside Telegram: email, Matrix, Signal, Feishu / Lark, Discord, ntfy.
+#[allow(unused_variables)] // a build without the chat features checks none of them
+async fn chat_apps(loaded: &Loaded, r: &mut Report) {
+    #[cfg(feature = "email")]
+    match crate::channels::email::check::probe(&loaded.config.email, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "email", "not configured"),
+        Ok(Some(found)) => r.line(Level::Ok, "email", found),
+        Err(e) => r.line(Level::Error, "email", e),
+    }
+    #[cfg(feature = "matrix")]
+    matrix(loaded, r).await;
+    #[cfg(feature = "signal")]
+    match crate::channels::signal::status::probe(&loaded.config.signal, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "signal", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "signal", found);
+            warnings.into_iter().for_each(|w| r.line(Level::Warning, "signal", w));
+        }
+        Err(e) => r.line(Level::Error, "signal", e),
+    }
+    #[cfg(feature = "feishu")]
+    match crate::channels::feishu::status::probe(&loaded.config.feishu, LIMIT).await {
+        Ok(None) => r.line(Level::Skip, "feishu", "not configured"),
+        Ok(Some((found, warnings))) => {
+            r.line(Level::Ok, "feishu", found);
+            warnings.into_iter().for_each(|w| r.line(Level::Warning, "feishu", w));
+        }
+        Err(e) => r.line(Level::Error, "feishu", e),
+    }
+    #[cfg(feature = "discord")]
+    discord(loaded, r).await;
+    #[cfg(feature = "ntfy")]
+    ntfy(loaded, r).await;
 }

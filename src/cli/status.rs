@@ -22,8 +22,10 @@ use crate::config::Loaded;
 use crate::daemon::assemble;
 use crate::daemon::control::Facts;
 
-use super::check::telegram_summary;
 use super::when;
+
+mod chats;
+use chats::{channel_lines, ChannelPart};
 
 /// A one-line field that may have come from outside, its control characters escaped.
 fn esc(text: &str) -> std::borrow::Cow<'_, str> {
@@ -489,127 +491,6 @@ fn exec_lines(loaded: &Loaded) -> ExecPart {
     #[cfg(not(feature = "web-search"))]
     let web_search = None;
     ExecPart { exec, web_search }
-}
-
-/// Telegram, MQTT, the tool policy and Home Assistant, each in words.
-#[derive(Serialize)]
-struct ChannelPart {
-    telegram: String,
-    mqtt: String,
-    /// `[matrix]`, in words (`not configured` without the feature).
-    matrix: String,
-    /// Which sources of turns get which tools, in words.
-    policy: String,
-    homeassistant: String,
-    /// `[webhooks]` / `[[webhook]]`: where it listens, the endpoints, the targets.
-    webhooks: String,
-    /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
-    #[serde(skip)]
-    email: Option<String>,
-    /// `[signal]` in words (text only for now, like `email`).
-    #[serde(skip)]
-    signal: Option<String>,
-    /// `[feishu]` in words (text only for now, like email; `None` without the feature).
-    #[serde(skip)]
-    feishu: Option<String>,
-    /// `[discord]` in words (text only, like email; `None` without the feature).
-    #[serde(skip)]
-    discord: Option<String>,
-    /// `[ntfy]` in words (text only, like email's).
-    #[serde(skip)]
-    ntfy: Option<String>,
-    /// `[fleet]` in words (text only for now).
-    #[serde(skip)]
-    fleet: String,
-    /// Where the secrets' state was read: `daemon` or `shell`.
-    secrets_from: &'static str,
-    #[serde(skip)]
-    ha_configured: bool,
-}
-
-impl Section for ChannelPart {
-    fn lines(&self) -> Vec<String> {
-        let from = source(self.secrets_from);
-        let ha_from = if self.ha_configured { format!(" {from}") } else { String::new() };
-        let mut lines = vec![
-            format!("telegram:   {} {from}", esc(&self.telegram)),
-            format!("mqtt:       {}", esc(&self.mqtt)),
-            format!("matrix:     {}", esc(&self.matrix)),
-            format!("policy:     {}", self.policy),
-            format!("ha:         {}{ha_from}", esc(&self.homeassistant)),
-            format!("webhooks:   {}", esc(&self.webhooks)),
-        ];
-        lines.extend(self.email.as_ref().map(|e| format!("email:      {}", esc(e))));
-        lines.extend(self.signal.as_ref().map(|s| format!("signal:     {}", esc(s))));
-        lines.extend(self.feishu.as_ref().map(|e| format!("feishu:     {}", esc(e))));
-        lines.extend(self.discord.as_ref().map(|d| format!("discord:    {}", esc(d))));
-        lines.extend(self.ntfy.as_ref().map(|n| format!("ntfy:       {}", esc(n))));
-        lines.push(format!("fleet:      {}", esc(&self.fleet)));
-        lines
-    }
-}
-
-fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPart {
-    let c = &loaded.config;
-    let token = facts.map_or(c.telegram.token().is_some(), |f| f.telegram_token);
-    #[cfg(feature = "homeassistant")]
-    let mut ha = crate::channels::homeassistant::status_line(c, &loaded.paths.state_dir);
-    #[cfg(not(feature = "homeassistant"))]
-    let mut ha = String::from("not in this build (cargo feature `homeassistant`)");
-    if facts.and_then(|f| f.homeassistant_token) == Some(true) {
-        ha = ha.replace(&format!("token MISSING: set {}", c.homeassistant.token_env()), "token set");
-    }
-    ChannelPart {
-        telegram: telegram_summary(&c.telegram, token, &loaded.paths.state_dir),
-        mqtt: crate::channels::mqtt::status_line(&c.mqtt),
-        #[cfg(feature = "matrix")]
-        matrix: crate::channels::matrix::status::status_line(&c.matrix, &loaded.paths.state_dir),
-        #[cfg(not(feature = "matrix"))]
-        matrix: "not in this build (cargo feature `matrix`)".into(),
-        policy: policy_summary(&c.policy),
-        #[cfg(feature = "fleet")]
-        fleet: crate::fleet::status_line(c),
-        #[cfg(not(feature = "fleet"))]
-        fleet: "not in this build (cargo feature `fleet`)".into(),
-        homeassistant: ha,
-        webhooks: webhook_status(c),
-        #[cfg(feature = "feishu")]
-        feishu: Some(crate::channels::feishu::status::status_line(&c.feishu, &loaded.paths.state_dir)),
-        #[cfg(not(feature = "feishu"))]
-        feishu: None,
-        #[cfg(feature = "email")]
-        email: Some(crate::channels::email::check::status_line(&c.email, &loaded.paths.state_dir)),
-        #[cfg(not(feature = "email"))]
-        email: None,
-        #[cfg(feature = "signal")]
-        signal: Some(crate::channels::signal::status::status_line(&c.signal, &loaded.paths.state_dir)),
-        #[cfg(not(feature = "signal"))]
-        signal: None,
-        #[cfg(feature = "discord")]
-        discord: Some(crate::channels::discord::status::status_line(&c.discord, &loaded.paths.state_dir)),
-        #[cfg(not(feature = "discord"))]
-        discord: None,
-        #[cfg(feature = "ntfy")]
-        ntfy: Some(crate::channels::ntfy::status::status_line(
-            &c.ntfy,
-            c.alerts.deliver.is_empty(),
-            &loaded.paths.state_dir,
-        )),
-        #[cfg(not(feature = "ntfy"))]
-        ntfy: None,
-        secrets_from: if facts.is_some() { "daemon" } else { "shell" },
-        ha_configured: c.homeassistant.url.is_some(),
-    }
-}
-
-fn webhook_status(c: &crate::config::Config) -> String {
-    #[cfg(feature = "webhook")]
-    return crate::channels::webhook::status::status_line(c);
-    #[cfg(not(feature = "webhook"))]
-    match c.webhook.is_empty() {
-        true => "not configured".into(),
-        false => "OFF: this build has no webhooks (cargo feature `webhook`)".into(),
-    }
 }
 
 /// Sessions, today's tokens and the skills (null each: private to the service).

@@ -320,20 +320,8 @@ pub struct Daemon {
     /// The scheduler, handing due jobs to the job runner (and its observers).
     pub scheduler: SchedulerLoop<ObservedRunner>,
     pub telegram: Option<TelegramPoller>,
-    /// The email reader and digest sender (`None`: `[email]` not configured).
-    #[cfg(feature = "email")]
-    pub email: Option<crate::channels::email::EmailPoller>,
-    /// `[matrix]`'s sync loop (`None`: not configured).
-    #[cfg(feature = "matrix")]
-    pub matrix: Option<crate::channels::matrix::MatrixPoller>,
-    /// `[signal]`'s event stream reader (`None`: not configured).
-    #[cfg(feature = "signal")]
-    pub signal: Option<crate::channels::signal::SignalPoller>,
-    /// `[feishu]`'s long connection (`None`: not configured).
-    #[cfg(feature = "feishu")]
-    pub feishu: Option<crate::channels::feishu::FeishuPoller>,
-    /// `[discord]`'s gateway loop (`None`: not configured, or not in this build).
-    pub discord: Option<DiscordGateway>,
+    /// The other chat apps' readers (email, Matrix, Signal, Feishu / Lark, Discord).
+    pub chats: super::chats::Chats,
     pub pump: OutboundPump,
     pub outbox: OutboxSender,
     pub bus: ServeBus,
@@ -372,16 +360,9 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
     let telegram =
         crate::channels::telegram::Telegram::from_config(&c.telegram, state, &loaded.paths.workspace, Some(reminders))?;
-    #[cfg(feature = "matrix")]
-    let matrix = matrix_channel(loaded, reminders_for(c, &jobs));
+    // The chat apps' channels that show a turn's progress exist before the agent.
+    let (early, progress) = super::chats::Early::build(loaded, &jobs, telegram.as_ref());
     let ha = ha_rest(c);
-    // Chat turns' status messages: Telegram's, and Matrix's notice (each sink takes only its own rooms).
-    #[allow(unused_mut)] // without the `matrix` feature only Telegram's
-    let mut progress: Vec<Arc<dyn crate::agent::ProgressSink>> = telegram.iter().filter_map(|t| t.progress()).collect();
-    #[cfg(feature = "matrix")]
-    progress.extend(matrix.as_ref().map(|m| m.progress()));
-    // Discord's sink takes its own channels' steps and hands the rest on.
-    let (discord, progress) = discord_parts(loaded, &jobs, Progresses::of(progress));
     let links = AgentLinks {
         ha: ha.clone(),
         outbound: bus.outbound_tx.clone(),
@@ -394,23 +375,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let agent = Arc::new(agent(loaded, links, &sandbox));
     #[allow(unused_mut)] // without the `webhook` and `email` features nothing is added
     let mut channels = channels(telegram.as_ref(), mqtt.as_ref(), ha.as_ref());
-    // The email channel: delivery for `email:` targets, and its loops.
-    #[cfg(feature = "email")]
-    let email = email(loaded).map(|e| {
-        channels.add(e.channel());
-        e.poller(bus.inbound_tx.clone())
-    });
-    #[cfg(feature = "matrix")]
-    let matrix = matrix.map(|matrix| {
-        channels.add(matrix.channel());
-        crate::channels::matrix::MatrixPoller { matrix, inbound: bus.inbound_tx.clone(), activity: agent.activity() }
-    });
-    #[cfg(feature = "signal")]
-    let signal = signal_reader(loaded, reminders_for(c, &jobs), &mut channels, &bus.inbound_tx, &agent);
-    // Feishu / Lark: delivery for `feishu:` targets, and its long connection.
-    #[cfg(feature = "feishu")]
-    let feishu = feishu(loaded, &jobs, &mut channels, &bus.inbound_tx);
-    let discord = discord_poller(discord, &mut channels, &bus.inbound_tx, &agent);
+    let chats = early.readers(loaded, &jobs, &mut channels, &bus.inbound_tx, &agent);
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let telegram = telegram.map(|telegram| TelegramPoller {
@@ -459,15 +424,7 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         sandbox,
         scheduler,
         telegram,
-        #[cfg(feature = "email")]
-        email,
-        #[cfg(feature = "matrix")]
-        matrix,
-        #[cfg(feature = "signal")]
-        signal,
-        #[cfg(feature = "feishu")]
-        feishu,
-        discord,
+        chats,
         mqtt,
         fleet,
         #[cfg(feature = "homeassistant")]
@@ -640,167 +597,6 @@ fn webhooks(
         routes,
     };
     crate::channels::webhook::WebhookServer::new(&c.webhooks, &c.webhook, wiring)
-}
-
-/// The email channel for this config (`None`: not configured, or its SMTP server unusable, logged).
-#[cfg(feature = "email")]
-fn email(loaded: &Loaded) -> Option<crate::channels::email::Email> {
-    let c = &loaded.config;
-    let tz = c.timezone().tz().clone();
-    match crate::channels::email::Email::from_config(&c.email, &loaded.paths.state_dir, &loaded.paths.workspace, tz) {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::error!("{e}; the email channel is off");
-            None
-        }
-    }
-}
-
-/// Done / Snooze over the job store, for a channel's report answers.
-#[cfg(any(feature = "matrix", feature = "signal", feature = "discord"))]
-fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate::work::reminders::Reminders {
-    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
-    crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
-}
-
-/// The Feishu / Lark channel for `[feishu]`, its delivery added to
-/// `channels` (`None`: not configured, or unusable: logged).
-#[cfg(feature = "feishu")]
-fn feishu(
-    loaded: &Loaded,
-    jobs: &JobStore,
-    channels: &mut Channels,
-    inbound: &mpsc::Sender<InboundMessage>,
-) -> Option<crate::channels::feishu::FeishuPoller> {
-    let c = &loaded.config;
-    let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
-    let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
-    match crate::channels::feishu::Feishu::from_config(&c.feishu, &loaded.paths.state_dir, Some(reminders)) {
-        Ok(f) => f.map(|feishu| {
-            channels.add(feishu.channel());
-            crate::channels::feishu::FeishuPoller { feishu, inbound: inbound.clone() }
-        }),
-        Err(e) => {
-            tracing::error!("Feishu / Lark is off: {e}");
-            None
-        }
-    }
-}
-
-/// The Matrix channel for `[matrix]` (`None`: not configured, or unusable: logged).
-#[cfg(feature = "matrix")]
-fn matrix_channel(
-    loaded: &Loaded,
-    reminders: crate::work::reminders::Reminders,
-) -> Option<crate::channels::matrix::Matrix> {
-    let (c, state) = (&loaded.config.matrix, &loaded.paths.state_dir);
-    match crate::channels::matrix::Matrix::from_config(c, state, &loaded.paths.workspace, Some(reminders)) {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::error!("Matrix is off: {e}");
-            None
-        }
-    }
-}
-
-/// The Signal channel for `[signal]`, added to `channels`, and its reader
-/// (`None`: not configured, or unusable: logged).
-#[cfg(feature = "signal")]
-fn signal_reader(
-    loaded: &Loaded,
-    reminders: crate::work::reminders::Reminders,
-    channels: &mut Channels,
-    inbound: &mpsc::Sender<InboundMessage>,
-    agent: &Arc<Agent>,
-) -> Option<crate::channels::signal::SignalPoller> {
-    let (c, state) = (&loaded.config.signal, &loaded.paths.state_dir);
-    let signal = match crate::channels::signal::Signal::from_config(c, state, &loaded.paths.workspace, Some(reminders))
-    {
-        Ok(s) => s?,
-        Err(e) => {
-            tracing::error!("Signal is off: {e}");
-            return None;
-        }
-    };
-    channels.add(signal.channel());
-    Some(crate::channels::signal::SignalPoller { signal, inbound: inbound.clone(), activity: agent.activity() })
-}
-
-/// Every channel's progress sink: each step goes to all, each takes its own channel's conversations.
-struct Progresses(Vec<Arc<dyn crate::agent::ProgressSink>>);
-
-impl Progresses {
-    fn of(mut sinks: Vec<Arc<dyn crate::agent::ProgressSink>>) -> Option<Arc<dyn crate::agent::ProgressSink>> {
-        match sinks.len() {
-            0 => None,
-            1 => sinks.pop(),
-            _ => Some(Arc::new(Progresses(sinks))),
-        }
-    }
-}
-
-impl crate::agent::ProgressSink for Progresses {
-    fn step(&self, conversation: &crate::bus::Conversation, what: &str) {
-        self.0.iter().for_each(|p| p.step(conversation, what));
-    }
-}
-
-/// The Discord channel, before the agent is built (`()` without the feature).
-#[cfg(feature = "discord")]
-type DiscordPart = Option<crate::channels::discord::Discord>;
-#[cfg(not(feature = "discord"))]
-type DiscordPart = ();
-#[cfg(feature = "discord")]
-pub type DiscordGateway = crate::channels::discord::DiscordPoller;
-#[cfg(not(feature = "discord"))]
-pub type DiscordGateway = std::convert::Infallible;
-type Progress = Option<Arc<dyn crate::agent::ProgressSink>>;
-
-/// The Discord channel for `[discord]` (`None`: not configured, or unusable:
-/// logged), and the chat turns' progress sink with Discord's in front of `progress`.
-#[cfg(feature = "discord")]
-fn discord_parts(loaded: &Loaded, jobs: &JobStore, progress: Progress) -> (DiscordPart, Progress) {
-    let (c, state) = (&loaded.config.discord, &loaded.paths.state_dir);
-    let reminders = Some(reminders_for(&loaded.config, jobs));
-    match crate::channels::discord::Discord::from_config(c, state, &loaded.paths.workspace, reminders) {
-        Ok(Some(d)) => {
-            let progress = Some(d.progress(progress));
-            (Some(d), progress)
-        }
-        Ok(None) => (None, progress),
-        Err(e) => {
-            tracing::error!("Discord is off: {e}");
-            (None, progress)
-        }
-    }
-}
-
-#[cfg(not(feature = "discord"))]
-fn discord_parts(_: &Loaded, _: &JobStore, progress: Progress) -> (DiscordPart, Progress) {
-    ((), progress)
-}
-
-/// Discord's delivery side into `channels`, and its gateway loop.
-#[cfg(feature = "discord")]
-fn discord_poller(
-    discord: DiscordPart,
-    channels: &mut Channels,
-    inbound: &mpsc::Sender<InboundMessage>,
-    agent: &Arc<Agent>,
-) -> Option<DiscordGateway> {
-    let discord = discord?;
-    channels.add(discord.channel());
-    Some(crate::channels::discord::DiscordPoller { discord, inbound: inbound.clone(), activity: agent.activity() })
-}
-
-#[cfg(not(feature = "discord"))]
-fn discord_poller(
-    _: DiscordPart,
-    _: &mut Channels,
-    _: &mpsc::Sender<InboundMessage>,
-    _: &Arc<Agent>,
-) -> Option<DiscordGateway> {
-    None
 }
 
 /// The delivery channels: `log`, and Telegram, MQTT and Home Assistant when configured.

@@ -57,6 +57,7 @@
 //! | start-up pages | restart | releasing the pages again is harmless |
 
 pub mod assemble;
+mod chats;
 pub mod control;
 pub mod systemd;
 pub mod watch;
@@ -221,26 +222,7 @@ fn start(loaded: &crate::config::Loaded, control: Option<control::Handler>) -> a
     if let Some(poller) = d.telegram {
         tasks.spawn(Service::ends("telegram poller", |sd| poller.run(sd)));
     }
-    #[cfg(feature = "email")]
-    if let Some(email) = d.email {
-        tasks.spawn(Service::new("email", |sd| email.run(sd)));
-    }
-    #[cfg(feature = "matrix")]
-    if let Some(poller) = d.matrix {
-        tasks.spawn(Service::ends("matrix poller", |sd| poller.run(sd)));
-    }
-    #[cfg(feature = "signal")]
-    if let Some(reader) = d.signal {
-        tasks.spawn(Service::new("signal reader", |sd| reader.run(sd)));
-    }
-    #[cfg(feature = "feishu")]
-    if let Some(conn) = d.feishu {
-        tasks.spawn(Service::new("feishu connection", |sd| conn.run(sd)));
-    }
-    #[cfg(feature = "discord")]
-    if let Some(gateway) = d.discord {
-        tasks.spawn(Service::ends("discord gateway", |sd| gateway.run(sd)));
-    }
+    d.chats.spawn(&mut tasks);
     tasks.spawn(Service::new("outbound pump", |sd| d.pump.run(sd)));
     tasks.spawn(Service::restarting("outbox sender", move |sd| d.outbox.clone().run(sd)));
     tasks.spawn(Service::new("bus server", |sd| d.bus.run(sd)));

@@ -17,6 +17,8 @@
 
 pub mod addr;
 pub mod fs;
+/// Channel identifiers' shapes (re-exported by `bus`).
+pub mod ids;
 pub mod mqtt;
 pub mod multipart;
 pub mod pulse;

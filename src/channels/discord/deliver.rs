@@ -69,7 +69,7 @@ impl DiscordChannel {
             }
         };
         let name = crate::channels::inbox::safe_name(path.rsplit('/').next().unwrap_or(path));
-        let file = FilePart { name: &name, mime: mime_of(&name), data: &data };
+        let file = FilePart { name: &name, mime: crate::channels::inbox::mime_of(&name), data: &data };
         let body = json!({"allowed_mentions": {"parse": []}});
         self.shared.rest.create_message_with_file(channel, &body, file).await.map(drop).map_err(delivery_error)
     }
@@ -145,24 +145,6 @@ pub fn cap(text: &str, max: usize) -> String {
     }
     let cut: String = text.chars().take(max).collect();
     format!("{cut}\n[… the message was cut to {max} characters]")
-}
-
-/// The content type of a file by its extension.
-fn mime_of(name: &str) -> &'static str {
-    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
-    match ext.as_str() {
-        "jpg" | "jpeg" => "image/jpeg",
-        "png" => "image/png",
-        "webp" => "image/webp",
-        "gif" => "image/gif",
-        "pdf" => "application/pdf",
-        "txt" | "md" | "log" | "csv" => "text/plain",
-        "json" => "application/json",
-        "ogg" | "oga" => "audio/ogg",
-        "mp3" => "audio/mpeg",
-        "mp4" => "video/mp4",
-        _ => "application/octet-stream",
-    }
 }
 
 #[cfg(test)]

@@ -534,7 +534,7 @@ fn read_files(ws: &Workspace, attach: &[String], max: u64) -> (Vec<smtp::File>, 
             Ok(bytes) if total + bytes.len() as u64 <= max => {
                 total += bytes.len() as u64;
                 let name = path.rsplit('/').next().unwrap_or(path).to_string();
-                files.push(smtp::File { mime: mime_of(&name).into(), name, bytes });
+                files.push(smtp::File { mime: crate::channels::inbox::mime_of(&name).into(), name, bytes });
             }
             Ok(_) => named.push(path.clone()),
             Err(e) => {
@@ -544,22 +544,6 @@ fn read_files(ws: &Workspace, attach: &[String], max: u64) -> (Vec<smtp::File>, 
         }
     }
     (files, named)
-}
-
-fn mime_of(name: &str) -> &'static str {
-    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
-    match ext.as_str() {
-        "txt" | "log" | "md" => "text/plain",
-        "csv" => "text/csv",
-        "json" => "application/json",
-        "pdf" => "application/pdf",
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "webp" => "image/webp",
-        "zip" => "application/zip",
-        _ => "application/octet-stream",
-    }
 }
 
 /// A subject from the text's first line (at most 70 characters).

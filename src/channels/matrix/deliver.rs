@@ -108,7 +108,7 @@ impl MatrixChannel {
             }
         };
         let name = crate::channels::inbox::safe_name(path.rsplit('/').next().unwrap_or(path));
-        let mime = mime_of(&name);
+        let mime = crate::channels::inbox::mime_of(&name);
         let size = data.len();
         let uri = self.shared.client.upload(&name, mime, data).await.map_err(delivery_error)?;
         let msgtype = if mime.starts_with("image/") { "m.image" } else { "m.file" };
@@ -185,24 +185,6 @@ pub fn to_html(markdown: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-/// The content type of a file by its extension.
-fn mime_of(name: &str) -> &'static str {
-    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
-    match ext.as_str() {
-        "jpg" | "jpeg" => "image/jpeg",
-        "png" => "image/png",
-        "webp" => "image/webp",
-        "gif" => "image/gif",
-        "pdf" => "application/pdf",
-        "txt" | "md" | "log" | "csv" => "text/plain",
-        "json" => "application/json",
-        "ogg" | "oga" => "audio/ogg",
-        "mp3" => "audio/mpeg",
-        "mp4" => "video/mp4",
-        _ => "application/octet-stream",
-    }
 }
 
 /// Save the file of message `e` (`m.image`, `m.file`, …) to `inbox/<date>/`

@@ -69,7 +69,7 @@ impl SignalChannel {
         let (ws, p, cap) = (self.workspace.clone(), path.to_string(), self.shared.max_file);
         let data = crate::util::tasks::blocking(move || ws.read_all(&p, cap)).await.map_err(|e| e.to_string())?;
         let name = crate::channels::inbox::safe_name(path.rsplit('/').next().unwrap_or(path));
-        let mime = mime_of(&name);
+        let mime = crate::channels::inbox::mime_of(&name);
         let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
         Ok(format!("data:{mime};filename={name};base64,{b64}"))
     }
@@ -103,24 +103,6 @@ fn delivery_error(e: SignalError) -> DeliveryError {
         DeliveryError::retryable(e.to_string())
     } else {
         DeliveryError::suspect(e.to_string())
-    }
-}
-
-/// The content type of a file by its extension.
-fn mime_of(name: &str) -> &'static str {
-    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
-    match ext.as_str() {
-        "jpg" | "jpeg" => "image/jpeg",
-        "png" => "image/png",
-        "webp" => "image/webp",
-        "gif" => "image/gif",
-        "pdf" => "application/pdf",
-        "txt" | "md" | "log" | "csv" => "text/plain",
-        "json" => "application/json",
-        "ogg" | "oga" => "audio/ogg",
-        "mp3" => "audio/mpeg",
-        "mp4" => "video/mp4",
-        _ => "application/octet-stream",
     }
 }
 
@@ -161,6 +143,6 @@ mod tests {
         let refused = SignalError::Rpc { method: "send".into(), code: -32602, message: "bad".into() };
         assert!(!delivery_error(refused).to_string().is_empty());
         assert!(SignalError::Transport("x".into()).is_retryable());
-        assert_eq!(mime_of("a.PNG"), "image/png");
+        assert_eq!(crate::channels::inbox::mime_of("a.PNG"), "image/png");
     }
 }

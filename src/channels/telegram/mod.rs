@@ -700,7 +700,7 @@ impl TelegramChannel {
             }
         };
         let name = crate::channels::inbox::safe_name(path.rsplit('/').next().unwrap_or(path));
-        let mime = mime_of(&name);
+        let mime = crate::channels::inbox::mime_of(&name);
         let photo =
             matches!(mime, "image/jpeg" | "image/png" | "image/webp") && data.len() as u64 <= api::MAX_PHOTO_UPLOAD;
         match self.api.send_file(chat, photo, &name, mime, &data, None).await {
@@ -712,25 +712,6 @@ impl TelegramChannel {
             }
             Err(e) => Err(delivery_error(e)),
         }
-    }
-}
-
-/// The content type of a file by its extension (Telegram looks at the bytes itself).
-#[cfg_attr(not(feature = "telegram-media"), allow(dead_code))]
-fn mime_of(name: &str) -> &'static str {
-    let ext = name.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase()).unwrap_or_default();
-    match ext.as_str() {
-        "jpg" | "jpeg" => "image/jpeg",
-        "png" => "image/png",
-        "webp" => "image/webp",
-        "gif" => "image/gif",
-        "pdf" => "application/pdf",
-        "txt" | "md" | "log" | "csv" => "text/plain",
-        "json" => "application/json",
-        "ogg" | "oga" => "audio/ogg",
-        "mp3" => "audio/mpeg",
-        "mp4" => "video/mp4",
-        _ => "application/octet-stream",
     }
 }
 
