@@ -211,11 +211,13 @@ mod tests {
         assert_eq!("any".parse::<BoardName>(), Err(BoardNameError::Any));
     }
 
+    #[cfg(feature = "fleet")]
     fn parse(text: &str) -> crate::config::Config {
         crate::config::Config::parse(text, "c.toml".as_ref()).unwrap()
     }
 
     #[test]
+    #[cfg(feature = "fleet")]
     fn off_without_a_name_and_checked_with_one() {
         let c = parse("");
         assert!(c.fleet.board().is_none());

@@ -125,7 +125,7 @@ impl NtfyConfig {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "ntfy"))]
 mod tests {
     use super::*;
 

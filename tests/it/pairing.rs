@@ -21,6 +21,7 @@ pub fn pair_cli(home: &TestHome, args: &[&str]) -> (bool, String) {
 }
 
 /// The code a successful `bramble pair` printed.
+#[cfg_attr(not(any(feature = "matrix", feature = "email")), allow(dead_code))]
 pub fn code_of(out: &str) -> String {
     out.lines().find_map(|l| l.trim().strip_prefix("/pair ")).unwrap_or_else(|| panic!("no code in {out}")).to_string()
 }
@@ -30,6 +31,7 @@ fn home(extra: &str) -> TestHome {
 }
 
 #[test]
+#[cfg(all(feature = "matrix", feature = "email"))]
 fn each_channel_gets_its_own_code_and_its_own_ids_are_checked() {
     let h = home(
         "[matrix]\nhomeserver = \"http://127.0.0.1:9\"\nuser_id = \"@bot:x\"\naccess_token_env = \"NO_SUCH_VAR\"\n\
