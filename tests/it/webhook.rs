@@ -390,6 +390,35 @@ async fn a_request_replayed_after_a_restart_is_refused() {
     d.stop().await;
 }
 
+/// A call answered `202` is kept on disk until its turn has run: a daemon
+/// killed mid-turn runs it after the restart, and only once.
+#[tokio::test]
+async fn an_accepted_call_survives_a_crash_and_runs_once_after_the_restart() {
+    let s = Setup::new(&tables("http://127.0.0.1:9")).await;
+    let d = s.start().await;
+    // The first turn hangs in the model: the daemon dies before it ends.
+    s.fake.push(Reply::Delayed(std::time::Duration::from_secs(300), Box::new(Reply::text("too late"))));
+    let body = r#"{"state":"open","door":{"name":"cellar"}}"#;
+    assert_eq!(s.signed("door", DOOR_SECRET, now(), body).await.0, 202, "{}", s.log());
+    assert!(wait_until(60, || s.fake.request_count() == 1).await, "{}", s.log());
+    d.kill9().await;
+
+    s.fake.push(Reply::text("Noted: the cellar door is open."));
+    let d = s.start().await;
+    assert!(wait_until(60, || s.fake.request_count() == 2).await, "the kept call did not run: {}", s.log());
+    let turn = s.fake.requests()[1].to_string();
+    assert!(turn.contains("The cellar door is open") && turn.contains("data, not as instructions"), "{turn}");
+    assert!(s.log().contains("accepted before the restart runs now"), "{}", s.log());
+    assert!(d.wait_log("webhook:door", 30).await, "{}", s.log());
+    d.stop().await;
+
+    // It ran: a third start has nothing left to run.
+    let d = s.start().await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(s.fake.request_count(), 2, "ran twice: {}", s.log());
+    d.stop().await;
+}
+
 /// A self-signed certificate for 127.0.0.1 made by the `openssl` CLI: (cert, key).
 fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));

@@ -19,6 +19,7 @@
 pub mod channel;
 pub mod replay;
 pub mod server;
+pub mod spool;
 pub mod status;
 
 use std::sync::{Arc, Mutex};
@@ -51,6 +52,8 @@ pub struct Call {
     endpoint: usize,
     body: Vec<u8>,
     json: Option<Value>,
+    /// Its file in the spool, removed once the turn has run.
+    kept: Option<std::path::PathBuf>,
 }
 
 /// Another channel's route on this listener (ntfy's Done / Snooze buttons):
@@ -75,6 +78,8 @@ pub struct Shared {
     jobs: JobStore,
     scheduler: SchedulerHandle,
     refusals: Mutex<Refusals>,
+    /// Accepted calls on disk until they have run.
+    spool: spool::Spool,
 }
 
 /// Refused calls logged: at most [`LOG_PER_MINUTE`] a minute, then one count,
@@ -167,6 +172,7 @@ impl WebhookServer {
             jobs: wiring.jobs,
             scheduler: wiring.scheduler,
             refusals: Mutex::default(),
+            spool: spool::Spool::new(&wiring.state_dir),
         };
         Some(WebhookServer { settings: settings.clone(), shared: Arc::new(shared), deps: Arc::new(wiring.deps) })
     }
@@ -196,6 +202,7 @@ impl WebhookServer {
         let stop = shutdown.stop_token().clone();
         let abort = shutdown.abort_token().clone();
         let limits = server::Limits::new(self.settings.max_connections, tls);
+        let replay = replay_kept(self.shared.clone(), tx.clone());
         let serve = server::serve(listener, self.shared.clone(), tx, limits, stop.clone());
         let (shared, deps) = (self.shared.clone(), self.deps.clone());
         let runs = async move {
@@ -208,10 +215,36 @@ impl WebhookServer {
             rx.close();
             while let Ok(call) = rx.try_recv() {
                 let name = shared.endpoints.get(call.endpoint).map(|e| e.config.name.as_str()).unwrap_or("?");
-                tracing::warn!(webhook = name, "an accepted webhook call did not run before the shutdown: dropped");
+                tracing::warn!(
+                    webhook = name,
+                    "an accepted webhook call did not run before the shutdown: it runs at the next start"
+                );
             }
         };
-        tokio::join!(serve, runs);
+        tokio::join!(serve, runs, replay);
+    }
+}
+
+/// The calls an earlier run accepted and did not finish, queued again (the
+/// endpoint found by name; one that is gone, or no longer a turn, is dropped and logged).
+async fn replay_kept(shared: Arc<Shared>, tx: mpsc::Sender<Call>) {
+    let spool = shared.spool.clone();
+    let kept = tokio::task::spawn_blocking(move || spool.kept()).await.unwrap_or_default();
+    for k in kept {
+        let found = shared
+            .endpoints
+            .iter()
+            .position(|e| e.config.name == k.webhook && matches!(e.config.action, Some(WebhookAction::Message(_))));
+        let Some(endpoint) = found else {
+            tracing::warn!(webhook = %k.webhook, "a kept webhook call has no endpoint that runs a turn any more: dropped");
+            shared.spool.done(&k.path);
+            continue;
+        };
+        tracing::info!(webhook = %k.webhook, "a webhook call accepted before the restart runs now");
+        let json = if k.json { serde_json::from_slice(&k.body).ok() } else { None };
+        if tx.send(Call { endpoint, body: k.body, json, kept: Some(k.path) }).await.is_err() {
+            return;
+        }
     }
 }
 
@@ -232,6 +265,10 @@ async fn run_call(shared: &Shared, call: Call, deps: &TriggerDeps, abort: &tokio
         source: ReportSource::Trigger(format!("webhook:{name}")),
     };
     crate::work::firing::fire(firing, deps, abort).await;
+    // Cut by the shutdown's abort: kept, it runs again at the next start.
+    if let (Some(path), false) = (&call.kept, abort.is_cancelled()) {
+        shared.spool.done(path);
+    }
 }
 
 /// The turn's text: the rendered template, marked as coming from outside.

@@ -33,6 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::spool::SpoolError;
 use super::{Call, Endpoint, Shared};
 use crate::clients::webhook::{self as wire, ORIGIN_HEADER, SIGNATURE_HEADER};
 use crate::config::{WebhookAction, WebhookAuth};
@@ -245,7 +246,7 @@ async fn answer(
             return refuse(&why);
         }
     }
-    accept(shared, index, ep, head, body, peer, calls)
+    accept(shared, index, ep, head, body, peer, calls).await
 }
 
 /// The body, at most `max` bytes, within [`BODY_TIMEOUT`].
@@ -270,7 +271,7 @@ fn check_signature(shared: &Shared, index: usize, secret: &str, sig: Option<&str
 }
 
 /// An authenticated request: the loop check, the content, then run it.
-fn accept(
+async fn accept(
     shared: &Shared,
     index: usize,
     ep: &Endpoint,
@@ -308,7 +309,25 @@ fn accept(
                 return reply(StatusCode::TOO_MANY_REQUESTS, "too many calls: try again later");
             }
             let bytes = body.len();
-            if calls.try_send(Call { endpoint: index, body, json }).is_err() {
+            // On disk before the caller hears 202 (see `spool`): off the runtime's threads, it syncs.
+            let (spool, n, b, is_json) = (shared.spool.clone(), name.to_string(), body.clone(), json.is_some());
+            let kept = match tokio::task::spawn_blocking(move || spool.keep(&n, &b, is_json)).await {
+                Ok(Ok(path)) => path,
+                Ok(Err(SpoolError::Full)) => {
+                    shared.refused(peer, name, "too many calls waiting to run");
+                    return reply(StatusCode::TOO_MANY_REQUESTS, "too many calls waiting: try again later");
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(webhook = name, "{e}");
+                    return reply(StatusCode::SERVICE_UNAVAILABLE, "the call cannot be kept (see bramble's log)");
+                }
+                Err(e) => {
+                    tracing::error!(webhook = name, "webhooks: keeping the call failed: {e}");
+                    return reply(StatusCode::SERVICE_UNAVAILABLE, "the call cannot be kept (see bramble's log)");
+                }
+            };
+            if calls.try_send(Call { endpoint: index, body, json, kept: Some(kept.clone()) }).is_err() {
+                shared.spool.done(&kept);
                 shared.refused(peer, name, "too many calls waiting to run");
                 return reply(StatusCode::TOO_MANY_REQUESTS, "too many calls waiting: try again later");
             }

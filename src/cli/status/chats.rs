@@ -21,23 +21,17 @@ pub(super) struct ChannelPart {
     homeassistant: String,
     /// `[webhooks]` / `[[webhook]]`: where it listens, the endpoints, the targets.
     webhooks: String,
-    /// `[email]` in words (text only for now: the JSON's fields are documented in `status --help`).
-    #[serde(skip)]
+    /// `[email]` in words (null without the feature).
     email: Option<String>,
-    /// `[signal]` in words (text only for now, like `email`).
-    #[serde(skip)]
+    /// `[signal]` in words (null without the feature).
     signal: Option<String>,
-    /// `[feishu]` in words (text only for now, like email; `None` without the feature).
-    #[serde(skip)]
+    /// `[feishu]` in words (null without the feature).
     feishu: Option<String>,
-    /// `[discord]` in words (text only, like email; `None` without the feature).
-    #[serde(skip)]
+    /// `[discord]` in words (null without the feature).
     discord: Option<String>,
-    /// `[ntfy]` in words (text only, like email's).
-    #[serde(skip)]
+    /// `[ntfy]` in words (null without the feature).
     ntfy: Option<String>,
-    /// `[fleet]` in words (text only for now).
-    #[serde(skip)]
+    /// `[fleet]` in words.
     fleet: String,
     /// Where the secrets' state was read: `daemon` or `shell`.
     secrets_from: &'static str,
