@@ -75,6 +75,21 @@ pub fn mime_of(name: &str) -> &'static str {
     }
 }
 
+/// Put `msg` on the agent's queue, waiting at most `wait` for room and never
+/// past `stop`: whether it is on. A reader that gets `false` leaves its
+/// position where it was, so the message comes again.
+pub async fn hand_over(
+    inbound: &tokio::sync::mpsc::Sender<crate::bus::InboundMessage>,
+    msg: crate::bus::InboundMessage,
+    wait: std::time::Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> bool {
+    tokio::select! {
+        r = tokio::time::timeout(wait, inbound.send(msg)) => matches!(r, Ok(Ok(()))),
+        _ = stop.cancelled() => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

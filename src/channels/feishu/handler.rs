@@ -162,10 +162,7 @@ impl Handler {
             reply_to: Target::Feishu(m.chat_id.clone()),
             attachments: Vec::new(),
         };
-        let sent = tokio::select! {
-            r = tokio::time::timeout(BUS_WAIT, self.inbound.send(msg)) => matches!(r, Ok(Ok(()))),
-            _ = self.stop.cancelled() => false,
-        };
+        let sent = crate::channels::inbox::hand_over(&self.inbound, msg, BUS_WAIT, &self.stop).await;
         if sent {
             Answer::OK
         } else {

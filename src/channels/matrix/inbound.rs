@@ -372,10 +372,7 @@ impl Handler {
             attachments,
         };
         let command = msg.text.trim_start().starts_with('/');
-        let sent = tokio::select! {
-            r = tokio::time::timeout(BUS_WAIT, self.inbound.send(msg)) => matches!(r, Ok(Ok(()))),
-            _ = self.stop.cancelled() => false,
-        };
+        let sent = crate::channels::inbox::hand_over(&self.inbound, msg, BUS_WAIT, &self.stop).await;
         if !sent {
             return None;
         }

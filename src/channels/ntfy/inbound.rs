@@ -200,10 +200,7 @@ impl Reader {
             attachments: Vec::new(),
         };
         tracing::info!(topic, id = %e.id, "ntfy: a message from the topic: a turn in session ntfy:{topic}");
-        tokio::select! {
-            r = tokio::time::timeout(BUS_WAIT, self.inbound.send(msg)) => matches!(r, Ok(Ok(()))),
-            _ = self.stop.cancelled() => false,
-        }
+        crate::channels::inbox::hand_over(&self.inbound, msg, BUS_WAIT, &self.stop).await
     }
 
     /// Remember `id` as handled: in memory and in `ntfy-since.json`.
