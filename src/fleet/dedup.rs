@@ -36,8 +36,9 @@ impl Delivered {
         self.keys.get(key).is_some_and(|t| now.saturating_sub(*t) <= self.window)
     }
 
-    /// Remember `key` (and forget the expired ones); written at once.
-    pub fn remember(&mut self, key: &str, now: i64) -> std::io::Result<()> {
+    /// Remember `key` (and forget the expired ones); the file's new content,
+    /// for the caller to write off the runtime's threads ([`Snapshot::write`] syncs).
+    pub fn remember(&mut self, key: &str, now: i64) -> Snapshot {
         let oldest = now.saturating_sub(self.window);
         self.keys.retain(|_, t| *t >= oldest);
         while self.keys.len() >= MAX_KEYS {
@@ -45,8 +46,20 @@ impl Delivered {
             self.keys.remove(&first);
         }
         self.keys.insert(key.to_string(), now);
-        let bytes = serde_json::to_vec(&self.keys).map_err(std::io::Error::other)?;
-        crate::util::fs::write_atomic(&self.path, &bytes)
+        Snapshot { path: self.path.clone(), bytes: serde_json::to_vec(&self.keys).unwrap_or_default() }
+    }
+}
+
+/// The delivered keys as they are to be written.
+pub struct Snapshot {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl Snapshot {
+    /// Replace the file atomically (blocking: it syncs).
+    pub fn write(self) -> std::io::Result<()> {
+        crate::util::fs::write_atomic(&self.path, &self.bytes)
     }
 }
 
@@ -60,7 +73,7 @@ mod tests {
         let day = std::time::Duration::from_secs(86400);
         let mut d = Delivered::open(dir.path(), day);
         assert!(!d.seen("garage:backup@1", 1000));
-        d.remember("garage:backup@1", 1000).unwrap();
+        d.remember("garage:backup@1", 1000).write().unwrap();
         assert!(d.seen("garage:backup@1", 1001));
         let d = Delivered::open(dir.path(), day);
         assert!(d.seen("garage:backup@1", 2000), "kept across a restart");

@@ -341,7 +341,8 @@ impl FleetService {
         }
         let text = format!("[{}] {}", e.from, cut(&body.text));
         self.reports.send(&[target], &text, ReportSource::from(body.source.as_str())).await;
-        if let Err(err) = self.delivered.remember(&key, now) {
+        let snapshot = self.delivered.remember(&key, now);
+        if let Err(err) = crate::util::tasks::blocking(move || snapshot.write()).await {
             tracing::warn!(key, "fleet: cannot record a delivered report's key: {err}");
         }
         self.ack(&e);
