@@ -150,6 +150,10 @@ pub enum FleetConfigError {
         "[mqtt] topic_prefix `{0}` differs from `bramble/<[fleet] name>`: the boards find each other under bramble/<board>; remove topic_prefix"
     )]
     Prefix(String),
+    #[error(
+        "[mqtt] device `{0}` differs from [fleet] name `{1}`: a board's device is its board name (its topics, its Home Assistant device); remove device"
+    )]
+    Device(String, BoardName),
 }
 
 impl FleetConfig {
@@ -166,6 +170,17 @@ impl FleetConfig {
             return Err(FleetConfigError::KeyShort(env.to_string()));
         }
         Ok(key)
+    }
+
+    /// In a fleet the board's name is its MQTT device (so its topics, last
+    /// will and Home Assistant device are the board's even when every board
+    /// is called `raspberrypi`): an unset `[mqtt] device` becomes the name.
+    pub fn name_the_device(&self, mqtt: &mut super::MqttConfig) {
+        if let Some(name) = &self.name {
+            if mqtt.device.as_deref().is_none_or(|d| d.trim().is_empty()) {
+                mqtt.device = Some(name.to_string());
+            }
+        }
     }
 
     /// The board a node obeys; `None` on the primary.
@@ -193,6 +208,9 @@ impl FleetConfig {
                 return Err(FleetConfigError::Prefix(prefix.to_string()));
             }
         }
+        if let Some(device) = mqtt.device.as_deref().map(str::trim).filter(|d| *d != name.as_str()) {
+            return Err(FleetConfigError::Device(device.to_string(), name.clone()));
+        }
         self.primary_of_node()?;
         self.key().map(|_| ())
     }
@@ -214,6 +232,19 @@ mod tests {
     #[cfg(feature = "fleet")]
     fn parse(text: &str) -> crate::config::Config {
         crate::config::Config::parse(text, "c.toml".as_ref()).unwrap()
+    }
+
+    #[test]
+    #[cfg(feature = "fleet")]
+    fn a_board_s_device_is_its_board_name_not_its_host_name() {
+        let c = parse("[mqtt]\nurl = \"mqtt://127.0.0.1\"\n[fleet]\nname = \"garage\"\nkey_env = \"K\"\n");
+        let s = crate::clients::mqtt::Settings::from_config(&c.mqtt).unwrap().unwrap();
+        assert_eq!((s.device.as_str(), s.prefix.as_str()), ("garage", "bramble/garage"));
+        let c = parse("[mqtt]\nurl = \"mqtt://127.0.0.1\"\ndevice = \"raspberrypi\"\n[fleet]\nname = \"garage\"\n");
+        assert!(matches!(c.fleet.check(&c.mqtt), Err(FleetConfigError::Device(d, _)) if d == "raspberrypi"));
+        // Without a fleet nothing changes: the host name stays the default.
+        let c = parse("[mqtt]\nurl = \"mqtt://127.0.0.1\"\n");
+        assert_eq!(c.mqtt.device, None);
     }
 
     #[test]

@@ -562,7 +562,8 @@ impl Config {
                 _ => ConfigError::Many { errors },
             }
         };
-        let config = diagnose::read(text).map_err(all)?;
+        let mut config = diagnose::read(text).map_err(all)?;
+        config.fleet.name_the_device(&mut config.mqtt);
         let mut found: Vec<diagnose::Found> = Vec::new();
         found.extend(config.check_models(text).err());
         found.extend(config.mcp.check().err());

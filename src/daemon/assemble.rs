@@ -294,6 +294,11 @@ fn mqtt_link(c: &crate::config::Config) -> Option<Arc<crate::channels::mqtt::Lin
             // `[fleet]`: its topics are subscribed to and routed to it on this one connection.
             #[cfg(feature = "fleet")]
             settings.inputs.fleet.extend(crate::fleet::filters(&c.fleet));
+            // A node's Home Assistant device is reached through its primary's.
+            #[cfg(feature = "fleet")]
+            if let (Some(_), Ok(Some(primary))) = (c.fleet.board(), c.fleet.primary_of_node()) {
+                settings.via = Some(crate::clients::mqtt::node_id_of(primary.as_str()));
+            }
             Some(crate::channels::mqtt::Link::new(settings))
         }
         Ok(None) => None,

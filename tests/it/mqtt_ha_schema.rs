@@ -75,3 +75,47 @@ async fn every_discovery_document_passes_home_assistant_s_own_schemas() {
     let (ok, text) = check(&broken).await;
     assert!(!ok && text.matches("REFUSED").count() == 2, "{text}");
 }
+
+/// In a fleet each board is its own Home Assistant device, named by its board
+/// name (not its host name: every Raspberry Pi OS board is `raspberrypi`),
+/// and a node's device says it is reached through its primary's.
+#[cfg(feature = "fleet")]
+#[tokio::test]
+async fn a_fleet_node_is_its_own_device_reached_through_its_primary() {
+    let broker = Mosquitto::start().await;
+    let fake = FakeLlm::start(Dialect::OpenAi).await;
+    let extra = format!(
+        "clock_sync_wait = \"0s\"\n[heartbeat]\nenabled = false\n[mqtt]\nurl = \"{}\"\ndiscovery = true\n\
+         [fleet]\nname = \"garage\"\nrole = \"node\"\nprimary = \"living\"\nkey_env = \"HA_FLEET_KEY\"\n",
+        broker.url()
+    );
+    let home = TestHome::new("openai", &fake.base_url(), "", "", &extra);
+    let w = Watcher::start(broker.port, &["homeassistant/#", "bramble/garage/status"]).await;
+    let log = home.path().join("daemon.log");
+    let key = std::path::Path::new("0123456789abcdef0123456789abcdef");
+    let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &log, &[("HA_FLEET_KEY", key)]);
+    let ours = || {
+        w.all()
+            .into_iter()
+            .filter(|m| m.topic.starts_with("homeassistant/") && !m.payload.is_empty())
+            .map(|m| (m.topic, m.payload))
+            .collect::<Vec<_>>()
+    };
+    assert!(wait_until(20, || ours().len() >= 4).await, "{:?}\n{}", w.all(), daemon.log());
+    assert!(
+        wait_until(10, || w.all().iter().any(|m| m.topic == "bramble/garage/status" && m.payload == "online")).await,
+        "the board's status is under its board name: {:?}",
+        w.all()
+    );
+    daemon.stop().await;
+    let docs = ours();
+    for (topic, payload) in &docs {
+        assert!(topic.contains("/bramble_garage/"), "the node id is the board's: {topic}");
+        let doc: serde_json::Value = serde_json::from_str(payload).unwrap();
+        assert_eq!(doc["device"]["identifiers"][0], "bramble_garage", "{payload}");
+        assert_eq!(doc["device"]["name"], "bramble garage", "{payload}");
+        assert_eq!(doc["device"]["via_device"], "bramble_living", "reached through the primary: {payload}");
+    }
+    let (ok, text) = check(&docs).await;
+    assert!(ok, "Home Assistant refuses a fleet node's discovery document:\n{text}");
+}

@@ -1,6 +1,7 @@
 //! Home Assistant MQTT discovery (`[mqtt] discovery = true`).
 //!
-//! One device per bramble (identifiers from the device name, sw_version), with:
+//! One device per bramble (identifiers from the device name, sw_version; in a
+//! fleet the device is the board, and a node's says `via_device` its primary), with:
 //! a connectivity `binary_sensor` on `<prefix>/status`, a `problem`
 //! `binary_sensor` on `<prefix>/problem` (on while an alert is open, the
 //! alerts as its attribute: [`crate::work::alerts`]), a timestamp `sensor`
@@ -69,13 +70,18 @@ fn config_topic(s: &Settings, component: &str, object: &str) -> String {
 }
 
 fn device(s: &Settings) -> Value {
-    json!({
+    let mut device = json!({
         "identifiers": [node_id(s)],
         "name": format!("bramble {}", s.device),
         "manufacturer": "bramble",
         "model": "bramble agent",
         "sw_version": env!("CARGO_PKG_VERSION"),
-    })
+    });
+    // A fleet node is its own device, shown as reached through its primary.
+    if let Some(via) = &s.via {
+        device["via_device"] = json!(via);
+    }
+    device
 }
 
 /// Every discovery document: the device's, and a button for each of `buttons`.

@@ -77,6 +77,19 @@ pub enum MqttError {
     MaxPacket(u32),
 }
 
+/// A device name as a discovery node id ([`Settings::node_id`]): also how a
+/// fleet node names its primary's device (the primary's device is its board name).
+pub fn node_id_of(device: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if device.chars().all(plain) {
+        return format!("bramble_{device}");
+    }
+    let clean: String = device.chars().take(48).map(|c| if plain(c) { c } else { '_' }).collect();
+    // FNV-1a, 32 bits: stable across builds and platforms (std's hasher is not).
+    let hash = device.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    format!("bramble_{clean}_{hash:08x}")
+}
+
 /// `[mqtt]`, resolved: who we are on the broker and where our topics are.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -91,6 +104,9 @@ pub struct Settings {
     pub username: Option<String>,
     password: Option<crate::config::Secret>,
     pub discovery: bool,
+    /// The discovery node id of the device this one is reached through (a
+    /// fleet node's primary: Home Assistant's `via_device`), if any.
+    pub via: Option<String>,
     /// `[mqtt] inbound`: `<prefix>/in` and `<prefix>/run/<job>` are listened to.
     pub inbound: bool,
     /// `[mqtt] keep_alive`: the PINGREQ interval, which the broker's last will waits 1.5 × on.
@@ -152,6 +168,7 @@ impl Settings {
             username: c.username.clone(),
             password,
             discovery: c.discovery,
+            via: None,
             inbound: c.inbound,
             keep_alive: c.keep_alive.get(),
             inputs: InputTopics::default(),
@@ -177,14 +194,7 @@ impl Settings {
     /// (`bramble_garden_pi_4be4c2a1`): distinct names, distinct nodes, the same
     /// node on every start and on every board with that name.
     pub fn node_id(&self) -> String {
-        let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-        if self.device.chars().all(plain) {
-            return format!("bramble_{}", self.device);
-        }
-        let clean: String = self.device.chars().take(48).map(|c| if plain(c) { c } else { '_' }).collect();
-        // FNV-1a, 32 bits: stable across builds and platforms (std's hasher is not).
-        let hash = self.device.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
-        format!("bramble_{clean}_{hash:08x}")
+        node_id_of(&self.device)
     }
 
     /// The filter matching every discovery document of this device.
