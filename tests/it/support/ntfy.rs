@@ -10,7 +10,8 @@
 //! - <https://docs.ntfy.sh/subscribe/api/>: `GET /<topic>[,<topic>…]/json`
 //!   streams one JSON object a line: an `open` event, then with
 //!   `since=<id>` the cached messages after that id, then new ones as they
-//!   are published, for as long as the connection stays open.
+//!   are published, for as long as the connection stays open, with a
+//!   `keepalive` event every 45 s.
 //!
 //! The test drives it: failing publishes with a status, dropping every open
 //! stream, writing raw lines (oversize, malformed), redirecting everything.
@@ -235,7 +236,18 @@ async fn stream_topics(
     if out.write_all(format!("{head}{text}").as_bytes()).await.is_err() {
         return;
     }
-    while let Ok(line) = rx.recv().await {
+    loop {
+        // ntfy's server sends a `keepalive` event every 45 s (its default
+        // `keepalive-interval`; "Subscribe API", "JSON message format").
+        let line = tokio::select! {
+            r = rx.recv() => match r {
+                Ok(line) => line,
+                Err(_) => return,
+            },
+            () = tokio::time::sleep(std::time::Duration::from_secs(45)) => {
+                Some(json!({"id": "keep1", "time": 2, "event": "keepalive", "topic": path}).to_string())
+            }
+        };
         let Some(line) = line else { return };
         let ours = match serde_json::from_str::<Value>(&line) {
             Ok(v) if v["topic"].is_string() => topics.iter().any(|t| v["topic"] == t.as_str()),

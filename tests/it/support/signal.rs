@@ -262,7 +262,8 @@ async fn events(
         }
         tokio::select! {
             r = wake.changed() => if r.is_err() { return },
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {
+            // signal-cli's HttpServerHandler sends its keep-alive every 15 s.
+            _ = tokio::time::sleep(Duration::from_secs(15)) => {
                 if chunk(&mut stream, b":\n").await.is_err() { return; }
             }
         }
