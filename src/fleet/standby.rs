@@ -262,6 +262,9 @@ mod tests {
         assert_eq!(board_of(&topic(&b("garage"))), Some(b("garage")));
         assert_eq!(board_of("bramble/garage/fleet/board"), None);
         assert_eq!(board_of("bramble/Garage/fleet/chat"), None);
+        let acl = super::super::topics::mosquitto_acl(&[b("living")]);
+        assert!(acl.contains("user living\n") && acl.contains("topic read bramble/+/fleet/chat\n"), "{acl}");
+        assert!(!acl.contains("pattern read bramble/+/fleet/chat"), "not every account's to read: {acl}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -57,6 +57,11 @@ async fn echo_llm(tag: &'static str) -> FakeLlm {
 }
 
 async fn pair() -> Pair {
+    pair_as("role = \"standby\"\nprimary = \"living\"\n").await
+}
+
+/// The pair, the garage's role given by `garage_fleet`.
+async fn pair_as(garage_fleet: &str) -> Pair {
     let broker = Mosquitto::start().await;
     let tg = FakeTelegram::start(TOKEN).await;
     let doors = Arc::new(Doors::default());
@@ -80,7 +85,7 @@ async fn pair() -> Pair {
         h
     };
     let living = home("living", &living_llm, &living_door, "role = \"primary\"\n");
-    let garage = home("garage", &garage_llm, &garage_door, "role = \"standby\"\nprimary = \"living\"\n");
+    let garage = home("garage", &garage_llm, &garage_door, garage_fleet);
     Pair {
         broker,
         tg,
@@ -208,4 +213,47 @@ async fn a_forged_offset_is_ignored() {
     assert!(p.doors.offsets_of("living").iter().all(|o| *o < 99999999), "{:?}", p.doors.polls());
     assert_eq!(p.polls_of("garage"), 0);
     drop((living, garage));
+}
+
+/// Voluntary context switches of all a process's threads (`/proc/<pid>/task/*/status`).
+fn switches(pid: u32) -> u64 {
+    let mut n = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        n += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    n
+}
+
+/// The idle cost of a standby while the primary holds the chat, next to the
+/// same board as a plain node without the bot (wake-ups a minute). A
+/// measurement, not a check: `cargo test --test it fleet_standby::idle -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore]
+async fn idle_cost_of_a_standby() {
+    for (name, fleet, telegram) in [
+        ("standby", "role = \"standby\"\nprimary = \"living\"\n", true),
+        ("node", "role = \"node\"\nprimary = \"living\"\n", false),
+    ] {
+        let p = pair_as(fleet).await;
+        if !telegram {
+            let config = std::fs::read_to_string(&p.garage.config).unwrap();
+            let without = config.replace(&format!("token = \"{TOKEN}\""), "");
+            std::fs::write(&p.garage.config, without).unwrap();
+        }
+        let living = p.start(&p.living);
+        let garage = p.start(&p.garage);
+        assert!(wait_until(30, || p.polls_of("living") > 0).await, "{}", living.log());
+        assert!(garage.wait_log("MQTT connected", 20).await, "{}", garage.log());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let before = switches(garage.pid());
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let after = switches(garage.pid());
+        println!("idle {name}: {} wake-ups in 60 s, {} getUpdates", after - before, p.polls_of("garage"));
+        drop((living, garage));
+    }
 }
