@@ -228,8 +228,11 @@ impl FleetService {
     /// Another board's (or our own) chat document: where its polling stands.
     fn chat_doc(&mut self, topic: &str, payload: &[u8]) {
         let Some(seat) = &mut self.seat else { return };
-        if let Err(e) = seat.on_doc(&self.signer, topic, payload, &self.boards) {
-            tracing::warn!(topic, "fleet: ignored a chat offset: {e}");
+        match seat.on_doc(&self.signer, topic, payload, &self.boards) {
+            Ok(()) => {}
+            // The broker's echo of an earlier document of ours, or a late retained copy.
+            Err(e @ super::standby::DocError::Older) => tracing::debug!(topic, "fleet: ignored a chat offset: {e}"),
+            Err(e) => tracing::warn!(topic, "fleet: ignored a chat offset: {e}"),
         }
     }
 

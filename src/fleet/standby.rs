@@ -96,6 +96,9 @@ pub struct Seat {
     pub deadline: Option<Instant>,
     /// The poller is gone: nothing more will be confirmed.
     closed: bool,
+    /// Whether this board last said it holds the chat (the broker's echo of
+    /// an earlier document may come after a newer one was kept).
+    said_holding: bool,
 }
 
 impl Seat {
@@ -119,6 +122,7 @@ impl Seat {
             heard: BTreeMap::new(),
             deadline: Some(started + grace),
             closed: false,
+            said_holding: false,
         }
     }
 
@@ -212,7 +216,7 @@ impl Seat {
     pub fn confirmed(&mut self, signer: &Signer) -> Option<(String, Vec<u8>, bool)> {
         let c = (*self.seam.confirmed.borrow_and_update())?;
         let topic = topic(&self.me);
-        let was = self.heard.get(&self.me).is_some_and(|(_, d)| d.holding);
+        let was = std::mem::replace(&mut self.said_holding, c.polling);
         let doc = ChatDoc { bot: c.offset.bot, next: c.offset.next, holding: c.polling };
         let body = serde_json::to_string(&doc).ok()?;
         let e = signer.seal(&topic, &self.me, &self.me, KIND, "", body);
