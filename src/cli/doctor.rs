@@ -332,11 +332,12 @@ async fn fleet(loaded: &Loaded, r: &mut Report) {
             let offline: Vec<String> = others.iter().filter(|(_, s)| !s.online).map(|(b, _)| b.to_string()).collect();
             let primary_down = c.fleet.primary.as_ref().filter(|p| !boards.is_online(p));
             let text = format!(
-                "{me} ({}): {} other board(s) on the broker, {} offline{}",
+                "{me} ({}): {} other board(s) on the broker, {} offline{}{}",
                 c.fleet.role.as_str(),
                 others.len(),
                 offline.len(),
-                if offline.is_empty() { String::new() } else { format!(" ({})", offline.join(", ")) }
+                if offline.is_empty() { String::new() } else { format!(" ({})", offline.join(", ")) },
+                boards.chat_holder().map(|b| format!("; {b} holds the chat")).unwrap_or_default()
             );
             match primary_down {
                 Some(p) => r.hinted(

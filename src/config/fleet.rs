@@ -78,8 +78,9 @@ pub enum FleetRole {
     Primary,
     /// Runs its own jobs and answers the primary; owns no chat.
     Node,
-    /// A node that would take the chat over when the primary is gone (Tier 2,
-    /// not built yet: it runs as a node, and `bramble check` says so).
+    /// A node that takes the chat channels over while the primary's status
+    /// has said `offline` for `takeover_after`, and hands them back when it
+    /// returns (docs/fleet.md, "The chat survives the primary").
     Standby,
 }
 
@@ -114,7 +115,13 @@ pub struct FleetConfig {
     pub dedup_window: Dur,
     /// NATS server for `cron add --on any` (Tier 3); unset: `--on any` is refused.
     pub nats_url: Option<String>,
+    /// On a standby: how long the primary's status must have said `offline`
+    /// before this board polls the chat (at least [`MIN_TAKEOVER`]).
+    pub takeover_after: Dur,
 }
+
+/// The shortest `takeover_after`: a broker restart or a primary's reboot is not a failover.
+pub const MIN_TAKEOVER: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Default for FleetConfig {
     fn default() -> Self {
@@ -127,6 +134,7 @@ impl Default for FleetConfig {
             replay_window: Dur::secs(300),
             dedup_window: Dur::secs(7 * 24 * 3600),
             nats_url: None,
+            takeover_after: Dur::secs(60),
         }
     }
 }
@@ -146,6 +154,8 @@ pub enum FleetConfigError {
     NoPrimary(&'static str),
     #[error("[fleet] primary = \"{0}\" names this board itself: a node needs another board as its primary")]
     SelfPrimary(BoardName),
+    #[error("[fleet] takeover_after = \"{0}\" is too short: use at least 5s (a broker restart is not a failover)")]
+    TakeoverShort(String),
     #[error(
         "[mqtt] topic_prefix `{0}` differs from `bramble/<[fleet] name>`: the boards find each other under bramble/<board>; remove topic_prefix"
     )]
@@ -212,6 +222,9 @@ impl FleetConfig {
             return Err(FleetConfigError::Device(device.to_string(), name.clone()));
         }
         self.primary_of_node()?;
+        if self.takeover_after.get() < MIN_TAKEOVER {
+            return Err(FleetConfigError::TakeoverShort(self.takeover_after.to_string()));
+        }
         self.key().map(|_| ())
     }
 }
@@ -267,6 +280,13 @@ mod tests {
         let c =
             parse("[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nname = \"living\"\nkey_env = \"BRAMBLE_TEST_NO_FLEET_KEY\"\n");
         assert!(matches!(c.fleet.check(&c.mqtt), Err(FleetConfigError::KeyUnset(_))));
+        let c = parse(
+            "[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nname = \"garage\"\nrole = \"standby\"\nprimary = \"living\"\ntakeover_after = \"2s\"\n",
+        );
+        assert!(matches!(c.fleet.check(&c.mqtt), Err(FleetConfigError::TakeoverShort(_))));
+        let c = parse("[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nname = \"garage\"\nrole = \"standby\"\n");
+        assert_eq!(c.fleet.check(&c.mqtt), Err(FleetConfigError::NoPrimary("standby")));
+        assert_eq!(c.fleet.takeover_after.get(), std::time::Duration::from_secs(60));
         let err = crate::config::Config::parse("[fleet]\nname = \"Bad Name\"\n", "c.toml".as_ref()).unwrap_err();
         assert!(err.to_string().contains("not a board name"), "{err}");
         let err = crate::config::Config::parse("[fleet]\nrole = \"boss\"\n", "c.toml".as_ref()).unwrap_err();

@@ -28,8 +28,11 @@ pub fn warnings(loaded: &Loaded) -> Vec<String> {
     }
     if let Err(e) = c.fleet.check(&c.mqtt) {
         out.push(format!("{e}: the fleet stays off"));
-    } else if c.fleet.board().is_some() && c.fleet.role == super::fleet::FleetRole::Standby {
-        out.push("[fleet] role = \"standby\" runs as a node: taking the chat over is not built yet".into());
+    } else if c.fleet.board().is_some()
+        && c.fleet.role == super::fleet::FleetRole::Standby
+        && c.telegram.token().is_none()
+    {
+        out.push("[fleet] role = \"standby\" without [telegram] token: it has no chat to take over".into());
     }
     if !loaded.paths.workspace.is_dir() {
         out.push(format!("the workspace {} does not exist yet: run `bramble init`", loaded.paths.workspace.display()));

@@ -387,11 +387,20 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
         telegram,
         inbound: bus.inbound_tx.clone(),
         activity: agent.activity(),
+        shared: None,
     });
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
     #[allow(unused_variables)] // without the `webhook` and `ntfy` features it holds nothing
     let listeners = listeners(loaded, &mut channels, (&work, &scheduler, &jobs), &bus.inbound_tx);
-    let fleet = fleet(loaded, mqtt.as_ref(), &jobs, &reports, &mut bus, &mut channels);
+    #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
+    let mut fleet = fleet(loaded, mqtt.as_ref(), &jobs, &reports, &mut bus, &mut channels);
+    #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
+    let mut telegram = telegram;
+    // In a fleet the bot is shared: the fleet says when this board polls it.
+    #[cfg(feature = "fleet")]
+    if let (Some(f), Some(t)) = (fleet.as_mut(), telegram.as_mut()) {
+        t.shared = f.share_chat(&c.fleet);
+    }
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
             fleet: fleet_router(&fleet),

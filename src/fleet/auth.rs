@@ -102,7 +102,7 @@ impl Signer {
     }
 
     /// Whether the MAC is right for `topic` (constant time).
-    fn verify(&self, topic: &str, e: &Envelope) -> bool {
+    pub fn verify(&self, topic: &str, e: &Envelope) -> bool {
         let Some(mac) = unhex(&e.mac) else { return false };
         hmac::verify(&self.key, &Self::message(topic, e), &mac).is_ok()
     }

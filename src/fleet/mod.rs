@@ -12,10 +12,10 @@
 //!   primary's chats to it; the primary drops duplicates by key ([`dedup`]).
 //! - [`remote`]: the command line's short sessions (`cron add --on`, `fleet status`).
 //!
-//! Seams for what is not built yet: `FleetRole::Standby` runs as a node
-//! (Tier 2, the chat surviving the primary, would start its chat pollers
-//! when the primary's status says `offline` for a grace period), and
-//! `Placement::Any` is refused at `cron add` without `[fleet] nats_url`
+//! - [`standby`]: who polls the chat: the primary, or a standby while the
+//!   primary has been offline for `takeover_after`; the update offset shared.
+//!
+//! Seam for what is not built yet: `Placement::Any` is refused at `cron add` without `[fleet] nats_url`
 //! (Tier 3, a put-if-absent on `job@slot` in NATS JetStream KV).
 //!
 //! Layer: above the channels (it holds the MQTT channel's link and sits in
@@ -28,6 +28,7 @@ pub mod presence;
 pub mod relay;
 pub mod remote;
 pub mod service;
+pub mod standby;
 pub mod topics;
 pub mod wire;
 
@@ -74,7 +75,11 @@ pub enum FleetError {
 /// the MQTT settings before the link is made, so the router sends them here.
 pub fn filters(c: &FleetConfig) -> Vec<String> {
     match (c.board(), c.primary_of_node()) {
-        (Some(me), Ok(primary)) => topics::subscriptions(me, primary),
+        (Some(me), Ok(primary)) => {
+            let mut v = topics::subscriptions(me, primary);
+            v.push(standby::filter());
+            v
+        }
         _ => Vec::new(),
     }
 }
@@ -178,6 +183,22 @@ pub fn build(
         acks,
     };
     (Ok(Some(Fleet { service: FleetService::new(parts), router, jobs_changed })), agent_rx)
+}
+
+impl Fleet {
+    /// This board's chat poller shares the bot with the fleet (the primary,
+    /// or a standby): the poller's end of the seam, the fleet keeps the other.
+    /// `None` on a plain node, which polls no chat.
+    pub fn share_chat(&mut self, c: &FleetConfig) -> Option<crate::channels::telegram::shared::Shared> {
+        if c.role == FleetRole::Node {
+            return None;
+        }
+        let (poller, seat) = crate::channels::telegram::shared::seam();
+        let s = &mut self.service;
+        let grace = c.takeover_after.get();
+        s.seat = Some(standby::Seat::new(seat, s.me.clone(), s.role, s.primary.clone(), grace));
+        Some(poller)
+    }
 }
 
 /// `bramble status`/`doctor`: what the fleet config says, in one line.

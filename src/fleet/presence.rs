@@ -31,6 +31,9 @@ pub struct Presence {
     pub since: String,
     #[serde(default)]
     pub jobs: Vec<JobLine>,
+    /// It polls the chat now (the primary, or a standby that took over).
+    #[serde(default)]
+    pub chat: bool,
 }
 
 /// A board as another sees it.
@@ -79,6 +82,11 @@ impl Boards {
         }
     }
 
+    /// The online board that says it polls the chat (`fleet status`, `doctor`).
+    pub fn chat_holder(&self) -> Option<&BoardName> {
+        self.0.iter().find(|(_, s)| s.online && s.presence.as_ref().is_some_and(|p| p.chat)).map(|(b, _)| b)
+    }
+
     pub fn is_online(&self, board: &BoardName) -> bool {
         self.0.get(board).is_some_and(|s| s.online)
     }
@@ -96,7 +104,10 @@ impl Boards {
             let ago = s.last_seen.map_or("never".to_string(), |t| ago(now - t));
             let you = if name == me { " (this board)" } else { "" };
             let jobs = s.presence.as_ref().map_or(0, |p| p.jobs.len());
-            out.push_str(&format!("{name}{you}: {state}, {role}, version {version}, last seen {ago}, {jobs} job(s)\n"));
+            let chat = if s.online && s.presence.as_ref().is_some_and(|p| p.chat) { ", holds the chat" } else { "" };
+            out.push_str(&format!(
+                "{name}{you}: {state}, {role}, version {version}, last seen {ago}, {jobs} job(s){chat}\n"
+            ));
         }
         out
     }
@@ -129,6 +140,7 @@ mod tests {
             capabilities: vec!["exec".into()],
             since: "2026-01-01T00:00:00Z".into(),
             jobs: vec![],
+            chat: false,
         };
         boards.presence(&b("garage"), &serde_json::to_vec(&p).unwrap()).unwrap();
         boards.status(&b("garage"), b"online", 100);

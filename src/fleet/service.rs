@@ -65,6 +65,8 @@ pub struct FleetService {
     pub(super) acks: super::relay::Acks,
     pub(super) boards: Boards,
     pending: HashMap<String, Pending>,
+    /// Who polls the chat, when this board has one to share ([`super::standby`]).
+    pub(super) seat: Option<super::standby::Seat>,
 }
 
 impl FleetService {
@@ -108,6 +110,7 @@ impl FleetService {
             acks,
             boards: Boards::default(),
             pending: HashMap::new(),
+            seat: None,
         }
     }
 
@@ -121,6 +124,7 @@ impl FleetService {
         self.publish_presence();
         loop {
             let next = self.pending.values().map(|p| p.deadline).min();
+            let chat_at = self.seat.as_ref().and_then(|s| s.deadline);
             tokio::select! {
                 m = self.messages.recv() => match m {
                     Some((topic, payload, retained)) => self.on_message(&topic, &payload, retained).await,
@@ -131,6 +135,8 @@ impl FleetService {
                     None => self.chat_in = None,
                 },
                 () = sleep_opt(next) => self.expire().await,
+                () = sleep_opt(chat_at) => self.chat_decide(),
+                () = super::standby::Seat::changed(&mut self.seat) => self.chat_confirmed(),
                 () = self.jobs_changed.notified() => self.publish_presence(),
                 () = stop.cancelled() => return,
             }
@@ -165,6 +171,7 @@ impl FleetService {
             capabilities: self.capabilities.clone(),
             since: jiff::Timestamp::now().to_string(),
             jobs,
+            chat: self.seat.as_ref().is_some_and(|s| s.holding()),
         };
         match serde_json::to_vec(&p) {
             Ok(bytes) => self.link.set_retained(&topics::presence(&self.me), bytes),
@@ -174,10 +181,16 @@ impl FleetService {
 
     async fn on_message(&mut self, topic: &str, payload: &[u8], retained: bool) {
         let now = Self::now();
+        if super::standby::board_of(topic).is_some() {
+            return self.chat_doc(topic, payload);
+        }
         let Some(t) = topics::parse(topic) else { return };
         match t {
             FleetTopic::Status(b) => {
                 self.boards.status(&b, payload, now);
+                if let Some(seat) = &mut self.seat {
+                    seat.on_status(&b, payload == b"online", &self.boards);
+                }
                 // This node connected again, or its primary is back: the reports that waited go now.
                 let primary = self.primary.as_ref();
                 if payload == b"online" && primary.is_some() && (b == self.me || Some(&b) == primary) {
@@ -209,6 +222,36 @@ impl FleetService {
             }
             FleetTopic::Answer(node, id) if self.primary.is_none() => self.on_answer(&node, &id, payload).await,
             _ => tracing::debug!(topic, "fleet: not for this board"),
+        }
+    }
+
+    /// Another board's (or our own) chat document: where its polling stands.
+    fn chat_doc(&mut self, topic: &str, payload: &[u8]) {
+        let Some(seat) = &mut self.seat else { return };
+        match seat.on_doc(&self.signer, topic, payload, &self.boards) {
+            Ok(()) => {}
+            // The broker's echo of an earlier document of ours, or a late retained copy.
+            Err(e @ super::standby::DocError::Older) => tracing::debug!(topic, "fleet: ignored a chat offset: {e}"),
+            Err(e) => tracing::warn!(topic, "fleet: ignored a chat offset: {e}"),
+        }
+    }
+
+    /// The end of a grace period: think again about who polls the chat.
+    fn chat_decide(&mut self) {
+        if let Some(seat) = &mut self.seat {
+            seat.decide(&self.boards);
+        }
+    }
+
+    /// This board's poller confirmed a batch (or started or stopped): the
+    /// signed offset goes out retained; the presence says who holds the chat.
+    fn chat_confirmed(&mut self) {
+        let Some(seat) = &mut self.seat else { return };
+        let Some((topic, payload, changed)) = seat.confirmed(&self.signer) else { return };
+        self.link.set_retained(&topic, payload);
+        seat.decide(&self.boards);
+        if changed {
+            self.publish_presence();
         }
     }
 

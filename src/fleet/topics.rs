@@ -92,9 +92,12 @@ pub fn mosquitto_acl(boards: &[BoardName]) -> String {
          pattern read homeassistant/+/bramble_%u/#\n",
     );
     if !boards.is_empty() {
-        out.push_str("\n# The primary also reads the nodes' replies, reports and answers\n");
+        out.push_str("\n# The primary also reads the nodes' replies, reports and answers, and where the\n");
+        out.push_str("# chat's polling stands (add the last line under `user <standby>` for each standby)\n");
         for b in boards {
-            out.push_str(&format!("user {b}\ntopic read bramble/+/fleet/up\ntopic read bramble/+/fleet/answer/+\n"));
+            out.push_str(&format!(
+                "user {b}\ntopic read bramble/+/fleet/up\ntopic read bramble/+/fleet/answer/+\ntopic read bramble/+/fleet/chat\n"
+            ));
         }
     }
     out

@@ -25,7 +25,7 @@ struct Fleet {
 }
 
 /// The fleet key in a board's env file (0600, as bramble asks).
-fn key_file(home: &TestHome, key: &str) {
+pub fn key_file(home: &TestHome, key: &str) {
     let dir = home.path().join(".config/bramble");
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("env");

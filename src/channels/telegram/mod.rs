@@ -45,6 +45,7 @@ pub mod format;
 pub mod media;
 mod pair;
 pub mod progress;
+pub mod shared;
 
 use crate::util::timer::Backoff;
 use std::collections::{HashMap, HashSet};
@@ -104,11 +105,13 @@ pub struct TelegramPoller {
     pub telegram: Telegram,
     pub inbound: mpsc::Sender<InboundMessage>,
     pub activity: Arc<dyn SessionActivity>,
+    /// In a fleet that shares the bot: when this board may poll ([`shared`]); `None`: always.
+    pub shared: Option<shared::Shared>,
 }
 
 impl TelegramPoller {
     pub async fn run(self, shutdown: crate::util::shutdown::Shutdown) {
-        self.telegram.poll(self.inbound, self.activity, shutdown.stop_token().clone()).await
+        self.telegram.poll(self.inbound, self.activity, self.shared, shutdown.stop_token().clone()).await
     }
 }
 
@@ -152,11 +155,13 @@ impl Telegram {
     }
 
     /// Poll for messages until `stop`; accepted ones go to `inbound`. `agent`
-    /// tells whether a chat's turn still runs (for the typing indicator).
+    /// tells whether a chat's turn still runs (for the typing indicator);
+    /// `shared`, when this board may poll (a fleet sharing the bot).
     pub async fn poll(
         self,
         inbound: mpsc::Sender<InboundMessage>,
         agent: Arc<dyn SessionActivity>,
+        shared: Option<shared::Shared>,
         stop: CancellationToken,
     ) {
         let mut backoff = Backoff::new(MAX_BACKOFF);
@@ -176,8 +181,13 @@ impl Telegram {
         let mut poller = Poller::new(me, allow);
         poller.paired_stamp =
             crate::policy::pairing::stamp(&self.state_dir, crate::policy::pairing::PairChannel::Telegram);
-        let polling = Polling { tg: self, poller, inbound, agent, stop };
-        polling.run(offset_file, offset, backoff).await;
+        let mut polling = Polling { tg: self, poller, inbound, agent, stop, confirmed: None };
+        match shared {
+            Some(shared) => shared::serve(polling, offset_file, offset, shared).await,
+            None => {
+                polling.run(&offset_file, offset, &mut backoff).await;
+            }
+        }
     }
 
     /// Who the bot is (`getMe`, retried with `backoff` while Telegram is not
@@ -279,13 +289,16 @@ struct Polling {
     inbound: mpsc::Sender<InboundMessage>,
     agent: Arc<dyn SessionActivity>,
     stop: CancellationToken,
+    /// In a fleet: where each confirmed offset is told ([`shared`]).
+    confirmed: Option<tokio::sync::watch::Sender<Option<shared::Confirmed>>>,
 }
 
 impl Polling {
-    /// Poll, handle each batch, confirm what was handled (see the header) until stopped.
-    async fn run(mut self, offset_file: OffsetFile, mut offset: i64, mut backoff: Backoff) {
+    /// Poll, handle each batch, confirm what was handled (see the header)
+    /// until stopped; returns the next offset.
+    async fn run(&mut self, offset_file: &OffsetFile, mut offset: i64, backoff: &mut Backoff) -> i64 {
         loop {
-            let Some(updates) = self.updates(offset, &mut backoff).await else { return };
+            let Some(updates) = self.updates(offset, backoff).await else { return offset };
             let before = offset;
             let mut step = Step::Next;
             if !updates.is_empty() {
@@ -307,10 +320,14 @@ impl Polling {
                 if let Err(e) = offset_file.save(offset) {
                     tracing::error!(error = %e, "cannot save the Telegram offset; updates may be handled again after a restart");
                 }
+                if let Some(tx) = &self.confirmed {
+                    let next = shared::Offset { bot: self.poller.me.id, next: offset };
+                    let _ = tx.send(Some(shared::Confirmed { offset: next, polling: true }));
+                }
             }
             match step {
-                Step::Stop => return,
-                Step::Later if sleep_or_stop(backoff.next_wait(), &self.stop).await => return,
+                Step::Stop => return offset,
+                Step::Later if sleep_or_stop(backoff.next_wait(), &self.stop).await => return offset,
                 Step::Later | Step::Next => {}
             }
         }
@@ -826,7 +843,7 @@ mod tests {
         };
         let (inbound, rx) = mpsc::channel(4);
         let poller = Poller::new(user(99, Some("bramble_bot")), Allow::new(&["7".into()]));
-        (Polling { tg, poller, inbound, agent: Arc::new(Idle), stop: CancellationToken::new() }, rx)
+        (Polling { tg, poller, inbound, agent: Arc::new(Idle), stop: CancellationToken::new(), confirmed: None }, rx)
     }
 
     fn update(m: Message) -> api::Update {

@@ -396,3 +396,82 @@ fn upload(req: &Request, method: &str, ctype: &str, state: &Arc<Mutex<State>>) -
     st.next_message_id += 1;
     ok(json!({"message_id": st.next_message_id, "date": 1_700_000_000, "chat": {"id": 1, "type": "private"}}))
 }
+
+/// A `getUpdates` call that came through a [`Door`]: whose, and from which offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Poll {
+    pub door: String,
+    pub offset: i64,
+}
+
+/// The doors of one fake: every `getUpdates` through them, and the long poll
+/// now open (Telegram's rule for two pollers of one bot: the newer request
+/// ends the older one with 409 "Conflict: terminated by other getUpdates
+/// request", https://core.telegram.org/bots/api#getupdates and the Bot API's
+/// error list).
+#[derive(Default)]
+pub struct Doors {
+    polls: Mutex<Vec<Poll>>,
+    open: Mutex<Option<(String, Arc<Notify>)>>,
+}
+
+impl Doors {
+    /// Every `getUpdates` so far, in order.
+    pub fn polls(&self) -> Vec<Poll> {
+        self.polls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The offsets door `name` polled with, in order.
+    pub fn offsets_of(&self, name: &str) -> Vec<i64> {
+        self.polls().into_iter().filter(|p| p.door == name).map(|p| p.offset).collect()
+    }
+}
+
+/// Another address of the same bot (same updates, same sent messages), so a
+/// test tells two boards' pollers apart.
+pub struct Door {
+    server: TestServer,
+}
+
+impl Door {
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+}
+
+impl FakeTelegram {
+    /// A door named `name` onto this bot, counted in `doors`.
+    pub async fn door(&self, name: &str, doors: &Arc<Doors>) -> Door {
+        let (st, notify, tok, doors, name) =
+            (self.state.clone(), self.arrived.clone(), self.token.clone(), doors.clone(), name.to_string());
+        let server = TestServer::start_async(move |req| {
+            let (st, notify, tok, doors, name) = (st.clone(), notify.clone(), tok.clone(), doors.clone(), name.clone());
+            async move {
+                if !req.path_only().ends_with("/getUpdates") {
+                    return handle(req, st, notify, tok).await;
+                }
+                let offset = req.json().and_then(|b| b["offset"].as_i64()).unwrap_or(0);
+                doors.polls.lock().unwrap_or_else(|e| e.into_inner()).push(Poll { door: name.clone(), offset });
+                let mine = Arc::new(Notify::new());
+                if let Some((door, older)) =
+                    doors.open.lock().unwrap_or_else(|e| e.into_inner()).replace((name.clone(), mine.clone()))
+                {
+                    if door != name {
+                        older.notify_one();
+                    }
+                }
+                let answer = tokio::select! {
+                    r = handle(req, st, notify, tok) => r,
+                    () = mine.notified() => refuse(409, "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running"),
+                };
+                let mut open = doors.open.lock().unwrap_or_else(|e| e.into_inner());
+                if open.as_ref().is_some_and(|(_, n)| Arc::ptr_eq(n, &mine)) {
+                    *open = None;
+                }
+                answer
+            }
+        })
+        .await;
+        Door { server }
+    }
+}
