@@ -114,6 +114,15 @@ pub struct FleetConfig {
     pub dedup_window: Dur,
     /// NATS server for `cron add --on any` (Tier 3); unset: `--on any` is refused.
     pub nats_url: Option<String>,
+    /// This board's NATS account (its own user, like its broker account).
+    pub nats_user: Option<String>,
+    /// The variable (or systemd credential) holding that account's password.
+    pub nats_password_env: Option<String>,
+    /// The JetStream key-value bucket the boards claim slots in (made if missing).
+    pub nats_bucket: String,
+    /// How long a claimed slot's key is kept (the bucket's `max_age`); longer
+    /// than any catch-up window, so a late board finds the slot taken.
+    pub nats_max_age: Dur,
 }
 
 impl Default for FleetConfig {
@@ -127,6 +136,10 @@ impl Default for FleetConfig {
             replay_window: Dur::secs(300),
             dedup_window: Dur::secs(7 * 24 * 3600),
             nats_url: None,
+            nats_user: None,
+            nats_password_env: None,
+            nats_bucket: "bramble_once".into(),
+            nats_max_age: Dur::secs(7 * 24 * 3600),
         }
     }
 }
@@ -146,6 +159,14 @@ pub enum FleetConfigError {
     NoPrimary(&'static str),
     #[error("[fleet] primary = \"{0}\" names this board itself: a node needs another board as its primary")]
     SelfPrimary(BoardName),
+    #[error(
+        "[fleet] nats_url `{0}`: expected nats://host[:port] (the account goes in nats_user and nats_password_env)"
+    )]
+    NatsUrl(String),
+    #[error("[fleet] nats_bucket `{0}`: expected 1 to 64 characters from `A-Z a-z 0-9 _ -`")]
+    NatsBucket(String),
+    #[error("[fleet] nats_password_env names {0} but it is not set")]
+    NatsPasswordUnset(String),
     #[error(
         "[mqtt] topic_prefix `{0}` differs from `bramble/<[fleet] name>`: the boards find each other under bramble/<board>; remove topic_prefix"
     )]
@@ -194,7 +215,28 @@ impl FleetConfig {
             }
         }
         self.primary_of_node()?;
+        self.check_nats()?;
         self.key().map(|_| ())
+    }
+
+    /// `nats_url`'s shape and the bucket's name (the connection is tried at each claim).
+    pub fn check_nats(&self) -> Result<(), FleetConfigError> {
+        let Some(url) = &self.nats_url else { return Ok(()) };
+        let rest = url.trim().strip_prefix("nats://").unwrap_or_default();
+        if rest.is_empty() || rest.contains(['@', '/', '?', '#']) {
+            return Err(FleetConfigError::NatsUrl(url.clone()));
+        }
+        let b = &self.nats_bucket;
+        if b.is_empty() || b.len() > 64 || !b.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-') {
+            return Err(FleetConfigError::NatsBucket(b.clone()));
+        }
+        self.nats_password().map(|_| ())
+    }
+
+    /// The NATS account's password (`None`: no `nats_password_env`).
+    pub fn nats_password(&self) -> Result<Option<Secret>, FleetConfigError> {
+        let Some(env) = self.nats_password_env.as_deref() else { return Ok(None) };
+        secret_from_env(env).map(Some).ok_or_else(|| FleetConfigError::NatsPasswordUnset(env.to_string()))
     }
 }
 

@@ -26,6 +26,8 @@ mod firsthour;
 mod firstrun;
 #[cfg(feature = "fleet")]
 mod fleet;
+#[cfg(feature = "fleet")]
+mod fleet_any;
 #[cfg(feature = "homeassistant")]
 mod homeassistant;
 #[cfg(all(feature = "matrix", feature = "email", feature = "webhook"))]
