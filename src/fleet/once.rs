@@ -87,7 +87,7 @@ impl Once {
                 tracing::warn!(job = %job.name, %scheduled, "fleet: not run: cannot claim the slot in NATS: {e}");
                 let text = format!(
                     "Alert: {} cannot reach NATS to claim the slots of jobs for any board, so it runs none of \
-                     them (another board may): {e}. Is nats-server running and reachable (`bramble check`)?",
+                     them (another board may): {e}. Is nats-server running, with JetStream (-js), and reachable from here?",
                     self.me
                 );
                 self.alerts.raise(ALERT_KEY, text).await;

@@ -30,12 +30,27 @@ struct Nats {
     child: Option<std::process::Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// `authorization { … }` for the server's config file (empty: anonymous).
+    auth: String,
 }
 
 impl Nats {
     async fn start() -> Nats {
+        Nats::start_with("").await
+    }
+
+    /// With an account per board (`pw-<board>`): the shed's may not publish to the bucket.
+    async fn start_with_accounts() -> Nats {
+        Nats::start_with(
+            "authorization {\n  users = [\n    {user: living, password: pw-living}\n    {user: garage, password: pw-garage}\n    \
+             {user: shed, password: pw-shed, permissions: {publish: {deny: [\"$KV.>\"]}}}\n  ]\n}\n",
+        )
+        .await
+    }
+
+    async fn start_with(auth: &str) -> Nats {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let mut n = Nats { child: None, port, dir: tempfile::tempdir().unwrap() };
+        let mut n = Nats { child: None, port, dir: tempfile::tempdir().unwrap(), auth: auth.into() };
         n.launch().await;
         n
     }
@@ -45,8 +60,12 @@ impl Nats {
             .into_iter()
             .find(|p| std::path::Path::new(p).exists())
             .expect("the fleet's --on any tests need a real NATS server: apt-get install nats-server");
+        let conf = self.dir.path().join("nats.conf");
+        let store = self.dir.path().join("js");
+        std::fs::write(&conf, format!("jetstream {{\n  store_dir: \"{}\"\n}}\n{}", store.display(), self.auth))
+            .unwrap();
         let child = std::process::Command::new(bin)
-            .args(["-js", "-sd", self.dir.path().to_str().unwrap(), "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-c", conf.to_str().unwrap(), "-a", "127.0.0.1", "-p", &self.port.to_string()])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -83,16 +102,21 @@ struct Fleet {
     logs: tempfile::TempDir,
 }
 
-fn key_file(home: &TestHome) {
+fn key_file(home: &TestHome, board: &str) {
     let dir = home.path().join(".config/bramble");
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("env");
-    std::fs::write(&f, format!("FLEET_KEY={KEY}\n")).unwrap();
+    std::fs::write(&f, format!("FLEET_KEY={KEY}\nNATS_PASSWORD=pw-{board}\n")).unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// Three boards (living the primary with Telegram; garage and shed nodes), each with `nats_url`.
 async fn fleet(nats_url: &str) -> Fleet {
+    fleet_with(nats_url, false).await
+}
+
+/// `accounts`: each board logs in to NATS as itself.
+async fn fleet_with(nats_url: &str, accounts: bool) -> Fleet {
     let broker = Mosquitto::start().await;
     let tg = FakeTelegram::start(TOKEN).await;
     let mut llms = Vec::new();
@@ -110,6 +134,11 @@ async fn fleet(nats_url: &str) -> Fleet {
         } else {
             String::new()
         };
+        let login = if accounts {
+            format!("nats_user = \"{board}\"\nnats_password_env = \"NATS_PASSWORD\"\n")
+        } else {
+            String::new()
+        };
         let home = TestHome::new(
             "openai",
             &llm.base_url(),
@@ -117,11 +146,11 @@ async fn fleet(nats_url: &str) -> Fleet {
             "max_retries = 0\n",
             &format!(
                 "[heartbeat]\nenabled = false\n{telegram}[mqtt]\nurl = \"{}\"\ndevice = \"{board}\"\ndiscovery = false\n\
-                 [fleet]\nname = \"{board}\"\n{role}key_env = \"FLEET_KEY\"\ntimeout = \"30s\"\nnats_url = \"{nats_url}\"\n",
+                 [fleet]\nname = \"{board}\"\n{role}key_env = \"FLEET_KEY\"\ntimeout = \"30s\"\nnats_url = \"{nats_url}\"\n{login}",
                 broker.url()
             ),
         );
-        key_file(&home);
+        key_file(&home, board);
         llms.push(llm);
         homes.push(home);
     }
@@ -379,4 +408,18 @@ async fn a_malformed_or_oversize_answer_from_nats_is_a_clear_error_and_runs_noth
         assert!(f.wins().is_empty(), "{}", f.all_logs());
         living.stop().await;
     }
+}
+
+#[tokio::test]
+async fn a_board_whose_nats_account_cannot_reach_the_bucket_runs_nothing_and_says_why() {
+    let nats = Nats::start_with_accounts().await;
+    let f = fleet_with(&nats.url(), true).await;
+    let boards = f.start().await;
+    f.add_any(&["acl", "--every", "2s", "--remind", "acl-tick"]).await;
+    assert!(boards[2].wait_log_count("Permissions Violation", 2, 60).await, "{}", boards[2].log());
+    assert!(boards[2].log().contains("not run: cannot claim the slot in NATS"), "{}", boards[2].log());
+    assert!(wait_until(60, || f.wins().len() >= 3).await, "{}", f.all_logs());
+    f.assert_once();
+    assert!(!boards[2].log().contains(WON), "the shed's account cannot claim: {}", boards[2].log());
+    assert!(boards[0].log().contains(WON) || boards[1].log().contains(WON), "{}", f.all_logs());
 }
