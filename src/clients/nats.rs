@@ -162,8 +162,6 @@ struct Info {
     tls_required: bool,
     #[serde(default)]
     headers: bool,
-    #[serde(default)]
-    max_payload: Option<usize>,
 }
 
 /// One connection: handshake done, its inbox subscribed.
@@ -205,7 +203,6 @@ impl Conn {
                 "the server does not support headers (needs nats-server 2.2 or later)".into(),
             ));
         }
-        let _ = info.max_payload;
         let mut connect = serde_json::json!({
             "verbose": false, "pedantic": false, "lang": "rust-bramble", "version": env!("CARGO_PKG_VERSION"),
             "protocol": 1, "headers": true, "no_responders": true,

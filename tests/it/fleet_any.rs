@@ -392,12 +392,30 @@ async fn fake_nats(answer: Vec<u8>) -> u16 {
     port
 }
 
+/// A dead peer: it accepts the connection and never says a word.
+async fn silent_nats() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    port
+}
+
 #[tokio::test]
-async fn a_malformed_or_oversize_answer_from_nats_is_a_clear_error_and_runs_nothing() {
-    for (answer, said) in
-        [(b"<html>not json</html>".to_vec(), "not JSON"), (vec![b'x'; 200_000], "over the 65536-byte limit")]
-    {
-        let port = fake_nats(answer).await;
+async fn a_malformed_oversize_or_missing_answer_from_nats_is_a_clear_error_and_runs_nothing() {
+    for (answer, said) in [
+        (Some(b"<html>not json</html>".to_vec()), "not JSON"),
+        (Some(vec![b'x'; 200_000]), "over the 65536-byte limit"),
+        (None, "no answer within 10 s (the handshake)"),
+    ] {
+        let port = match answer {
+            Some(answer) => fake_nats(answer).await,
+            None => silent_nats().await,
+        };
         let f = fleet(&format!("nats://127.0.0.1:{port}")).await;
         let living = f.start_board(0);
         assert!(living.wait_log("MQTT connected", 30).await, "{}", living.log());
