@@ -278,6 +278,20 @@ mod tests {
         let c =
             parse("[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nname = \"living\"\nkey_env = \"BRAMBLE_TEST_NO_FLEET_KEY\"\n");
         assert!(matches!(c.fleet.check(&c.mqtt), Err(FleetConfigError::KeyUnset(_))));
+        let nats = |extra: &str| {
+            parse(&format!("[fleet]\nname = \"living\"\nnats_url = \"nats://n.lan:4222\"\n{extra}")).fleet.check_nats()
+        };
+        assert_eq!(nats(""), Ok(()));
+        assert!(matches!(nats("nats_bucket = \"a.b\"\n"), Err(FleetConfigError::NatsBucket(_))));
+        assert!(matches!(
+            nats("nats_password_env = \"BRAMBLE_TEST_NO_NATS_PW\"\n"),
+            Err(FleetConfigError::NatsPasswordUnset(_))
+        ));
+        let c = parse("[fleet]\nname = \"living\"\nnats_url = \"nats://u:p@n.lan\"\n");
+        assert!(
+            matches!(c.fleet.check_nats(), Err(FleetConfigError::NatsUrl(_))),
+            "the password is not put in the URL"
+        );
         let err = crate::config::Config::parse("[fleet]\nname = \"Bad Name\"\n", "c.toml".as_ref()).unwrap_err();
         assert!(err.to_string().contains("not a board name"), "{err}");
         let err = crate::config::Config::parse("[fleet]\nrole = \"boss\"\n", "c.toml".as_ref()).unwrap_err();
