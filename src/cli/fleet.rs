@@ -54,7 +54,7 @@ pub(super) async fn add_on(loaded: &Loaded, add: AddArgs, on: &str) -> anyhow::R
             Err(BoardNameError::Any) if loaded.config.fleet.nats_url.is_none() => {
                 anyhow::bail!(crate::fleet::FleetError::AnyWithoutNats)
             }
-            Err(BoardNameError::Any) => anyhow::bail!(crate::fleet::FleetError::AnyNotBuilt),
+            Err(BoardNameError::Any) => return add_any(loaded, add).await,
             Err(e) => anyhow::bail!("--on: {e}"),
         };
         let now = jiff::Timestamp::now();
@@ -69,6 +69,62 @@ pub(super) async fn add_on(loaded: &Loaded, add: AddArgs, on: &str) -> anyhow::R
         println!("{}", reply.text);
         Ok(ExitCode::SUCCESS)
     }
+}
+
+/// `bramble cron add … --on any`: the job, checked here, stored on this board
+/// and sent to every other board that can claim slots in NATS (online, with
+/// `nats` and, for a command, `exec` in its presence); each board plans it and
+/// the one that wins a slot's key in NATS runs it.
+#[cfg(feature = "fleet")]
+async fn add_any(loaded: &Loaded, add: AddArgs) -> anyhow::Result<ExitCode> {
+    use crate::fleet::once::CAPABILITY;
+    use crate::scheduler::{JobKind, Placement, Schedule};
+    let c = &loaded.config;
+    if c.fleet.role != crate::config::fleet::FleetRole::Primary {
+        anyhow::bail!("only the primary sends jobs to the boards: run `cron add --on any` on it");
+    }
+    c.fleet.check(&c.mqtt)?;
+    let now = jiff::Timestamp::now();
+    let mut job = super::cron::new_job(loaded, super::args::CronCommand::Add(add), crate::bus::Principal::Owner, now)?;
+    job.placement = Placement::Any;
+    // The slots must be the same instants on every board, whatever its zone.
+    if let Schedule::Cron { tz: tz @ None, .. } = &mut job.schedule {
+        *tz = c.timezone().tz().iana_name().map(str::to_string);
+    }
+    let (me, boards) = crate::fleet::remote::snapshot(c).await?;
+    let store = crate::scheduler::JobStore::open(&loaded.paths.state_dir);
+    store.prune_done(now - super::cron_view::KEEP_DONE)?;
+    let job = store.add(job)?;
+    let mut on = vec![me.to_string()];
+    let mut not = Vec::new();
+    let body = serde_json::to_string(&job)?;
+    let needs_exec = matches!(job.kind, JobKind::Exec { .. });
+    for (name, seen) in boards.0.iter().filter(|(b, _)| **b != me) {
+        let caps = seen.presence.as_ref().map(|p| p.capabilities.clone()).unwrap_or_default();
+        let why = if !seen.online {
+            Some("offline")
+        } else if !caps.iter().any(|c| c == CAPABILITY) {
+            Some("no [fleet] nats_url")
+        } else if needs_exec && !caps.iter().any(|c| c == "exec") {
+            Some("no [exec]")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            not.push(format!("{name} ({why})"));
+            continue;
+        }
+        match crate::fleet::remote::command(c, name, crate::fleet::wire::CRON_ADD, body.clone()).await {
+            Ok(reply) if reply.ok => on.push(name.to_string()),
+            Ok(reply) => not.push(format!("{name} (refused: {})", reply.text)),
+            Err(e) => not.push(format!("{name} ({e})")),
+        }
+    }
+    println!("added job {} ({}) for any board: on {}", job.name, job.id, on.join(", "));
+    if !not.is_empty() {
+        println!("  not on {}", not.join("; "));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `bramble cron list --fleet`: every board's jobs from its presence.

@@ -21,6 +21,9 @@ pub mod imap;
 #[cfg(feature = "matrix")]
 pub mod matrix;
 pub mod mqtt;
+/// NATS: one JetStream key-value `create` per claim, for the fleet's `--on any` (feature `fleet`).
+#[cfg(feature = "fleet")]
+pub mod nats;
 /// ntfy: publish and the JSON stream (feature `ntfy`).
 #[cfg(feature = "ntfy")]
 pub mod ntfy;

@@ -118,6 +118,15 @@ pub struct FleetConfig {
     /// On a standby: how long the primary's status must have said `offline`
     /// before this board polls the chat (at least [`MIN_TAKEOVER`]).
     pub takeover_after: Dur,
+    /// This board's NATS account (its own user, like its broker account).
+    pub nats_user: Option<String>,
+    /// The variable (or systemd credential) holding that account's password.
+    pub nats_password_env: Option<String>,
+    /// The JetStream key-value bucket the boards claim slots in (made if missing).
+    pub nats_bucket: String,
+    /// How long a claimed slot's key is kept (the bucket's `max_age`); longer
+    /// than any catch-up window, so a late board finds the slot taken.
+    pub nats_max_age: Dur,
 }
 
 /// The shortest `takeover_after`: a broker restart or a primary's reboot is not a failover.
@@ -135,6 +144,10 @@ impl Default for FleetConfig {
             dedup_window: Dur::secs(7 * 24 * 3600),
             nats_url: None,
             takeover_after: Dur::secs(60),
+            nats_user: None,
+            nats_password_env: None,
+            nats_bucket: "bramble_once".into(),
+            nats_max_age: Dur::secs(7 * 24 * 3600),
         }
     }
 }
@@ -156,6 +169,14 @@ pub enum FleetConfigError {
     SelfPrimary(BoardName),
     #[error("[fleet] takeover_after = \"{0}\" is too short: use at least 5s (a broker restart is not a failover)")]
     TakeoverShort(String),
+    #[error(
+        "[fleet] nats_url `{0}`: expected nats://host[:port] (the account goes in nats_user and nats_password_env)"
+    )]
+    NatsUrl(String),
+    #[error("[fleet] nats_bucket `{0}`: expected 1 to 64 characters from `A-Z a-z 0-9 _ -`")]
+    NatsBucket(String),
+    #[error("[fleet] nats_password_env names {0} but it is not set")]
+    NatsPasswordUnset(String),
     #[error(
         "[mqtt] topic_prefix `{0}` differs from `bramble/<[fleet] name>`: the boards find each other under bramble/<board>; remove topic_prefix"
     )]
@@ -225,7 +246,28 @@ impl FleetConfig {
         if self.takeover_after.get() < MIN_TAKEOVER {
             return Err(FleetConfigError::TakeoverShort(self.takeover_after.to_string()));
         }
+        self.check_nats()?;
         self.key().map(|_| ())
+    }
+
+    /// `nats_url`'s shape and the bucket's name (the connection is tried at each claim).
+    pub fn check_nats(&self) -> Result<(), FleetConfigError> {
+        let Some(url) = &self.nats_url else { return Ok(()) };
+        let rest = url.trim().strip_prefix("nats://").unwrap_or_default();
+        if rest.is_empty() || rest.contains(['@', '/', '?', '#']) {
+            return Err(FleetConfigError::NatsUrl(url.clone()));
+        }
+        let b = &self.nats_bucket;
+        if b.is_empty() || b.len() > 64 || !b.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-') {
+            return Err(FleetConfigError::NatsBucket(b.clone()));
+        }
+        self.nats_password().map(|_| ())
+    }
+
+    /// The NATS account's password (`None`: no `nats_password_env`).
+    pub fn nats_password(&self) -> Result<Option<Secret>, FleetConfigError> {
+        let Some(env) = self.nats_password_env.as_deref() else { return Ok(None) };
+        secret_from_env(env).map(Some).ok_or_else(|| FleetConfigError::NatsPasswordUnset(env.to_string()))
     }
 }
 
@@ -287,6 +329,20 @@ mod tests {
         let c = parse("[mqtt]\nurl = \"mqtt://b\"\n[fleet]\nname = \"garage\"\nrole = \"standby\"\n");
         assert_eq!(c.fleet.check(&c.mqtt), Err(FleetConfigError::NoPrimary("standby")));
         assert_eq!(c.fleet.takeover_after.get(), std::time::Duration::from_secs(60));
+        let nats = |extra: &str| {
+            parse(&format!("[fleet]\nname = \"living\"\nnats_url = \"nats://n.lan:4222\"\n{extra}")).fleet.check_nats()
+        };
+        assert_eq!(nats(""), Ok(()));
+        assert!(matches!(nats("nats_bucket = \"a.b\"\n"), Err(FleetConfigError::NatsBucket(_))));
+        assert!(matches!(
+            nats("nats_password_env = \"BRAMBLE_TEST_NO_NATS_PW\"\n"),
+            Err(FleetConfigError::NatsPasswordUnset(_))
+        ));
+        let c = parse("[fleet]\nname = \"living\"\nnats_url = \"nats://u:p@n.lan\"\n");
+        assert!(
+            matches!(c.fleet.check_nats(), Err(FleetConfigError::NatsUrl(_))),
+            "the password is not put in the URL"
+        );
         let err = crate::config::Config::parse("[fleet]\nname = \"Bad Name\"\n", "c.toml".as_ref()).unwrap_err();
         assert!(err.to_string().contains("not a board name"), "{err}");
         let err = crate::config::Config::parse("[fleet]\nrole = \"boss\"\n", "c.toml".as_ref()).unwrap_err();

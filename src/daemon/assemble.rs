@@ -415,7 +415,9 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     });
     #[cfg(feature = "homeassistant")]
     let ha = ha.and_then(|ha| events::services(&ha, &c.homeassistant, state, work.triggers()));
-    let (scheduler, heartbeat, dead_man) = work.into_loops(scheduler, mqtt.as_ref().map(|(_, o)| o.clone()), &agent);
+    let gate = once_gate(loaded, &work.alerts);
+    let (scheduler, heartbeat, dead_man) =
+        work.into_loops(scheduler, mqtt.as_ref().map(|(_, o)| o.clone()), gate, &agent);
     let mut watched =
         vec![("jobs.json", scheduler.scheduler.reload_handle()), ("outbox.jsonl", reports.wake().clone())];
     let mqtt = mqtt.map(|(services, _)| {
@@ -559,6 +561,9 @@ fn fleet(
     if c.exec.enabled {
         capabilities.push("exec".into());
     }
+    if c.fleet.nats_url.is_some() {
+        capabilities.push(crate::fleet::once::CAPABILITY.into());
+    }
     let reach = crate::fleet::Reach {
         chats: crate::policy::AllowedChats::new(&c.telegram.allow_from, state)
             .with_email(c.email.allow_from.iter().map(|a| a.0.clone()))
@@ -700,16 +705,35 @@ impl Work {
         self,
         scheduler: Scheduler,
         observer: Option<RunObserver>,
+        gate: Option<Arc<dyn crate::work::jobs::OnceGate>>,
         agent: &Arc<Agent>,
     ) -> (SchedulerLoop<ObservedRunner>, Option<HeartbeatLoop>, DeadMan) {
         let mut watched = vec![scheduler_watched(scheduler.pulse())];
         if let Some(hb) = &self.heartbeat {
             watched.push(heartbeat_watched(hb.pulse.clone(), hb.config.every.get()));
         }
-        let executor = ObservedRunner { runner: self.job_runner, observers: observer.into_iter().collect() };
+        let executor = ObservedRunner { runner: self.job_runner, observers: observer.into_iter().collect(), gate };
         let heartbeat = self.heartbeat.map(|heartbeat| HeartbeatLoop { heartbeat, agent: agent.clone() });
         let dead_man = DeadMan { alerts: self.alerts, watched, outbox: self.reports.outbox().clone() };
         (SchedulerLoop { scheduler, executor }, heartbeat, dead_man)
+    }
+}
+
+/// `[fleet] nats_url`: the gate of jobs for any board (`None`: none, or
+/// misconfigured, logged: such jobs then do not run here).
+fn once_gate(loaded: &Loaded, alerts: &Alerts) -> Option<Arc<dyn crate::work::jobs::OnceGate>> {
+    #[cfg(feature = "fleet")]
+    match crate::fleet::once::Once::new(&loaded.config.fleet, alerts.clone()) {
+        Ok(gate) => gate.map(|g| Arc::new(g) as Arc<dyn crate::work::jobs::OnceGate>),
+        Err(e) => {
+            tracing::error!("jobs for any board will not run on this board: {e}");
+            None
+        }
+    }
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = (loaded, alerts);
+        None
     }
 }
 

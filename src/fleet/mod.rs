@@ -11,12 +11,11 @@
 //! - [`relay`]: on a node, the delivery channel that sends reports for the
 //!   primary's chats to it; the primary drops duplicates by key ([`dedup`]).
 //! - [`remote`]: the command line's short sessions (`cron add --on`, `fleet status`).
-//!
+//! - [`once`]: jobs for any board (`--on any`): the board that wins a
+//!   put-if-absent on the slot's key in NATS JetStream KV runs it; refused
+//!   at `cron add` without `[fleet] nats_url`.
 //! - [`standby`]: who polls the chat: the primary, or a standby while the
 //!   primary has been offline for `takeover_after`; the update offset shared.
-//!
-//! Seam for what is not built yet: `Placement::Any` is refused at `cron add` without `[fleet] nats_url`
-//! (Tier 3, a put-if-absent on `job@slot` in NATS JetStream KV).
 //!
 //! Layer: above the channels (it holds the MQTT channel's link and sits in
 //! front of the agent's queue), below the daemon that builds it.
@@ -24,6 +23,7 @@
 pub mod auth;
 pub mod chat;
 pub mod dedup;
+pub mod once;
 pub mod presence;
 pub mod relay;
 pub mod remote;
@@ -67,8 +67,6 @@ pub enum FleetError {
         "`--on any` needs [fleet] nats_url (a NATS JetStream server decides which board runs each slot); without it the job would run on every board"
     )]
     AnyWithoutNats,
-    #[error("`--on any` is not built yet in this version (it needs NATS JetStream KV); pin the job to a board")]
-    AnyNotBuilt,
 }
 
 /// The MQTT filters the fleet listens to (empty without `[fleet]`): set on

@@ -303,8 +303,14 @@ impl FleetService {
 
     fn cron_add(&self, body: &str) -> Result<String, String> {
         let mut job: crate::scheduler::Job = serde_json::from_str(body).map_err(|e| format!("not a job: {e}"))?;
-        if job.placement != Placement::Board(self.me.clone()) {
-            return Err(format!("job `{}` is placed on `{}`, not on {}", job.name, job.placement, self.me));
+        match &job.placement {
+            Placement::Board(b) if *b == self.me => {}
+            // A job for any board: only where NATS can decide who runs each slot.
+            Placement::Any if self.capabilities.iter().any(|c| c == super::once::CAPABILITY) => {}
+            Placement::Any => {
+                return Err(format!("{} has no [fleet] nats_url: it cannot take a job for any board", self.me))
+            }
+            other => return Err(format!("job `{}` is placed on `{other}`, not on {}", job.name, self.me)),
         }
         // The primary's owner made it; on this board it acts for the owner, within [policy.job].
         job.origin = None;

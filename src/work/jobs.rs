@@ -263,19 +263,51 @@ impl JobExecutor for JobRunner {
 /// `{"job","status","started","finished","output"}` (MQTT publishes it).
 pub type RunObserver = Arc<dyn Fn(&Job, &serde_json::Value) + Send + Sync>;
 
+/// Decides whether this board runs an occurrence of a job placed on `any`
+/// board (the fleet's "once across the fleet", `fleet::once`).
+pub trait OnceGate: Send + Sync {
+    /// `Ok(fence)`: this board won the slot, `fence` is its token (the KV
+    /// revision); `Err(outcome)`: not run here, and why.
+    fn claim<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> crate::util::BoxFuture<'a, Result<u64, RunOutcome>>;
+}
+
 /// A [`JobRunner`] whose runs are also reported to observers.
 pub struct ObservedRunner {
     pub runner: JobRunner,
     pub observers: Vec<RunObserver>,
+    /// For jobs placed on `any` board (`None`: such a job is not run here).
+    pub gate: Option<Arc<dyn OnceGate>>,
+}
+
+impl ObservedRunner {
+    /// A job placed on `any` board: the gate's fence, or the outcome of not running it.
+    async fn claim(&self, job: &Job, scheduled: Timestamp) -> Result<Option<u64>, RunOutcome> {
+        if job.placement != crate::scheduler::Placement::Any {
+            return Ok(None);
+        }
+        match &self.gate {
+            Some(gate) => gate.claim(job, scheduled).await.map(Some),
+            None => Err(RunOutcome::skipped(
+                "not run: the job is for any board and this board has no [fleet] nats_url to claim its slot",
+            )),
+        }
+    }
 }
 
 impl JobExecutor for ObservedRunner {
-    fn execute<'a>(&'a self, job: &'a Job, _scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
+    fn execute<'a>(&'a self, job: &'a Job, scheduled: Timestamp) -> crate::util::BoxFuture<'a, RunOutcome> {
         Box::pin(async move {
+            let fence = match self.claim(job, scheduled).await {
+                Ok(fence) => fence,
+                Err(outcome) => return outcome,
+            };
             let started = Timestamp::now();
-            let outcome = self.runner.run_job(job).await;
+            let mut outcome = self.runner.run_job(job).await;
+            if let Some(f) = fence {
+                outcome.summary = format!("[slot won, fence {f}] {}", outcome.summary);
+            }
             if !self.observers.is_empty() {
-                let record = serde_json::json!({
+                let mut record = serde_json::json!({
                     "job": job.name,
                     "status": outcome.status.to_string(),
                     "started": started.to_string(),
@@ -283,6 +315,9 @@ impl JobExecutor for ObservedRunner {
                     "output": crate::scheduler::job::truncate(&outcome.summary, 4000),
                     "model": outcome.model,
                 });
+                if let Some(f) = fence {
+                    record["fence"] = f.into();
+                }
                 for observe in &self.observers {
                     observe(job, &record);
                 }

@@ -27,6 +27,8 @@ mod firstrun;
 #[cfg(feature = "fleet")]
 mod fleet;
 #[cfg(feature = "fleet")]
+mod fleet_any;
+#[cfg(feature = "fleet")]
 mod fleet_standby;
 #[cfg(feature = "homeassistant")]
 mod homeassistant;
