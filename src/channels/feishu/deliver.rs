@@ -244,6 +244,32 @@ mod tests {
     }
 
     #[test]
+    fn images_within_their_cap_go_as_images_and_the_rest_as_files_of_a_documented_type() {
+        assert_eq!(kind("chart.PNG", 1024), Kind::Image);
+        assert_eq!(kind("photo.jpeg", MAX_IMAGE), Kind::Image);
+        assert_eq!(kind("photo.jpeg", MAX_IMAGE + 1), Kind::File("stream"), "a larger image goes as a file");
+        assert_eq!(kind("report.pdf", 10), Kind::File("pdf"));
+        assert_eq!(kind("sheet.xlsx", 10), Kind::File("xls"));
+        assert_eq!(kind("talk.pptx", 10), Kind::File("ppt"));
+        assert_eq!(kind("letter.docx", 10), Kind::File("doc"));
+        assert_eq!(kind("clip.mp4", 10), Kind::File("stream"), "a media message would need a cover image");
+        assert_eq!(kind("noext", 10), Kind::File("stream"));
+    }
+
+    #[test]
+    fn a_files_limits_are_said_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = crate::workspace::Workspace::strict(dir.path());
+        std::fs::File::create(dir.path().join("big.bin")).unwrap().set_len(MAX_FILE + 1).unwrap();
+        std::fs::write(dir.path().join("empty.txt"), b"").unwrap();
+        std::fs::write(dir.path().join("ok.txt"), b"ok").unwrap();
+        assert!(read(&ws, "big.bin").unwrap_err().contains("over Feishu / Lark's limit of 30 MB"));
+        assert!(read(&ws, "empty.txt").unwrap_err().contains("empty"));
+        assert!(read(&ws, "/etc/passwd").is_err(), "nothing from outside the workspace");
+        assert_eq!(read(&ws, "ok.txt").unwrap(), b"ok");
+    }
+
+    #[test]
     fn errors_are_sorted_for_the_outbox() {
         let refused = |status, code| FeishuError::Refused { what: "a message", status, code, msg: String::new() };
         assert!(delivery_error(refused(503, 0)).retryable);

@@ -446,4 +446,12 @@ mod tests {
         assert_eq!(c.ping_interval, 90);
         assert_eq!(enc("om_a/b"), "om_a%2Fb");
     }
+
+    #[test]
+    fn an_upload_without_its_key_is_an_error() {
+        let ok = json!({"code": 0, "data": {"image_key": "img_v3_1"}});
+        assert_eq!(key(&ok, "image_key", "x").unwrap(), "img_v3_1");
+        assert!(key(&ok, "file_key", "x").is_err());
+        assert!(key(&json!({"code": 0, "data": {"file_key": ""}}), "file_key", "x").is_err());
+    }
 }
