@@ -291,7 +291,7 @@ async fn a_reports_image_and_file_are_uploaded_and_sent_by_key_and_an_oversize_o
     s.connected(&daemon, 1).await;
     let before = s.feishu.tokens_issued();
     // The first upload is refused for its token (99991663): a new one is fetched and the upload made again.
-    s.feishu.token_error_at_next_upload();
+    s.feishu.token_error_at_next_file_call();
     s.feishu.event("u1", &message_event("up1", OWNER, DM, "p2p", "send me the chart"));
     let answered = wait_until(60, || sent_of(&s, DM, "text").iter().any(|(_, c)| c["text"] == "sent")).await;
     let (code, log) = daemon.stop().await;
@@ -384,15 +384,15 @@ async fn a_stalled_upload_holds_back_only_its_own_report_and_a_redirected_upload
     let daemon = s.daemon("stall.log");
     s.connected(&daemon, 1).await;
     // A dead upload endpoint: no answer for an hour.
-    s.feishu.stall_uploads(Some(Duration::from_secs(3600)));
+    s.feishu.stall_file_calls(Some(Duration::from_secs(3600)));
     s.feishu.event("st1", &message_event("stall1", OWNER, DM, "p2p", "post the log to the group"));
     let answered = wait_until(60, || sent_of(&s, DM, "text").iter().any(|(_, c)| c["text"] == "posted")).await;
     assert!(answered, "the DM's answer is not held back by the group's upload: {}", daemon.log());
     assert!(sent_of(&s, GROUP, "text").is_empty(), "the group's report waits in the outbox: {:?}", s.feishu.sent());
 
     // The endpoint is back but redirects once: not followed, the report kept and sent on a later try.
-    s.feishu.redirect_next_upload(&elsewhere.url());
-    s.feishu.stall_uploads(None);
+    s.feishu.redirect_next_file_call(&elsewhere.url());
+    s.feishu.stall_file_calls(None);
     let delivered = wait_until(120, || !sent_of(&s, GROUP, "file").is_empty()).await;
     let (code, log) = daemon.stop().await;
     assert!(delivered, "{log}");
@@ -408,4 +408,40 @@ async fn a_stalled_upload_holds_back_only_its_own_report_and_a_redirected_upload
     assert!(log.contains("delivery failed; will retry"), "the stalled upload timed out: {log}");
     assert!(log.contains("redirect"), "{log}");
     assert!(!log.contains("Bearer") && !log.contains("t-g1045fake"), "{log}");
+}
+
+/// The client the channel uses for a file a user sent (the event handler's
+/// hook is not in yet, so this goes through the library, against the fake).
+#[tokio::test]
+async fn a_file_a_user_sent_is_fetched_within_its_cap_after_a_token_refresh_and_never_through_a_redirect() {
+    use bramble::clients::feishu::{Client, FeishuError};
+    bramble::install_crypto();
+    let feishu = FakeFeishu::start().await;
+    let reached = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = reached.clone();
+    let elsewhere = TestServer::start(move |req| {
+        seen.lock().unwrap().push(format!("{} {:?}", req.path, req.headers));
+        crate::support::http::Response::new(200).body("stolen")
+    })
+    .await;
+    feishu.add_resource("om_in1", "file_v3_in1", b"%PDF in", "application/pdf");
+    feishu.add_resource("om_in2", "file_v3_big", &vec![7u8; 2 << 20], "application/octet-stream");
+    feishu.add_resource("om_in3", "file_v3_json", br#"{"a": 1}"#, "application/json");
+    let secret = bramble::config::Secret::new(APP_SECRET);
+    let client = Client::new(&feishu.url(), fake::APP_ID, secret).unwrap();
+    client.token().await.unwrap();
+    feishu.token_error_at_next_file_call();
+    let (data, ctype) = client.resource("om_in1", "file_v3_in1", false, 1 << 20).await.unwrap();
+    assert_eq!((data.as_slice(), ctype.as_deref()), (b"%PDF in".as_slice(), Some("application/pdf")));
+    assert_eq!(feishu.tokens_issued(), 2, "a new token after 99991663");
+    let big = client.resource("om_in2", "file_v3_big", false, 1 << 20).await;
+    assert!(matches!(big, Err(FeishuError::TooLarge { .. })), "{big:?}");
+    let json_file = client.resource("om_in3", "file_v3_json", false, 1 << 20).await.unwrap();
+    assert_eq!(json_file.0, br#"{"a": 1}"#, "a JSON file the user sent is a file, not an error");
+    let missing = client.resource("om_in1", "file_v3_other", false, 1 << 20).await;
+    assert_eq!(missing.as_ref().err().and_then(FeishuError::code), Some(234003), "{missing:?}");
+    feishu.redirect_next_file_call(&elsewhere.url());
+    let redirected = client.resource("om_in1", "file_v3_in1", false, 1 << 20).await;
+    assert!(matches!(redirected, Err(FeishuError::Redirect { .. })), "{redirected:?}");
+    assert!(reached.lock().unwrap().is_empty(), "the token went nowhere else: {:?}", reached.lock().unwrap());
 }

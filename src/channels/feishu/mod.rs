@@ -9,6 +9,7 @@
 //! - [`deliver`]: the `Channel` that posts reports (text; reminders as
 //!   cards; files uploaded and sent as image / file messages).
 //! - [`progress`]: a chat turn's status card, edited as it runs tools.
+//! - [`files`]: a file a user sends, fetched into the workspace inbox.
 //! - [`state`]: the handled ids, kept across restarts.
 //!
 //! ## The connection
@@ -37,6 +38,7 @@
 
 pub mod deliver;
 pub mod event;
+pub mod files;
 pub mod handler;
 pub mod parts;
 pub mod progress;

@@ -68,6 +68,9 @@ pub enum FeishuError {
     /// An answer we cannot read.
     #[error("cannot read the Feishu / Lark API's answer to {what}: {msg}")]
     Decode { what: &'static str, msg: String },
+    /// A download larger than the caller takes.
+    #[error("{what} is larger than the limit of {limit} bytes: not downloaded")]
+    TooLarge { what: &'static str, limit: usize },
 }
 
 impl FeishuError {
@@ -96,7 +99,7 @@ impl FeishuError {
     pub fn is_retryable(&self) -> bool {
         match self {
             FeishuError::Transport(_) | FeishuError::Decode { .. } => true,
-            FeishuError::Redirect { .. } => false,
+            FeishuError::Redirect { .. } | FeishuError::TooLarge { .. } => false,
             FeishuError::Refused { status, code, .. } => {
                 *status == 429 || *status >= 500 || *code == 99991400 || self.is_token()
             }
@@ -306,6 +309,45 @@ impl Client {
         self.authed("a card update", reqwest::Method::PATCH, &path, Body::Json(&body)).await.map(drop)
     }
 
+    /// `GET /open-apis/im/v1/messages/{id}/resources/{key}?type=image|file`
+    /// ("Get resources in a message": the bytes of an image or file a user
+    /// sent, up to the platform's 100 MB): at most `cap` bytes, else
+    /// [`FeishuError::TooLarge`]; the answer's `Content-Type` with it.
+    pub async fn resource(
+        &self,
+        message_id: &str,
+        key: &str,
+        image: bool,
+        cap: usize,
+    ) -> Result<(Vec<u8>, Option<String>), FeishuError> {
+        let what = "a message's file";
+        let kind = if image { "image" } else { "file" };
+        let url =
+            format!("{}/open-apis/im/v1/messages/{}/resources/{}?type={kind}", self.base, enc(message_id), enc(key));
+        for attempt in 0..2 {
+            let token = self.token().await?;
+            let req = self.http.get(&url).bearer_auth(token.expose()).timeout(self.upload_timeout);
+            let resp = req.send().await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+            let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let got = match resp.status().is_success() {
+                true => bytes(resp, cap).await.map(|data| (data, ctype.clone())),
+                false => {
+                    self.answer(what, resp).await.and_then(|_| Err(FeishuError::Decode { what, msg: "no file".into() }))
+                }
+            };
+            // A JSON answer may be the API's error (a JSON file the user sent is not one: it has no `code`).
+            let refused = match &got {
+                Ok((data, Some(t))) if t.starts_with("application/json") => refusal(what, data),
+                _ => None,
+            };
+            match refused.map_or(got, Err) {
+                Err(e) if e.is_token() && attempt == 0 => self.drop_token(),
+                r => return r,
+            }
+        }
+        Err(FeishuError::Decode { what, msg: "the token was refused twice".into() })
+    }
+
     /// `DELETE /open-apis/im/v1/messages/{id}`: a message of ours recalled
     /// (the bot's own, within the tenant's recall window, 24 h by default).
     pub async fn recall(&self, message_id: &str) -> Result<(), FeishuError> {
@@ -343,6 +385,11 @@ impl Client {
     /// Send `req`; the answer's JSON when HTTP and `code` say success.
     async fn send(&self, what: &'static str, req: reqwest::RequestBuilder) -> Result<Value, FeishuError> {
         let resp = req.send().await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+        self.answer(what, resp).await
+    }
+
+    /// An answer's JSON when HTTP and `code` say success.
+    async fn answer(&self, what: &'static str, resp: reqwest::Response) -> Result<Value, FeishuError> {
         let status = resp.status().as_u16();
         if resp.status().is_redirection() {
             let to = resp.headers().get("location").and_then(|l| l.to_str().ok()).unwrap_or("").to_string();
@@ -383,6 +430,26 @@ enum Body<'a> {
     Json(&'a Value),
     /// A `multipart/form-data` body and its content type: an upload, with the upload timeout.
     Form(&'a [u8], &'a str),
+}
+
+/// At most `cap` bytes of a download, else [`FeishuError::TooLarge`].
+async fn bytes(resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, FeishuError> {
+    let what = "a message's file";
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(FeishuError::TooLarge { what, limit: cap });
+    }
+    let (data, _) = super::read_capped(resp, cap + 1).await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+    match data.len() > cap {
+        true => Err(FeishuError::TooLarge { what, limit: cap }),
+        false => Ok(data),
+    }
+}
+
+/// A JSON body `{"code": <non-zero>, "msg"}`: the API refusing.
+fn refusal(what: &'static str, body: &[u8]) -> Option<FeishuError> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let code = v.get("code")?.as_i64().filter(|c| *c != 0)?;
+    Some(FeishuError::Refused { what, status: 200, code, msg: v["msg"].as_str().unwrap_or_default().to_string() })
 }
 
 /// `data.<name>` of an answer, which must be there.

@@ -38,6 +38,10 @@
 //!   empty file; else `data.image_key` / `data.file_key` (recorded). The
 //!   test can make the next upload answer 99991663, redirect, or make
 //!   uploads stall.
+//! - `GET /open-apis/im/v1/messages/{id}/resources/{key}?type=image|file`
+//!   ("Get resources in a message"): the bytes the test added with their
+//!   `Content-Type`, else HTTP 400 code 234003; the same 99991663 /
+//!   redirect / stall switches apply.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -90,6 +94,8 @@ struct State {
     upload_redirect: Option<String>,
     /// Uploads are answered only after this long.
     upload_stall: Option<std::time::Duration>,
+    /// Files users sent: (message id, key, bytes, content type).
+    resources: Vec<(String, String, Vec<u8>, String)>,
 }
 
 /// One upload the fake took.
@@ -192,18 +198,24 @@ impl FakeFeishu {
         self.state.lock().unwrap().redirect = Some(to.to_string());
     }
 
-    /// The next upload answers 99991663, as for an expired token.
-    pub fn token_error_at_next_upload(&self) {
+    /// A file a user sent in message `message_id`, served by "Get resources in a message" under `key`.
+    pub fn add_resource(&self, message_id: &str, key: &str, data: &[u8], content_type: &str) {
+        let r = (message_id.to_string(), key.to_string(), data.to_vec(), content_type.to_string());
+        self.state.lock().unwrap().resources.push(r);
+    }
+
+    /// The next upload or download answers 99991663, as for an expired token.
+    pub fn token_error_at_next_file_call(&self) {
         self.state.lock().unwrap().upload_token_error = true;
     }
 
-    /// The next upload is answered with a redirect to `to`.
-    pub fn redirect_next_upload(&self, to: &str) {
+    /// The next upload or download is answered with a redirect to `to`.
+    pub fn redirect_next_file_call(&self, to: &str) {
         self.state.lock().unwrap().upload_redirect = Some(to.to_string());
     }
 
-    /// Uploads are answered only after `d` (`None`: at once again).
-    pub fn stall_uploads(&self, d: Option<std::time::Duration>) {
+    /// Uploads and downloads are answered only after `d` (`None`: at once again).
+    pub fn stall_file_calls(&self, d: Option<std::time::Duration>) {
         self.state.lock().unwrap().upload_stall = d;
     }
 
@@ -381,7 +393,7 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>, addr: SocketAddr) {
         if req.path_only() == "/ws" {
             return websocket(stream, req, state).await;
         }
-        let stall = state.lock().unwrap().upload_stall.filter(|_| is_upload(&req));
+        let stall = state.lock().unwrap().upload_stall.filter(|_| is_file_call(&req));
         if let Some(d) = stall {
             tokio::time::sleep(d).await;
         }
@@ -424,7 +436,7 @@ fn rest(req: &Request, state: &Mutex<State>, addr: SocketAddr) -> Response {
             api(0, "ok", json!({"tenant_access_token": token, "expire": 7200}))
         }
         (method, path) => {
-            if is_upload(req) && std::mem::take(&mut st.upload_token_error) {
+            if is_file_call(req) && std::mem::take(&mut st.upload_token_error) {
                 st.valid = None;
                 return api(99991663, "Invalid access token for authorization", json!({}));
             }
@@ -476,12 +488,29 @@ fn authed(st: &mut State, method: &str, path: &str, req: &Request, body: Value) 
             }
             upload(st, path, req)
         }
+        ("GET", p) if is_file_call(req) => {
+            if let Some(to) = st.upload_redirect.take() {
+                return Response::new(307).header("Location", format!("{to}{}", req.path));
+            }
+            let rest = p.trim_start_matches("/open-apis/im/v1/messages/");
+            let (id, key) = rest.split_once("/resources/").unwrap_or_default();
+            let typed = req.path.contains("type=image") || req.path.contains("type=file");
+            match st.resources.iter().find(|r| r.0 == id && r.1 == key) {
+                Some((_, _, data, ctype)) if typed => {
+                    Response::new(200).header("content-type", ctype).body(data.clone())
+                }
+                _ => refuse(400, 234003, "File not in msg."),
+            }
+        }
         _ => Response::json(404, &json!({"code": 404, "msg": "not found"})),
     }
 }
 
-fn is_upload(req: &Request) -> bool {
-    req.method == "POST" && matches!(req.path_only(), "/open-apis/im/v1/images" | "/open-apis/im/v1/files")
+/// An upload, or a download of a message's resource.
+fn is_file_call(req: &Request) -> bool {
+    let path = req.path_only();
+    (req.method == "POST" && matches!(path, "/open-apis/im/v1/images" | "/open-apis/im/v1/files"))
+        || (req.method == "GET" && path.starts_with("/open-apis/im/v1/messages/") && path.contains("/resources/"))
 }
 
 fn refuse(status: u16, code: i64, msg: &str) -> Response {
