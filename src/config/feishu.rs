@@ -49,6 +49,9 @@ pub struct FeishuConfig {
     pub chats: Vec<String>,
     /// A message longer than this many characters is cut to it.
     pub max_message_chars: usize,
+    /// How long one file upload may take, in seconds (a report waiting on a
+    /// slower one goes back to the outbox and is tried again).
+    pub upload_timeout_secs: u64,
 }
 
 impl Default for FeishuConfig {
@@ -61,6 +64,7 @@ impl Default for FeishuConfig {
             allow_from: Vec::new(),
             chats: Vec::new(),
             max_message_chars: 16_000,
+            upload_timeout_secs: 120,
         }
     }
 }
@@ -99,6 +103,9 @@ impl FeishuConfig {
                 ));
             }
         }
+        if self.upload_timeout_secs == 0 {
+            return Some("[feishu] upload_timeout_secs: expected a number of seconds above 0, like 120".to_string());
+        }
         if self.app_secret_env.is_none() {
             return Some(
                 "[feishu] needs app_secret_env: the name of the variable holding the app's App Secret".to_string(),
@@ -122,6 +129,8 @@ mod tests {
         assert!(c.problem().unwrap().contains("app_secret_env"));
         let c = FeishuConfig { app_secret_env: Some("FEISHU_SECRET".into()), ..c };
         assert_eq!(c.problem(), None);
+        let zero = FeishuConfig { upload_timeout_secs: 0, ..c.clone() };
+        assert!(zero.problem().unwrap().contains("upload_timeout_secs"));
         assert_eq!(c.base(), "https://open.feishu.cn");
         let c = FeishuConfig { domain: FeishuDomain::Lark, ..c };
         assert_eq!(c.base(), "https://open.larksuite.com");

@@ -16,11 +16,13 @@ use crate::delivery::Channels;
 use crate::scheduler::JobStore;
 use crate::util::tasks::Supervisor;
 
-/// The chat apps' channels that exist before the agent: Matrix and Discord
-/// (their progress notices are the agent's progress sinks).
+/// The chat apps' channels that exist before the agent: Matrix, Feishu /
+/// Lark and Discord (their progress notices are the agent's progress sinks).
 pub struct Early {
     #[cfg(feature = "matrix")]
     matrix: Option<crate::channels::matrix::Matrix>,
+    #[cfg(feature = "feishu")]
+    feishu: Option<crate::channels::feishu::Feishu>,
     discord: DiscordPart,
 }
 
@@ -59,10 +61,16 @@ impl Early {
             telegram.iter().filter_map(|t| t.progress()).collect();
         #[cfg(feature = "matrix")]
         progress.extend(matrix.as_ref().map(|m| m.progress()));
+        #[cfg(feature = "feishu")]
+        let feishu = feishu(loaded, jobs);
+        #[cfg(feature = "feishu")]
+        progress.extend(feishu.as_ref().map(|f| f.progress()));
         let (discord, progress) = discord_parts(loaded, jobs, Progresses::of(progress));
         let early = Early {
             #[cfg(feature = "matrix")]
             matrix,
+            #[cfg(feature = "feishu")]
+            feishu,
             discord,
         };
         (early, progress)
@@ -97,7 +105,10 @@ impl Early {
             #[cfg(feature = "signal")]
             signal: signal_reader(loaded, reminders_for(&loaded.config, jobs), channels, inbound, agent),
             #[cfg(feature = "feishu")]
-            feishu: feishu(loaded, jobs, channels, inbound),
+            feishu: self.feishu.map(|feishu| {
+                channels.add(feishu.channel());
+                crate::channels::feishu::FeishuPoller { feishu, inbound: inbound.clone() }
+            }),
             discord: discord_poller(self.discord, channels, inbound, agent),
         }
     }
@@ -152,23 +163,15 @@ pub(super) fn reminders_for(c: &crate::config::Config, jobs: &JobStore) -> crate
     crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at)
 }
 
-/// The Feishu / Lark channel for `[feishu]`, its delivery added to
-/// `channels` (`None`: not configured, or unusable: logged).
+/// The Feishu / Lark channel for `[feishu]` (`None`: not configured, or unusable: logged).
 #[cfg(feature = "feishu")]
-pub(super) fn feishu(
-    loaded: &Loaded,
-    jobs: &JobStore,
-    channels: &mut Channels,
-    inbound: &mpsc::Sender<InboundMessage>,
-) -> Option<crate::channels::feishu::FeishuPoller> {
+pub(super) fn feishu(loaded: &Loaded, jobs: &JobStore) -> Option<crate::channels::feishu::Feishu> {
     let c = &loaded.config;
     let tomorrow_at = crate::config::parse_hh_mm(&c.telegram.tomorrow_at).unwrap_or((9, 0));
     let reminders = crate::work::reminders::Reminders::new(jobs.clone(), c.timezone().tz().clone(), tomorrow_at);
-    match crate::channels::feishu::Feishu::from_config(&c.feishu, &loaded.paths.state_dir, Some(reminders)) {
-        Ok(f) => f.map(|feishu| {
-            channels.add(feishu.channel());
-            crate::channels::feishu::FeishuPoller { feishu, inbound: inbound.clone() }
-        }),
+    let (state, workspace) = (&loaded.paths.state_dir, &loaded.paths.workspace);
+    match crate::channels::feishu::Feishu::from_config(&c.feishu, state, workspace, Some(reminders)) {
+        Ok(f) => f,
         Err(e) => {
             tracing::error!("Feishu / Lark is off: {e}");
             None

@@ -6,7 +6,10 @@
 //! - [`handler`]: what one event or card press does (allow-list, loops,
 //!   groups, duplicates, Done / Snooze).
 //! - [`parts`]: split payloads joined, within a cap.
-//! - [`deliver`]: the `Channel` that posts reports (text; reminders as cards).
+//! - [`deliver`]: the `Channel` that posts reports (text; reminders as
+//!   cards; files uploaded and sent as image / file messages).
+//! - [`progress`]: a chat turn's status card, edited as it runs tools.
+//! - [`files`]: a file a user sends, fetched into the workspace inbox.
 //! - [`state`]: the handled ids, kept across restarts.
 //!
 //! ## The connection
@@ -35,8 +38,10 @@
 
 pub mod deliver;
 pub mod event;
+pub mod files;
 pub mod handler;
 pub mod parts;
+pub mod progress;
 pub mod state;
 pub mod status;
 
@@ -79,6 +84,10 @@ pub enum FeishuChannelError {
 pub(crate) struct Shared {
     pub client: Client,
     pub state_dir: PathBuf,
+    /// Where a report's files are read from (confined: no path out of it).
+    pub workspace: crate::workspace::Workspace,
+    /// The chat turns' status cards.
+    pub progress: progress::Statuses,
 }
 
 /// Feishu / Lark, configured: the delivery side and the connection share one client.
@@ -104,17 +113,26 @@ impl FeishuPoller {
 }
 
 impl Feishu {
-    /// `None` when `[feishu]` has no app_id. `reminders` makes Done / Snooze work.
+    /// `None` when `[feishu]` has no app_id. `reminders` makes Done / Snooze
+    /// work; reports' files are read from `workspace`.
     pub fn from_config(
         cfg: &FeishuConfig,
         state_dir: &Path,
+        workspace: &Path,
         reminders: Option<Reminders>,
     ) -> Result<Option<Feishu>, FeishuChannelError> {
         let Some(app_id) = cfg.app_id.as_deref() else { return Ok(None) };
         let secret = cfg
             .app_secret()
             .ok_or_else(|| FeishuChannelError::NoSecret(cfg.app_secret_env.clone().unwrap_or_default()))?;
-        let shared = Shared { client: Client::new(&cfg.base(), app_id, secret)?, state_dir: state_dir.to_path_buf() };
+        let client = Client::new(&cfg.base(), app_id, secret)?
+            .with_upload_timeout(Duration::from_secs(cfg.upload_timeout_secs.max(1)));
+        let shared = Shared {
+            client,
+            state_dir: state_dir.to_path_buf(),
+            workspace: crate::workspace::Workspace::strict(workspace),
+            progress: progress::Statuses::default(),
+        };
         Ok(Some(Feishu {
             shared: Arc::new(shared),
             policy: FeishuPolicy::new(&cfg.allow_from, &cfg.chats, state_dir),
@@ -126,6 +144,11 @@ impl Feishu {
     /// The delivery side, for the outbox.
     pub fn channel(&self) -> Arc<dyn crate::delivery::Channel> {
         Arc::new(deliver::FeishuChannel::new(self.shared.clone()))
+    }
+
+    /// The status cards of chat turns (it takes only Feishu / Lark conversations).
+    pub fn progress(&self) -> Arc<dyn crate::agent::ProgressSink> {
+        Arc::new(progress::Progress::new(self.shared.clone()))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Feishu / Lark Open Platform, the wire only: the long connection's frames
 //! ([`frame`]), the endpoint call that opens it, the tenant access token,
-//! and the few REST calls a chat bot needs (send, update a card, who am I).
+//! and the few REST calls a chat bot needs (send, update a card, recall,
+//! upload an image or a file, who am I).
 //!
 //! Both platforms are one API at two hosts (`open.feishu.cn`,
 //! `open.larksuite.com`): the caller passes the base URL.
@@ -18,6 +19,13 @@
 //! - The token travels only in the `Authorization` header; no redirect is
 //!   followed (a 3xx would take the header's secret elsewhere): it is an
 //!   error naming where it pointed.
+//! - **Uploads** ("Upload image" `POST /open-apis/im/v1/images`, "Upload
+//!   file" `POST /open-apis/im/v1/files`, both `multipart/form-data`): an
+//!   image at most 10 MB ([`MAX_IMAGE`]), a file at most 30 MB
+//!   ([`MAX_FILE`]), neither empty (codes 234006 / 234010 otherwise); the
+//!   answer's `image_key` / `file_key` goes into an `image` / `file` message.
+//!   An upload has its own time limit ([`UPLOAD_TIMEOUT`] unless configured);
+//!   the token refresh applies as to every call.
 //! - Every answer is `{"code","msg",…}`; bodies are read up to 1 MiB.
 
 pub mod frame;
@@ -32,6 +40,12 @@ use crate::config::Secret;
 
 /// The HTTP limit for one call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The largest image "Upload image" takes (10 MB).
+pub const MAX_IMAGE: u64 = 10 * 1024 * 1024;
+/// The largest file "Upload file" takes (30 MB).
+pub const MAX_FILE: u64 = 30 * 1024 * 1024;
+/// The default limit for one upload (a file of up to 30 MB over a slow uplink).
+pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The largest answer read.
 const MAX_ANSWER: usize = 1024 * 1024;
 /// A token is fetched again this long before it expires.
@@ -54,6 +68,9 @@ pub enum FeishuError {
     /// An answer we cannot read.
     #[error("cannot read the Feishu / Lark API's answer to {what}: {msg}")]
     Decode { what: &'static str, msg: String },
+    /// A download larger than the caller takes.
+    #[error("{what} is larger than the limit of {limit} bytes: not downloaded")]
+    TooLarge { what: &'static str, limit: usize },
 }
 
 impl FeishuError {
@@ -82,7 +99,7 @@ impl FeishuError {
     pub fn is_retryable(&self) -> bool {
         match self {
             FeishuError::Transport(_) | FeishuError::Decode { .. } => true,
-            FeishuError::Redirect { .. } => false,
+            FeishuError::Redirect { .. } | FeishuError::TooLarge { .. } => false,
             FeishuError::Refused { status, code, .. } => {
                 *status == 429 || *status >= 500 || *code == 99991400 || self.is_token()
             }
@@ -135,6 +152,8 @@ pub struct Client {
     app_id: String,
     secret: Secret,
     token: Mutex<Option<(Secret, Instant)>>,
+    /// How long one upload may take.
+    upload_timeout: Duration,
 }
 
 impl std::fmt::Debug for Client {
@@ -156,7 +175,14 @@ impl Client {
             app_id: app_id.to_string(),
             secret,
             token: Mutex::new(None),
+            upload_timeout: UPLOAD_TIMEOUT,
         })
+    }
+
+    /// The same client with another limit for one upload.
+    pub fn with_upload_timeout(mut self, limit: Duration) -> Client {
+        self.upload_timeout = limit;
+        self
     }
 
     pub fn base(&self) -> &str {
@@ -166,7 +192,12 @@ impl Client {
     /// `POST /callback/ws/endpoint`: where to open the long connection.
     pub async fn ws_endpoint(&self) -> Result<WsEndpoint, FeishuError> {
         let body = json!({"AppID": self.app_id, "AppSecret": self.secret.expose()});
-        let req = self.http.post(format!("{}/callback/ws/endpoint", self.base)).header("locale", "zh").json(&body);
+        let req = self
+            .http
+            .post(format!("{}/callback/ws/endpoint", self.base))
+            .header("locale", "zh")
+            .json(&body)
+            .timeout(CALL_TIMEOUT);
         let v = self.send("the long-connection endpoint", req).await?;
         let data = &v["data"];
         let url = data["URL"]
@@ -185,7 +216,11 @@ impl Client {
             }
         }
         let body = json!({"app_id": self.app_id, "app_secret": self.secret.expose()});
-        let req = self.http.post(format!("{}/open-apis/auth/v3/tenant_access_token/internal", self.base)).json(&body);
+        let req = self
+            .http
+            .post(format!("{}/open-apis/auth/v3/tenant_access_token/internal", self.base))
+            .json(&body)
+            .timeout(CALL_TIMEOUT);
         let v = self.send("the tenant token", req).await?;
         let token = v["tenant_access_token"]
             .as_str()
@@ -213,15 +248,21 @@ impl Client {
         what: &'static str,
         method: reqwest::Method,
         path: &str,
-        body: Option<&Value>,
+        body: Body<'_>,
     ) -> Result<Value, FeishuError> {
         for attempt in 0..2 {
             let token = self.token().await?;
             let mut req = self.http.request(method.clone(), format!("{}{path}", self.base)).bearer_auth(token.expose());
-            if let Some(b) = body {
-                req = req.json(b);
+            let mut timeout = CALL_TIMEOUT;
+            match body {
+                Body::None => {}
+                Body::Json(b) => req = req.json(b),
+                Body::Form(data, ctype) => {
+                    req = req.header(reqwest::header::CONTENT_TYPE, ctype).body(data.to_vec());
+                    timeout = self.upload_timeout;
+                }
             }
-            match self.send(what, req).await {
+            match self.send(what, req.timeout(timeout)).await {
                 Err(e) if e.is_token() && attempt == 0 => {
                     tracing::info!(error = %e, "the Feishu / Lark tenant token was refused; fetching a new one");
                     self.drop_token();
@@ -234,7 +275,7 @@ impl Client {
 
     /// `GET /open-apis/bot/v3/info`: the bot's own open_id and name.
     pub async fn bot_info(&self) -> Result<(String, String), FeishuError> {
-        let v = self.authed("the bot info", reqwest::Method::GET, "/open-apis/bot/v3/info", None).await?;
+        let v = self.authed("the bot info", reqwest::Method::GET, "/open-apis/bot/v3/info", Body::None).await?;
         let bot = &v["bot"];
         let id = bot["open_id"].as_str().unwrap_or_default().to_string();
         Ok((id, bot["app_name"].as_str().unwrap_or_default().to_string()))
@@ -255,7 +296,7 @@ impl Client {
                 "a message",
                 reqwest::Method::POST,
                 "/open-apis/im/v1/messages?receive_id_type=chat_id",
-                Some(&body),
+                Body::Json(&body),
             )
             .await?;
         Ok(v["data"]["message_id"].as_str().unwrap_or_default().to_string())
@@ -265,12 +306,90 @@ impl Client {
     pub async fn update_card(&self, message_id: &str, card: &Value) -> Result<(), FeishuError> {
         let path = format!("/open-apis/im/v1/messages/{}", enc(message_id));
         let body = json!({"content": card.to_string()});
-        self.authed("a card update", reqwest::Method::PATCH, &path, Some(&body)).await.map(drop)
+        self.authed("a card update", reqwest::Method::PATCH, &path, Body::Json(&body)).await.map(drop)
+    }
+
+    /// `GET /open-apis/im/v1/messages/{id}/resources/{key}?type=image|file`
+    /// ("Get resources in a message": the bytes of an image or file a user
+    /// sent, up to the platform's 100 MB): at most `cap` bytes, else
+    /// [`FeishuError::TooLarge`]; the answer's `Content-Type` with it.
+    pub async fn resource(
+        &self,
+        message_id: &str,
+        key: &str,
+        image: bool,
+        cap: usize,
+    ) -> Result<(Vec<u8>, Option<String>), FeishuError> {
+        let what = "a message's file";
+        let kind = if image { "image" } else { "file" };
+        let url =
+            format!("{}/open-apis/im/v1/messages/{}/resources/{}?type={kind}", self.base, enc(message_id), enc(key));
+        for attempt in 0..2 {
+            let token = self.token().await?;
+            let req = self.http.get(&url).bearer_auth(token.expose()).timeout(self.upload_timeout);
+            let resp = req.send().await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+            let ctype = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_string);
+            let got = match resp.status().is_success() {
+                true => bytes(resp, cap).await.map(|data| (data, ctype.clone())),
+                false => {
+                    self.answer(what, resp).await.and_then(|_| Err(FeishuError::Decode { what, msg: "no file".into() }))
+                }
+            };
+            // A JSON answer may be the API's error (a JSON file the user sent is not one: it has no `code`).
+            let refused = match &got {
+                Ok((data, Some(t))) if t.starts_with("application/json") => refusal(what, data),
+                _ => None,
+            };
+            match refused.map_or(got, Err) {
+                Err(e) if e.is_token() && attempt == 0 => self.drop_token(),
+                r => return r,
+            }
+        }
+        Err(FeishuError::Decode { what, msg: "the token was refused twice".into() })
+    }
+
+    /// `DELETE /open-apis/im/v1/messages/{id}`: a message of ours recalled
+    /// (the bot's own, within the tenant's recall window, 24 h by default).
+    pub async fn recall(&self, message_id: &str) -> Result<(), FeishuError> {
+        let path = format!("/open-apis/im/v1/messages/{}", enc(message_id));
+        self.authed("a recall", reqwest::Method::DELETE, &path, Body::None).await.map(drop)
+    }
+
+    /// `POST /open-apis/im/v1/images` (multipart: `image_type=message`, `image`): the `image_key`.
+    pub async fn upload_image(&self, name: &str, mime: &str, data: Vec<u8>) -> Result<String, FeishuError> {
+        let form =
+            crate::util::multipart::Form::new(&data).text("image_type", "message").file("image", name, mime, &data);
+        drop(data);
+        let (body, ctype) = form.finish();
+        let v = self
+            .authed("an image upload", reqwest::Method::POST, "/open-apis/im/v1/images", Body::Form(&body, &ctype))
+            .await?;
+        key(&v, "image_key", "an image upload")
+    }
+
+    /// `POST /open-apis/im/v1/files` (multipart: `file_type`, `file_name`, `file`): the `file_key`.
+    pub async fn upload_file(&self, file: Upload<'_>) -> Result<String, FeishuError> {
+        let Upload { file_type, name, mime, data } = file;
+        let form = crate::util::multipart::Form::new(&data)
+            .text("file_type", file_type)
+            .text("file_name", name)
+            .file("file", name, mime, &data);
+        drop(data);
+        let (body, ctype) = form.finish();
+        let v = self
+            .authed("a file upload", reqwest::Method::POST, "/open-apis/im/v1/files", Body::Form(&body, &ctype))
+            .await?;
+        key(&v, "file_key", "a file upload")
     }
 
     /// Send `req`; the answer's JSON when HTTP and `code` say success.
     async fn send(&self, what: &'static str, req: reqwest::RequestBuilder) -> Result<Value, FeishuError> {
-        let resp = req.timeout(CALL_TIMEOUT).send().await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+        let resp = req.send().await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+        self.answer(what, resp).await
+    }
+
+    /// An answer's JSON when HTTP and `code` say success.
+    async fn answer(&self, what: &'static str, resp: reqwest::Response) -> Result<Value, FeishuError> {
         let status = resp.status().as_u16();
         if resp.status().is_redirection() {
             let to = resp.headers().get("location").and_then(|l| l.to_str().ok()).unwrap_or("").to_string();
@@ -291,6 +410,53 @@ impl Client {
             return Err(FeishuError::Refused { what, status, code, msg });
         }
         Ok(v)
+    }
+}
+
+/// A file for "Upload file": its `file_type` (opus, mp4, pdf, doc, xls,
+/// ppt or stream), its name and MIME type, its bytes.
+#[derive(Debug)]
+pub struct Upload<'a> {
+    pub file_type: &'a str,
+    pub name: &'a str,
+    pub mime: &'a str,
+    pub data: Vec<u8>,
+}
+
+/// What an authorized call carries.
+#[derive(Clone, Copy)]
+enum Body<'a> {
+    None,
+    Json(&'a Value),
+    /// A `multipart/form-data` body and its content type: an upload, with the upload timeout.
+    Form(&'a [u8], &'a str),
+}
+
+/// At most `cap` bytes of a download, else [`FeishuError::TooLarge`].
+async fn bytes(resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, FeishuError> {
+    let what = "a message's file";
+    if resp.content_length().is_some_and(|n| n > cap as u64) {
+        return Err(FeishuError::TooLarge { what, limit: cap });
+    }
+    let (data, _) = super::read_capped(resp, cap + 1).await.map_err(|e| FeishuError::Transport(chain(&e)))?;
+    match data.len() > cap {
+        true => Err(FeishuError::TooLarge { what, limit: cap }),
+        false => Ok(data),
+    }
+}
+
+/// A JSON body `{"code": <non-zero>, "msg"}`: the API refusing.
+fn refusal(what: &'static str, body: &[u8]) -> Option<FeishuError> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let code = v.get("code")?.as_i64().filter(|c| *c != 0)?;
+    Some(FeishuError::Refused { what, status: 200, code, msg: v["msg"].as_str().unwrap_or_default().to_string() })
+}
+
+/// `data.<name>` of an answer, which must be there.
+fn key(v: &Value, name: &str, what: &'static str) -> Result<String, FeishuError> {
+    match v["data"][name].as_str().filter(|k| !k.is_empty()) {
+        Some(k) => Ok(k.to_string()),
+        None => Err(FeishuError::Decode { what, msg: format!("no {name} in the answer") }),
     }
 }
 
@@ -346,5 +512,13 @@ mod tests {
         .unwrap();
         assert_eq!(c.ping_interval, 90);
         assert_eq!(enc("om_a/b"), "om_a%2Fb");
+    }
+
+    #[test]
+    fn an_upload_without_its_key_is_an_error() {
+        let ok = json!({"code": 0, "data": {"image_key": "img_v3_1"}});
+        assert_eq!(key(&ok, "image_key", "x").unwrap(), "img_v3_1");
+        assert!(key(&ok, "file_key", "x").is_err());
+        assert!(key(&json!({"code": 0, "data": {"file_key": ""}}), "file_key", "x").is_err());
     }
 }

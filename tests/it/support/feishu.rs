@@ -6,7 +6,12 @@
 //! connection, and the Open Platform's server API documentation for REST
 //! ("Get custom app tenant_access_token", "Send message", "Update app
 //! messages for delayed update", "Obtain bot information", "Receive
-//! message" event, "Card callback communication"):
+//! message" event, "Card callback communication", and for files and
+//! progress "Upload image" (im/v1/image/create), "Upload file"
+//! (im/v1/file/create), "Send message content" (im/v1/message/create_json),
+//! "Update app-sent message card" (im/v1/message-card/patch) and "Recall
+//! message" (im/v1/message/delete), as published on open.larksuite.com /
+//! open.feishu.cn):
 //!
 //! - `POST /callback/ws/endpoint` `{"AppID","AppSecret"}` → `{"code":0,
 //!   "data":{"URL":"ws://…/ws?device_id=…&service_id=…","ClientConfig":{…}}}`
@@ -22,8 +27,21 @@
 //! - `POST /open-apis/auth/v3/tenant_access_token/internal` → `t-g1045fake<n>`, 2 h;
 //!   [`FakeFeishu::expire_token`] makes the current one answer 99991663.
 //! - `GET /open-apis/bot/v3/info`, `POST /open-apis/im/v1/messages?receive_id_type=chat_id`
-//!   (recorded), `PATCH /open-apis/im/v1/messages/{id}` (recorded); a
+//!   (recorded; an `image` / `file` message must name a key this fake
+//!   issued, else HTTP 400 code 230001), `PATCH` and `DELETE
+//!   /open-apis/im/v1/messages/{id}` (recorded, in order with the sends); a
 //!   missing or wrong bearer token: code 99991661 / 99991663.
+//! - `POST /open-apis/im/v1/images` (multipart: `image_type` message or
+//!   avatar, `image`) and `POST /open-apis/im/v1/files` (`file_type` one of
+//!   opus, mp4, pdf, doc, xls, ppt, stream; `file_name`; `file`): HTTP 400
+//!   with 234001 for a bad form, 234006 over 10 MB / 30 MB, 234010 for an
+//!   empty file; else `data.image_key` / `data.file_key` (recorded). The
+//!   test can make the next upload answer 99991663, redirect, or make
+//!   uploads stall.
+//! - `GET /open-apis/im/v1/messages/{id}/resources/{key}?type=image|file`
+//!   ("Get resources in a message"): the bytes the test added with their
+//!   `Content-Type`, else HTTP 400 code 234003; the same 99991663 /
+//!   redirect / stall switches apply.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -35,7 +53,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::http::{read_request, write_response, Request, Response};
+use super::http::{read_request, write_response, Multipart, Request, Response};
 
 pub const APP_ID: &str = "cli_test0feishu";
 pub const APP_SECRET: &str = "feishu-test-secret-0123";
@@ -66,6 +84,33 @@ struct State {
     /// The next message send is answered with a 307 to here.
     redirect: Option<String>,
     next_id: u64,
+    /// Uploads taken, in order.
+    uploads: Vec<Uploaded>,
+    /// Sends, updates and recalls in order: `send:<id>`, `patch:<id>`, `recall:<id>`.
+    ops: Vec<String>,
+    /// The next upload answers 99991663 (its token is no longer valid).
+    upload_token_error: bool,
+    /// The next upload is answered with a 307 to here.
+    upload_redirect: Option<String>,
+    /// Uploads are answered only after this long.
+    upload_stall: Option<std::time::Duration>,
+    /// Files users sent: (message id, key, bytes, content type).
+    resources: Vec<(String, String, Vec<u8>, String)>,
+}
+
+/// One upload the fake took.
+#[derive(Debug, Clone)]
+pub struct Uploaded {
+    /// `image` or `file`.
+    pub kind: String,
+    /// `image_type`, or `file_type`.
+    pub type_field: String,
+    /// `file_name` (files), else the part's filename.
+    pub name: String,
+    pub content_type: Option<String>,
+    pub data: Vec<u8>,
+    /// The key answered.
+    pub key: String,
 }
 
 pub struct FakeFeishu {
@@ -153,6 +198,34 @@ impl FakeFeishu {
         self.state.lock().unwrap().redirect = Some(to.to_string());
     }
 
+    /// A file a user sent in message `message_id`, served by "Get resources in a message" under `key`.
+    pub fn add_resource(&self, message_id: &str, key: &str, data: &[u8], content_type: &str) {
+        let r = (message_id.to_string(), key.to_string(), data.to_vec(), content_type.to_string());
+        self.state.lock().unwrap().resources.push(r);
+    }
+
+    /// The next upload or download answers 99991663, as for an expired token.
+    pub fn token_error_at_next_file_call(&self) {
+        self.state.lock().unwrap().upload_token_error = true;
+    }
+
+    /// The next upload or download is answered with a redirect to `to`.
+    pub fn redirect_next_file_call(&self, to: &str) {
+        self.state.lock().unwrap().upload_redirect = Some(to.to_string());
+    }
+
+    /// Uploads and downloads are answered only after `d` (`None`: at once again).
+    pub fn stall_file_calls(&self, d: Option<std::time::Duration>) {
+        self.state.lock().unwrap().upload_stall = d;
+    }
+
+    pub fn uploads(&self) -> Vec<Uploaded> {
+        self.state.lock().unwrap().uploads.clone()
+    }
+    /// Sends, card updates and recalls, in order (`send:om_sent1`, `patch:…`, `recall:…`).
+    pub fn ops(&self) -> Vec<String> {
+        self.state.lock().unwrap().ops.clone()
+    }
     pub fn tokens_issued(&self) -> u32 {
         self.state.lock().unwrap().tokens
     }
@@ -320,6 +393,10 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>, addr: SocketAddr) {
         if req.path_only() == "/ws" {
             return websocket(stream, req, state).await;
         }
+        let stall = state.lock().unwrap().upload_stall.filter(|_| is_file_call(&req));
+        if let Some(d) = stall {
+            tokio::time::sleep(d).await;
+        }
         let resp = rest(&req, &state, addr);
         if write_response(stream.get_mut(), &resp, keep_alive).await.is_err() || !keep_alive {
             return;
@@ -359,6 +436,10 @@ fn rest(req: &Request, state: &Mutex<State>, addr: SocketAddr) -> Response {
             api(0, "ok", json!({"tenant_access_token": token, "expire": 7200}))
         }
         (method, path) => {
+            if is_file_call(req) && std::mem::take(&mut st.upload_token_error) {
+                st.valid = None;
+                return api(99991663, "Invalid access token for authorization", json!({}));
+            }
             let auth = req.header("authorization").unwrap_or_default();
             match &st.valid {
                 _ if auth.is_empty() => return api(99991661, "Missing access token for authorization", json!({})),
@@ -382,16 +463,108 @@ fn authed(st: &mut State, method: &str, path: &str, req: &Request, body: Value) 
             if !req.path.contains("receive_id_type=chat_id") {
                 return api(99992402, "field validation failed: receive_id_type", json!({}));
             }
+            if let Some(refused) = unknown_key(st, &body) {
+                return refused;
+            }
             st.next_id += 1;
             let id = format!("om_sent{}", st.next_id);
             st.sent.push(body);
+            st.ops.push(format!("send:{id}"));
             api(0, "success", json!({"data": {"message_id": id}}))
         }
         ("PATCH", p) if p.starts_with("/open-apis/im/v1/messages/") => {
-            st.patches.push((p.trim_start_matches("/open-apis/im/v1/messages/").to_string(), body));
+            let id = p.trim_start_matches("/open-apis/im/v1/messages/").to_string();
+            st.ops.push(format!("patch:{id}"));
+            st.patches.push((id, body));
             api(0, "success", json!({}))
         }
+        ("DELETE", p) if p.starts_with("/open-apis/im/v1/messages/") => {
+            st.ops.push(format!("recall:{}", p.trim_start_matches("/open-apis/im/v1/messages/")));
+            api(0, "success", json!({}))
+        }
+        ("POST", "/open-apis/im/v1/images" | "/open-apis/im/v1/files") => {
+            if let Some(to) = st.upload_redirect.take() {
+                return Response::new(307).header("Location", format!("{to}{path}"));
+            }
+            upload(st, path, req)
+        }
+        ("GET", p) if is_file_call(req) => {
+            if let Some(to) = st.upload_redirect.take() {
+                return Response::new(307).header("Location", format!("{to}{}", req.path));
+            }
+            let rest = p.trim_start_matches("/open-apis/im/v1/messages/");
+            let (id, key) = rest.split_once("/resources/").unwrap_or_default();
+            let typed = req.path.contains("type=image") || req.path.contains("type=file");
+            match st.resources.iter().find(|r| r.0 == id && r.1 == key) {
+                Some((_, _, data, ctype)) if typed => {
+                    Response::new(200).header("content-type", ctype).body(data.clone())
+                }
+                _ => refuse(400, 234003, "File not in msg."),
+            }
+        }
         _ => Response::json(404, &json!({"code": 404, "msg": "not found"})),
+    }
+}
+
+/// An upload, or a download of a message's resource.
+fn is_file_call(req: &Request) -> bool {
+    let path = req.path_only();
+    (req.method == "POST" && matches!(path, "/open-apis/im/v1/images" | "/open-apis/im/v1/files"))
+        || (req.method == "GET" && path.starts_with("/open-apis/im/v1/messages/") && path.contains("/resources/"))
+}
+
+fn refuse(status: u16, code: i64, msg: &str) -> Response {
+    Response::json(status, &json!({"code": code, "msg": msg}))
+}
+
+/// "Upload image" / "Upload file": the form checked, the key answered.
+fn upload(st: &mut State, path: &str, req: &Request) -> Response {
+    let image = path.ends_with("/images");
+    let ctype = req.header("content-type").unwrap_or_default();
+    let Some(form) = Multipart::parse(ctype, &req.body) else { return refuse(400, 234001, "Invalid request param.") };
+    let (field, cap) = if image { ("image", 10 << 20) } else { ("file", 30 << 20) };
+    let type_field = form.text(if image { "image_type" } else { "file_type" }).unwrap_or_default();
+    let types: &[&str] =
+        if image { &["message", "avatar"] } else { &["opus", "mp4", "pdf", "doc", "xls", "ppt", "stream"] };
+    let name = if image { form.part(field).and_then(|p| p.file_name.clone()) } else { form.text("file_name") };
+    let (Some(part), Some(name)) = (form.part(field), name) else {
+        return refuse(400, 234001, "Invalid request param.");
+    };
+    if !types.contains(&type_field.as_str()) {
+        return refuse(400, 234001, "Invalid request param.");
+    }
+    if part.data.is_empty() {
+        return refuse(400, 234010, "File's size can't be 0.");
+    }
+    if part.data.len() > cap {
+        return refuse(400, 234006, "The file size exceed the max value.");
+    }
+    st.next_id += 1;
+    let key = if image { format!("img_v3_fake{}", st.next_id) } else { format!("file_v3_fake{}", st.next_id) };
+    st.uploads.push(Uploaded {
+        kind: field.to_string(),
+        type_field,
+        name,
+        content_type: part.content_type.clone(),
+        data: part.data.clone(),
+        key: key.clone(),
+    });
+    let data = if image { json!({"image_key": key}) } else { json!({"file_key": key}) };
+    api(0, "success", json!({ "data": data }))
+}
+
+/// An `image` / `file` message naming a key this fake did not issue: refused as the platform does.
+fn unknown_key(st: &State, body: &Value) -> Option<Response> {
+    let field = match body["msg_type"].as_str() {
+        Some("image") => "image_key",
+        Some("file") => "file_key",
+        _ => return None,
+    };
+    let content: Value = serde_json::from_str(body["content"].as_str().unwrap_or_default()).unwrap_or_default();
+    let key = content[field].as_str().unwrap_or_default();
+    match st.uploads.iter().any(|u| u.key == key) {
+        true => None,
+        false => Some(refuse(400, 230001, "Your request contains an invalid request parameter.")),
     }
 }
 
