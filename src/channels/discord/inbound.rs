@@ -259,6 +259,7 @@ impl Handler {
         let Attempt::Answer { text, paired } = attempt else { return };
         if paired {
             self.discord.policy.add_paired(author);
+            self.strangers.remove(&author); // logged again if they are revoked
             self.remember_dm(channel, author).await;
         }
         self.say(channel, &text).await;

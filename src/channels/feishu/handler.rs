@@ -193,6 +193,7 @@ impl Handler {
         let Attempt::Answer { text, paired } = attempt else { return };
         if paired {
             self.feishu.policy.add_paired(&m.sender);
+            self.strangers.remove(&m.sender); // logged again if they are revoked
             self.remember_chat(&m.chat_id, &m.sender).await;
         }
         // The message's id makes the answer's de-duplication key (at most 50 characters).

@@ -252,6 +252,7 @@ impl Handler {
         };
         if paired {
             self.signal.policy.add_paired(&uuid);
+            self.strangers.remove(&uuid); // logged again if they are revoked
         }
         if let Err(e) = self.client().send(&uuid, &text, Vec::new()).await {
             tracing::warn!(error = %e, "cannot answer a Signal /pair");
