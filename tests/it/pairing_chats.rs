@@ -164,6 +164,68 @@ mod discord {
     }
 }
 
+#[cfg(feature = "discord")]
+mod discord_status {
+    use super::*;
+    use crate::support::discord::FakeDiscord;
+
+    const TOKEN_ENV: &str = "BRAMBLE_TEST_DISCORD_TOKEN";
+    const TOKEN: &str = "MTAwMDAw.discord-test.5ecret-token";
+
+    async fn discord_line(home: &TestHome) -> String {
+        let config = home.config.to_str().unwrap();
+        let out = crate::support::setup::bramble(home.path(), &["--config", config, "status", "--json"], None).await;
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+        json["discord"].as_str().unwrap_or_else(|| panic!("no discord field: {json}")).to_string()
+    }
+
+    async fn wait_line(home: &TestHome, daemon: &Daemon, starts: &str) -> String {
+        let mut line = String::new();
+        for _ in 0..120 {
+            line = discord_line(home).await;
+            if line.starts_with(starts) {
+                return line;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("status never said `{starts}…`: {line}\n{}", daemon.log());
+    }
+
+    #[tokio::test]
+    async fn discord_status_shows_the_connection_and_a_fatal_close_with_its_reason() {
+        let fake = FakeDiscord::start(TOKEN).await;
+        let llm = FakeLlm::start(Dialect::OpenAi).await;
+        let section = format!("[discord]\ntoken_env = \"{TOKEN_ENV}\"\napi_base = \"{}\"\n", fake.api_base());
+        let home = home(&llm, &section);
+        let logs = tempfile::tempdir().unwrap();
+        let env = [(TOKEN_ENV, Path::new(TOKEN))];
+        assert_eq!(discord_line(&home).await.split(';').next(), Some("never connected"));
+        let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &logs.path().join("up.log"), &env);
+        assert!(daemon.wait_log("Discord connected", 30).await, "{}", daemon.log());
+        let line = wait_line(&home, &daemon, "connected since ").await;
+        assert!(line.contains("bot (token from BRAMBLE_TEST_DISCORD_TOKEN") && !line.contains("MISSING"), "{line}");
+        // A close Discord says not to reconnect after: stopped, with the reason and the code.
+        fake.close_with(4014);
+        assert!(daemon.wait_log("the Discord channel is off", 30).await, "{}", daemon.log());
+        let line = wait_line(&home, &daemon, "STOPPED since ").await;
+        assert!(line.contains("Message Content intent is not enabled") && line.contains("(close code 4014)"), "{line}");
+        let (exit, log) = daemon.stop().await;
+        assert_eq!(exit, Some(0), "{log}");
+        assert!(discord_line(&home).await.starts_with("STOPPED since "), "the fatal reason is kept after the stop");
+
+        // A gateway that cannot be reached: reconnecting, with the last error; after the stop, stopped.
+        let dead = format!("{section}gateway = \"ws://127.0.0.1:1\"\n");
+        let home = super::home(&llm, &dead);
+        let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &logs.path().join("dead.log"), &env);
+        let line = wait_line(&home, &daemon, "reconnecting since ").await;
+        assert!(line.contains("(last error: cannot connect to "), "{line}");
+        let (exit, log) = daemon.stop().await;
+        assert_eq!(exit, Some(0), "{log}");
+        let line = discord_line(&home).await;
+        assert!(line.starts_with("stopped since ") && line.contains("bramble stopped"), "{line}");
+    }
+}
+
 #[cfg(feature = "signal")]
 mod signal {
     use super::*;

@@ -78,6 +78,11 @@ impl Handler {
         &self.discord.shared
     }
 
+    /// The state directory (the connection state is kept there for `bramble status`).
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        self.shared().state_dir.clone()
+    }
+
     pub fn token(&self) -> String {
         self.shared().rest.token().expose().to_string()
     }
