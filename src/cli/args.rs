@@ -131,13 +131,14 @@ pub enum Command {
     Mcp(McpCommand),
     /// Let a new user in: print a one-time code (10 minutes) they send as `/pair <code>`
     Pair {
-        /// The channel: telegram (the default), matrix or email
+        /// The channel: telegram (the default), matrix, email, discord, signal or feishu
         #[arg(long, value_name = "CHANNEL")]
         channel: Option<PairWith>,
         /// List the users added by pairing
         #[arg(long, conflicts_with = "revoke")]
         list: bool,
-        /// Remove a paired user (a Telegram numeric id, a Matrix @user:server, a mail address)
+        /// Remove a paired user (a Telegram numeric id, a Matrix @user:server, a mail address, a Discord
+        /// user id, a Signal uuid or +number, a Feishu ou_ open_id)
         #[arg(long, value_name = "ID")]
         revoke: Option<String>,
     },
@@ -209,6 +210,9 @@ pub enum PairWith {
     Telegram,
     Matrix,
     Email,
+    Discord,
+    Signal,
+    Feishu,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -1,4 +1,4 @@
-//! `bramble pair [--channel telegram|matrix|email]`: a one-time code for a
+//! `bramble pair [--channel telegram|matrix|email|discord|signal|feishu]`: a one-time code for a
 //! new user of a channel with users; `--list`, `--revoke ID`. Without
 //! `--channel` it is Telegram, as it always was. The codes and lists are
 //! [`crate::policy::pairing`]'s; this is only the terminal's side.
@@ -20,6 +20,9 @@ pub async fn pair(
         None | Some(PairWith::Telegram) => PairChannel::Telegram,
         Some(PairWith::Matrix) => PairChannel::Matrix,
         Some(PairWith::Email) => PairChannel::Email,
+        Some(PairWith::Discord) => PairChannel::Discord,
+        Some(PairWith::Signal) => PairChannel::Signal,
+        Some(PairWith::Feishu) => PairChannel::Feishu,
     };
     let state = &loaded.paths.state_dir;
     if list {
@@ -28,7 +31,11 @@ pub async fn pair(
             println!("no paired {channel} users ([{channel}] allow_from in the config still applies)");
         }
         for u in users {
-            let name = u.username.map(|n| format!(" (@{})", crate::util::text::escape_line(&n))).unwrap_or_default();
+            let name = match (u.username, u.number) {
+                (_, Some(number)) => format!(" ({})", crate::util::text::escape_line(&number)),
+                (Some(n), None) => format!(" (@{})", crate::util::text::escape_line(&n)),
+                (None, None) => String::new(),
+            };
             let id = u.id.to_string();
             println!(
                 "{}{name}, paired {}",
@@ -39,7 +46,10 @@ pub async fn pair(
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(id) = revoke {
-        let who = channel.principal(&id)?;
+        let who = match pairing::signal_by_number(state, &id).filter(|_| channel == PairChannel::Signal) {
+            Some(who) => who,
+            None => channel.principal(&id)?,
+        };
         crate::util::fs::create_private_dir(state)?;
         if pairing::revoke(state, &who)? {
             println!("revoked {id}: the running daemon stops serving them at their next message");
@@ -56,6 +66,9 @@ pub async fn pair(
         PairChannel::Telegram => telegram_ready(loaded).await?,
         PairChannel::Matrix => matrix_ready(&loaded.config)?,
         PairChannel::Email => email_ready(&loaded.config)?,
+        PairChannel::Discord => discord_ready(&loaded.config)?,
+        PairChannel::Signal => signal_ready(&loaded.config)?,
+        PairChannel::Feishu => feishu_ready(&loaded.config)?,
     };
     crate::util::fs::create_private_dir(state)?;
     let (code, expires) = pairing::new_code(state, channel, jiff::Timestamp::now())?;
@@ -108,6 +121,37 @@ fn email_ready(config: &crate::config::Config) -> anyhow::Result<String> {
     Ok(format!("Have the new user mail {} from their address, with this as the subject (or the first line)", address.0))
 }
 
+fn discord_ready(config: &crate::config::Config) -> anyhow::Result<String> {
+    if !cfg!(feature = "discord") {
+        anyhow::bail!("this build has no Discord (cargo feature `discord`): there is no bot to pair with");
+    }
+    if config.discord.token_env.is_none() {
+        anyhow::bail!("Discord is not configured ([discord] token_env): there is no bot to pair with");
+    }
+    Ok("From the new user's Discord account, send this to the bot in a direct message (not in a server channel)".into())
+}
+
+fn signal_ready(config: &crate::config::Config) -> anyhow::Result<String> {
+    if !cfg!(feature = "signal") {
+        anyhow::bail!("this build has no Signal (cargo feature `signal`): there is no account to pair with");
+    }
+    if config.signal.endpoint.is_none() {
+        anyhow::bail!("Signal is not configured ([signal] endpoint): there is no account to pair with");
+    }
+    let to = config.signal.account.as_deref().unwrap_or("the bot's Signal account");
+    Ok(format!("From the new user's Signal, send this to {to} in a direct message (not in a group)"))
+}
+
+fn feishu_ready(config: &crate::config::Config) -> anyhow::Result<String> {
+    if !cfg!(feature = "feishu") {
+        anyhow::bail!("this build has no Feishu / Lark (cargo feature `feishu`): there is no bot to pair with");
+    }
+    if config.feishu.app_id.is_none() {
+        anyhow::bail!("Feishu / Lark is not configured ([feishu] app_id): there is no bot to pair with");
+    }
+    Ok("From the new user's Feishu / Lark, send this to the bot in a one-to-one chat (not in a group)".into())
+}
+
 /// Whether `who` is still in their channel's `allow_from` (then their jobs keep running).
 fn still_allowed(loaded: &crate::config::Loaded, who: &Principal) -> bool {
     let c = &loaded.config;
@@ -115,6 +159,12 @@ fn still_allowed(loaded: &crate::config::Loaded, who: &Principal) -> bool {
         Principal::Telegram(id) => crate::daemon::assemble::standing(loaded).telegram_allows(*id),
         Principal::Matrix(user) => c.matrix.allow_from.iter().any(|u| u.trim() == user),
         Principal::Email(addr) => c.email.allow_from.iter().any(|a| a.0.eq_ignore_ascii_case(addr)),
+        Principal::Discord(id) => c.discord.users().contains(id),
+        Principal::Feishu(open_id) => c.feishu.allow_from.iter().any(|u| u.trim() == open_id),
+        // A uuid listed, or pinned to a listed number (the paired list no longer has them).
+        Principal::Signal(id) => {
+            crate::policy::signal::SignalPolicy::new(&c.signal.allow_from, &[], &loaded.paths.state_dir).allows(id)
+        }
         _ => false,
     }
 }

@@ -8,11 +8,15 @@
 //! `<state>/discord-dms.json` when such a user writes (this module owns the
 //! file's format; the channel writes it, the tools only read it). A model
 //! turn therefore cannot post to an arbitrary channel, nor to a stranger's DM.
+//! Users paired with `bramble pair --channel discord` (`discord-paired.json`,
+//! [`super::pairing`]) are served like `allow_from`'s until revoked.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use super::pairing::{PairChannel, PairedCache};
 
 /// The file name in the state directory.
 pub const DMS_FILE: &str = "discord-dms.json";
@@ -58,16 +62,38 @@ pub struct DiscordPolicy {
     users: Vec<u64>,
     channels: Vec<u64>,
     state_dir: PathBuf,
+    paired: Option<PairedCache>,
 }
 
 impl DiscordPolicy {
     pub fn new(users: Vec<u64>, channels: Vec<u64>, state_dir: &Path) -> DiscordPolicy {
-        DiscordPolicy { users, channels, state_dir: state_dir.to_path_buf() }
+        let paired = Some(PairedCache::new(state_dir, PairChannel::Discord));
+        DiscordPolicy { users, channels, state_dir: state_dir.to_path_buf(), paired }
     }
 
-    /// Whether `user` is served.
+    /// Whether `user` is served: in `allow_from`, or paired (as of the last [`DiscordPolicy::refresh`]).
     pub fn allows(&self, user: u64) -> bool {
-        self.users.contains(&user)
+        self.users.contains(&user) || self.paired.as_ref().is_some_and(|p| p.contains(&user.to_string()))
+    }
+
+    /// Whether `user` is served now (the paired list read again if it changed). Blocking.
+    pub fn allows_now(&self, user: u64) -> bool {
+        self.refresh();
+        self.allows(user)
+    }
+
+    /// Read the paired users again if `bramble pair` changed them. Blocking (one `stat`).
+    pub fn refresh(&self) {
+        if let Some(p) = &self.paired {
+            p.refresh();
+        }
+    }
+
+    /// Serve `user`, just paired, at once.
+    pub fn add_paired(&self, user: u64) {
+        if let Some(p) = &self.paired {
+            p.add(&user.to_string());
+        }
     }
 
     /// Whether messages in guild channel `channel` are read.
@@ -82,6 +108,7 @@ impl DiscordPolicy {
         if self.listens_in(channel) {
             return true;
         }
+        self.refresh();
         let dms = Dms::load(&self.state_dir);
         dms.dms.get(&channel.to_string()).and_then(|u| u.parse().ok()).is_some_and(|u| self.allows(u))
     }

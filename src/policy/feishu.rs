@@ -7,12 +7,15 @@
 //! to the bot in: the channel records those in `<state>/feishu-chats.json`
 //! (this module owns the file's format; the channel writes it, the tools only
 //! read it). A model turn therefore cannot post to an arbitrary chat, nor to
-//! a group a stranger added the bot to.
+//! a group a stranger added the bot to. Users paired with `bramble pair
+//! --channel feishu` ([`super::pairing`]) are served like `allow_from`'s.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use super::pairing::{PairChannel, PairedCache};
 
 /// The file name in the state directory.
 pub const CHATS_FILE: &str = "feishu-chats.json";
@@ -48,17 +51,40 @@ pub struct FeishuPolicy {
     users: Vec<String>,
     chats: Vec<String>,
     state_dir: PathBuf,
+    paired: Option<PairedCache>,
 }
 
 impl FeishuPolicy {
     pub fn new(allow_from: &[String], chats: &[String], state_dir: &Path) -> FeishuPolicy {
         let clean = |v: &[String]| v.iter().map(|u| u.trim().to_string()).filter(|u| !u.is_empty()).collect();
-        FeishuPolicy { users: clean(allow_from), chats: clean(chats), state_dir: state_dir.to_path_buf() }
+        let paired = Some(PairedCache::new(state_dir, PairChannel::Feishu));
+        FeishuPolicy { users: clean(allow_from), chats: clean(chats), state_dir: state_dir.to_path_buf(), paired }
     }
 
-    /// Whether `open_id` is served. Exact, as ids are.
+    /// Whether `open_id` is served: in `allow_from` or paired (as of the
+    /// last [`FeishuPolicy::refresh`]). Exact, as ids are.
     pub fn allows(&self, open_id: &str) -> bool {
-        self.users.iter().any(|u| u == open_id)
+        self.users.iter().any(|u| u == open_id) || self.paired.as_ref().is_some_and(|p| p.contains(open_id))
+    }
+
+    /// Whether `open_id` is served now (the paired list read again if it changed). Blocking.
+    pub fn allows_now(&self, open_id: &str) -> bool {
+        self.refresh();
+        self.allows(open_id)
+    }
+
+    /// Read the paired users again if `bramble pair` changed them. Blocking (one `stat`).
+    pub fn refresh(&self) {
+        if let Some(p) = &self.paired {
+            p.refresh();
+        }
+    }
+
+    /// Serve `open_id`, just paired, at once.
+    pub fn add_paired(&self, open_id: &str) {
+        if let Some(p) = &self.paired {
+            p.add(open_id);
+        }
     }
 
     /// Whether a turn may post to `chat`: a configured chat, or one an
@@ -68,6 +94,7 @@ impl FeishuPolicy {
         if self.chats.iter().any(|c| c == chat) {
             return true;
         }
+        self.refresh();
         Chats::load(&self.state_dir).chats.get(chat).is_some_and(|by| self.allows(by))
     }
 }

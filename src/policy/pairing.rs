@@ -1,11 +1,14 @@
 //! Pairing: letting a new user of a channel with users (Telegram, Matrix,
-//! email) in without editing the config and restarting.
+//! email, Discord, Signal, Feishu / Lark) in without editing the config and
+//! restarting.
 //!
 //! `bramble pair [--channel C]` (as the service: `sudo bramble pair`) writes
 //! a one-time code for channel C into the state directory, valid for
 //! [`CODE_TTL`]; the new user sends `/pair <code>` on that channel (a
 //! Telegram private chat, a Matrix room with the bot, a mail whose subject or
-//! first line is `/pair <code>`); the channel's reader redeems it and adds
+//! first line is `/pair <code>`, a Discord DM, a Signal direct message from
+//! an account uuid, a Feishu / Lark p2p chat); the channel's reader redeems
+//! it and adds
 //! the sender, as a typed [`Principal`], to `<channel>-paired.json`. The
 //! config's `allow_from` still works and is checked first; pairing only adds.
 //! `bramble pair --list` / `--revoke <id>` read and change the list; the
@@ -21,6 +24,13 @@
 //! A lock file per channel serialises the daemon's redeeming with the CLI's
 //! writing. The Telegram files keep the names they had before the other
 //! channels could pair (`telegram-paired.json` with numeric ids).
+//!
+//! Discord, Signal and Feishu answer a stranger's `/pair` only while a code
+//! of their own channel is pending ([`pending`]); otherwise it is ignored
+//! like any stranger's message, so a bot nobody is pairing with says nothing
+//! to strangers. Discord ids are kept as texts (snowflakes, as Discord's
+//! JSON writes them). A Signal user is kept by account uuid, with the number
+//! it came with: that number with another uuid cannot pair ([`number_taken`]).
 
 use std::collections::HashSet;
 use std::io::Read;
@@ -48,17 +58,30 @@ pub enum PairChannel {
     Telegram,
     Matrix,
     Email,
+    Discord,
+    Signal,
+    Feishu,
 }
 
 impl PairChannel {
-    pub const ALL: [PairChannel; 3] = [PairChannel::Telegram, PairChannel::Matrix, PairChannel::Email];
+    pub const ALL: [PairChannel; 6] = [
+        PairChannel::Telegram,
+        PairChannel::Matrix,
+        PairChannel::Email,
+        PairChannel::Discord,
+        PairChannel::Signal,
+        PairChannel::Feishu,
+    ];
 
-    /// Its name (`telegram`, `matrix`, `email`): the prefix of its files.
+    /// Its name (`telegram`, `matrix`, `email`, `discord`, `signal`, `feishu`): the prefix of its files.
     pub fn name(self) -> &'static str {
         match self {
             PairChannel::Telegram => "telegram",
             PairChannel::Matrix => "matrix",
             PairChannel::Email => "email",
+            PairChannel::Discord => "discord",
+            PairChannel::Signal => "signal",
+            PairChannel::Feishu => "feishu",
         }
     }
 
@@ -82,13 +105,17 @@ impl PairChannel {
             Principal::Telegram(id) => Some((PairChannel::Telegram, UserId::Number(*id))),
             Principal::Matrix(user) => Some((PairChannel::Matrix, UserId::Text(user.clone()))),
             Principal::Email(addr) => Some((PairChannel::Email, UserId::Text(addr.to_ascii_lowercase()))),
+            Principal::Discord(id) => Some((PairChannel::Discord, UserId::Text(id.to_string()))),
+            Principal::Signal(id) => Some((PairChannel::Signal, UserId::Text(id.to_ascii_lowercase()))),
+            Principal::Feishu(open_id) => Some((PairChannel::Feishu, UserId::Text(open_id.clone()))),
             _ => None,
         }
     }
 
     /// The principal of a user of this channel, from its id as typed
     /// (`bramble pair --revoke`): a number for Telegram, `@user:server` for
-    /// Matrix, an address for email.
+    /// Matrix, an address for email, a snowflake for Discord, an account uuid
+    /// for Signal, an `ou_…` open_id for Feishu.
     pub fn principal(self, id: &str) -> Result<Principal, PairError> {
         let id = id.trim();
         let bad = |what: &str| PairError::BadId { channel: self.name(), id: id.to_string(), what: what.to_string() };
@@ -98,6 +125,13 @@ impl PairChannel {
             PairChannel::Matrix => Err(bad("a Matrix user id like @bob:example.org")),
             PairChannel::Email if is_address(id) => Ok(Principal::Email(id.to_ascii_lowercase())),
             PairChannel::Email => Err(bad("a mail address like bob@example.org")),
+            PairChannel::Discord => crate::config::discord::snowflake(id)
+                .map(Principal::Discord)
+                .ok_or_else(|| bad("a Discord user id (a number; Developer Mode → Copy User ID)")),
+            PairChannel::Signal if crate::bus::is_signal_uuid(id) => Ok(Principal::Signal(id.to_ascii_lowercase())),
+            PairChannel::Signal => Err(bad("a Signal account uuid, or the +number a paired user came with")),
+            PairChannel::Feishu if crate::bus::is_feishu_id(id, "ou_") => Ok(Principal::Feishu(id.to_string())),
+            PairChannel::Feishu => Err(bad("a Feishu / Lark open_id like ou_7d8a6e6df7621556ce0d21922b676706")),
         }
     }
 }
@@ -138,12 +172,14 @@ impl std::fmt::Display for UserId {
 /// What cannot be paired or revoked.
 #[derive(Debug, thiserror::Error)]
 pub enum PairError {
-    #[error("`{0}` is not a channel with users to pair: use telegram, matrix or email")]
+    #[error("`{0}` is not a channel with users to pair: use telegram, matrix, email, discord, signal or feishu")]
     NoSuchChannel(String),
     #[error("`{id}` is not a {channel} user: give {what}")]
     BadId { channel: &'static str, id: String, what: String },
     #[error("{0} has no users to pair")]
     NotAUser(String),
+    #[error("the Signal number {number} came before with account {pinned}, not {uuid}: it cannot pair")]
+    NumberTaken { number: String, pinned: String, uuid: String },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -160,7 +196,19 @@ pub struct PairedUser {
     pub id: UserId,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
+    /// The phone number a Signal user paired with (their id is the account uuid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub number: Option<String>,
     pub paired: Timestamp,
+}
+
+/// What is kept of a user beside their id when they pair.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Profile {
+    /// Their name on the channel (shown by `--list`).
+    pub username: Option<String>,
+    /// A Signal user's number (their id is the uuid).
+    pub number: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -218,9 +266,27 @@ pub fn redeem(
     username: Option<&str>,
     now: Timestamp,
 ) -> Result<Redeemed, PairError> {
+    redeem_as(state_dir, text, who, Profile { username: username.map(str::to_string), number: None }, now)
+}
+
+/// [`redeem`] keeping `profile` with the user. A Signal number already kept
+/// with another uuid is refused ([`PairError::NumberTaken`]) before the code
+/// is looked at: a re-registered number is not the person who paired.
+pub fn redeem_as(
+    state_dir: &Path,
+    text: &str,
+    who: &Principal,
+    profile: Profile,
+    now: Timestamp,
+) -> Result<Redeemed, PairError> {
     let (channel, id) = PairChannel::of(who).ok_or_else(|| PairError::NotAUser(who.to_string()))?;
     let given: String = text.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_uppercase()).collect();
     let _lock = lock(state_dir, channel)?;
+    if let (Some(number), UserId::Text(uuid)) = (profile.number.as_deref(), &id) {
+        if let Some(pinned) = number_taken(state_dir, number, uuid) {
+            return Err(PairError::NumberTaken { number: number.to_string(), pinned, uuid: uuid.clone() });
+        }
+    }
     let code_path = path(state_dir, &channel.code_file());
     let mut pending: PendingCode = match std::fs::read(&code_path) {
         Ok(data) => match serde_json::from_slice(&data) {
@@ -245,12 +311,29 @@ pub fn redeem(
     }
     let mut users = paired(state_dir, channel);
     if !users.iter().any(|u| u.id == id) {
-        users.push(PairedUser { id, username: username.map(str::to_string), paired: now });
+        users.push(PairedUser { id, username: profile.username, number: profile.number, paired: now });
         save(state_dir, channel, &users)?;
     }
     // Used once: gone before the answer is sent.
     std::fs::remove_file(&code_path)?;
     Ok(Redeemed::Paired)
+}
+
+/// The uuid a paired Signal user came with `number` as, when it is not
+/// `uuid`: that number belongs to another account as far as bramble knows.
+pub fn number_taken(state_dir: &Path, number: &str, uuid: &str) -> Option<String> {
+    paired(state_dir, PairChannel::Signal).into_iter().find_map(|u| match u.id {
+        UserId::Text(t) if u.number.as_deref() == Some(number) && !t.eq_ignore_ascii_case(uuid) => Some(t),
+        _ => None,
+    })
+}
+
+/// The paired Signal user who came with `number` (`bramble pair --revoke +4915…`).
+pub fn signal_by_number(state_dir: &Path, number: &str) -> Option<Principal> {
+    paired(state_dir, PairChannel::Signal).into_iter().find_map(|u| match u.id {
+        UserId::Text(t) if u.number.as_deref() == Some(number.trim()) => Some(Principal::Signal(t)),
+        _ => None,
+    })
 }
 
 /// The users paired on `channel` (a missing or unreadable file: none; unreadable is logged).
@@ -386,6 +469,84 @@ pub fn answer(outcome: &Result<Redeemed, PairError>) -> String {
     }
 }
 
+/// Strangers whose last `/pair` try is remembered; the map is cleared when full.
+const MAX_TRIES: usize = 1024;
+
+/// The last `/pair` try per stranger of one channel's reader (one per [`TRY_GAP`]).
+#[derive(Debug, Default)]
+pub struct Tries(std::collections::HashMap<String, std::time::Instant>);
+
+impl Tries {
+    /// Whether `who` may try now (then the try is remembered).
+    pub fn allow(&mut self, who: &str) -> bool {
+        let now = std::time::Instant::now();
+        if self.0.get(who).is_some_and(|t| now.duration_since(*t) < TRY_GAP) {
+            return false;
+        }
+        if self.0.len() >= MAX_TRIES {
+            self.0.clear();
+        }
+        self.0.insert(who.to_string(), now);
+        true
+    }
+}
+
+/// What a stranger's `/pair` came to on a channel that pairs only while its
+/// own code is pending (Discord, Signal, Feishu).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// No code of this channel is pending (or the try came too soon, or the
+    /// number belongs to another account): say nothing, as to any stranger.
+    Ignored,
+    /// Answer with this; `paired`: the user is served from now on.
+    Answer { text: String, paired: bool },
+}
+
+/// A stranger's `/pair <code>` (`code` as typed, maybe empty) on `who`'s
+/// channel, rate-limited by `tries`; every try is logged with the user's id.
+pub async fn stranger_try(
+    state_dir: &Path,
+    tries: &mut Tries,
+    code: String,
+    who: &Principal,
+    profile: Profile,
+) -> Attempt {
+    let Some((channel, id)) = PairChannel::of(who) else { return Attempt::Ignored };
+    let (dir, at) = (state_dir.to_path_buf(), Timestamp::now());
+    if !crate::util::tasks::blocking(move || pending(&dir, channel, at)).await {
+        tracing::info!(channel = channel.name(), user = %id, "a stranger's /pair with no code of this channel pending was ignored");
+        return Attempt::Ignored;
+    }
+    if !tries.allow(&id.to_string()) {
+        tracing::warn!(channel = channel.name(), user = %id, "a /pair try too soon after the last one was ignored");
+        return Attempt::Ignored;
+    }
+    if code.is_empty() {
+        let text =
+            format!("Send the code too: /pair ABCD-EFGH (the owner gets one with `bramble pair --channel {channel}`).");
+        return Attempt::Answer { text, paired: false };
+    }
+    let (dir, who2) = (state_dir.to_path_buf(), who.clone());
+    let outcome = crate::util::tasks::blocking(move || redeem_as(&dir, &code, &who2, profile, at)).await;
+    let name = channel.name();
+    match &outcome {
+        Ok(Redeemed::Paired) => {
+            tracing::warn!(channel = name, user = %id, "paired a user: they are served from now on")
+        }
+        Ok(Redeemed::Wrong { left }) => tracing::warn!(channel = name, user = %id, left, "a wrong pairing code"),
+        Ok(Redeemed::Voided) => {
+            tracing::warn!(channel = name, user = %id, "too many wrong pairing codes: the code is void")
+        }
+        Ok(Redeemed::NoCode) => return Attempt::Ignored, // it ran out in between
+        Err(e @ PairError::NumberTaken { .. }) => {
+            tracing::warn!(channel = name, "a /pair was refused as spoofed: {e} (a re-registered number?)");
+            return Attempt::Ignored;
+        }
+        Err(e) => tracing::error!(channel = name, error = %e, "cannot read or write the pairing files"),
+    }
+    Attempt::Answer { text: answer(&outcome), paired: outcome.as_ref().is_ok_and(|o| *o == Redeemed::Paired) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,5 +643,67 @@ mod tests {
         assert_eq!(request("/pair", false).as_deref(), Some(""));
         assert_eq!(request("pair ABCD", true).as_deref(), Some("ABCD"));
         assert!(request("pair ABCD", false).is_none() && request("/pairing", false).is_none());
+    }
+
+    #[test]
+    fn discord_signal_and_feishu_ids_are_typed_and_a_signal_number_keeps_its_uuid() {
+        const ANN: &str = "7ccae375-cd51-4c82-8b1e-7be3280aa485";
+        const EVE: &str = "0b0e6f5a-3c1d-4e2f-9a8b-7c6d5e4f3a2b";
+        assert_eq!(PairChannel::Discord.principal("80351110224678912").unwrap(), Principal::Discord(80351110224678912));
+        assert!(PairChannel::Discord.principal("@bob").is_err());
+        assert_eq!(PairChannel::Signal.principal(&ANN.to_uppercase()).unwrap(), Principal::Signal(ANN.into()));
+        assert!(PairChannel::Signal.principal("+4915100000001").is_err(), "a number alone is not an identity");
+        assert_eq!(PairChannel::Feishu.principal("ou_abc").unwrap(), Principal::Feishu("ou_abc".into()));
+        assert!(PairChannel::Feishu.principal("oc_abc").is_err());
+        assert_eq!("signal".parse::<PairChannel>().unwrap(), PairChannel::Signal);
+
+        let dir = tempfile::tempdir().unwrap();
+        let now: Timestamp = "2026-11-23T20:00:00Z".parse().unwrap();
+        new_code(dir.path(), PairChannel::Signal, now).unwrap();
+        let code = code_of(dir.path(), PairChannel::Signal);
+        // A Discord or Feishu user cannot use a Signal code.
+        assert_eq!(redeem(dir.path(), &code, &Principal::Discord(5), None, now).unwrap(), Redeemed::NoCode);
+        assert_eq!(redeem(dir.path(), &code, &Principal::Feishu("ou_x".into()), None, now).unwrap(), Redeemed::NoCode);
+        let number = Some("+4915100000001".to_string());
+        let ann = Principal::Signal(ANN.into());
+        let profile = Profile { username: None, number: number.clone() };
+        assert_eq!(redeem_as(dir.path(), &code, &ann, profile.clone(), now).unwrap(), Redeemed::Paired);
+        assert_eq!(paired(dir.path(), PairChannel::Signal)[0].number, number);
+        assert_eq!(signal_by_number(dir.path(), "+4915100000001"), Some(ann.clone()));
+        // The same number with another uuid cannot pair, even with a right code.
+        new_code(dir.path(), PairChannel::Signal, now).unwrap();
+        let code = code_of(dir.path(), PairChannel::Signal);
+        let eve = Principal::Signal(EVE.into());
+        let taken = redeem_as(dir.path(), &code, &eve, profile.clone(), now);
+        assert!(matches!(taken, Err(PairError::NumberTaken { .. })), "{taken:?}");
+        assert!(pending(dir.path(), PairChannel::Signal, now), "a refused number does not use up the code");
+        assert_eq!(number_taken(dir.path(), "+4915100000001", ANN), None);
+        assert!(revoke(dir.path(), &ann).unwrap());
+        assert!(paired_names(dir.path(), PairChannel::Signal).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stranger_is_answered_only_while_a_code_of_their_channel_is_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tries = Tries::default();
+        let bob = Principal::Discord(42);
+        let ignored = stranger_try(dir.path(), &mut tries, "ABCD".into(), &bob, Profile::default()).await;
+        assert_eq!(ignored, Attempt::Ignored, "no code pending: nothing said");
+        new_code(dir.path(), PairChannel::Feishu, Timestamp::now()).unwrap();
+        let other = stranger_try(dir.path(), &mut tries, "ABCD".into(), &bob, Profile::default()).await;
+        assert_eq!(other, Attempt::Ignored, "another channel's code: nothing said");
+        new_code(dir.path(), PairChannel::Discord, Timestamp::now()).unwrap();
+        let wrong = stranger_try(dir.path(), &mut tries, "WRONGWRO".into(), &bob, Profile::default()).await;
+        assert_eq!(
+            wrong,
+            Attempt::Answer { text: "That code is not right (4 tries left for it).".into(), paired: false }
+        );
+        let code = code_of(dir.path(), PairChannel::Discord);
+        let soon = stranger_try(dir.path(), &mut tries, code.clone(), &bob, Profile::default()).await;
+        assert_eq!(soon, Attempt::Ignored, "one try per user per TRY_GAP");
+        let mut fresh = Tries::default();
+        let ok = stranger_try(dir.path(), &mut fresh, code, &bob, Profile::default()).await;
+        assert!(matches!(ok, Attempt::Answer { paired: true, .. }), "{ok:?}");
+        assert_eq!(paired_names(dir.path(), PairChannel::Discord), HashSet::from(["42".to_string()]));
     }
 }

@@ -8,10 +8,14 @@
 //! by the channel), and an envelope with that number and another uuid is
 //! refused as spoofed (a re-registered number: the owner deletes the pin).
 //! A chat a turn may send to is an allowed number or uuid (a pinned uuid
-//! included), or a group of `[signal] groups`.
+//! included), or a group of `[signal] groups`. Accounts paired with `bramble
+//! pair --channel signal` ([`super::pairing`]) are served by uuid only, like
+//! a listed uuid: their number alone never is.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use super::pairing::{PairChannel, PairedCache};
 
 /// The pins file in the state directory.
 pub const PINS_FILE: &str = "signal-pins.json";
@@ -34,6 +38,7 @@ pub struct SignalPolicy {
     uuids: Vec<String>,
     groups: Vec<String>,
     state_dir: PathBuf,
+    paired: Option<PairedCache>,
 }
 
 impl SignalPolicy {
@@ -45,7 +50,28 @@ impl SignalPolicy {
             uuids,
             groups: groups.iter().map(|g| g.trim().to_string()).collect(),
             state_dir: state_dir.to_path_buf(),
+            paired: Some(PairedCache::new(state_dir, PairChannel::Signal)),
         }
+    }
+
+    /// Whether `uuid` (lower case) was paired; the list is read again if it changed. Blocking.
+    fn paired_now(&self, uuid: &str) -> bool {
+        self.paired.as_ref().is_some_and(|p| {
+            p.refresh();
+            p.contains(uuid)
+        })
+    }
+
+    /// Serve `uuid`, just paired, at once.
+    pub fn add_paired(&self, uuid: &str) {
+        if let Some(p) = &self.paired {
+            p.add(&uuid.to_ascii_lowercase());
+        }
+    }
+
+    /// The uuid `number` is pinned to, if it is (a number of `allow_from`, or one that was). Blocking.
+    pub fn pinned(&self, number: &str) -> Option<String> {
+        Pins::load(&self.state_dir).0.get(number).cloned()
     }
 
     /// Whether anybody is served.
@@ -82,7 +108,9 @@ impl SignalPolicy {
             }
         }
         match (uuid, listed_number) {
-            (Some(u), _) if self.uuids.contains(&u) || self.pinned_listed(&pins, &u) => Verdict::Allowed(u),
+            (Some(u), _) if self.uuids.contains(&u) || self.pinned_listed(&pins, &u) || self.paired_now(&u) => {
+                Verdict::Allowed(u)
+            }
             // A number without a uuid (an old signal-cli): served as the number, unpinned.
             (None, Some(n)) if !pins.0.contains_key(n) => Verdict::Allowed(n.to_string()),
             _ => Verdict::Stranger,
@@ -97,7 +125,7 @@ impl SignalPolicy {
     /// Whether `id` (a principal: uuid or number) is still served. Blocking.
     pub fn allows(&self, id: &str) -> bool {
         let id = id.to_ascii_lowercase();
-        if self.uuids.contains(&id) || self.numbers.contains(&id) {
+        if self.uuids.contains(&id) || self.numbers.contains(&id) || self.paired_now(&id) {
             return true;
         }
         self.pinned_listed(&Pins::load(&self.state_dir), &id)

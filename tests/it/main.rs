@@ -53,6 +53,7 @@ mod mqtt_v311;
 #[cfg(feature = "ntfy")]
 mod ntfy;
 mod pairing;
+mod pairing_chats;
 mod provider;
 mod redirects;
 mod rights;

@@ -13,6 +13,9 @@
 //!
 //! Every wait is bounded: the connect, the Hello (a silent server), each
 //! heartbeat's acknowledgement (the next heartbeat's deadline).
+//!
+//! Each change of state (connected, resuming, reconnecting, stopped with
+//! why) is written for `bramble status` ([`super::state`]).
 
 use std::time::Duration;
 
@@ -20,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::inbound::Handler;
+use super::state::{record, Connection, Phase};
 use crate::clients::discord::gateway::{self as wire, op, AfterClose, Payload, Ready};
 use crate::clients::ws::{Endpoint, Message, Socket, WsError};
 use crate::util::timer::Backoff;
@@ -48,13 +52,16 @@ enum End {
     Stopped,
     Resume(String),
     Identify(String),
-    Fatal(String),
+    /// Why, and the gateway's close code.
+    Fatal(String, Option<u16>),
 }
 
 /// Connect, run, reconnect until `stop` (or a fatal refusal).
 pub async fn run(mut handler: Handler, stop: CancellationToken) {
     let mut backoff = Backoff::new(MAX_BACKOFF);
     let mut session: Option<Session> = None;
+    let dir = handler.state_dir();
+    record(&dir, Connection::now(Phase::Connecting, None, None)).await;
     loop {
         let url = match session.as_ref().and_then(|s| s.resume_url.clone()) {
             Some(u) => u,
@@ -79,25 +86,36 @@ pub async fn run(mut handler: Handler, stop: CancellationToken) {
         };
         let mut healthy = false;
         let end = connection(&mut handler, &url, &mut session, &mut healthy, &stop).await;
-        match end {
-            End::Stopped => return,
-            End::Fatal(why) => {
+        let conn = match end {
+            End::Stopped => return stopped(&dir).await,
+            End::Fatal(why, code) => {
                 tracing::error!("Discord: {why}; the Discord channel is off until bramble restarts");
-                return;
+                return record(&dir, Connection::now(Phase::Stopped, Some(&why), code)).await;
             }
-            End::Resume(why) => tracing::warn!(resumable = session.is_some(), "Discord gateway: {why}; reconnecting"),
+            End::Resume(why) => {
+                tracing::warn!(resumable = session.is_some(), "Discord gateway: {why}; reconnecting");
+                let phase = if session.is_some() { Phase::Resuming } else { Phase::Reconnecting };
+                Connection::now(phase, Some(&why), None)
+            }
             End::Identify(why) => {
                 tracing::warn!("Discord gateway: {why}; starting a new session");
                 session = None;
+                Connection::now(Phase::Reconnecting, Some(&why), None)
             }
-        }
+        };
+        record(&dir, conn).await;
         if healthy {
             backoff.reset();
         }
         if super::sleep_or_stop(backoff.next_wait(), &stop).await {
-            return;
+            return stopped(&dir).await;
         }
     }
+}
+
+/// The daemon stops: Discord with it.
+async fn stopped(dir: &std::path::Path) {
+    record(dir, Connection::now(Phase::Stopped, Some("bramble stopped"), None)).await;
 }
 
 /// The URL with the gateway's query (`?v=10&encoding=json`) unless it has one.
@@ -274,6 +292,7 @@ async fn dispatch(h: &mut Handler, p: &Payload, session: &mut Option<Session>, h
         Some("READY") => match Ready::read(&p.d) {
             Some(r) => {
                 tracing::info!(user = r.user_id, "Discord connected");
+                record(&h.state_dir(), Connection::now(Phase::Connected, None, None)).await;
                 h.set_me(r.user_id);
                 *session = Some(Session { id: r.session_id, resume_url: r.resume_gateway_url, seq: p.s });
                 *healthy = true;
@@ -283,6 +302,7 @@ async fn dispatch(h: &mut Handler, p: &Payload, session: &mut Option<Session>, h
         },
         Some("RESUMED") => {
             tracing::info!("Discord session resumed");
+            record(&h.state_dir(), Connection::now(Phase::Connected, None, None)).await;
             *healthy = true;
         }
         Some(t) if !h.dispatch(t, &p.d).await => return false,
@@ -309,7 +329,7 @@ async fn next_payload(socket: &mut Socket) -> Result<Payload, WsError> {
 fn closed(e: WsError) -> End {
     match &e {
         WsError::Closed { code: Some(code), .. } => match wire::after_close(Some(*code)) {
-            AfterClose::Stop => End::Fatal(format!("{} ({e})", wire::close_advice(*code))),
+            AfterClose::Stop => End::Fatal(format!("{} ({e})", wire::close_advice(*code)), Some(*code)),
             AfterClose::Identify => End::Identify(e.to_string()),
             AfterClose::Resume => End::Resume(e.to_string()),
         },
@@ -326,7 +346,10 @@ mod tests {
         assert_eq!(with_query("wss://gateway.discord.gg"), "wss://gateway.discord.gg/?v=10&encoding=json");
         assert_eq!(with_query("ws://127.0.0.1:9/gw/"), "ws://127.0.0.1:9/gw/?v=10&encoding=json");
         assert_eq!(with_query("ws://h/?v=10"), "ws://h/?v=10");
-        assert!(matches!(closed(WsError::Closed { code: Some(4004), reason: String::new() }), End::Fatal(_)));
+        assert!(matches!(
+            closed(WsError::Closed { code: Some(4004), reason: String::new() }),
+            End::Fatal(_, Some(4004))
+        ));
         assert!(matches!(closed(WsError::Closed { code: Some(4009), reason: String::new() }), End::Identify(_)));
         assert!(matches!(closed(WsError::TooLarge(1 << 30)), End::Resume(_)));
     }

@@ -20,6 +20,7 @@ use crate::bus::{Attachment, AttachmentKind, Channel, Conversation, InboundMessa
 use crate::channels::telegram::buttons::{self, Action};
 use crate::clients::discord::DiscordError;
 use crate::policy::discord::Dms;
+use crate::policy::pairing::{self, Attempt, Profile, Tries};
 
 /// Strangers remembered for "logged once"; the set is cleared when full.
 const MAX_STRANGERS: usize = 1024;
@@ -49,6 +50,8 @@ pub struct Handler {
     recent: VecDeque<u64>,
     typing: HashMap<u64, tokio::task::JoinHandle<()>>,
     content_warned: bool,
+    /// Strangers' last `/pair` tries.
+    tries: Tries,
 }
 
 impl Handler {
@@ -67,11 +70,17 @@ impl Handler {
             recent: VecDeque::new(),
             typing: HashMap::new(),
             content_warned: false,
+            tries: Tries::default(),
         }
     }
 
     fn shared(&self) -> &Arc<Shared> {
         &self.discord.shared
+    }
+
+    /// The state directory (the connection state is kept there for `bramble status`).
+    pub fn state_dir(&self) -> std::path::PathBuf {
+        self.shared().state_dir.clone()
     }
 
     pub fn token(&self) -> String {
@@ -122,10 +131,6 @@ impl Handler {
         if guild && !self.discord.policy.listens_in(channel) {
             return true; // a guild channel not in [discord] channels: not read
         }
-        if !self.discord.policy.allows(author) {
-            self.stranger(author, channel);
-            return true;
-        }
         if !d["type"].as_u64().is_some_and(|t| USER_MESSAGE_TYPES.contains(&t)) {
             return true;
         }
@@ -134,6 +139,23 @@ impl Handler {
             return true;
         }
         let text = d["content"].as_str().unwrap_or_default();
+        // A `bramble pair --revoke` is seen at the user's next message.
+        let policy = self.discord.policy.clone();
+        crate::util::tasks::blocking(move || policy.refresh()).await;
+        let pair = pairing::request(text, false).filter(|_| !guild);
+        if !self.discord.policy.allows(author) {
+            match pair {
+                Some(code) => self.pair(channel, author, &d["author"], code).await,
+                None => self.stranger(author, channel),
+            }
+            self.remember(id);
+            return true;
+        }
+        if pair.is_some() {
+            self.remember(id);
+            self.say(channel, "You can already talk to me.").await;
+            return true;
+        }
         let files = d["attachments"].as_array().cloned().unwrap_or_default();
         if text.is_empty() && files.is_empty() {
             self.no_content_warning();
@@ -231,7 +253,24 @@ impl Handler {
         }
     }
 
-    /// A plain message from the bot (a note about a file).
+    /// A stranger's `/pair <code>` in a DM: answered only while a Discord
+    /// code is pending ([`pairing::stranger_try`]); the DM becomes a target
+    /// once they are paired.
+    async fn pair(&mut self, channel: u64, author: u64, who: &Value, code: String) {
+        let username = who["username"].as_str().map(|n| n.chars().take(64).collect());
+        let profile = Profile { username, number: None };
+        let dir = self.shared().state_dir.clone();
+        let attempt = pairing::stranger_try(&dir, &mut self.tries, code, &Principal::Discord(author), profile).await;
+        let Attempt::Answer { text, paired } = attempt else { return };
+        if paired {
+            self.discord.policy.add_paired(author);
+            self.strangers.remove(&author); // logged again if they are revoked
+            self.remember_dm(channel, author).await;
+        }
+        self.say(channel, &text).await;
+    }
+
+    /// A plain message from the bot (a note about a file, a pairing answer).
     async fn say(&self, channel: u64, text: &str) {
         if let Err(e) = self.shared().rest.create_message(channel, &json!({"content": text})).await {
             tracing::warn!(channel, error = %e, "cannot post a note in Discord");

@@ -9,11 +9,14 @@
 //! - [`deliver`]: the `Channel` that posts reports (chunks of 2000
 //!   characters, files, Done / Snooze buttons under reminders).
 //! - [`progress`]: one status message per channel, edited while a turn runs tools.
+//! - [`state`]: where the gateway connection stands, kept for `bramble status`.
 //! - [`status`]: `bramble status` and `doctor`.
 //!
 //! ## Who is answered
 //!
-//! Only `[discord] allow_from` users, by id: in a DM, or in one of
+//! Only `[discord] allow_from` users and those paired with `bramble pair
+//! --channel discord` (a stranger's `/pair <code>` in a DM, only while a
+//! Discord code is pending; never in a guild channel), by id: in a DM, or in one of
 //! `[discord] channels` (guild channels; any other guild channel is not
 //! read). Our own messages (author = the user READY named: the loop), other
 //! bots' and webhooks' messages are never input. A stranger is ignored and
@@ -34,6 +37,7 @@ pub mod deliver;
 pub mod gateway;
 pub mod inbound;
 pub mod progress;
+pub mod state;
 pub mod status;
 
 use std::path::{Path, PathBuf};

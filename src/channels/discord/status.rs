@@ -1,5 +1,6 @@
 //! `bramble status`'s Discord line and `bramble doctor`'s check: whether it
-//! is configured, whether the token is there and accepted, the gateway.
+//! is configured, whether the token is there and accepted, the gateway, and
+//! where the running daemon's connection stands ([`super::state`]).
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,16 +9,36 @@ use crate::clients::discord::Rest;
 use crate::config::DiscordConfig;
 use crate::policy::discord::Dms;
 
-/// One line for `bramble status` (blocking: reads the DMs file).
-pub fn status_line(c: &DiscordConfig, state_dir: &Path) -> String {
+use super::state::Connection;
+
+/// One line for `bramble status` (blocking: reads the DMs and connection
+/// files). `daemon`: the pid of the daemon that answered `status`, if one did.
+pub fn status_line(c: &DiscordConfig, state_dir: &Path, daemon: Option<u32>) -> String {
     let Some(env) = &c.token_env else { return "not configured".into() };
     if let Some(why) = c.problem() {
         return format!("OFF: {why}");
     }
-    let token = if c.token().is_some() { format!("token from {env}") } else { format!("token MISSING: set {env}") };
+    let (connection, live) = match Connection::load(state_dir) {
+        Some(conn) => {
+            let live = match daemon {
+                Some(pid) => pid == conn.pid,
+                None => Path::new(&format!("/proc/{}", conn.pid)).exists(),
+            };
+            (conn.words(live), live)
+        }
+        None => ("never connected".into(), false),
+    };
+    // A live connection means the daemon's environment has the token, whatever this shell's has.
+    let token = match (c.token().is_some(), live) {
+        (true, _) => format!("token from {env}"),
+        (false, true) => format!("token from {env} in the running daemon"),
+        (false, false) => format!("token MISSING: set {env}"),
+    };
     let dms = Dms::load(state_dir).dms.len();
+    let paired = crate::policy::pairing::paired(state_dir, crate::policy::pairing::PairChannel::Discord).len();
+    let paired = if paired > 0 { format!(" (+{paired} paired)") } else { String::new() };
     format!(
-        "bot ({token}); allow_from: {} user(s); {} guild channel(s); {dms} DM(s) known",
+        "{connection}; bot ({token}); allow_from: {} user(s){paired}; {} guild channel(s); {dms} DM(s) known",
         c.allow_from.len(),
         c.channels.len()
     )

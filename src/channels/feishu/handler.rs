@@ -16,6 +16,7 @@ use super::state::{State, StateFile};
 use super::{deliver, Feishu};
 use crate::bus::{Channel, Conversation, InboundMessage, Principal, Target};
 use crate::channels::telegram::buttons::{self, Action};
+use crate::policy::pairing::{self, Attempt, Profile, Tries};
 
 /// Strangers remembered for "logged once"; the set is cleared when full.
 const MAX_STRANGERS: usize = 1024;
@@ -45,13 +46,15 @@ pub struct Handler {
     pub(super) state: State,
     file: StateFile,
     strangers: HashSet<String>,
+    /// Strangers' last `/pair` tries.
+    tries: Tries,
 }
 
 impl Handler {
     pub fn new(feishu: Feishu, inbound: mpsc::Sender<InboundMessage>, stop: CancellationToken) -> Handler {
         let file = StateFile::new(&feishu.shared.state_dir);
         let state = file.load();
-        Handler { feishu, me: None, inbound, stop, state, file, strangers: HashSet::new() }
+        Handler { feishu, me: None, inbound, stop, state, file, strangers: HashSet::new(), tries: Tries::default() }
     }
 
     /// Save the state file off the runtime thread.
@@ -132,8 +135,13 @@ impl Handler {
             tracing::info!(message = %m.message_id, "a Feishu message from a bot (or ourselves) was skipped");
             return Answer::OK;
         }
+        self.refresh_paired().await;
         if !self.feishu.policy.allows(&m.sender) {
-            self.stranger(&m.sender, "a message");
+            let pair = m.text().filter(|_| m.chat_type == "p2p").and_then(|t| pairing::request(&t, false));
+            match pair.filter(|_| crate::bus::is_feishu_id(&m.chat_id, "oc_")) {
+                Some(code) => self.pair(&m, code).await,
+                None => self.stranger(&m.sender, "a message"),
+            }
             return Answer::OK;
         }
         if m.chat_type != "p2p" && !m.mentions(self.me.as_deref()) {
@@ -170,6 +178,32 @@ impl Handler {
         }
     }
 
+    /// Read the paired users again if `bramble pair` changed them (a revoke
+    /// is seen at the user's next message or press).
+    async fn refresh_paired(&self) {
+        let policy = self.feishu.policy.clone();
+        crate::util::tasks::blocking(move || policy.refresh()).await;
+    }
+
+    /// A stranger's `/pair <code>` in a p2p chat: answered only while a
+    /// Feishu code is pending ([`pairing::stranger_try`]).
+    async fn pair(&mut self, m: &Message, code: String) {
+        let (dir, who) = (self.feishu.shared.state_dir.clone(), Principal::Feishu(m.sender.clone()));
+        let attempt = pairing::stranger_try(&dir, &mut self.tries, code, &who, Profile::default()).await;
+        let Attempt::Answer { text, paired } = attempt else { return };
+        if paired {
+            self.feishu.policy.add_paired(&m.sender);
+            self.strangers.remove(&m.sender); // logged again if they are revoked
+            self.remember_chat(&m.chat_id, &m.sender).await;
+        }
+        // The message's id makes the answer's de-duplication key (at most 50 characters).
+        let uuid: String = format!("pair-{}", m.message_id).chars().take(50).collect();
+        let sent = self.feishu.shared.client.send_message(&m.chat_id, "text", &json!({"text": text}), &uuid).await;
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "cannot answer a Feishu / Lark /pair");
+        }
+    }
+
     /// Record the chat an allowed user wrote in (a turn may then post there).
     async fn remember_chat(&self, chat: &str, user: &str) {
         let (dir, chat, user) = (self.feishu.shared.state_dir.clone(), chat.to_string(), user.to_string());
@@ -189,6 +223,7 @@ impl Handler {
 
     /// A card press: Done / Snooze for an allowed user; anyone else is told no.
     async fn card(&mut self, card: CardAction) -> Answer {
+        self.refresh_paired().await;
         if !self.feishu.policy.allows(&card.operator) {
             self.stranger(&card.operator, "a card button press");
             return toast("error", "Not allowed.");

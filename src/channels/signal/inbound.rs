@@ -21,6 +21,7 @@ use super::{Shared, Signal};
 use crate::agent::SessionActivity;
 use crate::bus::{Attachment, AttachmentKind, Channel, Conversation, InboundMessage, Principal, Target};
 use crate::clients::signal::{Client, Event};
+use crate::policy::pairing::{self, Attempt, Profile, Tries};
 use crate::policy::signal::Verdict;
 use crate::work::reminders::{Reminders, Snooze};
 
@@ -40,6 +41,8 @@ pub struct Handler {
     stop: CancellationToken,
     strangers: HashSet<String>,
     typing: HashMap<String, tokio::task::JoinHandle<()>>,
+    /// Strangers' last `/pair` tries.
+    tries: Tries,
 }
 
 /// Who sent an envelope, as signal-cli says.
@@ -73,7 +76,7 @@ impl Handler {
         stop: CancellationToken,
     ) -> Handler {
         let (strangers, typing) = (HashSet::new(), HashMap::new());
-        Handler { signal, seen, inbound, agent, stop, strangers, typing }
+        Handler { signal, seen, inbound, agent, stop, strangers, typing, tries: Tries::default() }
     }
 
     pub fn client(&self) -> &Client {
@@ -166,7 +169,12 @@ impl Handler {
         let id = match verdict {
             Verdict::Allowed(id) => id,
             Verdict::Stranger => {
-                self.stranger(sender.name());
+                let data = &env["dataMessage"];
+                let direct = data["groupInfo"].is_null() && data["groupV2"].is_null();
+                match data["message"].as_str().and_then(|t| pairing::request(t, false)).filter(|_| direct) {
+                    Some(code) => self.pair(sender, code).await,
+                    None => self.stranger(sender.name()),
+                }
                 return Some(());
             }
             Verdict::Spoofed { number, pinned, uuid } => {
@@ -208,6 +216,47 @@ impl Handler {
         }
         let text = cap(&text, self.signal.cfg.max_message_chars);
         self.hand_over(&chat, id, text, attachments).await
+    }
+
+    /// A stranger's `/pair <code>` in a direct message: only from an account
+    /// uuid, never from a number bramble knows with another uuid (pinned in
+    /// `allow_from`, or a paired user's); answered only while a Signal code
+    /// is pending ([`pairing::stranger_try`]).
+    async fn pair(&mut self, sender: &Sender, code: String) {
+        let Some(uuid) = sender.uuid.clone() else {
+            tracing::warn!(
+                who = sender.name(),
+                "a Signal /pair without an account uuid was ignored (only a uuid can pair)"
+            );
+            return;
+        };
+        if let Some(number) = sender.number.clone() {
+            let policy = self.signal.policy.clone();
+            let n = number.clone();
+            let pinned = crate::util::tasks::blocking(move || policy.pinned(&n)).await;
+            if let Some(pinned) = pinned.filter(|p| !p.eq_ignore_ascii_case(&uuid)) {
+                tracing::warn!(
+                    number,
+                    pinned,
+                    uuid,
+                    "a Signal /pair from a pinned number with another uuid was refused"
+                );
+                return;
+            }
+        }
+        let profile = Profile { username: None, number: sender.number.clone() };
+        let (dir, who) = (self.shared().state_dir.clone(), Principal::Signal(uuid.to_ascii_lowercase()));
+        let Attempt::Answer { text, paired } = pairing::stranger_try(&dir, &mut self.tries, code, &who, profile).await
+        else {
+            return;
+        };
+        if paired {
+            self.signal.policy.add_paired(&uuid);
+            self.strangers.remove(&uuid); // logged again if they are revoked
+        }
+        if let Err(e) = self.client().send(&uuid, &text, Vec::new()).await {
+            tracing::warn!(error = %e, "cannot answer a Signal /pair");
+        }
     }
 
     /// A reaction by an allowed person: 👍 / ✅ Done, 💤 / ⏰ Snooze, on one of our reports.

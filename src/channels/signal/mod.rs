@@ -21,8 +21,10 @@
 //! ## Who is answered
 //!
 //! Only `[signal] allow_from` people ([`crate::policy::signal`]: a number
-//! is pinned to its uuid), in a direct chat or in a group of `[signal]
-//! groups`. A stranger is ignored and logged once; a known number with
+//! is pinned to its uuid) and accounts paired by uuid (a stranger's `/pair
+//! <code>` in a direct message while a Signal code is pending: never from a
+//! number known with another uuid, never in a group), in a direct chat or in
+//! a group of `[signal] groups`. A stranger is ignored and logged once; a known number with
 //! another uuid is refused as spoofed. Our own messages (sync messages, our
 //! account as sender) are never input; edits, receipts, typing and stories
 //! are skipped.

@@ -27,7 +27,8 @@ pub(super) struct ChannelPart {
     signal: Option<String>,
     /// `[feishu]` in words (null without the feature).
     feishu: Option<String>,
-    /// `[discord]` in words (null without the feature).
+    /// `[discord]` in words, first where the running daemon's gateway
+    /// connection stands (null without the feature).
     discord: Option<String>,
     /// `[ntfy]` in words (null without the feature).
     ntfy: Option<String>,
@@ -98,7 +99,11 @@ pub(super) fn channel_lines(loaded: &Loaded, facts: Option<&Facts>) -> ChannelPa
         #[cfg(not(feature = "signal"))]
         signal: None,
         #[cfg(feature = "discord")]
-        discord: Some(crate::channels::discord::status::status_line(&c.discord, &loaded.paths.state_dir)),
+        discord: Some(crate::channels::discord::status::status_line(
+            &c.discord,
+            &loaded.paths.state_dir,
+            facts.map(|f| f.pid),
+        )),
         #[cfg(not(feature = "discord"))]
         discord: None,
         #[cfg(feature = "ntfy")]

@@ -523,3 +523,15 @@ async fn read_message<R: AsyncReadExt + Unpin>(r: &mut R) -> Option<(u8, Vec<u8>
         }
     }
 }
+
+impl FakeDiscord {
+    /// Close the live gateway socket with `code` ("Opcodes and Status Codes":
+    /// 4014 Disallowed intent(s) is one the bot must not reconnect after).
+    pub fn close_with(&self, code: u16) {
+        let mut st = self.state.lock().unwrap();
+        st.ready = false;
+        if let Some(tx) = st.socket.take() {
+            let _ = tx.try_send(Out::Close(code));
+        }
+    }
+}
