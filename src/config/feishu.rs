@@ -52,6 +52,9 @@ pub struct FeishuConfig {
     /// How long one file upload may take, in seconds (a report waiting on a
     /// slower one goes back to the outbox and is tried again).
     pub upload_timeout_secs: u64,
+    /// A file a user sends that is larger than this many MB is not
+    /// downloaded (they are told; the platform serves up to 100 MB).
+    pub max_file_mb: u64,
 }
 
 impl Default for FeishuConfig {
@@ -65,6 +68,7 @@ impl Default for FeishuConfig {
             chats: Vec::new(),
             max_message_chars: 16_000,
             upload_timeout_secs: 120,
+            max_file_mb: 20,
         }
     }
 }

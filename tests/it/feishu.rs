@@ -445,3 +445,38 @@ async fn a_file_a_user_sent_is_fetched_within_its_cap_after_a_token_refresh_and_
     assert!(matches!(redirected, Err(FeishuError::Redirect { .. })), "{redirected:?}");
     assert!(reached.lock().unwrap().is_empty(), "the token went nowhere else: {:?}", reached.lock().unwrap());
 }
+
+/// A message event carrying a file (`message_type` file / image / sticker).
+fn file_event(event_id: &str, message_type: &str, content: &Value) -> Value {
+    let mut ev = message_event(event_id, OWNER, DM, "p2p", "");
+    ev["event"]["message"]["message_type"] = json!(message_type);
+    ev["event"]["message"]["content"] = json!(content.to_string());
+    ev
+}
+
+#[tokio::test]
+async fn a_file_the_owner_sends_reaches_the_turn_an_oversize_one_is_told_and_a_sticker_is_skipped() {
+    let s = setup("max_file_mb = 1\n").await;
+    s.llm.push(Reply::text("Got your notes"));
+    s.feishu.add_resource("om_evf1", "file_v3_notes", b"%PDF notes", "application/pdf");
+    s.feishu.add_resource("om_evf2", "file_v3_big", &vec![7u8; 2 << 20], "application/octet-stream");
+    let daemon = s.daemon("files-in.log");
+    s.connected(&daemon, 1).await;
+    // A sticker carries no file: skipped, nobody is asked anything.
+    s.feishu.event("f0", &file_event("evf0", "sticker", &json!({"file_key": "sticker_v3_x"})));
+    assert_eq!(s.wait_answer("f0", &daemon).await["code"], 200);
+    // Over [feishu] max_file_mb: the owner is told why, the model is not called.
+    s.feishu.event("f2", &file_event("evf2", "file", &json!({"file_key": "file_v3_big", "file_name": "big.bin"})));
+    let sent = s.wait_sent(1, &daemon).await;
+    assert!(sent_text(&sent[0]).starts_with("I could not take your file: it is larger than 1 MB"), "{:?}", sent[0]);
+    assert!(s.llm.requests().is_empty(), "no turn for a file not taken");
+    // A file within the cap: kept in the inbox and named in the turn.
+    s.feishu.event("f1", &file_event("evf1", "file", &json!({"file_key": "file_v3_notes", "file_name": "notes.pdf"})));
+    let sent = s.wait_sent(2, &daemon).await;
+    assert_eq!(sent_text(&sent[1]), "Got your notes");
+    let asked = last_user_text(&s.llm.requests()[0]);
+    let at = asked.strip_prefix("[file: ").and_then(|r| r.split([']', ' ', ',']).next()).unwrap_or_default();
+    assert!(at.starts_with("inbox/") && at.ends_with("notes.pdf"), "{asked}");
+    assert_eq!(std::fs::read(s.home.workspace.join(at)).unwrap(), b"%PDF notes");
+    daemon.stop().await;
+}

@@ -12,9 +12,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::event::{self, CardAction, Envelope, Event, Message};
+use super::files::FileInError;
 use super::state::{State, StateFile};
 use super::{deliver, Feishu};
-use crate::bus::{Channel, Conversation, InboundMessage, Principal, Target};
+use crate::bus::{Attachment, Channel, Conversation, InboundMessage, Principal, Target};
 use crate::channels::telegram::buttons::{self, Action};
 use crate::policy::pairing::{self, Attempt, Profile, Tries};
 
@@ -152,11 +153,14 @@ impl Handler {
             tracing::warn!(message = %m.message_id, "a Feishu message without a usable chat_id was skipped");
             return Answer::OK;
         }
-        let Some(text) = m.text() else {
-            tracing::info!(kind = %m.message_type, "a Feishu message that is not text was skipped");
-            return Answer::OK;
+        let (text, attachments) = match m.text() {
+            Some(text) => (text, Vec::new()),
+            None => match self.file_of(&m).await {
+                Some(file) => (String::new(), vec![file]),
+                None => return Answer::OK,
+            },
         };
-        if text.is_empty() {
+        if text.is_empty() && attachments.is_empty() {
             return Answer::OK;
         }
         let text = cap(&text, self.feishu.cfg.max_message_chars);
@@ -168,13 +172,37 @@ impl Handler {
             principal: Principal::Feishu(m.sender.clone()),
             text,
             reply_to: Target::Feishu(m.chat_id.clone()),
-            attachments: Vec::new(),
+            attachments,
         };
         let sent = crate::channels::inbox::hand_over(&self.inbound, msg, BUS_WAIT, &self.stop).await;
         if sent {
             Answer::OK
         } else {
             Answer::Later
+        }
+    }
+
+    /// The file an allowed user sent (an image, file, audio or video
+    /// message), fetched into the inbox within `[feishu] max_file_mb`. One
+    /// that cannot be taken is told to the chat; a message of another kind
+    /// (a sticker, a card) is skipped.
+    async fn file_of(&self, m: &Message) -> Option<Attachment> {
+        let cap = self.feishu.cfg.max_file_mb;
+        match self.feishu.fetch_file(&m.message_id, &m.message_type, &m.content, cap).await {
+            Ok(file) => Some(file),
+            Err(FileInError::NotAFile(kind)) => {
+                tracing::info!(kind = %kind, "a Feishu message that is neither text nor a file was skipped");
+                None
+            }
+            Err(why) => {
+                tracing::warn!(message = %m.message_id, "a Feishu file was not taken: {why}");
+                let uuid: String = format!("file-{}", m.message_id).chars().take(50).collect();
+                let text = json!({"text": format!("I could not take your file: {why}")});
+                if let Err(e) = self.feishu.shared.client.send_message(&m.chat_id, "text", &text, &uuid).await {
+                    tracing::warn!(error = %e, "cannot tell a Feishu / Lark chat its file was not taken");
+                }
+                None
+            }
         }
     }
 
