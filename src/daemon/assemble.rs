@@ -383,24 +383,17 @@ pub fn daemon(loaded: &Loaded) -> Result<Daemon, crate::channels::telegram::Tele
     let chats = early.readers(loaded, &jobs, &mut channels, &bus.inbound_tx, &agent);
     let reports = Reports::new(Outbox::new(state).holding_in_memory(), Arc::new(Notify::new()));
     let poll = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let telegram = telegram.map(|telegram| TelegramPoller {
-        telegram,
-        inbound: bus.inbound_tx.clone(),
-        activity: agent.activity(),
-        shared: None,
-    });
     let work = work(loaded, &agent, &sandbox, &reports, &shutdown);
     #[allow(unused_variables)] // without the `webhook` and `ntfy` features it holds nothing
     let listeners = listeners(loaded, &mut channels, (&work, &scheduler, &jobs), &bus.inbound_tx);
     #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
     let mut fleet = fleet(loaded, mqtt.as_ref(), &jobs, &reports, &mut bus, &mut channels);
-    #[cfg_attr(not(feature = "fleet"), allow(unused_mut))]
-    let mut telegram = telegram;
-    // In a fleet the bot is shared: the fleet says when this board polls it.
-    #[cfg(feature = "fleet")]
-    if let (Some(f), Some(t)) = (fleet.as_mut(), telegram.as_mut()) {
-        t.shared = f.share_chat(&c.fleet);
-    }
+    let telegram = telegram.map(|telegram| TelegramPoller {
+        telegram,
+        inbound: bus.inbound_tx.clone(),
+        activity: agent.activity(),
+        shared: fleet_chat(&mut fleet, c),
+    });
     let mqtt = mqtt.and_then(|link| {
         let wiring = crate::channels::mqtt::Wiring {
             fleet: fleet_router(&fleet),
@@ -513,6 +506,22 @@ fn fleet_router(f: &Option<FleetBuilt>) -> Option<mpsc::Sender<crate::channels::
 }
 #[cfg(not(feature = "fleet"))]
 fn fleet_router(_: &Option<FleetBuilt>) -> Option<mpsc::Sender<crate::channels::mqtt::FleetMessage>> {
+    None
+}
+
+/// In a fleet the bot is shared: the fleet says when this board polls it.
+#[cfg(feature = "fleet")]
+fn fleet_chat(
+    f: &mut Option<FleetBuilt>,
+    c: &crate::config::Config,
+) -> Option<crate::channels::telegram::shared::Shared> {
+    f.as_mut().and_then(|f| f.share_chat(&c.fleet))
+}
+#[cfg(not(feature = "fleet"))]
+fn fleet_chat(
+    _: &mut Option<FleetBuilt>,
+    _: &crate::config::Config,
+) -> Option<crate::channels::telegram::shared::Shared> {
     None
 }
 

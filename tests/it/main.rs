@@ -53,6 +53,7 @@ mod mqtt_v311;
 #[cfg(feature = "ntfy")]
 mod ntfy;
 mod pairing;
+#[cfg(any(feature = "discord", feature = "signal", feature = "feishu"))]
 mod pairing_chats;
 mod provider;
 mod redirects;
