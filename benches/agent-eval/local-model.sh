@@ -25,8 +25,8 @@
 #   AGENT_EVAL_WORKSPACE the one workspace of every case (default $dir/eval-workspace)
 #
 # Why llama-server and not llama-cpp-python's own server: `--jinja` renders
-# the model's own chat template with the tools and parses the calls the way
-# llama.cpp's users get them (what bramble meets on a LAN box);
+# a Jinja chat template with the tools (step 4 says which) and parses the
+# calls the way llama.cpp's users get them (what bramble meets on a LAN box);
 # llama_cpp.server's tool support depends on a hand-picked chat format.
 set -euo pipefail
 
