@@ -13,7 +13,10 @@
 //! Berkeley Function-Calling Leaderboard's data); `AGENT_EVAL_CASES` picks
 //! other files (comma-separated), `AGENT_EVAL_IDS` (ids,
 //! comma-separated) a subset of it; `AGENT_EVAL_PROFILE` (`default`, `lean`)
-//! and `AGENT_EVAL_TEXT_TOOL_CALLS` (`recover`, `off`) set bramble up. The
+//! and `AGENT_EVAL_TEXT_TOOL_CALLS` (`recover`, `off`) set bramble up;
+//! `AGENT_EVAL_WORKSPACE` one workspace path for every case (emptied before
+//! each), so the system prompt is the same in every turn and a server's
+//! prompt cache works as on a real board. The
 //! endpoint gets no key (a local server needs none). The last line printed
 //! is one `summary:` line, for scripts (`local-model.sh`) to collect.
 
@@ -35,6 +38,7 @@ fn main() -> std::process::ExitCode {
     let setup = harness::Setup {
         profile: env_or("AGENT_EVAL_PROFILE", "default"),
         text_tool_calls: env_or("AGENT_EVAL_TEXT_TOOL_CALLS", "recover"),
+        workspace: std::env::var_os("AGENT_EVAL_WORKSPACE").map(std::path::PathBuf::from),
     };
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/agent-eval");
     let files = env_or("AGENT_EVAL_CASES", &format!("{dir}/cases.jsonl,{dir}/bfcl.jsonl"));
