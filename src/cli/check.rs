@@ -80,6 +80,9 @@ pub(super) fn context_line(agent: &crate::agent::Agent) -> Option<(bool, String)
         window.source,
         profile.name()
     );
+    if window.tools_dropped {
+        return Some((true, format!("{what}; but {}", crate::provider::window::TOOLS_DROPPED)));
+    }
     if fixed * 2 <= tokens {
         return Some((false, what));
     }

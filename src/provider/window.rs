@@ -63,6 +63,10 @@ impl std::fmt::Display for WindowSource {
 pub struct Window {
     pub tokens: u32,
     pub source: WindowSource,
+    /// The server said its chat template has no place for tools (llama.cpp's
+    /// `/props`: `chat_template_caps.supports_tools: false`): it renders the
+    /// prompt without them, silently, and the model never sees a tool.
+    pub tools_dropped: bool,
 }
 
 /// One family of models and its published window.
@@ -121,7 +125,7 @@ pub fn known(model: &str) -> Option<Window> {
     FAMILIES
         .iter()
         .find(|f| compact.starts_with(f.prefix) && f.size.is_none_or(|s| parts.contains(&s)))
-        .map(|f| Window { tokens: f.tokens, source: WindowSource::Known(f.name) })
+        .map(|f| Window { tokens: f.tokens, source: WindowSource::Known(f.name), tools_dropped: false })
 }
 
 /// Why a server's answer gave no window (logged, never fatal).
@@ -163,6 +167,16 @@ pub fn from_ollama_show(answer: &Value) -> Result<u32, AskError> {
 pub fn from_llamacpp_props(answer: &Value) -> Result<u32, AskError> {
     let n = answer.pointer("/default_generation_settings/n_ctx").ok_or(AskError::Missing)?;
     believable(n)
+}
+
+/// What a server whose template drops the tools means, and what to do.
+pub const TOOLS_DROPPED: &str = "the model's chat template has no tools section (chat_template_caps.supports_tools is false): \
+     the server leaves bramble's tools out of the prompt and the model never calls one; \
+     serve it with a template that has one (docs/small-models.md, \"If your model's chat template has no tools section\")";
+
+/// Whether llama.cpp's `/props` says its chat template cannot hold tools.
+pub fn template_drops_tools(answer: &Value) -> bool {
+    answer.pointer("/chat_template_caps/supports_tools") == Some(&Value::Bool(false))
 }
 
 fn believable(v: &Value) -> Result<u32, AskError> {
@@ -215,8 +229,13 @@ pub async fn ask_server(base_url: &str, model: &str) -> Option<Window> {
     };
     let root = root(base_url);
     let props = format!("{root}/props");
-    match async { read_json(client.get(&props).send().await?).await }.await.and_then(|v| from_llamacpp_props(&v)) {
-        Ok(tokens) => return Some(Window { tokens, source: WindowSource::Server(props) }),
+    let answer = async { read_json(client.get(&props).send().await?).await }.await;
+    let tools_dropped = answer.as_ref().is_ok_and(template_drops_tools);
+    if tools_dropped {
+        tracing::warn!("{props}: {TOOLS_DROPPED}");
+    }
+    match answer.and_then(|v| from_llamacpp_props(&v)) {
+        Ok(tokens) => return Some(Window { tokens, source: WindowSource::Server(props), tools_dropped }),
         // Down or silent: the second question would wait as long again.
         Err(AskError::Http(e)) if e.is_connect() || e.is_timeout() => {
             tracing::debug!("{props}: no context window: {e}");
@@ -230,7 +249,7 @@ pub async fn ask_server(base_url: &str, model: &str) -> Option<Window> {
     let show = format!("{root}/api/show");
     let ask = async { read_json(client.post(&show).json(&serde_json::json!({ "model": model })).send().await?).await };
     match ask.await.and_then(|v| from_ollama_show(&v)) {
-        Ok(tokens) => Some(Window { tokens, source: WindowSource::Server(show) }),
+        Ok(tokens) => Some(Window { tokens, source: WindowSource::Server(show), tools_dropped: false }),
         Err(e @ (AskError::Unbelievable(_) | AskError::TooLong)) => {
             tracing::warn!("{show}: its context window is ignored: {e}");
             None
@@ -286,7 +305,7 @@ impl WindowProbe {
     /// What is known without asking the server: the config, else the name.
     pub fn offline(&self) -> Option<Window> {
         match self.configured {
-            Some(tokens) => Some(Window { tokens, source: WindowSource::Config }),
+            Some(tokens) => Some(Window { tokens, source: WindowSource::Config, tools_dropped: false }),
             None => known(&self.model),
         }
     }

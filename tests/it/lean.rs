@@ -222,3 +222,29 @@ async fn a_small_window_starts_consolidation_before_the_prompt_overflows_it() {
     assert!(tokens(&reqs[3]) <= 3072, "the turn's prompt fits the budget: {}", tokens(&reqs[3]));
     assert!(tool_names(&reqs[3]).len() <= 5, "4,096 tokens choose the lean profile");
 }
+
+#[tokio::test]
+async fn a_server_whose_chat_template_drops_the_tools_is_said_by_the_turn_and_doctor() {
+    // llama.cpp's `/props` (tools/server/README.md): `chat_template_caps` says whether its template holds tools.
+    let caps = |tools: bool| {
+        Response::json(
+            200,
+            &json!({"default_generation_settings": {"n_ctx": 8192},
+                    "chat_template_caps": {"supports_tools": tools, "supports_tool_calls": tools}}),
+        )
+    };
+    let (_, stderr) = turn_against(caps(false)).await;
+    assert!(stderr.contains("/props: the model's chat template has no tools section"), "{stderr}");
+    let (_, stderr) = turn_against(caps(true)).await;
+    assert!(!stderr.contains("no tools section"), "a template with tools is fine: {stderr}");
+
+    let (server, _) = llama_server(caps(false)).await;
+    let home = TestHome::new("openai", &format!("{}/v1", server.url()), "", "", "");
+    let cfg = home.config.to_str().unwrap().to_string();
+    let doctor = text(&bramble(home.path(), &["--config", &cfg, "doctor"], None).await.stdout);
+    let line = doctor.lines().find(|l| l.contains("context")).unwrap_or_default();
+    assert!(
+        line.starts_with("warning") && line.contains("no tools section") && line.contains("small-models.md"),
+        "{doctor}"
+    );
+}
