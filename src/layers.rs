@@ -339,10 +339,8 @@ mod tests {
             "channels/discord/progress.rs",
             // A chat's status message: one worker per chat while its turn runs.
             "channels/telegram/progress.rs",
-            // The same in a Matrix room (a notice edited with `m.replace`).
-            "channels/matrix/progress.rs",
-            // The same in a Feishu / Lark chat (a card updated in place).
-            "channels/feishu/progress.rs",
+            // The same in a Matrix room or a Feishu / Lark chat (the engine both share).
+            "channels/status_edits.rs",
             // One task per webhook connection: at most `[webhooks] max_connections` (permits), each bounded in time.
             "channels/webhook/server.rs",
             // One alert write per scheduler pass (missed runs, removed jobs).

@@ -22,6 +22,8 @@ pub mod mqtt;
 pub mod ntfy;
 #[cfg(feature = "signal")]
 pub mod signal;
+#[cfg(any(feature = "matrix", feature = "feishu"))]
+pub mod status_edits;
 pub mod telegram;
 #[cfg(feature = "webhook")]
 pub mod webhook;

@@ -15,47 +15,24 @@
 //! 50 calls a second. The answer recalls it ("Recall message", `DELETE`, the
 //! bot's own message within the tenant's window, 24 h by default). A failed
 //! send or edit silences the chat's status until its answer; it is never
-//! retried. The agent calls [`Progress::step`] on the runtime thread; it only
-//! records the step and, if needed, starts the chat's worker.
+//! retried (the engine: [`crate::channels::status_edits`]).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::Shared;
 use crate::bus::Conversation;
+use crate::channels::status_edits::{self, Surface};
+use crate::util::BoxFuture;
+
+pub use crate::channels::status_edits::Statuses;
 
 /// At most one send or edit per chat this often.
 pub const MIN_EDIT_GAP: Duration = Duration::from_secs(2);
-/// Chats tracked at once; beyond it new steps are not shown.
-const MAX_CHATS: usize = 256;
 /// The most characters a status shows.
 const MAX_STATUS: usize = 500;
-
-/// The status cards of all chats (kept in [`Shared`], so delivery can end them).
-#[derive(Default)]
-pub struct Statuses(Mutex<HashMap<String, Status>>);
-
-#[derive(Default)]
-struct Status {
-    /// The card's message id, once sent.
-    message: Option<String>,
-    /// The newest step, and the one on screen.
-    wanted: Option<String>,
-    shown: Option<String>,
-    /// A worker task is running for the chat.
-    worker: bool,
-    /// A send failed: no more until the answer.
-    muted: bool,
-}
-
-impl Statuses {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Status>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 /// The agent's side: where steps go.
 #[derive(Clone)]
@@ -70,17 +47,8 @@ impl Progress {
 }
 
 /// The answer for `chat` is being delivered: recall its status card.
-pub(super) async fn finish(shared: &Shared, chat: &str) {
-    let message = {
-        let mut chats = shared.progress.lock();
-        let Some(status) = chats.remove(chat) else { return };
-        status.message
-    };
-    if let Some(id) = message {
-        if let Err(e) = shared.client.recall(&id).await {
-            tracing::debug!(error = %e, "cannot recall the Feishu / Lark status card");
-        }
-    }
+pub(super) async fn finish(shared: &Arc<Shared>, chat: &str) {
+    status_edits::finish(&Progress::new(shared.clone()), chat).await;
 }
 
 /// The status card: one line of plain text (a model's Markdown is not rendered), shared so it can be updated.
@@ -96,79 +64,40 @@ pub fn card(text: &str) -> Value {
     })
 }
 
-impl Progress {
-    /// Show `chat`'s newest step until there is no newer one.
-    async fn work(self, chat: String) {
-        let shared = &self.shared;
-        loop {
-            let (text, message) = {
-                let mut chats = shared.progress.lock();
-                let Some(s) = chats.get_mut(&chat) else { return };
-                match &s.wanted {
-                    Some(w) if !s.muted && s.shown.as_ref() != Some(w) => (w.clone(), s.message.clone()),
-                    _ => {
-                        s.worker = false;
-                        return;
-                    }
-                }
-            };
-            let sent = match &message {
-                None => {
-                    let uuid = format!("bramble-p-{}", crate::scheduler::job::new_id());
-                    shared.client.send_message(&chat, "interactive", &card(&text), &uuid).await.map(Some)
-                }
-                Some(id) => shared.client.update_card(id, &card(&text)).await.map(|()| None),
-            };
-            let orphan = {
-                let mut chats = shared.progress.lock();
-                match (chats.get_mut(&chat), sent) {
-                    (Some(s), Ok(new)) => {
-                        s.message = s.message.take().or(new.filter(|id| !id.is_empty()));
-                        s.shown = Some(text);
-                        None
-                    }
-                    // The answer came while this was being sent: it goes too.
-                    (None, Ok(Some(id))) => Some(id),
-                    (None, _) => return,
-                    (Some(s), Err(e)) => {
-                        tracing::debug!(error = %e, "cannot update the Feishu / Lark status card; silent until the answer");
-                        s.muted = true;
-                        s.worker = false;
-                        return;
-                    }
-                }
-            };
-            if let Some(id) = orphan.filter(|id| !id.is_empty()) {
-                let _ = shared.client.recall(&id).await;
-                return;
+impl Surface for Progress {
+    const GAP: Duration = MIN_EDIT_GAP;
+    const WHAT: &'static str = "the Feishu / Lark status card";
+
+    fn statuses(&self) -> &Statuses {
+        &self.shared.progress
+    }
+
+    fn post<'a>(&'a self, chat: &'a str, text: &'a str) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let uuid = format!("bramble-p-{}", crate::scheduler::job::new_id());
+            let sent = self.shared.client.send_message(chat, "interactive", &card(text), &uuid).await;
+            sent.map_err(|e| e.to_string())
+        })
+    }
+
+    fn edit<'a>(&'a self, _: &'a str, id: &'a str, text: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { self.shared.client.update_card(id, &card(text)).await.map_err(|e| e.to_string()) })
+    }
+
+    fn remove<'a>(&'a self, _: &'a str, id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.shared.client.recall(id).await {
+                tracing::debug!(error = %e, "cannot recall the Feishu / Lark status card");
             }
-            tokio::time::sleep(MIN_EDIT_GAP).await;
-        }
+        })
     }
 }
 
 impl crate::agent::ProgressSink for Progress {
     fn step(&self, conversation: &Conversation, what: &str) {
-        if conversation.channel != crate::bus::Channel::Feishu
-            || !crate::bus::is_feishu_id(&conversation.chat_id, "oc_")
+        if conversation.channel == crate::bus::Channel::Feishu && crate::bus::is_feishu_id(&conversation.chat_id, "oc_")
         {
-            return;
-        }
-        let chat = conversation.chat_id.clone();
-        let start = {
-            let mut chats = self.shared.progress.lock();
-            if !chats.contains_key(&chat) && chats.len() >= MAX_CHATS {
-                return;
-            }
-            let s = chats.entry(chat.clone()).or_default();
-            if s.muted {
-                return;
-            }
-            s.wanted = Some(what.to_string());
-            !std::mem::replace(&mut s.worker, true)
-        };
-        if start {
-            tokio::spawn(self.clone().work(chat));
+            status_edits::step(self, &conversation.chat_id, what);
         }
     }
 }

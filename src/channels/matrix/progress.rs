@@ -5,48 +5,23 @@
 //!
 //! Homeservers rate-limit sends (Synapse: 0.2 a second with a burst of 10 by
 //! default), and an edit is a send, so a room's notice changes at most once
-//! per [`MIN_EDIT_GAP`], always to the newest step (steps in between are
-//! skipped, not queued). A failed send silences the room's status until its
-//! answer; it is never retried. Scheduled deliveries never get one: only chat
-//! turns report steps. The agent calls [`Progress::step`] on the runtime
-//! thread; it only records the step and, if needed, starts the room's worker.
+//! per [`MIN_EDIT_GAP`]. The worker, the skipping of steps in between and the
+//! silence after a failed send are [`crate::channels::status_edits`]'.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::Shared;
 use crate::bus::Conversation;
+use crate::channels::status_edits::{self, Surface};
+use crate::util::BoxFuture;
+
+pub use crate::channels::status_edits::Statuses;
 
 /// At most one send or edit per room this often.
 pub const MIN_EDIT_GAP: Duration = Duration::from_secs(5);
-/// Rooms tracked at once; beyond it new steps are not shown.
-const MAX_ROOMS: usize = 256;
-
-/// The status notices of all rooms (kept in [`Shared`], so delivery can end them).
-#[derive(Default)]
-pub struct Statuses(Mutex<HashMap<String, Status>>);
-
-#[derive(Default)]
-struct Status {
-    /// The notice's event, once sent.
-    event: Option<String>,
-    /// The newest step, and the one on screen.
-    wanted: Option<String>,
-    shown: Option<String>,
-    /// A worker task is running for the room.
-    worker: bool,
-    /// A send failed: no more until the answer.
-    muted: bool,
-}
-
-impl Statuses {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Status>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
 
 /// The agent's side: where steps go.
 #[derive(Clone)]
@@ -61,17 +36,8 @@ impl Progress {
 }
 
 /// The answer for `room` is being delivered: redact its status notice.
-pub(super) async fn finish(shared: &Shared, room: &str) {
-    let event = {
-        let mut rooms = shared.progress.lock();
-        let Some(status) = rooms.remove(room) else { return };
-        status.event
-    };
-    if let Some(id) = event {
-        if let Err(e) = shared.client.redact(room, &id, &shared.txn()).await {
-            tracing::debug!(error = %e, "cannot redact the Matrix status notice");
-        }
-    }
+pub(super) async fn finish(shared: &Arc<Shared>, room: &str) {
+    status_edits::finish(&Progress::new(shared.clone()), room).await;
 }
 
 /// The notice's content: new, or an edit of `event`.
@@ -88,72 +54,42 @@ fn content(text: &str, event: Option<&str>) -> serde_json::Value {
     }
 }
 
-impl Progress {
-    /// Show `room`'s newest step until there is no newer one.
-    async fn work(self, room: String) {
-        let shared = &self.shared;
-        loop {
-            let (text, event) = {
-                let mut rooms = shared.progress.lock();
-                let Some(s) = rooms.get_mut(&room) else { return };
-                match &s.wanted {
-                    Some(w) if !s.muted && s.shown.as_ref() != Some(w) => (w.clone(), s.event.clone()),
-                    _ => {
-                        s.worker = false;
-                        return;
-                    }
-                }
-            };
-            let sent =
-                shared.client.send(&room, "m.room.message", &shared.txn(), &content(&text, event.as_deref())).await;
-            let orphan = {
-                let mut rooms = shared.progress.lock();
-                match (rooms.get_mut(&room), sent) {
-                    (Some(s), Ok(id)) => {
-                        s.event = s.event.take().or(Some(id));
-                        s.shown = Some(text);
-                        None
-                    }
-                    // The answer came while this was being sent: it goes too.
-                    (None, Ok(id)) if event.is_none() => Some(id),
-                    (None, _) => return,
-                    (Some(s), Err(e)) => {
-                        tracing::debug!(error = %e, "cannot update the Matrix status notice; silent until the answer");
-                        s.muted = true;
-                        s.worker = false;
-                        return;
-                    }
-                }
-            };
-            if let Some(id) = orphan {
-                let _ = shared.client.redact(&room, &id, &shared.txn()).await;
-                return;
+impl Surface for Progress {
+    const GAP: Duration = MIN_EDIT_GAP;
+    const WHAT: &'static str = "the Matrix status notice";
+
+    fn statuses(&self) -> &Statuses {
+        &self.shared.progress
+    }
+
+    fn post<'a>(&'a self, room: &'a str, text: &'a str) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let sent = self.shared.client.send(room, "m.room.message", &self.shared.txn(), &content(text, None)).await;
+            sent.map_err(|e| e.to_string())
+        })
+    }
+
+    fn edit<'a>(&'a self, room: &'a str, id: &'a str, text: &'a str) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let edit = content(text, Some(id));
+            let sent = self.shared.client.send(room, "m.room.message", &self.shared.txn(), &edit).await;
+            sent.map(|_| ()).map_err(|e| e.to_string())
+        })
+    }
+
+    fn remove<'a>(&'a self, room: &'a str, id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.shared.client.redact(room, id, &self.shared.txn()).await {
+                tracing::debug!(error = %e, "cannot redact the Matrix status notice");
             }
-            tokio::time::sleep(MIN_EDIT_GAP).await;
-        }
+        })
     }
 }
 
 impl crate::agent::ProgressSink for Progress {
     fn step(&self, conversation: &Conversation, what: &str) {
-        if conversation.channel != crate::bus::Channel::Matrix {
-            return;
-        }
-        let room = conversation.chat_id.clone();
-        let start = {
-            let mut rooms = self.shared.progress.lock();
-            if !rooms.contains_key(&room) && rooms.len() >= MAX_ROOMS {
-                return;
-            }
-            let s = rooms.entry(room.clone()).or_default();
-            if s.muted {
-                return;
-            }
-            s.wanted = Some(what.to_string());
-            !std::mem::replace(&mut s.worker, true)
-        };
-        if start {
-            tokio::spawn(self.clone().work(room));
+        if conversation.channel == crate::bus::Channel::Matrix {
+            status_edits::step(self, &conversation.chat_id, what);
         }
     }
 }
