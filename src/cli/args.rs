@@ -329,6 +329,9 @@ pub enum CronCommand {
     Remove {
         /// Job id or name
         id: String,
+        /// Fleet: remove it on this board (a signed command over the broker)
+        #[arg(long, value_name = "BOARD")]
+        on: Option<String>,
     },
     /// Run a job now, in this terminal, and queue its report (a member of the service's group:
     /// the running service runs it)

@@ -32,6 +32,7 @@ pub(super) async fn cron(loaded: &Loaded, cmd: CronCommand) -> anyhow::Result<Ex
             return super::fleet::add_on(loaded, add, &on).await;
         }
         CronCommand::List { fleet: true, .. } => return super::fleet::list_fleet(loaded).await,
+        CronCommand::Remove { id, on: Some(on) } => return super::fleet::remove_on(loaded, &id, &on).await,
         _ => {}
     }
     let stdout = std::io::stdout();
@@ -73,7 +74,7 @@ pub(super) fn edit(
         }
         CronCommand::List { all, json, .. } => list(loaded, &store, all, json, now, out)?,
         CronCommand::Show { id, json } => show(loaded, &store.get(&id)?, json, out)?,
-        CronCommand::Remove { id } => {
+        CronCommand::Remove { id, .. } => {
             let j = store.remove(&id)?;
             writeln!(out, "removed job {} ({})", j.name, j.id)?;
             set_aside_reports(loaded, &j, now, out)?;
@@ -357,7 +358,7 @@ pub(super) fn argv(cmd: &CronCommand) -> Vec<String> {
             }
             id
         }
-        CronCommand::Remove { id } => {
+        CronCommand::Remove { id, .. } => {
             a.push("remove".into());
             id
         }
@@ -505,7 +506,7 @@ fn change(cmd: &CronCommand) -> Option<String> {
             let watch = watch.as_ref().map(|w| format!(" (watch: {w})")).unwrap_or_default();
             format!("add {name} {what}{watch}")
         }
-        CronCommand::Remove { id } => format!("remove {id}"),
+        CronCommand::Remove { id, .. } => format!("remove {id}"),
         CronCommand::Run { id } => format!("run {id}"),
         CronCommand::Enable { id } => format!("enable {id}"),
         CronCommand::Disable { id } => format!("disable {id}"),
@@ -545,7 +546,7 @@ fn members_allow(loaded: &Loaded, cmd: &CronCommand, store: &crate::scheduler::J
                 "members of the service's group may add reminders (--remind) only ([service] members = \"reminders\"): \
                  --message and --exec jobs run as the service, with its key; {SUDO}"
             )),
-            CronCommand::Remove { id }
+            CronCommand::Remove { id, .. }
             | CronCommand::Run { id }
             | CronCommand::Enable { id }
             | CronCommand::Disable { id } => {

@@ -71,6 +71,35 @@ pub(super) async fn add_on(loaded: &Loaded, add: AddArgs, on: &str) -> anyhow::R
     }
 }
 
+/// `bramble cron remove <job> --on <board>`: removed on that board, by a
+/// signed `cron.remove` (the board answers what it removed, or why not).
+pub(super) async fn remove_on(loaded: &Loaded, id: &str, on: &str) -> anyhow::Result<ExitCode> {
+    #[cfg(not(feature = "fleet"))]
+    {
+        let _ = (loaded, id, on);
+        anyhow::bail!(NOT_BUILT)
+    }
+    #[cfg(feature = "fleet")]
+    {
+        use crate::config::fleet::{BoardName, BoardNameError};
+        let board = match on.parse::<BoardName>() {
+            Ok(b) => b,
+            Err(BoardNameError::Any) => anyhow::bail!(
+                "--on any: a job for any board is on every board that took it; remove it with `cron remove {id} --on <board>` for each (`cron list --fleet` shows them)"
+            ),
+            Err(e) => anyhow::bail!("--on: {e}"),
+        };
+        let body = serde_json::to_string(&crate::fleet::wire::Remove { id: id.to_string() })?;
+        let reply =
+            crate::fleet::remote::command(&loaded.config, &board, crate::fleet::wire::CRON_REMOVE, body).await?;
+        if !reply.ok {
+            anyhow::bail!("{board} did not remove it: {}", reply.text);
+        }
+        println!("{}", reply.text);
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
 /// `bramble cron add … --on any`: the job, checked here, stored on this board
 /// and sent to every other board that can claim slots in NATS (online, with
 /// `nats` and, for a command, `exec` in its presence); each board plans it and

@@ -162,6 +162,16 @@ async fn a_pinned_job_runs_on_its_board_only_and_is_reported_once_in_the_chat() 
     // A job for any board is refused without NATS, with the reason.
     let any = f.cli(&f.living, &["cron", "add", "x", "--in", "1h", "--remind", "r", "--on", "any"]).await;
     assert!(!any.status.success() && text(&any).contains("nats_url"), "{}", text(&any));
+    // Removing goes over the same signed command topic: gone on the garage, said from there.
+    let nightly = ["cron", "add", "nightly", "--cron", "0 3 * * *", "--remind", "backup", "--deliver", "telegram:4242"];
+    let add = f.cli(&f.living, &[&nightly[..], &["--on", "garage"]].concat()).await;
+    assert!(add.status.success(), "{}", text(&add));
+    let removed = f.cli(&f.living, &["cron", "remove", "nightly", "--on", "garage"]).await;
+    assert!(removed.status.success() && text(&removed).contains("removed job nightly"), "{}", text(&removed));
+    assert!(text(&removed).contains("on garage"), "the board says it: {}", text(&removed));
+    assert!(!text(&f.cli(&f.garage, &["cron", "list"]).await).contains("nightly"));
+    let again = f.cli(&f.living, &["cron", "remove", "nightly", "--on", "garage"]).await;
+    assert!(!again.status.success() && text(&again).contains("garage did not remove it"), "{}", text(&again));
     drop((living, garage));
 }
 
