@@ -446,28 +446,14 @@ async fn a_board_whose_nats_account_cannot_reach_the_bucket_runs_nothing_and_say
 /// 10 s to settle), and RSS: a measurement for docs/fleet.md, not a check:
 /// `cargo test --test it fleet_any::idle -- --ignored --nocapture`.
 async fn idle_sample(f: &Fleet) -> (u64, u64) {
-    let read = |pid: u32| {
-        let field = |text: &str, name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let mut switches = std::collections::HashMap::new();
-        for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
-            let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-            switches.insert(task.file_name(), field(&status, "voluntary_ctxt_switches:"));
-        }
-        (switches, field(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default(), "VmRSS:"))
-    };
     let node = f.start_board(1);
     assert!(node.wait_log("MQTT connected", 30).await, "{}", node.log());
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let (s0, _) = read(node.pid());
+    let before = crate::support::procstat::sample(node.pid());
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let (s1, rss) = read(node.pid());
+    let after = crate::support::procstat::sample(node.pid());
     node.stop().await;
-    (s1.iter().map(|(t, n)| n.saturating_sub(s0.get(t).copied().unwrap_or(0))).sum(), rss)
+    (after.woke_since(&before), after.rss_kib)
 }
 
 #[tokio::test]

@@ -215,20 +215,6 @@ async fn a_forged_offset_is_ignored() {
     drop((living, garage));
 }
 
-/// Voluntary context switches of all a process's threads (`/proc/<pid>/task/*/status`).
-fn switches(pid: u32) -> u64 {
-    let mut n = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        n += status
-            .lines()
-            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    n
-}
-
 /// The idle cost of a standby while the primary holds the chat, next to the
 /// same board as a plain node without the bot (wake-ups a minute). A
 /// measurement, not a check: `cargo test --test it fleet_standby::idle -- --ignored --nocapture`.
@@ -250,10 +236,10 @@ async fn idle_cost_of_a_standby() {
         assert!(wait_until(30, || p.polls_of("living") > 0).await, "{}", living.log());
         assert!(garage.wait_log("MQTT connected", 20).await, "{}", garage.log());
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let before = switches(garage.pid());
+        let before = crate::support::procstat::sample(garage.pid());
         tokio::time::sleep(Duration::from_secs(60)).await;
-        let after = switches(garage.pid());
-        println!("idle {name}: {} wake-ups in 60 s, {} getUpdates", after - before, p.polls_of("garage"));
+        let woke = crate::support::procstat::sample(garage.pid()).woke_since(&before);
+        println!("idle {name}: {woke} wake-ups in 60 s, {} getUpdates", p.polls_of("garage"));
         drop((living, garage));
     }
 }

@@ -14,25 +14,9 @@ use std::time::Duration;
 use crate::support::daemon::Daemon;
 use crate::support::fake_llm::{Dialect, FakeLlm};
 use crate::support::mail::{Dovecot, SmtpSink};
+use crate::support::procstat::sample;
 use crate::support::setup::TestHome;
 use crate::support::synapse::Synapse;
-
-/// (voluntary context switches per thread id, RSS in KiB).
-fn sample(pid: u32) -> (std::collections::HashMap<String, u64>, u64) {
-    let field = |text: &str, name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let mut switches = std::collections::HashMap::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        switches.insert(task.file_name().to_string_lossy().into_owned(), field(&status, "voluntary_ctxt_switches:"));
-    }
-    let rss = field(&std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default(), "VmRSS:");
-    (switches, rss)
-}
 
 async fn measure(name: &str, extra: &str, env: &[(&str, &Path)], ready: &str) -> String {
     measure_for(name, extra, env, ready, 60).await
@@ -46,13 +30,12 @@ async fn measure_for(name: &str, extra: &str, env: &[(&str, &Path)], ready: &str
     let daemon = Daemon::start_with_env(home.path(), Some(&home.config), &log, env);
     assert!(daemon.wait_log(ready, 60).await, "{name}: {}", daemon.log());
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let (s0, _) = sample(daemon.pid());
+    let before = sample(daemon.pid());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let (s1, rss) = sample(daemon.pid());
+    let after = sample(daemon.pid());
     daemon.stop().await;
-    // Threads that came meanwhile count whole; those that left are not seen (a blocking-pool thread idles out).
-    let woke: u64 = s1.iter().map(|(t, n)| n.saturating_sub(s0.get(t).copied().unwrap_or(0))).sum();
-    format!("| {name} | {:.1} | {:.1} |", woke as f64 * 60.0 / secs as f64, rss as f64 / 1024.0)
+    let woke = after.woke_since(&before);
+    format!("| {name} | {:.1} | {:.1} |", woke as f64 * 60.0 / secs as f64, after.rss_kib as f64 / 1024.0)
 }
 
 #[tokio::test]

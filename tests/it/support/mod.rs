@@ -17,6 +17,7 @@
 //! - [`env`]: running one test in a child process with environment variables set.
 //! - [`signal`]: `FakeSignal`, a signal-cli daemon's HTTP JSON-RPC and event stream (signal-cli-jsonrpc(5)).
 //! - [`synapse`]: `Synapse`, a real Matrix homeserver from PyPI, shared by the process, and `User`, a human on it.
+//! - [`procstat`]: a process's wake-ups and RSS from `/proc`, for the idle-cost measurements.
 //! - [`python`]: a venv with pinned PyPI packages, for outside references written in Python.
 #![allow(dead_code)]
 
@@ -33,6 +34,7 @@ pub mod http;
 pub mod mail;
 pub mod mosquitto;
 pub mod ntfy;
+pub mod procstat;
 pub mod pty;
 pub mod python;
 pub mod setup;
